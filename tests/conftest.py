@@ -1,0 +1,98 @@
+"""Shared fixtures: the real SmolLM2 once per session, tiny random models of every family."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("AF1_NO_PROGRESS", "1")
+VOCAB = 49152  # SmolLM2's tokenizer, shared by every tiny model so tasks tokenize the same way
+
+
+def tiny_config(family: str):
+    """A three-layer random-weight config of a family, small enough for unit tests."""
+    from transformers import (
+        Gemma2Config,
+        Gemma3TextConfig,
+        GPT2Config,
+        GPTJConfig,
+        GPTNeoXConfig,
+        LlamaConfig,
+        MistralConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
+
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    if family == "llama":
+        return LlamaConfig(**common)
+    if family == "mistral":
+        return MistralConfig(**common, sliding_window=None)
+    if family == "qwen2":
+        return Qwen2Config(**common)
+    if family == "qwen3":
+        return Qwen3Config(**common, head_dim=16)
+    if family == "gemma2":
+        return Gemma2Config(**common, head_dim=16, sliding_window=128, query_pre_attn_scalar=16)
+    if family == "gemma3":
+        return Gemma3TextConfig(
+            **common,
+            head_dim=16,
+            sliding_window=128,
+            query_pre_attn_scalar=16,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        )
+    if family == "gpt2":
+        return GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=256)
+    if family == "gpt_neox":
+        return GPTNeoXConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=128,
+            rotary_pct=0.25,
+            use_parallel_residual=True,
+            max_position_embeddings=256,
+        )
+    if family == "gptj":
+        return GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, rotary_dim=8, n_positions=256)
+    raise KeyError(family)
+
+
+TINY_FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gpt2", "gpt_neox", "gptj"]
+
+
+def tiny_model(family: str, attn: str = "sdpa", seed: int = 0):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    if family in ("gptj", "gemma2"):
+        attn = "eager"  # the only kernel these families offer
+    model = AutoModelForCausalLM.from_config(
+        tiny_config(family), attn_implementation=attn, dtype=torch.float32
+    )
+    model.eval().requires_grad_(False)
+    return model
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    from af1 import load_model
+
+    return load_model("smollm2")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm2):
+    return smollm2.tokenizer

@@ -1,0 +1,101 @@
+"""Model loading and the family adapters: parts found, layer loop equal to the plain model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from af1 import Af1Error, ModelAdapter, load_model
+from conftest import TINY_FAMILIES, tiny_model
+
+IDS = torch.tensor([[1, 17, 30, 42, 216, 35, 9], [1, 18, 31, 42, 216, 36, 9]])
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_layer_loop_equals_plain_logits(family, attn):
+    model = tiny_model(family, attn)
+    adapter = ModelAdapter(model)
+    assert adapter.family.name == family
+    assert adapter.n_layers == 3
+    plain = model(IDS, use_cache=False).logits  # a cache changes memory layouts, hence last bits (GPT-J)
+    assert torch.equal(adapter.forward(IDS), plain)
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_adapter_finds_parts(family):
+    model = tiny_model(family)
+    a = ModelAdapter(model)
+    for layer in range(a.n_layers):
+        assert isinstance(a.o_proj(layer), torch.nn.Module)
+        assert isinstance(a.mlp(layer), torch.nn.Module)
+        assert getattr(a.attention(layer), "layer_idx", layer) == layer
+    assert a.n_heads * a.head_dim == (
+        a.o_proj(0).weight.shape[1] if family != "gpt2" else a.o_proj(0).weight.shape[0]
+    )
+    assert a.n_heads % a.n_kv_heads == 0
+    assert a.parallel_residual == (family in ("gpt_neox", "gptj"))
+
+
+def test_layer_loop_runs_a_range():
+    model = tiny_model("llama")
+    a = ModelAdapter(model)
+    inputs = a.layer_inputs(IDS)
+    hidden = model(IDS, output_hidden_states=True).hidden_states
+    assert torch.equal(a.run_layers(hidden[1], inputs, start=1, stop=2), hidden[2])
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    from transformers import AutoModelForCausalLM, OPTConfig
+
+    model = AutoModelForCausalLM.from_config(
+        OPTConfig(
+            vocab_size=64,
+            hidden_size=16,
+            num_hidden_layers=1,
+            ffn_dim=32,
+            num_attention_heads=2,
+            word_embed_proj_dim=16,
+        )
+    )
+    with pytest.raises(Af1Error, match=r"unsupported architecture 'opt'.*llama"):
+        ModelAdapter(model)
+    model.save_pretrained(tmp_path)
+    with pytest.raises(Af1Error, match="unsupported architecture"):
+        load_model(str(tmp_path))
+
+
+def test_load_local_directory_roundtrip(tmp_path, tokenizer):
+    model = tiny_model("qwen2")
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    lm = load_model(str(tmp_path))
+    assert lm.info["source"] == "directory" and lm.info["model_type"] == "qwen2"
+    assert torch.equal(lm.model(IDS).logits, model(IDS).logits)
+
+
+@pytest.mark.parametrize("spec", ["/no/such/dir", "./missing", "missing.gguf"])
+def test_unknown_model_path(spec):
+    with pytest.raises(Af1Error):
+        load_model(spec)
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(Af1Error, match=r"config\.json"):
+        load_model(str(tmp_path))
+
+
+def test_unreadable_gguf(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"not a gguf file")
+    with pytest.raises(Af1Error, match="cannot load"):
+        load_model(str(bad))
+
+
+def test_bundled_model(smollm2):
+    assert smollm2.adapter.n_layers == 30
+    assert (smollm2.adapter.n_heads, smollm2.adapter.n_kv_heads, smollm2.adapter.head_dim) == (9, 3, 64)
+    assert smollm2.info["sha256"] and smollm2.info["source"] == "bundled"
+    ids = smollm2.tokenizer(["Calculate: 3 + 4 = "], return_tensors="pt").input_ids
+    assert smollm2.tokenizer.decode(smollm2.model(ids).logits[0, -1].argmax()) == "7"
+    assert torch.equal(smollm2.adapter.forward(ids), smollm2.model(ids).logits)
