@@ -19,7 +19,7 @@ demo: setup
 	$(BIN)/af1 demo --out $(OUT)
 
 test: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
 bench: setup
