@@ -1,0 +1,155 @@
+"""The All-for-One experiment (SPEC.md §1), hook-based reference path.
+
+AF1(wait, transfer): an ablation (CAMA by default) of every non-context position at the
+output of block `wait`, then ABP: the last token peeks at every position in the next
+`transfer` blocks and sees only context and itself afterwards; every other token sees
+only context and itself after `wait`. Faithfulness = accuracy on the problems the
+unmodified model solves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, Field
+
+from af1.errors import Af1Error
+from af1.evaluation import batches
+from af1.interventions.attention import LayerPlan, attention_plans
+from af1.interventions.masks import ABPVariant, abp_masks
+from af1.interventions.means import PositionMeans
+from af1.interventions.residual import edit_residual, record_residual, replace_positions
+from af1.models.adapter import ModelAdapter
+from af1.progress import progress
+from af1.tasks import Task
+
+Ablation = Literal["cama", "zero", "mean", "resample", "none"]
+ABLATIONS: tuple[str, ...] = ("cama", "zero", "mean", "resample", "none")
+
+
+class AF1Config(BaseModel):
+    """One AF1 subgraph: where waiting ends, how long the last token peeks, and with what."""
+
+    wait: int = Field(-1, ge=-1)
+    transfer: int = Field(0, ge=0)
+    ablation: Ablation = "cama"
+    abp: ABPVariant = "af1"
+    seed: int = 0  # for the resample ablation
+
+    def check(self, n_layers: int) -> None:
+        if self.wait >= n_layers:
+            raise Af1Error(f"--wait {self.wait} is out of range: this model has layers 0..{n_layers - 1}")
+        if self.wait + self.transfer >= n_layers and self.transfer > 0:
+            raise Af1Error(
+                f"--transfer {self.transfer} after --wait {self.wait} runs past the last layer {n_layers - 1}"
+            )
+
+    def stages(self, n_layers: int) -> dict[str, list[int]]:
+        """The three stages' layers: wait, transfer, compute."""
+        w, k = self.wait, self.transfer
+        return {
+            "wait": list(range(0, w + 1)),
+            "transfer": list(range(w + 1, min(n_layers, w + 1 + k))),
+            "compute": list(range(w + 1 + k, n_layers)),
+        }
+
+
+def ablation_edit(
+    config: AF1Config, means: PositionMeans | None, task: Task, ids_BT: torch.Tensor, donor_BTD: torch.Tensor | None
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The overwrite of h[wait] for one batch: positions after the first varying one."""
+    if config.wait < 0 or config.ablation == "none":
+        return None
+    start = task.context_len + 1
+    if config.ablation == "resample":
+        assert donor_BTD is not None
+        return lambda h: replace_positions(h, donor_BTD, start)
+    if config.ablation == "zero":
+        return lambda h: replace_positions(h, torch.zeros_like(h), start)
+    if means is None:
+        raise Af1Error(f"the {config.ablation} ablation needs position means")
+    if config.ablation == "cama":
+        new = means.conditional(config.wait, ids_BT)
+    else:
+        new = means.mean_LTD[config.wait][None].expand(ids_BT.shape[0], -1, -1)
+    return lambda h: replace_positions(h, new.to(h.device), start)
+
+
+def plans_for(
+    task: Task, config: AF1Config, n_layers: int, extra: dict[int, torch.Tensor] | None = None
+) -> dict[int, LayerPlan]:
+    """Attention plans of an AF1 config, with extra masks (e.g. necessity knock-outs) ANDed in."""
+    masks = abp_masks(task.n_positions, task.context_len, config.wait, config.transfer, n_layers, config.abp)
+    for layer, mask in (extra or {}).items():
+        masks[layer] = masks[layer] & mask if layer in masks else mask
+    return {layer: LayerPlan(allowed_BQK=m) for layer, m in masks.items()}
+
+
+def donor_states(adapter: ModelAdapter, task: Task, layer: int, perm: torch.Tensor, sl: slice) -> torch.Tensor:
+    """h[layer] of the resample donors of a batch (the problems perm[sl])."""
+    store: dict[int, torch.Tensor] = {}
+    ids = task.input_ids_PT[perm[sl]].to(adapter.device)
+    with record_residual(adapter, [layer], store):
+        adapter.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
+    return store[layer]
+
+
+def resample_permutation(n: int, seed: int) -> torch.Tensor:
+    """A seeded derangement-ish pairing: each problem takes its states from another problem."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n, generator=g)
+    if n > 1:
+        fixed = perm == torch.arange(n)
+        perm[fixed] = (perm[fixed] + 1) % n
+    return perm
+
+
+@contextlib.contextmanager
+def af1_intervention(
+    adapter: ModelAdapter,
+    task: Task,
+    config: AF1Config,
+    means: PositionMeans | None,
+    ids_BT: torch.Tensor,
+    donor_BTD: torch.Tensor | None = None,
+    extra_masks: dict[int, torch.Tensor] | None = None,
+) -> Iterator[None]:
+    """CAMA (or another ablation) at `wait` plus the ABP plans, for one batch of prompts."""
+    edit = ablation_edit(config, means, task, ids_BT, donor_BTD)
+    with (
+        edit_residual(adapter, {config.wait: edit} if edit else {}),
+        attention_plans(adapter, plans_for(task, config, adapter.n_layers, extra_masks)),
+    ):
+        yield
+
+
+@torch.no_grad()
+def reference_logits(
+    adapter: ModelAdapter,
+    task: Task,
+    config: AF1Config,
+    means: PositionMeans | None,
+    batch_size: int = 32,
+    extra_masks: dict[int, torch.Tensor] | None = None,
+    desc: str | None = None,
+) -> torch.Tensor:
+    """Last-position logits [P, V] under AF1, by hooks on the full model."""
+    config.check(adapter.n_layers)
+    ids = task.input_ids_PT
+    P, T = ids.shape
+    perm = resample_permutation(P, config.seed) if config.ablation == "resample" and config.wait >= 0 else None
+    out = []
+    for sl in progress(list(batches(P, batch_size)), desc=desc):
+        batch = ids[sl].to(adapter.device)
+        donor = donor_states(adapter, task, config.wait, perm, sl) if perm is not None else None
+        with af1_intervention(adapter, task, config, means, batch, donor, extra_masks):
+            pos = torch.arange(T, device=batch.device).expand(batch.shape[0], T)
+            logits = adapter.model(
+                input_ids=batch, attention_mask=torch.ones_like(batch), position_ids=pos, use_cache=False,
+                logits_to_keep=1,
+            ).logits
+        out.append(logits[:, -1].float().cpu())
+    return torch.cat(out)

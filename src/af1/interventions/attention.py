@@ -1,0 +1,151 @@
+"""Attention interventions: per-layer plans applied inside one registered attention function.
+
+A plan restricts which keys each query may attend to (a boolean mask after the causal one),
+can prepend precomputed keys/values (the fast AF1 executor), and can capture the
+pre-softmax inputs (queries, keys). Layers without a plan run the model's own kernel
+untouched, so an empty plan changes no bit of the logits. Families that do not route
+attention through transformers' AttentionInterface (GPT-J) get the same plan through a
+forward pre-hook on their attention module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
+
+from af1.errors import Af1Error
+from af1.models.adapter import ModelAdapter
+
+PREFIX = "af1_"
+BASE_KERNELS = ("sdpa", "eager")
+
+
+@dataclass
+class LayerPlan:
+    """What one layer's attention does differently.
+
+    allowed_BQK: True where a query may attend to a key, [1 or batch, q, k] or per head
+        [1 or batch, heads, q, k]; None: no extra mask.
+    prefix_kv: keys and values [batch, kv_heads, m, head_dim] put before the layer's own (post-RoPE).
+    replace_mask: ignore the model's mask (it was built for the unprefixed length).
+    capture: called with (module, query, key, value) before the kernel runs (post-RoPE, unrepeated).
+    """
+
+    allowed_BQK: torch.Tensor | None = None
+    prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+    replace_mask: bool = False
+    capture: Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None
+
+
+def combine_mask(
+    model_mask: torch.Tensor | None, plan: LayerPlan, like: torch.Tensor, kernel: str
+) -> torch.Tensor | None:
+    """The model's mask (bool or additive float, [B,1,q,k], or None for causal) AND the plan's."""
+    if plan.allowed_BQK is None:
+        return None if plan.replace_mask else model_mask
+    allowed = plan.allowed_BQK if plan.allowed_BQK.ndim == 4 else plan.allowed_BQK[:, None]
+    allowed = allowed.to(like.device)
+    if model_mask is not None and not plan.replace_mask:
+        if model_mask.dtype == torch.bool:
+            return model_mask[..., : allowed.shape[-1]] & allowed
+        floor = torch.finfo(model_mask.dtype).min
+        return torch.where(allowed, model_mask[..., : allowed.shape[-1]], floor)
+    if kernel == "sdpa":
+        return allowed
+    return torch.zeros(allowed.shape, dtype=like.dtype, device=like.device).masked_fill(
+        ~allowed, torch.finfo(like.dtype).min
+    )
+
+
+def _eager_kernel(module: Any) -> Callable[..., Any]:
+    return sys.modules[type(module).__module__].eager_attention_forward
+
+
+def _planned_attention(kernel: str) -> Callable[..., Any]:
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        base = sdpa_attention_forward if kernel == "sdpa" else _eager_kernel(module)
+        plan: LayerPlan | None = getattr(module, "_af1_plan", None)
+        if plan is None:
+            return base(module, query, key, value, attention_mask, **kwargs)
+        if plan.prefix_kv is not None:
+            key = torch.cat([plan.prefix_kv[0], key], dim=2)
+            value = torch.cat([plan.prefix_kv[1], value], dim=2)
+        if plan.capture is not None:
+            plan.capture(module, query, key, value)
+        return base(module, query, key, value, combine_mask(attention_mask, plan, query, kernel), **kwargs)
+
+    return attention
+
+
+for _kernel in BASE_KERNELS:
+    AttentionInterface.register(PREFIX + _kernel, _planned_attention(_kernel))
+    ALL_MASK_ATTENTION_FUNCTIONS.register(PREFIX + _kernel, sdpa_mask if _kernel == "sdpa" else eager_mask)
+
+
+class _PrefixCache:
+    """Duck-typed cache for GPT-J: `update` prepends the plan's keys and values."""
+
+    def __init__(self, prefix_kv: tuple[torch.Tensor, torch.Tensor]):
+        self.prefix_kv = prefix_kv
+
+    def update(self, key, value, layer_idx):
+        return torch.cat([self.prefix_kv[0], key], dim=2), torch.cat([self.prefix_kv[1], value], dim=2)
+
+
+def _gptj_pre_hook(module, args, kwargs):
+    plan: LayerPlan | None = getattr(module, "_af1_plan", None)
+    if plan is None:
+        return None
+    if plan.capture is not None:
+        raise Af1Error("capturing attention logits is not supported for GPT-J")
+    hidden = kwargs.get("hidden_states", args[0] if args else None)
+    if plan.prefix_kv is not None:
+        kwargs["layer_past"] = _PrefixCache(plan.prefix_kv)
+    kwargs["attention_mask"] = combine_mask(kwargs.get("attention_mask"), plan, hidden.float(), "eager")
+    return args, kwargs
+
+
+def check_maskable(adapter: ModelAdapter) -> str:
+    """The base kernel (sdpa or eager) that plans delegate to; flash and others are refused."""
+    impl = adapter.attn_implementation.removeprefix(PREFIX)
+    if impl not in BASE_KERNELS:
+        raise Af1Error(
+            f"attention implementation '{impl}' cannot take arbitrary masks: load the model with sdpa or eager"
+        )
+    return impl
+
+
+@contextlib.contextmanager
+def attention_plans(adapter: ModelAdapter, plans: dict[int, LayerPlan]) -> Iterator[None]:
+    """Apply per-layer plans for the duration of the block; restore the model afterwards."""
+    kernel = check_maskable(adapter)
+    for layer in plans:
+        adapter.check_layer(layer)
+    model = adapter.model
+    previous = model.config._attn_implementation
+    handles = []
+    try:
+        if adapter.family.uses_attention_interface:
+            model.config._attn_implementation = PREFIX + kernel
+        else:
+            handles = [
+                adapter.attention(i).register_forward_pre_hook(_gptj_pre_hook, with_kwargs=True) for i in plans
+            ]
+        for layer, plan in plans.items():
+            adapter.attention(layer)._af1_plan = plan
+        yield
+    finally:
+        for layer in plans:
+            with contextlib.suppress(AttributeError):
+                del adapter.attention(layer)._af1_plan
+        for h in handles:
+            h.remove()
+        model.config._attn_implementation = previous

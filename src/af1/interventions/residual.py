@@ -1,0 +1,65 @@
+"""Residual-stream interventions: read or overwrite the output of a decoder layer."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+
+from af1.models.adapter import ModelAdapter
+
+Edit = Callable[[torch.Tensor], torch.Tensor]  # [B, T, D] -> [B, T, D]
+
+
+def _set_hidden(output, hidden: torch.Tensor):
+    return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+
+def _get_hidden(output) -> torch.Tensor:
+    return output[0] if isinstance(output, tuple) else output
+
+
+@contextlib.contextmanager
+def edit_residual(adapter: ModelAdapter, edits: dict[int, Edit]) -> Iterator[None]:
+    """Replace the output of block l by edits[l](output) (h[l] in SPEC.md's notation)."""
+    handles = []
+    for layer, edit in edits.items():
+        adapter.check_layer(layer)
+        handles.append(
+            adapter.layers[layer].register_forward_hook(
+                lambda _m, _a, output, edit=edit: _set_hidden(output, edit(_get_hidden(output)))
+            )
+        )
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def record_residual(adapter: ModelAdapter, layers: list[int], store: dict[int, torch.Tensor]) -> Iterator[None]:
+    """Store the output of each listed block in `store[layer]` ([B, T, D])."""
+    handles = []
+    for layer in layers:
+        adapter.check_layer(layer)
+        handles.append(
+            adapter.layers[layer].register_forward_hook(
+                lambda _m, _a, output, layer=layer: store.__setitem__(layer, _get_hidden(output))
+            )
+        )
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def replace_positions(
+    hidden_BTD: torch.Tensor, new_BTD: torch.Tensor, start: int
+) -> torch.Tensor:
+    """Positions start.. taken from `new`, earlier ones kept."""
+    out = hidden_BTD.clone()
+    out[:, start:] = new_BTD[:, start:].to(hidden_BTD.dtype)
+    return out
