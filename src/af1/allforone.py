@@ -37,23 +37,43 @@ class AF1Config(BaseModel):
     transfer: int = Field(0, ge=0)
     ablation: Ablation = "cama"
     abp: ABPVariant = "af1"
+    transfer_start: int | None = None  # first peek layer; default wait + 1 (moved by the necessity study)
+    pruned_heads: list[tuple[int, int]] = []  # (layer, head) of peek layers that do not peek
     seed: int = 0  # for the resample ablation
 
-    def check(self, n_layers: int) -> None:
+    @property
+    def first_peek(self) -> int:
+        return self.wait + 1 if self.transfer_start is None else self.transfer_start
+
+    def peek_layers(self) -> list[int]:
+        return list(range(self.first_peek, self.first_peek + self.transfer))
+
+    def pruned_by_layer(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for layer, head in self.pruned_heads:
+            out.setdefault(layer, []).append(head)
+        return out
+
+    def check(self, n_layers: int, n_heads: int | None = None) -> None:
         if self.wait >= n_layers:
             raise Af1Error(f"--wait {self.wait} is out of range: this model has layers 0..{n_layers - 1}")
-        if self.wait + self.transfer >= n_layers and self.transfer > 0:
+        if self.first_peek <= self.wait:
+            raise Af1Error(f"the transfer window must start after --wait {self.wait}")
+        if self.transfer > 0 and self.first_peek + self.transfer > n_layers:
             raise Af1Error(
-                f"--transfer {self.transfer} after --wait {self.wait} runs past the last layer {n_layers - 1}"
+                f"--transfer {self.transfer} from layer {self.first_peek} runs past the last layer {n_layers - 1}"
             )
+        for layer, head in self.pruned_heads:
+            if layer not in self.peek_layers() or (n_heads is not None and not 0 <= head < n_heads):
+                raise Af1Error(f"pruned head ({layer}, {head}) is not a head of a transfer layer")
 
     def stages(self, n_layers: int) -> dict[str, list[int]]:
-        """The three stages' layers: wait, transfer, compute."""
-        w, k = self.wait, self.transfer
+        """The layers of each stage: wait, transfer (peek), compute."""
+        peek = self.peek_layers()
         return {
-            "wait": list(range(0, w + 1)),
-            "transfer": list(range(w + 1, min(n_layers, w + 1 + k))),
-            "compute": list(range(w + 1 + k, n_layers)),
+            "wait": list(range(0, self.wait + 1)),
+            "transfer": peek,
+            "compute": [layer for layer in range(self.wait + 1, n_layers) if layer not in peek],
         }
 
 
@@ -79,10 +99,13 @@ def ablation_edit(
 
 
 def plans_for(
-    task: Task, config: AF1Config, n_layers: int, extra: dict[int, torch.Tensor] | None = None
+    task: Task, config: AF1Config, adapter: ModelAdapter, extra: dict[int, torch.Tensor] | None = None
 ) -> dict[int, LayerPlan]:
     """Attention plans of an AF1 config, with extra masks (e.g. necessity knock-outs) ANDed in."""
-    masks = abp_masks(task.n_positions, task.context_len, config.wait, config.transfer, n_layers, config.abp)
+    masks = abp_masks(
+        task.n_positions, task.context_len, config.wait, config.peek_layers(), adapter.n_layers, config.abp,
+        config.pruned_by_layer(), adapter.n_heads,
+    )
     for layer, mask in (extra or {}).items():
         masks[layer] = masks[layer] & mask if layer in masks else mask
     return {layer: LayerPlan(allowed_BQK=m) for layer, m in masks.items()}
@@ -121,7 +144,7 @@ def af1_intervention(
     edit = ablation_edit(config, means, task, ids_BT, donor_BTD)
     with (
         edit_residual(adapter, {config.wait: edit} if edit else {}),
-        attention_plans(adapter, plans_for(task, config, adapter.n_layers, extra_masks)),
+        attention_plans(adapter, plans_for(task, config, adapter, extra_masks)),
     ):
         yield
 
@@ -137,7 +160,7 @@ def reference_logits(
     desc: str | None = None,
 ) -> torch.Tensor:
     """Last-position logits [P, V] under AF1, by hooks on the full model."""
-    config.check(adapter.n_layers)
+    config.check(adapter.n_layers, adapter.n_heads)
     ids = task.input_ids_PT
     P, T = ids.shape
     perm = resample_permutation(P, config.seed) if config.ablation == "resample" and config.wait >= 0 else None

@@ -31,9 +31,19 @@ def self_and_context(n: int, context_len: int, mask_sink: bool = False) -> torch
 
 
 def abp_masks(
-    n: int, context_len: int, wait: int, transfer: int, n_layers: int, variant: ABPVariant = "af1"
+    n: int,
+    context_len: int,
+    wait: int,
+    peek_layers: list[int],
+    n_layers: int,
+    variant: ABPVariant = "af1",
+    pruned_heads: dict[int, list[int]] | None = None,
+    n_heads: int = 1,
 ) -> dict[int, torch.Tensor]:
-    """ABP after block `wait`: the last query peeks in `transfer` layers, then sees only context+self."""
+    """ABP after block `wait`: the last query peeks in `peek_layers` and sees only context+self elsewhere.
+
+    Pruned heads of a peek layer behave as in a compute layer: their masks become per head.
+    """
     if variant == "none":
         return {}
     restricted = self_and_context(n, context_len, mask_sink=variant == "sink")
@@ -41,10 +51,14 @@ def abp_masks(
     masks = {}
     for layer in range(wait + 1, n_layers):
         allowed = restricted.clone()
-        if layer <= wait + transfer:
+        if layer in peek_layers:
             allowed[n - 1] = full[n - 1]
             if variant == "all-peek":
                 allowed[context_len:] = full[context_len:]
+            heads = (pruned_heads or {}).get(layer)
+            if heads:
+                masks[layer] = head_knockout(allowed, n_heads, heads, restricted[n - 1])
+                continue
         masks[layer] = allowed[None]
     return masks
 
