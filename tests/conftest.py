@@ -79,9 +79,7 @@ def tiny_model(family: str, attn: str = "sdpa", seed: int = 0):
     torch.manual_seed(seed)
     if family in ("gptj", "gemma2"):
         attn = "eager"  # the only kernel these families offer
-    model = AutoModelForCausalLM.from_config(
-        tiny_config(family), attn_implementation=attn, dtype=torch.float32
-    )
+    model = AutoModelForCausalLM.from_config(tiny_config(family), attn_implementation=attn, dtype=torch.float32)
     model.eval().requires_grad_(False)
     return model
 

@@ -9,6 +9,7 @@ import torch
 
 from af1.evaluation import Scores, evaluate, solved
 from af1.tasks import TaskSpec, build_task
+
 from cli_helpers import run_cli
 from conftest import tiny_model
 

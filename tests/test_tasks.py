@@ -72,9 +72,7 @@ def test_build_task_layout_and_answers(tokenizer, style):
 
 def test_two_digit_answer_first_token_is_leading_digit(tokenizer):
     task = build_task(TaskSpec(operation="a+b", digits=2, n=20, style="calculate"), tokenizer)
-    assert [tokenizer.decode([int(t)]) for t in task.answer_ids_P] == [
-        str(p.answer)[0] for p in task.problems
-    ]
+    assert [tokenizer.decode([int(t)]) for t in task.answer_ids_P] == [str(p.answer)[0] for p in task.problems]
 
 
 class SpaceMergingTokenizer:

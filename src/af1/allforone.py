@@ -77,8 +77,25 @@ class AF1Config(BaseModel):
         }
 
 
+def ablated_states(config: AF1Config, means: PositionMeans | None, ids_BT: torch.Tensor) -> torch.Tensor:
+    """What CAMA, the token-agnostic mean or the zero ablation writes into h[wait]: [B, T, D]."""
+    if config.ablation == "zero":
+        if means is None:
+            raise Af1Error("the zero ablation needs the position means for the hidden size")
+        return torch.zeros(ids_BT.shape[0], ids_BT.shape[1], means.cond_LTSD.shape[-1])
+    if means is None:
+        raise Af1Error(f"the {config.ablation} ablation needs position means")
+    if config.ablation == "cama":
+        return means.conditional(config.wait, ids_BT)
+    return means.mean_LTD[config.wait][None].expand(ids_BT.shape[0], -1, -1)
+
+
 def ablation_edit(
-    config: AF1Config, means: PositionMeans | None, task: Task, ids_BT: torch.Tensor, donor_BTD: torch.Tensor | None
+    config: AF1Config,
+    means: PositionMeans | None,
+    task: Task,
+    ids_BT: torch.Tensor,
+    donor_BTD: torch.Tensor | None,
 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """The overwrite of h[wait] for one batch: positions after the first varying one."""
     if config.wait < 0 or config.ablation == "none":
@@ -87,14 +104,7 @@ def ablation_edit(
     if config.ablation == "resample":
         assert donor_BTD is not None
         return lambda h: replace_positions(h, donor_BTD, start)
-    if config.ablation == "zero":
-        return lambda h: replace_positions(h, torch.zeros_like(h), start)
-    if means is None:
-        raise Af1Error(f"the {config.ablation} ablation needs position means")
-    if config.ablation == "cama":
-        new = means.conditional(config.wait, ids_BT)
-    else:
-        new = means.mean_LTD[config.wait][None].expand(ids_BT.shape[0], -1, -1)
+    new = ablated_states(config, means, ids_BT)
     return lambda h: replace_positions(h, new.to(h.device), start)
 
 
@@ -103,8 +113,14 @@ def plans_for(
 ) -> dict[int, LayerPlan]:
     """Attention plans of an AF1 config, with extra masks (e.g. necessity knock-outs) ANDed in."""
     masks = abp_masks(
-        task.n_positions, task.context_len, config.wait, config.peek_layers(), adapter.n_layers, config.abp,
-        config.pruned_by_layer(), adapter.n_heads,
+        task.n_positions,
+        task.context_len,
+        config.wait,
+        config.peek_layers(),
+        adapter.n_layers,
+        config.abp,
+        config.pruned_by_layer(),
+        adapter.n_heads,
     )
     for layer, mask in (extra or {}).items():
         masks[layer] = masks[layer] & mask if layer in masks else mask
@@ -171,7 +187,10 @@ def reference_logits(
         with af1_intervention(adapter, task, config, means, batch, donor, extra_masks):
             pos = torch.arange(T, device=batch.device).expand(batch.shape[0], T)
             logits = adapter.model(
-                input_ids=batch, attention_mask=torch.ones_like(batch), position_ids=pos, use_cache=False,
+                input_ids=batch,
+                attention_mask=torch.ones_like(batch),
+                position_ids=pos,
+                use_cache=False,
                 logits_to_keep=1,
             ).logits
         out.append(logits[:, -1].float().cpu())

@@ -57,6 +57,4 @@ def base_accuracy(model: str | LoadedModel, spec: TaskSpec, **load_kwargs: Any) 
 
 def require_solved(n_solved: int, spec: TaskSpec) -> None:
     if n_solved == 0:
-        raise Af1Error(
-            f"the model solves none of the {spec.operation} problems ({spec.style}, {spec.shots} shots)"
-        )
+        raise Af1Error(f"the model solves none of the {spec.operation} problems ({spec.style}, {spec.shots} shots)")

@@ -18,9 +18,7 @@ app = typer.Typer(
 )
 out = Console()
 
-ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="smollm2, a model directory, a .gguf file or a hub id")
-]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2, a model directory, a .gguf file or a hub id")]
 TaskOpt = Annotated[str, typer.Option("--task", "-t", help="a+b, a-b, a+b+c, a+b-c, a-b+c, a-b-c, a*b")]
 StyleOpt = Annotated[str, typer.Option(help="original, calculate, verbal, question, instruction, word, code")]
 ShotsOpt = Annotated[int, typer.Option(help="worked examples in the constant prefix")]
@@ -32,21 +30,15 @@ DtypeOpt = Annotated[str, typer.Option(help="float32, bfloat16 or float16")]
 AttnOpt = Annotated[
     str | None, typer.Option("--attn", help="attention kernel: sdpa or eager (default: the family's best)")
 ]
-LayoutOpt = Annotated[
-    bool, typer.Option("--largest-layout", help="keep the largest group of same-layout prompts")
-]
+LayoutOpt = Annotated[bool, typer.Option("--largest-layout", help="keep the largest group of same-layout prompts")]
 
 
-def task_spec(
-    task: str, style: str, digits: int, shots: int, n: int | None, seed: int, largest: bool = False
-):
+def task_spec(task: str, style: str, digits: int, shots: int, n: int | None, seed: int, largest: bool = False):
     from af1.tasks import TaskSpec
 
     if shots < 0:
         raise Af1Error(f"--shots must be >= 0, got {shots}")
-    return TaskSpec(
-        operation=task, style=style, digits=digits, shots=shots, n=n, seed=seed, largest_layout=largest
-    )
+    return TaskSpec(operation=task, style=style, digits=digits, shots=shots, n=n, seed=seed, largest_layout=largest)
 
 
 def emit(data: dict[str, Any], as_json: bool, table: Table | None = None) -> None:
@@ -116,10 +108,277 @@ def eval_cmd(
 
         write_json(out_file, result)
     table = Table("task", "style", "shots", "n", "base accuracy", "solved")
+    table.add_row(task, style, str(shots), str(result["n"]), f"{result['base_accuracy']:.3f}", str(result["n_solved"]))
+    emit(result, as_json, table)
+
+
+MeansOpt = Annotated[Path | None, typer.Option("--means", help="position means file to use (safetensors)")]
+OutDir = Annotated[Path | None, typer.Option("--out", help="directory for results and figures")]
+WaitOpt = Annotated[int, typer.Option("--wait", help="CAMA at the output of this block (-1: none)")]
+TransferOpt = Annotated[int, typer.Option("--transfer", help="layers in which the last token peeks")]
+AblationOpt = Annotated[str, typer.Option("--ablation", help="cama, zero, mean, resample or none")]
+AbpOpt = Annotated[str, typer.Option("--abp", help="af1, none, sink or all-peek")]
+RefOpt = Annotated[bool, typer.Option("--reference", help="hook-based path instead of the fast executor")]
+ThresholdOpt = Annotated[float, typer.Option("--threshold", help="faithfulness the subgraph must keep")]
+
+
+def _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means):
+    from af1.api import as_loaded
+    from af1.experiments import prepare
+
+    spec = task_spec(task, style, digits, shots, n, seed, largest_layout)
+    lm = as_loaded(model, dtype=dtype, attn_implementation=attn)
+    from af1.interventions.attention import check_maskable
+
+    check_maskable(lm.adapter)
+    return prepare(lm, spec, means)
+
+
+def _config(wait: int, transfer: int, ablation: str, abp: str, seed: int, n_layers: int):
+    from af1.allforone import AF1Config
+
+    config = AF1Config(wait=wait, transfer=transfer, ablation=ablation, abp=abp, seed=seed)
+    config.check(n_layers)
+    return config
+
+
+def _write(out_dir: Path | None, name: str, data: dict[str, Any], setup=None) -> None:
+    if out_dir is None:
+        return
+    from af1.results import provenance, write_json
+
+    if setup is not None:
+        data = {**data, "provenance": provenance(setup.lm.info, task=setup.spec.model_dump())}
+    write_json(out_dir / name, data)
+
+
+@app.command()
+def run(
+    model: ModelOpt = "smollm2",
+    task: TaskOpt = "a+b",
+    style: StyleOpt = "original",
+    shots: ShotsOpt = 0,
+    digits: DigitsOpt = 1,
+    n: NOpt = None,
+    seed: SeedOpt = 0,
+    wait: WaitOpt = -1,
+    transfer: TransferOpt = 0,
+    ablation: AblationOpt = "cama",
+    abp: AbpOpt = "af1",
+    reference: RefOpt = False,
+    as_json: JsonOpt = False,
+    dtype: DtypeOpt = "float32",
+    attn: AttnOpt = None,
+    largest_layout: LayoutOpt = False,
+    means: MeansOpt = None,
+    out_dir: OutDir = None,
+) -> None:
+    """Faithfulness of one AF1(wait, transfer) configuration on the problems the model solves."""
+    from af1.experiments import run_result
+
+    setup = _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means)
+    config = _config(wait, transfer, ablation, abp, seed, setup.adapter.n_layers)
+    result = run_result(setup, config, reference)
+    _write(out_dir, "run.json", result, setup)
+    table = Table("wait", "transfer", "ablation", "abp", "solved", "faithfulness", "mean p(correct)", "path")
     table.add_row(
-        task, style, str(shots), str(result["n"]), f"{result['base_accuracy']:.3f}", str(result["n_solved"])
+        str(wait),
+        str(transfer),
+        ablation,
+        abp,
+        str(result["n_solved"]),
+        f"{result['faithfulness']:.3f}",
+        f"{result['mean_p_correct']:.3f}",
+        result["path"],
     )
     emit(result, as_json, table)
+
+
+@app.command("sweep")
+def sweep_cmd(
+    model: ModelOpt = "smollm2",
+    task: TaskOpt = "a+b",
+    style: StyleOpt = "original",
+    shots: ShotsOpt = 0,
+    digits: DigitsOpt = 1,
+    n: NOpt = None,
+    seed: SeedOpt = 0,
+    max_transfer: Annotated[int | None, typer.Option(help="largest L_transfer (default: all)")] = None,
+    ablation: AblationOpt = "cama",
+    abp: AbpOpt = "af1",
+    reference: RefOpt = False,
+    as_json: JsonOpt = False,
+    dtype: DtypeOpt = "float32",
+    attn: AttnOpt = None,
+    largest_layout: LayoutOpt = False,
+    means: MeansOpt = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="directory for sweep.json and sweep.png")] = Path(
+        "results/sweep"
+    ),
+) -> None:
+    """Faithfulness over the whole (L_wait, L_transfer) grid, with a heatmap; resumable."""
+    from af1 import pipeline
+
+    setup = _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means)
+    config = _config(-1, 0, ablation, abp, seed, setup.adapter.n_layers)
+    result = pipeline.sweep_to(setup, config, out_dir, max_transfer, reference)
+    if as_json:
+        emit(result, True)
+    else:
+        out.print(f"{result['n_cells']} cells; wrote {out_dir / 'sweep.json'} and {out_dir / 'sweep.png'}")
+
+
+@app.command()
+def search(
+    model: ModelOpt = "smollm2",
+    task: TaskOpt = "a+b",
+    style: StyleOpt = "original",
+    shots: ShotsOpt = 0,
+    digits: DigitsOpt = 1,
+    n: NOpt = None,
+    seed: SeedOpt = 0,
+    threshold: ThresholdOpt = 0.9,
+    reference: RefOpt = False,
+    as_json: JsonOpt = False,
+    dtype: DtypeOpt = "float32",
+    attn: AttnOpt = None,
+    largest_layout: LayoutOpt = False,
+    means: MeansOpt = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="directory for the sweep and search.json")] = Path(
+        "results/sweep"
+    ),
+) -> None:
+    """The AF1 subgraph: the largest L_wait, then the smallest L_transfer, keeping faithfulness >= threshold."""
+    from af1 import experiments, pipeline
+
+    if not 0 <= threshold <= 1:
+        raise Af1Error(f"--threshold must be in [0, 1], got {threshold}")
+    setup = _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means)
+    sweep = pipeline.sweep_to(
+        setup, _config(-1, 0, "cama", "af1", seed, setup.adapter.n_layers), out_dir, None, reference
+    )
+    found = experiments.search(sweep, threshold)
+    _write(out_dir, "search.json", found, setup)
+    pipeline.sweep_figure(sweep, found, out_dir)
+    if as_json:
+        emit(found, True)
+        return
+    if not found["found"]:
+        out.print(f"no (L_wait, L_transfer) keeps faithfulness >= {threshold} on this task")
+        return
+    table = Table("stage", "layers")
+    for stage, layers in found["stages"].items():
+        table.add_row(stage, f"{layers[0]}..{layers[-1]}" if layers else "none")
+    out.print(
+        f"AF1 subgraph at threshold {threshold}: L_wait = {found['wait']}, L_transfer = {found['transfer']}, "
+        f"faithfulness {found['faithfulness']:.3f}"
+    )
+    out.print(table)
+
+
+@app.command("necessity")
+def necessity_cmd(
+    model: ModelOpt = "smollm2",
+    task: TaskOpt = "a+b",
+    style: StyleOpt = "original",
+    shots: ShotsOpt = 0,
+    digits: DigitsOpt = 1,
+    n: NOpt = None,
+    seed: SeedOpt = 0,
+    wait: Annotated[int | None, typer.Option("--wait", help="a found AF1 to shift the window of")] = None,
+    transfer: TransferOpt = 0,
+    as_json: JsonOpt = False,
+    dtype: DtypeOpt = "float32",
+    attn: AttnOpt = None,
+    largest_layout: LayoutOpt = False,
+    means: MeansOpt = None,
+    out_dir: OutDir = None,
+) -> None:
+    """Faithfulness when the last token cannot read the operands, layer by layer and in windows."""
+    from af1 import experiments, pipeline
+
+    setup = _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means)
+    found = _config(wait, transfer, "cama", "af1", seed, setup.adapter.n_layers) if wait is not None else None
+    result = experiments.necessity(setup, found=found)
+    _write(out_dir, "necessity.json", result, setup)
+    if out_dir:
+        pipeline.necessity_figure(result, out_dir)
+    table = Table("first blocked layer", *[f"window {w}" for w in result["windows"]])
+    for i in range(setup.adapter.n_layers):
+        table.add_row(str(i), *[f"{v[i]:.3f}" if i < len(v) else "" for v in result["windows"].values()])
+    emit(result, as_json, table)
+
+
+@app.command("alternatives")
+def alternatives_cmd(
+    model: ModelOpt = "smollm2",
+    task: TaskOpt = "a+b",
+    style: StyleOpt = "original",
+    shots: ShotsOpt = 0,
+    digits: DigitsOpt = 1,
+    n: NOpt = None,
+    seed: SeedOpt = 0,
+    wait: WaitOpt = -1,
+    transfer: TransferOpt = 0,
+    as_json: JsonOpt = False,
+    dtype: DtypeOpt = "float32",
+    attn: AttnOpt = None,
+    largest_layout: LayoutOpt = False,
+    means: MeansOpt = None,
+    out_dir: OutDir = None,
+) -> None:
+    """At one config: CAMA vs zero, mean, resample and no ablation; ABP vs its variants."""
+    from af1 import experiments
+
+    setup = _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means)
+    result = experiments.alternatives(setup, _config(wait, transfer, "cama", "af1", seed, setup.adapter.n_layers))
+    _write(out_dir, "alternatives.json", result, setup)
+    table = Table("intervention", "faithfulness")
+    for k, v in result["ablations"].items():
+        table.add_row(f"ablation {k} + ABP af1", f"{v:.3f}")
+    for k, v in result["abp_variants"].items():
+        table.add_row(f"CAMA + ABP {k}", f"{v:.3f}")
+    emit(result, as_json, table)
+
+
+@app.command()
+def prune(
+    model: ModelOpt = "smollm2",
+    task: TaskOpt = "a+b",
+    style: StyleOpt = "original",
+    shots: ShotsOpt = 0,
+    digits: DigitsOpt = 1,
+    n: NOpt = None,
+    seed: SeedOpt = 0,
+    wait: WaitOpt = -1,
+    transfer: TransferOpt = 1,
+    as_json: JsonOpt = False,
+    dtype: DtypeOpt = "float32",
+    attn: AttnOpt = None,
+    largest_layout: LayoutOpt = False,
+    means: MeansOpt = None,
+    out_dir: OutDir = None,
+) -> None:
+    """Rank the transfer layers' heads and stop them peeking one by one: faithfulness vs heads removed."""
+    from af1 import experiments, pipeline
+
+    setup = _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means)
+    result = experiments.prune_heads(setup, _config(wait, transfer, "cama", "af1", seed, setup.adapter.n_layers))
+    _write(out_dir, "pruning.json", result, setup)
+    if out_dir:
+        pipeline.pruning_figure(result, out_dir)
+    table = Table("heads removed", "faithfulness")
+    for i, f in enumerate(result["faithfulness_vs_pruned"]):
+        table.add_row(str(i), f"{f:.3f}")
+    emit(result, as_json, table)
+
+
+@app.command()
+def report(out_dir: Annotated[Path, typer.Argument(help="a results directory")]) -> None:
+    """One self-contained HTML report of the results in a directory."""
+    from af1.report.html import build_report
+
+    out.print(f"wrote {build_report(out_dir)}")
 
 
 @app.command()
@@ -128,27 +387,13 @@ def demo(
     out_dir: Annotated[Path, typer.Option("--out", help="where to write results")] = Path("results/demo"),
     shots: ShotsOpt = 3,
     style: StyleOpt = "calculate",
-    n: Annotated[int, typer.Option("--n", help="problems per task (at most)")] = 100,
+    threshold: ThresholdOpt = 0.9,
 ) -> None:
-    """The main job on the bundled model: base accuracy of every task, as a table and JSON."""
-    from af1 import api
-    from af1.results import write_json
-    from af1.tasks import OPERATIONS
+    """The main job on the bundled model: the whole AF1 study of 1-digit a+b, and its HTML report."""
+    from af1 import pipeline
 
-    lm = api.as_loaded(model)
-    table = Table("task", "style", "shots", "n", "base accuracy", "solved")
-    rows = []
-    for op in OPERATIONS:
-        result = api.base_accuracy(
-            lm, task_spec(op, style, 1, shots, None, 0).model_copy(update={"n_max": n})
-        )
-        rows.append({k: result[k] for k in ("task", "style", "shots", "n", "n_solved", "base_accuracy")})
-        table.add_row(
-            op, style, str(shots), str(result["n"]), f"{result['base_accuracy']:.3f}", str(result["n_solved"])
-        )
-    out.print(table)
-    path = write_json(out_dir / "base_accuracy.json", {"rows": rows, "provenance": api.provenance(lm.info)})
-    out.print(f"wrote {path}")
+    report_path = pipeline.demo(model, out_dir, task_spec("a+b", style, 1, shots, None, 0), threshold, out.print)
+    out.print(f"wrote {report_path}")
 
 
 def main() -> None:

@@ -42,9 +42,7 @@ def batches(n: int, batch_size: int) -> Iterator[slice]:
 
 
 @torch.no_grad()
-def last_logits(
-    model: Any, input_ids_PT: torch.Tensor, batch_size: int = 64, desc: str | None = None
-) -> torch.Tensor:
+def last_logits(model: Any, input_ids_PT: torch.Tensor, batch_size: int = 64, desc: str | None = None) -> torch.Tensor:
     """Next-token logits at the last position, batched, with explicit mask and position ids."""
     device = next(model.parameters()).device
     out = []
@@ -63,9 +61,7 @@ def last_logits(
     return torch.cat(out) if out else torch.empty(0)
 
 
-def evaluate(
-    model: Any, task: Task, batch_size: int = 64, run: Callable[..., torch.Tensor] | None = None
-) -> Scores:
+def evaluate(model: Any, task: Task, batch_size: int = 64, run: Callable[..., torch.Tensor] | None = None) -> Scores:
     """Score a model on a task; `run` replaces the plain forward (e.g. under an intervention)."""
     logits = (run or last_logits)(model, task.input_ids_PT, batch_size=batch_size, desc="evaluate")
     return Scores.from_logits(logits, task.answer_ids_P)

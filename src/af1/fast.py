@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
-from af1.allforone import AF1Config, ablation_edit, plans_for, reference_logits
+from af1.allforone import AF1Config, ablated_states, reference_logits
 from af1.evaluation import batches
 from af1.interventions.attention import LayerPlan, attention_plans
+from af1.interventions.masks import last_token_knockout
 from af1.interventions.means import PositionMeans, slot_table
-from af1.interventions.residual import edit_residual, record_residual
+from af1.interventions.residual import edit_residual, record_residual, replace_positions
 from af1.models.adapter import LayerInputs, ModelAdapter
 from af1.tasks import Task
 
@@ -36,10 +37,28 @@ def supports(adapter: ModelAdapter, task: Task, config: AF1Config) -> str | None
         return f"ABP variant '{config.abp}' lets non-last tokens peek"
     if config.wait >= 0 and config.ablation not in ("cama", "mean", "zero"):
         return f"ablation '{config.ablation}' does not make positions token-local"
+    if not bool((task.input_ids_PT[:, -1] == task.input_ids_PT[0, -1]).all()):
+        return "the last token differs across prompts"
     window = getattr(adapter.config, "sliding_window", None)
     if window and task.n_positions > window:
         return f"prompts of {task.n_positions} tokens exceed the sliding window {window}"
     return None
+
+
+@dataclass
+class ProblemKV:
+    """Keys/values [B, kv_heads, n-1, head_dim] of positions 0..n-2 of real prompts, per layer."""
+
+    keys: dict[int, torch.Tensor]
+    values: dict[int, torch.Tensor]
+    context_len: int
+
+    def prefix(self, layer: int, rows: torch.Tensor, peek: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """All earlier positions of each prompt, or only the context (`rows` is unused: one batch)."""
+        k, v = self.keys[layer], self.values[layer]
+        if peek:
+            return k, v
+        return k[:, :, : self.context_len], v[:, :, : self.context_len]
 
 
 @dataclass
@@ -77,51 +96,86 @@ def covering_prompts(slot_tokens_TS: torch.Tensor) -> torch.Tensor:
     return slot_tokens_TS.gather(1, slot_idx.T).T
 
 
+def context_kv(adapter: ModelAdapter, task: Task) -> ProblemKV:
+    """Keys/values of the context positions in every layer: the same for every problem and every config."""
+    return capture_problem_kv(adapter, task.input_ids_PT[:1, : task.context_len + 1], task.context_len)
+
+
+def _suffix_mask(n: int, c: int, local: bool) -> torch.Tensor:
+    """[1, n-c, n]: queries c..n-1 see the context and, causally or only themselves, the suffix."""
+    q = torch.arange(c, n)[:, None]
+    k = torch.arange(n)[None]
+    return ((k < c) | ((k == q) if local else (k <= q)))[None]
+
+
 @torch.no_grad()
 def token_local_kv(
-    adapter: ModelAdapter, task: Task, config: AF1Config, means: PositionMeans | None
+    adapter: ModelAdapter, task: Task, config: AF1Config, means: PositionMeans | None, ctx: ProblemKV | None = None
 ) -> TokenLocalKV:
-    """One reference run over the covering prompts, capturing keys/values after `wait`."""
+    """Keys/values after `wait` per (position, token): the covering prompts' suffixes run on the context's cache."""
     table = means.slot_tokens_TS if means is not None else slot_table(task.input_ids_PT)
     cover = covering_prompts(table)
-    cover_task = Task(task.spec, [task.problems[0]] * len(cover), cover, task.answer_ids_P[:1].expand(len(cover)),
-                      task.context_len, task.layout)
-    local = config.model_copy(update={"transfer": 0, "transfer_start": None, "pruned_heads": []})
-    keys: dict[int, torch.Tensor] = {}
-    values: dict[int, torch.Tensor] = {}
-    layers = list(range(config.wait + 1, adapter.n_layers))
+    S, T = cover.shape
+    c = task.context_len
+    ctx = ctx or context_kv(adapter, task)
+    suffix = cover[:, c:].to(adapter.device)
+    inputs = adapter.layer_inputs(suffix, torch.arange(c, T, device=adapter.device).expand(S, T - c))
+    captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def capture(layer: int):
         def fn(_module, _q, k, v):
-            keys[layer], values[layer] = k[:, :, :-1].permute(2, 0, 1, 3), v[:, :, :-1].permute(2, 0, 1, 3)
+            captured[layer] = k[:, :, c:], v[:, :, c:]
 
         return fn
 
-    plans = plans_for(cover_task, local, adapter)  # every query sees only context and itself
-    for layer in layers:
-        plans[layer].capture = capture(layer)
+    plans = {}
+    for layer in range(adapter.n_layers):
+        k, v = ctx.keys[layer].expand(S, -1, -1, -1), ctx.values[layer].expand(S, -1, -1, -1)
+        local = layer > config.wait
+        plans[layer] = LayerPlan(
+            _suffix_mask(T, c, local), (k, v), replace_mask=True, capture=capture(layer) if local else None
+        )
     store: dict[int, torch.Tensor] = {}
-    ids = cover.to(adapter.device)
-    edit = ablation_edit(local, means, cover_task, ids, None)
-    recorded = [config.wait] if config.wait >= 0 else []
+    edits = {}
+    if config.wait >= 0 and config.ablation != "none":
+        new = ablated_states(config, means, cover)[:, c:].to(adapter.device)
+        edits[config.wait] = lambda h: replace_positions(h, new, 1)
     with (
-        edit_residual(adapter, {config.wait: edit} if edit else {}),
-        record_residual(adapter, recorded, store),
+        edit_residual(adapter, edits),
+        record_residual(adapter, [config.wait] if config.wait >= 0 else [], store),
         attention_plans(adapter, plans),
     ):
-        adapter.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
-    start = store[config.wait].transpose(0, 1).float() if config.wait >= 0 else None  # [T, S, D]
-    return TokenLocalKV(config.wait, keys, values, start, table, task.context_len)
+        adapter.run_layers(inputs.hidden_BTD, inputs)
+    keys, values = {}, {}
+    for layer, (k, v) in captured.items():  # k: [S, kv_heads, T-c, d]
+        keys[layer] = _table(ctx.keys[layer], k)
+        values[layer] = _table(ctx.values[layer], v)
+    start = None
+    if config.wait >= 0:
+        start = torch.zeros(T, S, adapter.hidden_size)
+        start[c:] = store[config.wait].transpose(0, 1).float().cpu()
+    return TokenLocalKV(config.wait, keys, values, start, table, c)
+
+
+def _table(context_1HCD: torch.Tensor, suffix_SHUD: torch.Tensor) -> torch.Tensor:
+    """[position 0..n-2, slot, kv_heads, d] from the context's and the cover suffixes' keys (or values)."""
+    S = suffix_SHUD.shape[0]
+    ctx = context_1HCD[0].permute(1, 0, 2)[:, None].expand(-1, S, -1, -1)
+    return torch.cat([ctx, suffix_SHUD.permute(2, 0, 1, 3)], 0)[:-1]
 
 
 def _plan(
-    adapter: ModelAdapter, kv: TokenLocalKV, layer: int, slots_BT: torch.Tensor, peek: bool,
+    adapter: ModelAdapter,
+    kv: TokenLocalKV | ProblemKV,
+    layer: int,
+    rows: torch.Tensor,
+    peek: bool,
     pruned: list[int] | None = None,
 ) -> LayerPlan:
-    prefix = kv.prefix(layer, slots_BT, peek)
+    prefix = kv.prefix(layer, rows, peek)
     if not pruned:
         return LayerPlan(prefix_kv=prefix, replace_mask=True)
-    T = slots_BT.shape[1]
+    T = prefix[0].shape[2] + 1
     keys = torch.arange(T)
     allowed = torch.ones(1, adapter.n_heads, 1, T, dtype=torch.bool)
     allowed[0, pruned, 0] = (keys < kv.context_len) | (keys == T - 1)
@@ -129,8 +183,14 @@ def _plan(
 
 
 def _run(
-    adapter: ModelAdapter, kv: TokenLocalKV, h_B1D: torch.Tensor, inputs: LayerInputs, slots_BT: torch.Tensor,
-    start: int, stop: int, peek: bool,
+    adapter: ModelAdapter,
+    kv: TokenLocalKV | ProblemKV,
+    h_B1D: torch.Tensor,
+    inputs: LayerInputs,
+    slots_BT: torch.Tensor,
+    start: int,
+    stop: int,
+    peek: bool,
 ) -> torch.Tensor:
     plans = {layer: _plan(adapter, kv, layer, slots_BT, peek) for layer in range(start, stop)}
     with attention_plans(adapter, plans):
@@ -143,15 +203,19 @@ def _last_token_inputs(adapter: ModelAdapter, ids_BT: torch.Tensor) -> LayerInpu
 
 
 def _start_state(kv: TokenLocalKV, slots_BT: torch.Tensor, inputs: LayerInputs, dtype: torch.dtype) -> torch.Tensor:
-    if kv.start_TSD is None:
-        return inputs.hidden_BTD
+    if kv.start_TSD is None:  # wait = -1: the last token's embedding (the same in every prompt of a layout)
+        return inputs.hidden_BTD.expand(slots_BT.shape[0], -1, -1)
     T = slots_BT.shape[1]
     return kv.start_TSD[T - 1, slots_BT[:, -1]][:, None].to(inputs.hidden_BTD.device, dtype)
 
 
 @torch.no_grad()
 def fast_logits(
-    adapter: ModelAdapter, task: Task, config: AF1Config, means: PositionMeans | None, batch_size: int = 256,
+    adapter: ModelAdapter,
+    task: Task,
+    config: AF1Config,
+    means: PositionMeans | None,
+    batch_size: int = 256,
     kv: TokenLocalKV | None = None,
 ) -> torch.Tensor:
     """Last-position logits [P, V] under AF1, equal to `reference_logits` up to float rounding."""
@@ -166,7 +230,7 @@ def fast_logits(
     for sl in batches(len(task), batch_size):
         ids = task.input_ids_PT[sl]
         slots = kv.slots(ids)
-        inputs = _last_token_inputs(adapter, ids)
+        inputs = _last_token_inputs(adapter, ids[:1])  # one row: every row has the same position
         plans = {layer: _plan(adapter, kv, layer, slots, layer in peek, pruned.get(layer)) for layer in layers}
         with attention_plans(adapter, plans):
             h = adapter.run_layers(_start_state(kv, slots, inputs, dtype), inputs, config.wait + 1)
@@ -176,26 +240,50 @@ def fast_logits(
 
 @torch.no_grad()
 def fast_sweep_wait(
-    adapter: ModelAdapter, task: Task, config: AF1Config, means: PositionMeans | None, transfers: list[int],
-    batch_size: int = 256,
+    adapter: ModelAdapter,
+    task: Task,
+    config: AF1Config,
+    means: PositionMeans | None,
+    transfers: list[int],
+    batch_size: int = 64,
+    ctx: ProblemKV | None = None,
 ) -> dict[int, torch.Tensor]:
-    """Logits for every transfer length at one `wait`, sharing the peeking prefix across lengths."""
-    kv = token_local_kv(adapter, task, config, means)
-    L, w = adapter.n_layers, config.wait
+    """Logits for every transfer length at one `wait`.
+
+    The peeking path is a common prefix of all lengths; the compute-only tails that branch
+    off it run as one batch per layer (a wavefront), so each layer is one call for all lengths.
+    """
     wanted = sorted(transfers)
+    if supports(adapter, task, config) is not None:
+        return {k: reference_logits(adapter, task, config.model_copy(update={"transfer": k}), means) for k in wanted}
+    kv = token_local_kv(adapter, task, config, means, ctx)
+    L, w = adapter.n_layers, config.wait
     result: dict[int, list[torch.Tensor]] = {k: [] for k in wanted}
     dtype = next(adapter.model.parameters()).dtype
     for sl in batches(len(task), batch_size):
         ids = task.input_ids_PT[sl]
+        B = ids.shape[0]
         slots = kv.slots(ids)
-        inputs = _last_token_inputs(adapter, ids)
+        inputs = _last_token_inputs(adapter, ids[:1])  # one row: every row has the same position
         h = _start_state(kv, slots, inputs, dtype)
+        branch_at: dict[int, torch.Tensor] = {}  # first compute layer -> state entering it
         done = 0
         for k in wanted:
             h = _run(adapter, kv, h, inputs, slots, w + 1 + done, w + 1 + k, peek=True)
             done = k
-            tail = _run(adapter, kv, h, inputs, slots, w + 1 + k, L, peek=False)
-            result[k].append(adapter.logits(tail)[:, -1].float().cpu())
+            branch_at[w + 1 + k] = h
+        wave = torch.empty(0, 1, h.shape[-1], dtype=h.dtype, device=h.device)
+        for layer in range(w + 1, L):
+            if layer in branch_at:
+                wave = torch.cat([wave, branch_at[layer]])
+            rows = torch.zeros(wave.shape[0], 1, dtype=torch.long)
+            with attention_plans(adapter, {layer: _plan(adapter, kv, layer, rows, peek=False)}):
+                wave = adapter.run_layers(wave, inputs, layer, layer + 1)
+        if L in branch_at:  # transfer through the last layer: nothing left to compute
+            wave = torch.cat([wave, branch_at[L]])
+        order = [k for k in wanted if w + 1 + k < L] + [k for k in wanted if w + 1 + k == L]
+        for i, k in enumerate(order):
+            result[k].append(adapter.logits(wave[i * B : (i + 1) * B])[:, -1].float().cpu())
     return {k: torch.cat(v) for k, v in result.items()}
 
 
@@ -209,3 +297,57 @@ def grid(n_layers: int, max_transfer: int | None = None) -> list[tuple[int, int]
         cells.extend((w, k) for k in range(top + 1))
     return cells
 
+
+@torch.no_grad()
+def capture_problem_kv(adapter: ModelAdapter, ids_BT: torch.Tensor, context_len: int) -> ProblemKV:
+    """One plain forward that keeps every layer's keys/values of positions 0..n-2."""
+    keys: dict[int, torch.Tensor] = {}
+    values: dict[int, torch.Tensor] = {}
+
+    def capture(layer: int):
+        def fn(_module, _q, k, v):
+            keys[layer], values[layer] = k[:, :, :-1], v[:, :, :-1]
+
+        return fn
+
+    plans = {layer: LayerPlan(capture=capture(layer)) for layer in range(adapter.n_layers)}
+    ids = ids_BT.to(adapter.device)
+    with attention_plans(adapter, plans):
+        adapter.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
+    return ProblemKV(keys, values, context_len)
+
+
+@torch.no_grad()
+def knockout_logits(
+    adapter: ModelAdapter, task: Task, blocked: list[list[int]], batch_size: int = 128
+) -> list[torch.Tensor]:
+    """Unmodified model, except that in each set of layers the last token reads only context and itself.
+
+    Returns last-position logits [P, V] per layer set; the prompt's other positions run normally
+    and are computed once per batch.
+    """
+    if not adapter.family.uses_attention_interface:
+        return [
+            reference_logits(
+                adapter,
+                task,
+                AF1Config(abp="none"),
+                None,
+                extra_masks=last_token_knockout(task.n_positions, task.context_len, layers),
+            )
+            for layers in blocked
+        ]
+    out: list[list[torch.Tensor]] = [[] for _ in blocked]
+    for sl in batches(len(task), batch_size):
+        ids = task.input_ids_PT[sl]
+        kv = capture_problem_kv(adapter, ids, task.context_len)
+        inputs = _last_token_inputs(adapter, ids)
+        rows = torch.arange(ids.shape[0])
+        for i, layers in enumerate(blocked):
+            plans = {
+                layer: _plan(adapter, kv, layer, rows, peek=layer not in layers) for layer in range(adapter.n_layers)
+            }
+            with attention_plans(adapter, plans):
+                h = adapter.run_layers(inputs.hidden_BTD, inputs)
+            out[i].append(adapter.logits(h)[:, -1].float().cpu())
+    return [torch.cat(o) for o in out]

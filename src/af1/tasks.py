@@ -87,9 +87,7 @@ def _template(operation: Operation, style: str) -> str:
     if style not in TWO_OPERAND_STYLES:
         raise Af1Error(f"unknown style '{style}'; choose one of {', '.join(STYLES)}")
     if operation.operators not in (("+",), ("-",)):
-        raise Af1Error(
-            f"style '{style}' exists only for a+b and a-b; use original or calculate for {operation.name}"
-        )
+        raise Af1Error(f"style '{style}' exists only for a+b and a-b; use original or calculate for {operation.name}")
     return TWO_OPERAND_STYLES[style][operation.operators[0]]
 
 
@@ -226,9 +224,7 @@ class Task:
         }
 
 
-def _roles(
-    tokenizer: Any, problem: Problem, operation: Operation, style: str
-) -> tuple[list[int], tuple[str, ...]]:
+def _roles(tokenizer: Any, problem: Problem, operation: Operation, style: str) -> tuple[list[int], tuple[str, ...]]:
     """Token ids of a prompt and the role of each token (which operand it spells, or const)."""
     enc = tokenizer(problem.text, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
@@ -264,8 +260,7 @@ def build_task(spec: TaskSpec, tokenizer: Any) -> Task:
     moved = False
     encoded = [_roles(tokenizer, p, operation, spec.style) for p in problems]
     answers = [
-        answer_token(tokenizer, p.text, p.answer_text, ids)
-        for p, (ids, _) in zip(problems, encoded, strict=True)
+        answer_token(tokenizer, p.text, p.answer_text, ids) for p, (ids, _) in zip(problems, encoded, strict=True)
     ]
     if any(a is None for a in answers) and all(p.text.endswith(" ") for p in problems):
         # tokenizers that put the space inside the number's token: the prompt ends before the space
@@ -275,8 +270,7 @@ def build_task(spec: TaskSpec, tokenizer: Any) -> Task:
         ]
         encoded = [_roles(tokenizer, p, operation, spec.style) for p in problems]
         answers = [
-            answer_token(tokenizer, p.text, p.answer_text, ids)
-            for p, (ids, _) in zip(problems, encoded, strict=True)
+            answer_token(tokenizer, p.text, p.answer_text, ids) for p, (ids, _) in zip(problems, encoded, strict=True)
         ]
         moved = True
     bad = [p for p, a in zip(problems, answers, strict=True) if a is None]

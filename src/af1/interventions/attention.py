@@ -136,9 +136,7 @@ def attention_plans(adapter: ModelAdapter, plans: dict[int, LayerPlan]) -> Itera
         if adapter.family.uses_attention_interface:
             model.config._attn_implementation = PREFIX + kernel
         else:
-            handles = [
-                adapter.attention(i).register_forward_pre_hook(_gptj_pre_hook, with_kwargs=True) for i in plans
-            ]
+            handles = [adapter.attention(i).register_forward_pre_hook(_gptj_pre_hook, with_kwargs=True) for i in plans]
         for layer, plan in plans.items():
             adapter.attention(layer)._af1_plan = plan
         yield

@@ -71,9 +71,7 @@ def last_token_knockout(n: int, context_len: int, layers: list[int]) -> dict[int
     return {layer: allowed[None] for layer in layers}
 
 
-def head_knockout(
-    mask_QK: torch.Tensor, n_heads: int, heads: list[int], restricted_row: torch.Tensor
-) -> torch.Tensor:
+def head_knockout(mask_QK: torch.Tensor, n_heads: int, heads: list[int], restricted_row: torch.Tensor) -> torch.Tensor:
     """Per-head masks [1, heads, n, n]: the listed heads' last row replaced by `restricted_row`."""
     per_head = mask_QK.expand(n_heads, *mask_QK.shape[-2:]).clone()
     for h in heads:

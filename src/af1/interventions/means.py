@@ -94,8 +94,12 @@ class PositionMeans:
         if expected_key is not None and key != expected_key:
             raise Af1Error(f"means file {path} was computed for another model or task layout")
         return cls(
-            tensors["cond_LTSD"], tensors["mean_LTD"], tensors["slot_tokens_TS"], tensors["counts_TS"],
-            key, json.loads(metadata.get("meta", "{}")),
+            tensors["cond_LTSD"],
+            tensors["mean_LTD"],
+            tensors["slot_tokens_TS"],
+            tensors["counts_TS"],
+            key,
+            json.loads(metadata.get("meta", "{}")),
         )
 
 

@@ -56,9 +56,7 @@ def record_residual(adapter: ModelAdapter, layers: list[int], store: dict[int, t
             h.remove()
 
 
-def replace_positions(
-    hidden_BTD: torch.Tensor, new_BTD: torch.Tensor, start: int
-) -> torch.Tensor:
+def replace_positions(hidden_BTD: torch.Tensor, new_BTD: torch.Tensor, start: int) -> torch.Tensor:
     """Positions start.. taken from `new`, earlier ones kept."""
     out = hidden_BTD.clone()
     out[:, start:] = new_BTD[:, start:].to(hidden_BTD.dtype)

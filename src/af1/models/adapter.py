@@ -23,9 +23,7 @@ def family_of(model: nn.Module) -> Family:
     model_type = getattr(model.config, "model_type", None)
     family = BY_MODEL_TYPE.get(model_type)
     if family is None:
-        raise Af1Error(
-            f"unsupported architecture '{model_type}'; supported: {', '.join(supported_model_types())}"
-        )
+        raise Af1Error(f"unsupported architecture '{model_type}'; supported: {', '.join(supported_model_types())}")
     return family
 
 
@@ -128,9 +126,7 @@ class ModelAdapter:
                 del layer.forward
 
     @torch.no_grad()
-    def layer_inputs(
-        self, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor | None = None
-    ) -> LayerInputs:
+    def layer_inputs(self, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor | None = None) -> LayerInputs:
         """Embeddings and the exact keyword arguments the model passes to each decoder layer."""
         record: list[tuple[tuple[Any, ...], dict[str, Any]]] = [((), {}) for _ in range(self.n_layers)]
         first: list[torch.Tensor] = []

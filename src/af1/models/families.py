@@ -30,9 +30,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3", ("qwen3",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp"),
     Family("gemma2", ("gemma2",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp"),
     Family("gemma3", ("gemma3_text",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp"),
-    Family(
-        "gpt2", ("gpt2",), "transformer.h", "transformer.ln_f", "lm_head", "attn", "c_proj", "mlp", rope=False
-    ),
+    Family("gpt2", ("gpt2",), "transformer.h", "transformer.ln_f", "lm_head", "attn", "c_proj", "mlp", rope=False),
     Family(
         "gpt_neox",
         ("gpt_neox",),

@@ -67,14 +67,10 @@ def _gguf_to_safetensors(gguf: Path, digest: str) -> Path:
         return target
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        quantised = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
+        quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except (ValueError, KeyError, OSError, RuntimeError) as exc:
         raise Af1Error(f"cannot load {gguf}: {str(exc).splitlines()[0]}") from exc
-    config = AutoConfig.for_model(
-        **{k: v for k, v in quantised.config.to_dict().items() if k != "quantization_config"}
-    )
+    config = AutoConfig.for_model(**{k: v for k, v in quantised.config.to_dict().items() if k != "quantization_config"})
     config.dtype = torch.float32
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantised.state_dict(), strict=True)
@@ -107,9 +103,7 @@ def _resolve(spec: str) -> tuple[Path | str, dict[str, Any]]:
             raise Af1Error(f"{spec} is a directory without config.json: not a HF model directory")
         return path, {"source": "directory", "path": str(path.resolve())}
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        raise Af1Error(
-            f"unknown model path: {spec} (expected smollm2, a model directory, a .gguf file or a hub id)"
-        )
+        raise Af1Error(f"unknown model path: {spec} (expected smollm2, a model directory, a .gguf file or a hub id)")
     return spec, {"source": "hub", "id": spec}
 
 
@@ -148,11 +142,7 @@ def load_model(
         raise
     except Exception as exc:  # transformers raises many types; the user needs one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        hint = (
-            " (model hubs are unreachable here: use a local directory or .gguf)"
-            if info["source"] == "hub"
-            else ""
-        )
+        hint = " (model hubs are unreachable here: use a local directory or .gguf)" if info["source"] == "hub" else ""
         raise Af1Error(f"cannot load model '{spec}': {first}{hint}") from exc
     family_of(model)
     if device_map is None:

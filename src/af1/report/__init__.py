@@ -1,0 +1,1 @@
+"""Figures (PNG) and the self-contained HTML report."""

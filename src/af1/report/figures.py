@@ -1,0 +1,88 @@
+"""Figures as PNG files: layer on the y-axis where a figure is indexed by layer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from af1.results import write_atomic
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return write_atomic(path, buf.getvalue())
+
+
+def sweep_heatmap(sweep: dict[str, Any], path: Path, found: dict[str, Any] | None = None) -> Path:
+    """Faithfulness over (L_wait rows, L_transfer columns), annotated where cells are large enough."""
+    faith = np.array(sweep["faithfulness_wait_transfer"], dtype=float)
+    L = int(sweep["n_layers"])
+    fig, ax = plt.subplots(figsize=(min(14, 3 + 0.4 * L), min(12, 2.5 + 0.35 * L)))
+    image = ax.imshow(np.ma.masked_invalid(faith), origin="lower", cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    ax.set_xlabel("L_transfer (layers in which the last token peeks)")
+    ax.set_ylabel("L_wait (CAMA at the output of this block; -1 = none)")
+    ax.set_yticks(range(L + 1), [str(w) for w in range(-1, L)], fontsize=7)
+    ax.set_xticks(range(L + 1), [str(k) for k in range(L + 1)], fontsize=7)
+    if L <= 32:
+        for (r, c), v in np.ndenumerate(faith):
+            if v == v:
+                ax.text(
+                    c,
+                    r,
+                    f"{v:.2f}"[1:] if v < 1 else "1",
+                    ha="center",
+                    va="center",
+                    fontsize=5,
+                    color="white" if v < 0.6 else "black",
+                )
+    if found and found.get("found"):
+        ax.add_patch(plt.Rectangle((found["transfer"] - 0.5, found["wait"] + 0.5), 1, 1, fill=False, ec="red", lw=2))
+    fig.colorbar(image, ax=ax, label="faithfulness")
+    ax.set_title(
+        f"AF1 faithfulness: {sweep.get('model')} {sweep.get('task')} ({sweep.get('style')}), n={sweep.get('n_solved')}"
+    )
+    return _save(fig, path)
+
+
+def necessity_plot(result: dict[str, Any], path: Path) -> Path:
+    fig, axes = plt.subplots(1, 2 if "shifted_transfer" in result else 1, figsize=(11, 4), squeeze=False)
+    ax = axes[0, 0]
+    for width, values in result["windows"].items():
+        ax.plot(range(len(values)), values, marker="o", ms=3, label=f"{width} layer(s) from here")
+    ax.set_xlabel("first blocked layer")
+    ax.set_ylabel("faithfulness")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("last token cannot read the operands")
+    ax.legend(fontsize=8)
+    if "shifted_transfer" in result:
+        shifted = result["shifted_transfer"]
+        ax2 = axes[0, 1]
+        starts = [s["start"] for s in shifted["by_start"]]
+        ax2.plot(starts, [s["faithfulness"] for s in shifted["by_start"]], marker="o", ms=3)
+        ax2.axvline(shifted["wait"] + 1, color="grey", ls=":")
+        ax2.set_xlabel("first transfer layer")
+        ax2.set_ylim(-0.02, 1.02)
+        ax2.set_title(f"AF1 (wait {shifted['wait']}, transfer {shifted['transfer']}) with the window moved")
+    return _save(fig, path)
+
+
+def pruning_plot(result: dict[str, Any], path: Path) -> Path:
+    curve = result["faithfulness_vs_pruned"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(range(len(curve)), curve, marker="o", ms=3)
+    ax.axhline(0.95 * result["faithfulness_full"], color="grey", ls=":", label="95 % of unpruned")
+    ax.set_xlabel(f"transfer heads that no longer peek (of {result['n_transfer_heads']})")
+    ax.set_ylabel("faithfulness")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -1,0 +1,210 @@
+"""One self-contained HTML report of whatever results a directory holds (figures embedded)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from af1.errors import Af1Error
+from af1.results import write_atomic
+
+STYLE = """
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.6em} h2{margin-top:2em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
+img{max-width:100%} .note{color:#555;font-size:.92em} code{background:#f5f5f5;padding:0 3px}
+pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.8em}
+"""
+
+
+def _load(d: Path, name: str) -> dict[str, Any] | None:
+    path = d / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _img(d: Path, name: str) -> str:
+    path = d / name
+    if not path.is_file():
+        return ""
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return html.escape(str(v))
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _stages(stages: dict[str, list[int]]) -> str:
+    def span(layers: list[int]) -> str:
+        return f"{layers[0]}..{layers[-1]}" if layers else "none"
+
+    return _table(["stage", "layers"], [[k, span(v)] for k, v in stages.items()])
+
+
+def build_report(d: str | Path) -> Path:
+    """Write DIR/report.html from the result files found in DIR."""
+    d = Path(d)
+    if not d.is_dir():
+        raise Af1Error(f"no such results directory: {d}")
+    parts: list[str] = []
+    provenance = None
+
+    base = _load(d, "base_accuracy.json")
+    if base:
+        provenance = base.get("provenance")
+        parts.append("<h2>Base accuracy</h2>")
+        parts.append(
+            _table(
+                ["task", "style", "shots", "n", "solved", "base accuracy"],
+                [[r["task"], r["style"], r["shots"], r["n"], r["n_solved"], r["base_accuracy"]] for r in base["rows"]],
+            )
+        )
+
+    sweep = _load(d, "sweep.json")
+    found = _load(d, "search.json")
+    if sweep:
+        provenance = provenance or sweep.get("provenance")
+        parts.append("<h2>The (L_wait, L_transfer) grid</h2>")
+        parts.append(
+            f"<p>{sweep['model']} on <code>{html.escape(sweep['task'])}</code> ({sweep['style']}): "
+            f"{sweep['n_solved']} solved problems of {sweep['n']} (base accuracy {sweep['base_accuracy']:.3f}); "
+            f"{sweep['n_cells']} cells, {sweep['path']} path. Faithfulness = accuracy under AF1 on the "
+            "solved problems.</p>"
+        )
+        parts.append(_img(d, "sweep.png"))
+    if found:
+        parts.append("<h2>The AF1 subgraph</h2>")
+        if found["found"]:
+            parts.append(
+                f"<p>Largest L_wait, then smallest L_transfer, with faithfulness &ge; {found['threshold']}: "
+                f"<b>L_wait = {found['wait']}, L_transfer = {found['transfer']}</b>, faithfulness "
+                f"{found['faithfulness']:.3f}.</p>"
+            )
+            parts.append(_stages(found["stages"]))
+        else:
+            parts.append(
+                f"<p><b>No cell reaches faithfulness {found['threshold']}</b>: this model has no AF1 "
+                "subgraph at that threshold on this task.</p>"
+            )
+
+    comp = _load(d, "components.json")
+    if comp:
+        parts.append(
+            "<h2>CAMA alone and ABP alone</h2><p>CAMA alone: the ablation at L_wait with no attention "
+            f"mask. ABP alone: no ablation, the mask from L_wait+1 with {comp['transfer']} peek layers.</p>"
+        )
+        parts.append(
+            _table(
+                ["L_wait", "CAMA alone", "ABP alone"],
+                [[w, comp["cama_only"][w], comp["abp_only"][w]] for w in comp["cama_only"]],
+            )
+        )
+
+    nec = _load(d, "necessity.json")
+    if nec:
+        parts.append(
+            "<h2>Necessity</h2><p>In the unmodified model the last token is kept from reading every "
+            "non-context position in one layer or a window of layers; right: inside the found AF1 the "
+            "transfer window is moved later.</p>"
+        )
+        parts.append(_img(d, "necessity.png"))
+        worst = {w: min(v) for w, v in nec["windows"].items()}
+        parts.append(
+            _table(
+                ["window", "lowest faithfulness", "at first layer"],
+                [[w, worst[w], nec["windows"][w].index(worst[w])] for w in nec["windows"]],
+            )
+        )
+
+    alt = _load(d, "alternatives.json")
+    if alt:
+        parts.append(f"<h2>Alternatives at L_wait = {alt['wait']}, L_transfer = {alt['transfer']}</h2>")
+        parts.append(
+            _table(
+                ["ablation at L_wait (ABP af1)", "faithfulness"],
+                [[k, v] for k, v in alt["ablations"].items()],
+            )
+        )
+        parts.append(_table(["ABP variant (CAMA)", "faithfulness"], [[k, v] for k, v in alt["abp_variants"].items()]))
+
+    styles = _load(d, "styles.json")
+    if styles:
+        parts.append(f"<h2>Input styles (Table 4) at L_wait = {styles['wait']}, L_transfer = {styles['transfer']}</h2>")
+        rows = [
+            [
+                r["style"],
+                r["operation"],
+                r.get("n", ""),
+                r.get("base_accuracy", r.get("error", "")),
+                r.get("faithfulness", ""),
+            ]
+            for r in styles["rows"]
+        ]
+        parts.append(_table(["style", "operation", "n", "base accuracy", "AF1 faithfulness"], rows))
+
+    transfer = _load(d, "transfer.json")
+    if transfer:
+        parts.append("<h2>Transfer of the found config</h2>")
+        rows = [
+            [
+                r["task"],
+                r["style"],
+                r["n_solved"],
+                r["absolute"]["wait"],
+                r["absolute"]["transfer"],
+                r["absolute"]["faithfulness"],
+                r["relative"]["faithfulness"],
+            ]
+            for r in transfer["rows"]
+        ]
+        parts.append(
+            _table(
+                [
+                    "task",
+                    "style",
+                    "solved",
+                    "wait",
+                    "transfer",
+                    "faithfulness (absolute)",
+                    "faithfulness (relative)",
+                ],
+                rows,
+            )
+        )
+
+    pruning = _load(d, "pruning.json")
+    if pruning:
+        parts.append(
+            f"<h2>Head pruning in the transfer layers</h2><p>{pruning['n_transfer_heads']} heads; "
+            f"up to {pruning['max_pruned_at_95pct']} of them stop peeking with faithfulness &ge; 95 % of "
+            f"the unpruned {pruning['faithfulness_full']:.3f}.</p>"
+        )
+        parts.append(_img(d, "pruning.png"))
+
+    if not parts:
+        raise Af1Error(f"{d} holds no af1 results")
+    notes = _load(d, "notes.json")
+    if notes:
+        parts.insert(
+            0,
+            "<h2>Summary</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes["notes"]) + "</ul>",
+        )
+    if provenance:
+        parts.append("<h2>Provenance</h2><pre>" + html.escape(json.dumps(provenance, indent=2)) + "</pre>")
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>af1 report</title><style>{STYLE}</style>"
+        f"</head><body><h1>af1 report</h1>{''.join(parts)}</body></html>"
+    )
+    return write_atomic(d / "report.html", page)

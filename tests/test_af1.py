@@ -1,0 +1,196 @@
+"""AF1 on tiny models of every family: exactness of the interventions, fast path = hook path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from af1 import Af1Error, ModelAdapter
+from af1.allforone import AF1Config, reference_logits
+from af1.evaluation import last_logits
+from af1.fast import fast_logits, fast_sweep_wait, knockout_logits, supports
+from af1.interventions.attention import attention_plans, check_maskable
+from af1.interventions.masks import abp_masks, last_token_knockout
+from af1.interventions.means import PositionMeans, compute_means, means_key
+from af1.interventions.residual import record_residual
+from af1.tasks import TaskSpec, build_task
+
+from conftest import TINY_FAMILIES, tiny_model
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def task(tokenizer):
+    return build_task(TaskSpec(operation="a+b", shots=1, n=12, seed=3), tokenizer)
+
+
+@pytest.fixture(scope="module", params=TINY_FAMILIES)
+def tiny(request, task):
+    model = tiny_model(request.param)
+    adapter = ModelAdapter(model)
+    return adapter, compute_means(adapter, task, batch_size=5)
+
+
+def test_no_intervention_is_bit_identical(tiny, task):
+    adapter, means = tiny
+    plain = last_logits(adapter.model, task.input_ids_PT, batch_size=32)
+    assert torch.equal(reference_logits(adapter, task, AF1Config(abp="none"), means), plain)
+    with attention_plans(adapter, {}):
+        assert torch.equal(last_logits(adapter.model, task.input_ids_PT, batch_size=32), plain)
+
+
+def test_cama_over_one_problem_changes_nothing(tiny, task):
+    adapter, _ = tiny
+    one = task.subset([4])
+    means = compute_means(adapter, one)
+    plain = last_logits(adapter.model, one.input_ids_PT)
+    for wait in range(adapter.n_layers):
+        assert torch.equal(reference_logits(adapter, one, AF1Config(wait=wait, abp="none"), means), plain)
+
+
+def test_cama_changes_logits_of_a_real_distribution(tiny, task):
+    adapter, means = tiny
+    plain = last_logits(adapter.model, task.input_ids_PT)
+    assert not torch.allclose(reference_logits(adapter, task, AF1Config(wait=0, abp="none"), means), plain)
+
+
+@pytest.mark.parametrize(
+    ("wait", "transfer", "pruned"),
+    [(-1, 0, []), (-1, 3, []), (0, 1, []), (0, 2, [(1, 0), (2, 3)]), (1, 0, []), (1, 1, [(2, 1)]), (2, 0, [])],
+)
+def test_fast_equals_reference(tiny, task, wait, transfer, pruned):
+    adapter, means = tiny
+    config = AF1Config(wait=wait, transfer=transfer, pruned_heads=pruned)
+    ref = reference_logits(adapter, task, config, means)
+    fast = fast_logits(adapter, task, config, means)
+    assert (ref - fast).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("ablation", ["mean", "zero"])
+def test_fast_equals_reference_for_other_ablations(tiny, task, ablation):
+    adapter, means = tiny
+    config = AF1Config(wait=0, transfer=1, ablation=ablation)
+    assert (
+        reference_logits(adapter, task, config, means) - fast_logits(adapter, task, config, means)
+    ).abs().max() <= TOL
+
+
+def test_fast_moved_window_equals_reference(tiny, task):
+    adapter, means = tiny
+    config = AF1Config(wait=-1, transfer=1, transfer_start=1)
+    assert (
+        reference_logits(adapter, task, config, means) - fast_logits(adapter, task, config, means)
+    ).abs().max() <= TOL
+
+
+def test_fast_sweep_equals_single_runs(tiny, task):
+    adapter, means = tiny
+    for wait in (-1, 0, 1):
+        ks = list(range(adapter.n_layers - wait))
+        swept = fast_sweep_wait(adapter, task, AF1Config(wait=wait), means, ks, batch_size=5)
+        for k in ks:
+            ref = reference_logits(adapter, task, AF1Config(wait=wait, transfer=k), means)
+            assert (swept[k] - ref).abs().max() <= TOL
+
+
+def test_knockout_equals_reference(tiny, task):
+    adapter, _ = tiny
+    sets = [[], [0], [1, 2]]
+    for layers, fast in zip(sets, knockout_logits(adapter, task, sets, batch_size=5), strict=True):
+        extra = last_token_knockout(task.n_positions, task.context_len, layers)
+        ref = reference_logits(adapter, task, AF1Config(abp="none"), None, extra_masks=extra)
+        assert (ref - fast).abs().max() <= TOL
+
+
+def test_fast_path_coverage():
+    adapter = ModelAdapter(tiny_model("gptj"))
+    assert "attention interface" in supports(adapter, None, AF1Config())  # type: ignore[arg-type]
+
+
+def test_abp_attention_pattern(task):
+    """wait -1, transfer L: the last row stays causal, other non-context rows see context and themselves."""
+    adapter = ModelAdapter(tiny_model("llama", attn="eager"))
+    n, c = task.n_positions, task.context_len
+    config = AF1Config(wait=-1, transfer=adapter.n_layers)
+    from af1.allforone import af1_intervention
+
+    ids = task.input_ids_PT[:2]
+    with af1_intervention(adapter, task, config, None, ids):
+        attentions = adapter.model(ids, output_attentions=True, use_cache=False).attentions
+    for layer_attn in attentions:
+        weights = layer_attn[0, 0]
+        assert (weights[n - 1] > 0).all()
+        for q in range(c, n - 1):
+            seen = (weights[q] > 0).nonzero().flatten().tolist()
+            assert seen == [*range(c), q]
+        assert torch.allclose(weights[:c, :c], torch.tril(weights[:c, :c]))
+
+
+def test_masks_follow_the_spec():
+    masks = abp_masks(6, 2, wait=0, peek_layers=[1, 2], n_layers=4)
+    assert sorted(masks) == [1, 2, 3]
+    assert masks[1][0, 5].all() and not masks[3][0, 5, 2:5].any() and masks[3][0, 5, 5]
+    assert masks[1][0, 3].tolist() == [True, True, False, True, False, False]
+    assert masks[1][0, 1].tolist() == [True, True, False, False, False, False]  # context query: causal
+    sink = abp_masks(6, 2, wait=0, peek_layers=[], n_layers=2, variant="sink")
+    assert sink[1][0, 3].tolist() == [False, True, False, True, False, False]
+    allpeek = abp_masks(6, 2, wait=0, peek_layers=[1], n_layers=2, variant="all-peek")
+    assert allpeek[1][0, 3].tolist() == [True, True, True, True, False, False]
+
+
+def test_means_are_streamed_exactly(tokenizer):
+    task = build_task(TaskSpec(operation="a+b", n=20), tokenizer)
+    adapter = ModelAdapter(tiny_model("qwen2"))
+    means = compute_means(adapter, task, batch_size=3)
+    store: dict[int, torch.Tensor] = {}
+    with record_residual(adapter, [1], store):
+        adapter.model(task.input_ids_PT, use_cache=False)
+    h = store[1]
+    t = task.context_len + 2  # B's position
+    for token in task.input_ids_PT[:, t].unique():
+        rows = task.input_ids_PT[:, t] == token
+        ids = task.input_ids_PT[rows][:1]
+        assert torch.allclose(means.conditional(1, ids)[0, t], h[rows, t].mean(0), atol=1e-6)
+    assert torch.allclose(means.mean_LTD[1], h.mean(0), atol=1e-6)
+    assert int(means.counts_TS[t].sum()) == len(task)
+
+
+def test_means_roundtrip_and_key_check(tmp_path, tokenizer):
+    task = build_task(TaskSpec(operation="a+b", n=10), tokenizer)
+    adapter = ModelAdapter(tiny_model("llama"))
+    means = compute_means(adapter, task)
+    path = means.save(tmp_path / "m.safetensors")
+    back = PositionMeans.load(path, expected_key=means_key(adapter, task))
+    assert torch.equal(back.cond_LTSD, means.cond_LTSD) and back.meta["n_problems"] == 10
+    other = ModelAdapter(tiny_model("llama", seed=1))
+    with pytest.raises(Af1Error, match="another model or task"):
+        PositionMeans.load(path, expected_key=means_key(other, task))
+    with pytest.raises(Af1Error, match="cannot read"):
+        PositionMeans.load(tmp_path / "missing.safetensors")
+
+
+def test_resample_is_seeded_and_intervenes(task):
+    adapter = ModelAdapter(tiny_model("llama"))
+    a = reference_logits(adapter, task, AF1Config(wait=0, ablation="resample", abp="none", seed=1), None)
+    b = reference_logits(adapter, task, AF1Config(wait=0, ablation="resample", abp="none", seed=1), None)
+    plain = last_logits(adapter.model, task.input_ids_PT)
+    assert torch.equal(a, b) and not torch.allclose(a, plain)
+
+
+def test_config_errors():
+    with pytest.raises(Af1Error, match="out of range"):
+        AF1Config(wait=5).check(3)
+    with pytest.raises(Af1Error, match="past the last layer"):
+        AF1Config(wait=0, transfer=3).check(3)
+    with pytest.raises(Af1Error, match="not a head of a transfer layer"):
+        AF1Config(wait=0, transfer=1, pruned_heads=[(2, 0)]).check(3, 4)
+    with pytest.raises(ValueError):
+        AF1Config(wait=-2)
+
+
+def test_flash_attention_is_refused():
+    adapter = ModelAdapter(tiny_model("llama"))
+    adapter.model.config._attn_implementation_internal = "flash_attention_2"
+    with pytest.raises(Af1Error, match="cannot take arbitrary masks"):
+        check_maskable(adapter)
