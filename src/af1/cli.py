@@ -405,7 +405,9 @@ def main() -> None:
         sys.exit(2)
     except ValidationError as exc:
         first = exc.errors()[0]
-        print(f"af1: error: {first['msg'].removeprefix('Value error, ')}", file=sys.stderr)
+        where = ".".join(map(str, first["loc"]))
+        message = first["msg"].removeprefix("Value error, ")
+        print(f"af1: error: {where + ': ' if where else ''}{message}", file=sys.stderr)
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         print("af1: interrupted", file=sys.stderr)

@@ -178,6 +178,11 @@ def search(sweep_result: dict[str, Any], threshold: float = 0.9) -> dict[str, An
         if found:
             break
     result: dict[str, Any] = {"threshold": threshold, "found": found is not None}
+    cells = [(float(faith[w + 1, k]), w, k) for w in range(-1, L) for k in range(L - w)]
+    cells = [c for c in cells if c[0] == c[0]]  # measured cells only
+    if cells:
+        value, w, k = max(cells, key=lambda c: (c[0], c[1], -c[2]))
+        result["best"] = {"wait": w, "transfer": k, "faithfulness": value}
     if found:
         w, k, value = found
         config = AF1Config(**{**sweep_result.get("config", {}), "wait": w, "transfer": k})

@@ -276,6 +276,8 @@ def fast_sweep_wait(
         for layer in range(w + 1, L):
             if layer in branch_at:
                 wave = torch.cat([wave, branch_at[layer]])
+            if not len(wave):
+                continue
             rows = torch.zeros(wave.shape[0], 1, dtype=torch.long)
             with attention_plans(adapter, {layer: _plan(adapter, kv, layer, rows, peek=False)}):
                 wave = adapter.run_layers(wave, inputs, layer, layer + 1)

@@ -10,6 +10,7 @@ from typing import Any
 from af1 import experiments
 from af1.allforone import AF1Config
 from af1.api import as_loaded, base_accuracy
+from af1.errors import Af1Error
 from af1.report import figures
 from af1.report.html import build_report
 from af1.results import provenance, write_json
@@ -85,8 +86,13 @@ def demo(model: str, out_dir: Path, spec: TaskSpec, threshold: float = 0.9, say:
         )
         say(notes[-1])
     else:
-        config = None
-        notes.append(f"No (L_wait, L_transfer) keeps faithfulness >= {threshold}: no AF1 subgraph at that threshold.")
+        best = found["best"]
+        config = AF1Config(wait=best["wait"], transfer=best["transfer"])
+        notes.append(
+            f"No (L_wait, L_transfer) keeps faithfulness >= {threshold}: this model has no AF1 subgraph at that "
+            f"threshold on this task. The best cell, used below, is L_wait {best['wait']}, L_transfer "
+            f"{best['transfer']} with faithfulness {best['faithfulness']:.3f}."
+        )
         say(notes[-1])
 
     nec = experiments.necessity(setup, found=config)
@@ -98,29 +104,28 @@ def demo(model: str, out_dir: Path, spec: TaskSpec, threshold: float = 0.9, say:
         f"{min(one):.3f} (layer {one.index(min(one))})."
     )
 
-    if config is not None:
-        alt = experiments.alternatives(setup, config)
-        write_json(out_dir / "alternatives.json", _with_provenance(setup, alt))
-        notes.append("Alternatives: " + ", ".join(f"{k} {v:.3f}" for k, v in alt["ablations"].items()))
-        styles = experiments.styles_table(lm, config, spec, list(STYLES))
-        write_json(out_dir / "styles.json", {**styles, "provenance": provenance(lm.info)})
-        rows = []
-        for op in ("a-b", "a+b+c", "a*b"):
-            try:
-                other = experiments.prepare(lm, spec.model_copy(update={"operation": op, "n_max": 200}))
-            except Exception as exc:  # a task the model solves nothing of is reported, not fatal
-                notes.append(f"transfer to {op} skipped: {exc}")
-                continue
-            rows.append(experiments.transfer_config(other, config, L))
-        write_json(out_dir / "transfer.json", {"source": found, "rows": rows, "provenance": provenance(lm.info)})
-        if config.transfer > 0:
-            pruning = experiments.prune_heads(setup, config)
-            write_json(out_dir / "pruning.json", _with_provenance(setup, pruning))
-            pruning_figure(pruning, out_dir)
-            notes.append(
-                f"Head pruning: {pruning['max_pruned_at_95pct']} of {pruning['n_transfer_heads']} transfer "
-                "heads stop peeking with faithfulness >= 95 % of the unpruned."
-            )
+    alt = experiments.alternatives(setup, config)
+    write_json(out_dir / "alternatives.json", _with_provenance(setup, alt))
+    notes.append("Alternatives: " + ", ".join(f"{k} {v:.3f}" for k, v in alt["ablations"].items()))
+    styles = experiments.styles_table(lm, config, spec, list(STYLES))
+    write_json(out_dir / "styles.json", {**styles, "provenance": provenance(lm.info)})
+    rows = []
+    for op in ("a-b", "a+b+c", "a*b"):
+        try:
+            other = experiments.prepare(lm, spec.model_copy(update={"operation": op, "n_max": 200}))
+        except Af1Error as exc:  # a task the model solves nothing of is reported, not fatal
+            notes.append(f"transfer to {op} skipped: {exc}")
+            continue
+        rows.append(experiments.transfer_config(other, config, L))
+    write_json(out_dir / "transfer.json", {"source": found, "rows": rows, "provenance": provenance(lm.info)})
+    if config.transfer > 0:
+        pruning = experiments.prune_heads(setup, config)
+        write_json(out_dir / "pruning.json", _with_provenance(setup, pruning))
+        pruning_figure(pruning, out_dir)
+        notes.append(
+            f"Head pruning: {pruning['max_pruned_at_95pct']} of {pruning['n_transfer_heads']} transfer "
+            "heads stop peeking with faithfulness >= 95 % of the unpruned."
+        )
     notes.append(f"Demo time: {time.perf_counter() - t0:.0f} s.")
     write_json(out_dir / "notes.json", {"notes": notes})
     return build_report(out_dir)

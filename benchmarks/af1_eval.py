@@ -1,0 +1,40 @@
+"""One AF1 config: the fast executor vs a plain forward pass and vs the hook-based AF1, side by side."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("AF1_NO_PROGRESS", "1")
+
+from af1.allforone import AF1Config, reference_logits
+from af1.evaluation import last_logits
+from af1.fast import context_kv, fast_logits, token_local_kv
+from af1.interventions.means import compute_means
+
+from common import best_of, setup, write
+
+
+def main() -> None:
+    lm, task = setup()
+    adapter = lm.adapter
+    means = compute_means(adapter, task)  # shared by both sides, not timed
+    config = AF1Config(wait=14, transfer=2)
+    t_forward, _ = best_of(lambda: last_logits(lm.model, task.input_ids_PT, batch_size=64))
+    t_fast, fast = best_of(lambda: fast_logits(adapter, task, config, means))
+    t_ref, ref = best_of(lambda: reference_logits(adapter, task, config, means))
+    t_tables, _ = best_of(lambda: token_local_kv(adapter, task, config, means, context_kv(adapter, task)))
+    data = {
+        "config": config.model_dump(),
+        "seconds": {"plain_forward": t_forward, "fast": t_fast, "reference": t_ref, "fast_tables_only": t_tables},
+        "speedup_vs_forward": t_forward / t_fast,
+        "speedup_vs_reference": t_ref / t_fast,
+        "flop_ratio_bound": (adapter.n_layers - config.wait) / (adapter.n_layers * task.n_positions),
+        "max_abs_logit_diff": float((fast - ref).abs().max()),
+        "same_predictions": bool((fast.argmax(-1) == ref.argmax(-1)).all()),
+    }
+    print({k: v for k, v in data.items() if k != "config"})
+    write("af1_eval", lm, task, data)
+
+
+if __name__ == "__main__":
+    main()
