@@ -373,6 +373,44 @@ def prune(
     emit(result, as_json, table)
 
 
+@app.command("positional")
+def positional_cmd(
+    model: ModelOpt = "smollm2",
+    window: Annotated[int, typer.Option(help="tokens per window of the corpus")] = 128,
+    n_windows: Annotated[int, typer.Option("--windows", help="windows of the corpus")] = 4,
+    corpus: Annotated[Path | None, typer.Option(help="a text file (default: the shipped public-domain sample)")] = None,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+    dtype: DtypeOpt = "float32",
+    attn: AttnOpt = None,
+    out_dir: OutDir = None,
+) -> None:
+    """How well attention logits split into a position term plus a meaning term, per layer and head."""
+    from af1 import pipeline, positional
+    from af1.api import as_loaded
+
+    lm = as_loaded(model, dtype=dtype, attn_implementation=attn)
+    config = positional.PositionalConfig(window=window, n_windows=n_windows, seed=seed)
+    result = positional.study(lm.adapter, lm.tokenizer, config, corpus)
+    if out_dir:
+        pipeline.positional_to(result, lm, out_dir)
+    table = Table("measure", "value")
+    for key in (
+        "r_mean",
+        "r_median",
+        "r_median_row_centred",
+        "r_median_no_sink",
+        "r_median_random_init",
+        "r_median_shuffled",
+        "dummy_distance_r2_median",
+    ):
+        value = result.get(key)
+        table.add_row(key, "skipped" if value is None else f"{value:.3f}")
+    for fraction, ppl in result["perplexity_vs_swap"].items():
+        table.add_row(f"perplexity, {float(fraction):.0%} adjacent tokens swapped", f"{ppl:.2f}")
+    emit(result, as_json, table)
+
+
 @app.command()
 def report(out_dir: Annotated[Path, typer.Argument(help="a results directory")]) -> None:
     """One self-contained HTML report of the results in a directory."""

@@ -48,6 +48,12 @@ def pruning_figure(result: dict[str, Any], out_dir: Path) -> Path:
     return figures.pruning_plot(result, out_dir / "pruning.png")
 
 
+def positional_to(result: dict[str, Any], lm: Any, out_dir: Path) -> None:
+    """The positional study's JSON and figures in out_dir."""
+    write_json(out_dir / "positional.json", {**result, "provenance": provenance(lm.info)})
+    figures.positional_figures(result, out_dir / "positional.png")
+
+
 def demo(model: str, out_dir: Path, spec: TaskSpec, threshold: float = 0.9, say: Callable[[str], None] = print) -> Path:
     """The whole AF1 study on one model and task, written to out_dir with an HTML report."""
     out_dir.mkdir(parents=True, exist_ok=True)

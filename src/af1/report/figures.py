@@ -47,6 +47,11 @@ def sweep_heatmap(sweep: dict[str, Any], path: Path, found: dict[str, Any] | Non
                 )
     if found and found.get("found"):
         ax.add_patch(plt.Rectangle((found["transfer"] - 0.5, found["wait"] + 0.5), 1, 1, fill=False, ec="red", lw=2))
+    elif found and found.get("best"):  # nothing passed the threshold: outline the best cell, dashed
+        best = found["best"]
+        ax.add_patch(
+            plt.Rectangle((best["transfer"] - 0.5, best["wait"] + 0.5), 1, 1, fill=False, ec="red", lw=2, ls="--")
+        )
     fig.colorbar(image, ax=ax, label="faithfulness")
     ax.set_title(
         f"AF1 faithfulness: {sweep.get('model')} {sweep.get('task')} ({sweep.get('style')}), n={sweep.get('n_solved')}"
@@ -85,4 +90,33 @@ def pruning_plot(result: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("faithfulness")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def positional_figures(result: dict[str, Any], path: Path) -> Path:
+    """Pearson r per [layer, head] (trained), its distribution against random init, and the swap curve."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    r = np.array(result["r_layer_head"], dtype=float)
+    image = axes[0].imshow(r, origin="lower", aspect="auto", cmap="viridis", vmin=0, vmax=1)
+    axes[0].set_xlabel("head")
+    axes[0].set_ylabel("layer")
+    axes[0].set_title("r of a[i-j] + b[i] + c[j] (trained)")
+    fig.colorbar(image, ax=axes[0])
+    bins = np.linspace(-0.2, 1, 40)
+    for key, label in (
+        ("r_layer_head", "trained"),
+        ("r_row_centred_layer_head", "trained, row-centred"),
+        ("r_random_init_layer_head", "random init"),
+    ):
+        axes[1].hist(np.array(result[key], dtype=float).flatten(), bins=bins, alpha=0.5, label=label)
+    axes[1].set_xlabel("Pearson r per head")
+    axes[1].legend(fontsize=8)
+    fractions = [float(f) for f in result["perplexity_vs_swap"]]
+    axes[2].plot(fractions, list(result["perplexity_vs_swap"].values()), marker="o", label="adjacent tokens swapped")
+    axes[2].plot(
+        fractions, list(result["perplexity_vs_position_swap"].values()), marker="s", label="position ids swapped"
+    )
+    axes[2].set_xlabel("fraction swapped")
+    axes[2].set_ylabel("perplexity")
+    axes[2].legend(fontsize=8)
     return _save(fig, path)

@@ -193,6 +193,45 @@ def build_report(d: str | Path) -> Path:
         )
         parts.append(_img(d, "pruning.png"))
 
+    pos = _load(d, "positional.json")
+    if pos:
+        provenance = provenance or pos.get("provenance")
+        parts.append("<h2>Attention logits: position + meaning</h2>")
+        parts.append(
+            f"<p>Corpus: {html.escape(pos['corpus'])}; {pos['n_windows']} windows of {pos['window']} "
+            "tokens. Per head, W[i,j] ~ a[i-j] + b[i] + c[j] over the causal triangle (backfitting); "
+            "the paper reports r = 0.959 on its own (unpublished) corpus and averaging.</p>"
+        )
+        rows = [[k.replace("_", " "), v["mean"], v["median"], v["q1"], v["q3"]] for k, v in pos["distribution"].items()]
+        parts.append(_table(["r per head", "mean", "median", "q1", "q3"], rows))
+        if pos.get("dummy_distance_r2_median") is not None:
+            parts.append(
+                f"<p>Dummy-distance test: median R&sup2; of the (distance, key) additive fit "
+                f"{pos['dummy_distance_r2_median']:.3f}.</p>"
+            )
+            parts.append(
+                _table(
+                    [
+                        "RoPE band (0 = highest frequency)",
+                        "share of logit variance",
+                        "key energy: token-independent mean",
+                        "key energy: token-dependent",
+                    ],
+                    [
+                        [b, s, m, t]
+                        for b, (s, m, t) in enumerate(
+                            zip(
+                                pos["band_logit_variance_share"],
+                                pos["band_key_energy_mean"],
+                                pos["band_key_energy_token"],
+                                strict=True,
+                            )
+                        )
+                    ],
+                )
+            )
+        parts.append(_img(d, "positional.png"))
+
     if not parts:
         raise Af1Error(f"{d} holds no af1 results")
     notes = _load(d, "notes.json")

@@ -1,0 +1,362 @@
+"""Attention logits as position + meaning (SPEC.md §3, Han & Ji 2025).
+
+Per layer and head, the pre-softmax logits W[i, j] (j <= i) of natural text are fitted by
+a[i-j] + b[i] + c[j] (distance, query, key) with backfitting; the fit's Pearson r says how
+additive attention is. Controls: the same architecture with random weights, and shuffled
+tokens. The dummy-distance test, the RoPE band energies and the word-order perturbation
+complete the study.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from af1.errors import Af1Error
+from af1.evaluation import batches
+from af1.interventions.attention import LayerPlan, attention_plans
+from af1.models.adapter import ModelAdapter
+
+CORPUS_NAME = "austen_pride_and_prejudice_ch1.txt"
+CORPUS_SOURCE = "Jane Austen, Pride and Prejudice (1813), chapter 1; public domain"
+SWAP_FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)
+
+
+def load_corpus(path: str | Path | None = None) -> str:
+    """The shipped public-domain sample, or a user's text file."""
+    if path is None:
+        text = resources.files("af1").joinpath("data", CORPUS_NAME).read_text()
+    else:
+        path = Path(path)
+        if not path.is_file():
+            raise Af1Error(f"corpus file not found: {path}")
+        text = path.read_text()
+    if not text.strip():
+        raise Af1Error(f"corpus file is empty: {path or CORPUS_NAME}")
+    return text
+
+
+def corpus_windows(adapter: ModelAdapter, tokenizer: Any, text: str, length: int, n_windows: int) -> torch.Tensor:
+    """[window, position] token ids: consecutive windows of the tokenized text."""
+    limit = getattr(adapter.config, "max_position_embeddings", None) or getattr(adapter.config, "n_positions", None)
+    if limit and length > limit:
+        raise Af1Error(f"--window {length} is longer than the model's context of {limit} tokens")
+    ids = tokenizer(text)["input_ids"]
+    available = len(ids) // length
+    if available == 0:
+        raise Af1Error(f"the corpus has {len(ids)} tokens, fewer than one window of {length}")
+    n = min(n_windows, available)
+    return torch.tensor(ids[: n * length]).view(n, length)
+
+
+# --- logit capture -------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def capture_logits(adapter: ModelAdapter, ids_WT: torch.Tensor, batch_size: int = 4) -> torch.Tensor:
+    """Pre-softmax logits [layer, head, window, query, key] from post-RoPE q and k (GQA: head h reads h // group)."""
+    L, H, T = adapter.n_layers, adapter.n_heads, ids_WT.shape[1]
+    out = torch.zeros(L, H, ids_WT.shape[0], T, T)
+    group = H // adapter.n_kv_heads
+    for sl in batches(ids_WT.shape[0], batch_size):
+
+        def capture(layer: int, sl: slice = sl):
+            def fn(module, q, k, _v):
+                k = k.repeat_interleave(group, dim=1) if k.shape[1] != q.shape[1] else k
+                scale = getattr(module, "scaling", None) or q.shape[-1] ** -0.5
+                out[layer, :, sl] = (q.float() @ k.float().transpose(-1, -2) * scale).transpose(0, 1).cpu()
+
+            return fn
+
+        ids = ids_WT[sl].to(adapter.device)
+        with attention_plans(adapter, {layer: LayerPlan(capture=capture(layer)) for layer in range(L)}):
+            adapter.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    return out
+
+
+# --- the additive fit ----------------------------------------------------------------------
+
+
+def _group_mean(values_NTT: torch.Tensor, index_TT: torch.Tensor, mask_TT: torch.Tensor, size: int) -> torch.Tensor:
+    """Mean of values over the masked entries sharing an index: [N, size]."""
+    idx = index_TT[mask_TT]
+    sums = torch.zeros(values_NTT.shape[0], size).index_add_(1, idx, values_NTT[:, mask_TT])
+    counts = torch.zeros(size).index_add_(0, idx, torch.ones(len(idx))).clamp(min=1)
+    return sums / counts
+
+
+def additive_fit(W_NTT: torch.Tensor, terms: tuple[str, ...] = ("distance", "query", "key"), iters: int = 40):
+    """Backfitting of W[i, j] ~ a[i-j] + b[i] + c[j] over the causal triangle; returns the fit [N, T, T]."""
+    N, T, _ = W_NTT.shape
+    i = torch.arange(T)[:, None].expand(T, T)
+    j = torch.arange(T)[None].expand(T, T)
+    mask = j <= i
+    index = {"distance": i - j, "query": i, "key": j}
+    parts = {t: torch.zeros(N, T) for t in terms}
+    W = W_NTT.float()
+    for _ in range(iters):
+        for t in terms:
+            others = sum((parts[o][:, index[o]] for o in terms if o != t), torch.zeros_like(W))
+            parts[t] = _group_mean(W - others, index[t], mask, T)
+    return sum(parts[t][:, index[t]] for t in terms) * mask
+
+
+def pearson(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Pearson r along the last dimension."""
+    x = x - x.mean(-1, keepdim=True)
+    y = y - y.mean(-1, keepdim=True)
+    return (x * y).sum(-1) / (x.norm(dim=-1) * y.norm(dim=-1)).clamp(min=1e-12)
+
+
+def fit_quality(W_NTT: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per matrix: r of the three-term fit (all, row-centred, without the sink column) and of distance + key."""
+    T = W_NTT.shape[-1]
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    no_sink = mask.clone()
+    no_sink[:, 0] = False
+    no_sink[0, 0] = False
+    fit = additive_fit(W_NTT)
+    two = additive_fit(W_NTT, ("distance", "key"))
+
+    def row_centred(M: torch.Tensor) -> torch.Tensor:
+        counts = mask.sum(1).clamp(min=1)
+        means = (M * mask).sum(-1) / counts
+        return (M - means[..., None]) * mask
+
+    return {
+        "r": pearson(W_NTT[:, mask], fit[:, mask]),
+        "r_row_centred": pearson(row_centred(W_NTT)[:, mask][:, T:], row_centred(fit)[:, mask][:, T:]),
+        "r_no_sink": pearson(W_NTT[:, no_sink], fit[:, no_sink]),
+        "r_two_term": pearson(W_NTT[:, mask], two[:, mask]),
+    }
+
+
+def head_fit(logits_LHWTT: torch.Tensor) -> dict[str, torch.Tensor]:
+    """fit_quality per (layer, head), averaged over windows: tensors [layer, head]."""
+    L, H, Wn, T, _ = logits_LHWTT.shape
+    q = fit_quality(logits_LHWTT.reshape(L * H * Wn, T, T))
+    return {k: v.view(L, H, Wn).mean(-1) for k, v in q.items()}
+
+
+def summary(r_LH: torch.Tensor) -> dict[str, float]:
+    flat = r_LH.flatten().float()
+    q = torch.quantile(flat, torch.tensor([0.25, 0.5, 0.75]))
+    return {"mean": float(flat.mean()), "median": float(q[1]), "q1": float(q[0]), "q3": float(q[2])}
+
+
+# --- dummy distance and RoPE bands ---------------------------------------------------------
+
+
+def rope_tables(adapter: ModelAdapter, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, head_dim] of the model's rotary embedding; refuses families without a plain one."""
+    base = getattr(adapter.model, adapter.model.base_model_prefix)
+    rotary = getattr(base, "rotary_emb", None)
+    if not adapter.family.rope or rotary is None or adapter.family.name in ("gemma3", "gpt_neox", "gptj"):
+        raise Af1Error(f"the {adapter.family.name} family has no plain rotary embedding for the RoPE analyses")
+    x = torch.zeros(1, T, adapter.hidden_size, device=adapter.device)
+    cos, sin = rotary(x, torch.arange(T, device=adapter.device)[None])
+    return cos[0].float().cpu(), sin[0].float().cpu()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], -1)
+
+
+def unrotate(post: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Pre-RoPE vectors from post-RoPE ones at the positions of cos/sin ([..., T, d])."""
+    return (post * cos - _rotate_half(post) * sin) / (cos**2 + sin**2)
+
+
+@torch.no_grad()
+def capture_qk(adapter: ModelAdapter, ids_1T: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Post-RoPE q [H, T, d] and k [H, T, d] (GQA-expanded) of one window, per layer."""
+    store: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    group = adapter.n_heads // adapter.n_kv_heads
+
+    def capture(layer: int):
+        def fn(_module, q, k, _v):
+            store[layer] = q[0].float().cpu(), k[0].repeat_interleave(group, 0).float().cpu()
+
+        return fn
+
+    with attention_plans(adapter, {layer: LayerPlan(capture=capture(layer)) for layer in range(adapter.n_layers)}):
+        adapter.model(input_ids=ids_1T.to(adapter.device), use_cache=False, logits_to_keep=1)
+    return store
+
+
+def dummy_distance_r2(q_pre_HTD, k_pre_HTD, cos, sin, queries: list[int], distances: list[int]) -> torch.Tensor:
+    """Per head and query: R^2 of a two-way additive fit (distance, key) of logits with a substituted distance."""
+    r2 = []
+    for i in queries:
+        q = q_pre_HTD[:, i][:, None]  # [H, 1, d]
+        qd = q * cos[distances] + _rotate_half(q) * sin[distances]  # [H, D, d]: the query placed at distance d
+        k = k_pre_HTD[:, : i + 1] * cos[0] + _rotate_half(k_pre_HTD[:, : i + 1]) * sin[0]  # keys at position 0
+        M = qd @ k.transpose(-1, -2)  # [H, D, keys]
+        fit = M.mean(-1, keepdim=True) + M.mean(-2, keepdim=True) - M.mean((-1, -2), keepdim=True)
+        ss_tot = ((M - M.mean((-1, -2), keepdim=True)) ** 2).sum((-1, -2))
+        r2.append(1 - ((M - fit) ** 2).sum((-1, -2)) / ss_tot.clamp(min=1e-12))
+    return torch.stack(r2, -1)  # [H, queries]
+
+
+def band_analysis(q_post_HTD, k_post_HTD, cos, sin, n_bands: int = 8) -> dict[str, torch.Tensor]:
+    """Per head and RoPE frequency band: key energy in the token-independent mean vs the rest, and each band's
+    share of the logit variance over the causal triangle."""
+    _, T, d = k_post_HTD.shape
+    half = d // 2
+    k_pre = unrotate(k_post_HTD, cos[:T], sin[:T])
+    mean = k_pre.mean(1, keepdim=True)
+    pair_energy_mean = (mean**2)[..., :half] + (mean**2)[..., half:]  # [H, 1, half]
+    resid = k_pre - mean
+    pair_energy_rest = ((resid**2)[..., :half] + (resid**2)[..., half:]).mean(1, keepdim=True)
+    bands = torch.arange(half) * n_bands // half
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    total = (q_post_HTD @ k_post_HTD.transpose(-1, -2))[:, mask]
+    shares, e_mean, e_rest = [], [], []
+    for b in range(n_bands):
+        dims = torch.cat([(bands == b).nonzero().flatten(), (bands == b).nonzero().flatten() + half])
+        part = (q_post_HTD[..., dims] @ k_post_HTD[..., dims].transpose(-1, -2))[:, mask]
+        shares.append(part.var(-1) / total.var(-1).clamp(min=1e-12))
+        e_mean.append(pair_energy_mean[..., bands == b].sum((-1, -2)))
+        e_rest.append(pair_energy_rest[..., bands == b].sum((-1, -2)))
+    return {
+        "logit_variance_share": torch.stack(shares, -1),  # [H, band], band 0 = highest frequency
+        "key_energy_mean": torch.stack(e_mean, -1),
+        "key_energy_token": torch.stack(e_rest, -1),
+    }
+
+
+# --- perturbation ----------------------------------------------------------------------------
+
+
+def swap_adjacent(n: int, fraction: float, rng: random.Random) -> list[int]:
+    """A permutation of range(n) with round(fraction * n) disjoint adjacent swaps (position 0 stays)."""
+    order = list(range(n))
+    want = round(fraction * n)
+    starts = list(range(1, n - 1))
+    rng.shuffle(starts)
+    used: set[int] = set()
+    for s in starts:
+        if want == 0:
+            break
+        if s in used or s + 1 in used:
+            continue
+        order[s], order[s + 1] = order[s + 1], order[s]
+        used.update((s, s + 1))
+        want -= 1
+    return order
+
+
+@torch.no_grad()
+def perplexity(adapter: ModelAdapter, ids_WT: torch.Tensor, position_ids_WT: torch.Tensor | None = None) -> float:
+    model = adapter.model
+    ids = ids_WT.to(adapter.device)
+    kwargs = {"position_ids": position_ids_WT.to(adapter.device)} if position_ids_WT is not None else {}
+    logits = model(input_ids=ids, use_cache=False, **kwargs).logits.float()
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    return float(nll.exp())
+
+
+def perturbation_curve(adapter: ModelAdapter, ids_WT: torch.Tensor, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Perplexity vs the fraction of swapped adjacent tokens, and vs the same swaps of position ids alone."""
+    T = ids_WT.shape[1]
+    tokens, positions = {}, {}
+    for fraction in SWAP_FRACTIONS:
+        orders = [swap_adjacent(T, fraction, random.Random(seed * 1000 + w)) for w in range(ids_WT.shape[0])]
+        order = torch.tensor(orders)
+        tokens[str(fraction)] = perplexity(adapter, ids_WT.gather(1, order))
+        positions[str(fraction)] = perplexity(adapter, ids_WT, order)
+    return {"tokens": tokens, "position_ids": positions}
+
+
+# --- the study -------------------------------------------------------------------------------
+
+
+@dataclass
+class PositionalConfig:
+    window: int = 128
+    n_windows: int = 4
+    seed: int = 0
+    n_queries: int = 8
+
+
+def random_init_like(adapter: ModelAdapter, seed: int) -> ModelAdapter:
+    """The same architecture with freshly initialised weights (the config's initializer range)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(adapter.config, dtype=next(adapter.model.parameters()).dtype)
+    model.config._attn_implementation = adapter.config._attn_implementation
+    return ModelAdapter(model.eval().requires_grad_(False).to(adapter.device))
+
+
+def study(adapter: ModelAdapter, tokenizer: Any, config: PositionalConfig, corpus: str | Path | None = None):
+    """The whole positional study on one model: fits, controls, dummy distance, bands, perturbation."""
+    ids = corpus_windows(adapter, tokenizer, load_corpus(corpus), config.window, config.n_windows)
+    trained = head_fit(capture_logits(adapter, ids))
+    random_fit = head_fit(capture_logits(random_init_like(adapter, config.seed), ids))
+    g = torch.Generator().manual_seed(config.seed)
+    shuffled_ids = torch.stack([w[torch.randperm(len(w), generator=g)] for w in ids])
+    shuffled = head_fit(capture_logits(adapter, shuffled_ids))
+    result: dict[str, Any] = {
+        "corpus": str(corpus) if corpus else CORPUS_SOURCE,
+        "window": ids.shape[1],
+        "n_windows": ids.shape[0],
+        "n_layers": adapter.n_layers,
+        "n_heads": adapter.n_heads,
+        "r_layer_head": trained["r"],
+        "r_row_centred_layer_head": trained["r_row_centred"],
+        "r_no_sink_layer_head": trained["r_no_sink"],
+        "r_two_term_layer_head": trained["r_two_term"],
+        "r_random_init_layer_head": random_fit["r"],
+        "r_shuffled_layer_head": shuffled["r"],
+        "distribution": {
+            name: summary(v)
+            for name, v in {**trained, "random_init": random_fit["r"], "shuffled": shuffled["r"]}.items()
+        },
+    }
+    d = result["distribution"]
+    result.update(
+        r_mean=d["r"]["mean"],
+        r_median=d["r"]["median"],
+        r_median_row_centred=d["r_row_centred"]["median"],
+        r_median_no_sink=d["r_no_sink"]["median"],
+        r_median_random_init=d["random_init"]["median"],
+        r_median_shuffled=d["shuffled"]["median"],
+    )
+    try:
+        cos, sin = rope_tables(adapter, 2 * ids.shape[1])
+    except Af1Error as exc:
+        result["rope_analyses_skipped"] = str(exc)
+        result["dummy_distance_r2_median"] = None
+    else:
+        T = ids.shape[1]
+        qk = capture_qk(adapter, ids[:1])
+        queries = sorted({int(x) for x in torch.linspace(T // 4, T - 1, config.n_queries)})
+        distances = list(range(0, T))
+        r2 = torch.stack(
+            [
+                dummy_distance_r2(
+                    unrotate(q, cos[:T], sin[:T]), unrotate(k, cos[:T], sin[:T]), cos, sin, queries, distances
+                )
+                for q, k in (qk[layer] for layer in range(adapter.n_layers))
+            ]
+        )  # [layer, head, query]
+        bands = [band_analysis(q, k, cos, sin) for q, k in (qk[layer] for layer in range(adapter.n_layers))]
+        result.update(
+            dummy_distance_r2_layer_head=r2.median(-1).values,
+            dummy_distance_r2_median=float(r2.median()),
+            dummy_distance_interaction_share_median=float(1 - r2.median()),
+            band_logit_variance_share=torch.stack([b["logit_variance_share"] for b in bands]).mean((0, 1)),
+            band_key_energy_mean=torch.stack([b["key_energy_mean"] for b in bands]).mean((0, 1)),
+            band_key_energy_token=torch.stack([b["key_energy_token"] for b in bands]).mean((0, 1)),
+        )
+    curve = perturbation_curve(adapter, ids, config.seed)
+    result["perplexity_vs_swap"] = curve["tokens"]
+    result["perplexity_vs_position_swap"] = curve["position_ids"]
+    return result

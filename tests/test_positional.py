@@ -1,0 +1,89 @@
+"""Position + meaning: the additive fit is exact on additive logits; captures and controls run on tiny models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from af1 import Af1Error, ModelAdapter, positional
+
+from conftest import tiny_model
+
+
+def synthetic(T: int = 12, n: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    a, b, c = torch.randn(n, T, generator=g), torch.randn(n, T, generator=g), torch.randn(n, T, generator=g)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None]
+    W = (a[:, (i - j).clamp(min=0)] + b[:, i.expand(T, T)] + c[:, j.expand(T, T)]) * (j <= i)
+    return W, torch.randn(n, T, T, generator=g)
+
+
+def test_additive_fit_recovers_additive_logits():
+    W, _ = synthetic()
+    fit = positional.additive_fit(W, iters=200)
+    mask = torch.ones(12, 12, dtype=torch.bool).tril()
+    assert torch.allclose(fit[:, mask], W[:, mask], atol=1e-4)
+    q = positional.fit_quality(W)
+    for key in ("r", "r_row_centred", "r_no_sink"):
+        assert torch.allclose(q[key], torch.ones(3), atol=1e-4)
+
+
+def test_additive_fit_is_poor_on_noise():
+    _, noise = synthetic()
+    assert positional.fit_quality(noise)["r"].max() < 0.8
+
+
+def test_rope_unrotate_inverts_the_rotation():
+    adapter = ModelAdapter(tiny_model("llama"))
+    cos, sin = positional.rope_tables(adapter, 16)
+    x = torch.randn(2, 16, 16)
+    post = x * cos + positional._rotate_half(x) * sin
+    assert torch.allclose(positional.unrotate(post, cos, sin), x, atol=1e-5)
+
+
+def test_captured_logits_match_eager_attention(tokenizer):
+    model = tiny_model("llama", attn="eager")
+    adapter = ModelAdapter(model)
+    ids = torch.randint(0, 1000, (2, 10))
+    logits = positional.capture_logits(adapter, ids)
+    attn = model(ids, output_attentions=True, use_cache=False).attentions
+    for layer in range(adapter.n_layers):
+        probs = torch.softmax(logits[layer].masked_fill(~torch.ones(10, 10, dtype=torch.bool).tril(), -1e30), -1)
+        assert torch.allclose(probs, attn[layer].transpose(0, 1), atol=1e-5)
+
+
+def test_study_on_a_tiny_model(tokenizer):
+    adapter = ModelAdapter(tiny_model("qwen2"))
+    result = positional.study(adapter, tokenizer, positional.PositionalConfig(window=32, n_windows=2, n_queries=3))
+    assert result["r_layer_head"].shape == (3, 4)
+    for key in ("r_mean", "r_median", "r_median_row_centred", "r_median_random_init", "dummy_distance_r2_median"):
+        assert -1 <= result[key] <= 1
+    assert set(result["perplexity_vs_swap"]) == {str(f) for f in positional.SWAP_FRACTIONS}
+    assert result["band_logit_variance_share"].shape == (8,)
+
+
+def test_families_without_plain_rope_skip_only_the_rope_analyses(tokenizer):
+    adapter = ModelAdapter(tiny_model("gpt2"))
+    result = positional.study(adapter, tokenizer, positional.PositionalConfig(window=16, n_windows=1))
+    assert "rotary" in result["rope_analyses_skipped"] and result["dummy_distance_r2_median"] is None
+    assert result["r_median"] == result["r_median"]
+
+
+def test_bad_corpus_and_window(tmp_path, tokenizer):
+    adapter = ModelAdapter(tiny_model("llama"))
+    with pytest.raises(Af1Error, match="not found"):
+        positional.load_corpus(tmp_path / "none.txt")
+    (tmp_path / "empty.txt").write_text("  \n")
+    with pytest.raises(Af1Error, match="empty"):
+        positional.load_corpus(tmp_path / "empty.txt")
+    with pytest.raises(Af1Error, match="longer than the model's context"):
+        positional.corpus_windows(adapter, tokenizer, "some text", 10_000, 1)
+
+
+def test_swaps_are_adjacent_and_counted():
+    import random
+
+    order = positional.swap_adjacent(100, 0.1, random.Random(0))
+    assert sorted(order) == list(range(100)) and order[0] == 0
+    moved = [i for i, o in enumerate(order) if o != i]
+    assert len(moved) == 20 and all(abs(order[i] - i) == 1 for i in moved)
