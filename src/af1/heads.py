@@ -1,0 +1,409 @@
+"""Arithmetic heads (SPEC.md §2, Zhang et al. 2024): path patching, key heads, knockout, overlap.
+
+Path patching to the logits: each head's (or MLP's) output at the last position is taken
+from the counterfactual run (the operator replaced by a null word or symbol) and only its
+direct path into the final residual stream is changed; everything else stays clean. One
+clean and one counterfactual forward pass serve every head and every MLP. Activation
+patching (the change also flows through later layers) batches many heads per forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import string
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from af1.errors import Af1Error
+from af1.evaluation import Scores, batches
+from af1.models.adapter import ModelAdapter
+from af1.tasks import NAMES, OPERATIONS, Task, _template
+
+# Where the operation is named in each style, and the null replacements tried (same token count).
+OPERATOR_TEXT = {
+    "original": {"+": "+", "-": "-", "*": "*"},
+    "calculate": {"+": "+", "-": "-", "*": "*"},
+    "code": {"+": "+", "-": "-"},
+    "verbal": {"+": "sum", "-": "difference"},
+    "question": {"+": "sum", "-": "difference"},
+    "instruction": {"+": "add", "-": "subtract"},
+    "word": {"+": "Together", "-": "gave"},
+}
+NULL_SYMBOLS = ("@", "#", "&", "~", "|", "^")
+NULL_WORDS = ("nothing", "thing", "stuff", "none", "null", "blank")
+
+
+@dataclass
+class Counterfactual:
+    input_ids_PT: torch.Tensor
+    replacement: str
+    operator_positions: list[int]
+
+
+def _operator_spans(prompt: str, style: str, operation: str, operands: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Character spans of the operator text inside the problem's own prompt (not the few-shot prefix)."""
+    op = OPERATIONS[operation]
+    template = _template(op, style)
+    spans, rendered = [], ""
+    for literal, name, _, _ in string.Formatter().parse(template):
+        for o in set(op.operators):
+            word = OPERATOR_TEXT[style][o]
+            start = 0
+            while (k := literal.find(word, start)) >= 0:
+                spans.append((len(rendered) + k, len(rendered) + k + len(word)))
+                start = k + len(word)
+        rendered += literal
+        if name:
+            rendered += str(operands[NAMES.index(name)])
+    return spans
+
+
+def counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
+    """The task's prompts with the operator replaced by a null symbol or word that keeps the token layout."""
+    style, operation = task.spec.style, task.spec.operation
+    if style not in OPERATOR_TEXT:
+        raise Af1Error(f"no counterfactual is defined for style '{style}'")
+    symbol = all(len(w) == 1 for w in OPERATOR_TEXT[style].values())
+    for null in NULL_SYMBOLS if symbol else NULL_WORDS:
+        rows, ok = [], True
+        for i, p in enumerate(task.problems):
+            spans = _operator_spans(p.prompt, style, operation, p.operands)
+            offset = len(p.text) - len(p.prompt)
+            text = p.text
+            for a, b in sorted(spans, reverse=True):
+                text = text[: offset + a] + null + text[offset + b :]
+            ids = tokenizer(text)["input_ids"]
+            if len(ids) != task.n_positions:
+                ok = False
+                break
+            rows.append(ids)
+            if i == 0:
+                changed = (torch.tensor(ids) != task.input_ids_PT[0]).nonzero().flatten().tolist()
+        if ok:
+            cf = torch.tensor(rows)
+            diff = (cf != task.input_ids_PT).any(0).nonzero().flatten().tolist()
+            if diff == changed and len(diff) > 0:
+                return Counterfactual(cf, null, diff)
+    raise Af1Error(f"no null replacement of the operator keeps the token layout of {operation} ({style})")
+
+
+# --- capture of head and MLP outputs -------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _record_last(adapter: ModelAdapter, store: dict[str, Any]) -> Iterator[None]:
+    """Record, at the last position: o_proj inputs per layer [B, H*d], MLP outputs [B, D], final residual [B, D]."""
+    handles = []
+    for layer in range(adapter.n_layers):
+        handles.append(
+            adapter.o_proj(layer).register_forward_pre_hook(
+                lambda _m, args, layer=layer: store.__setitem__(("z", layer), args[0][:, -1].detach().clone())
+            )
+        )
+        handles.append(
+            adapter.mlp(layer).register_forward_hook(
+                lambda _m, _a, out, layer=layer: store.__setitem__(("mlp", layer), out[:, -1].detach().clone())
+            )
+        )
+    handles.append(
+        adapter.final_norm.register_forward_pre_hook(
+            lambda _m, args: store.__setitem__("final", args[0][:, -1].detach().clone())
+        )
+    )
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.no_grad()
+def _run_record(adapter: ModelAdapter, ids_BT: torch.Tensor) -> dict[str, Any]:
+    store: dict[str, Any] = {}
+    with _record_last(adapter, store):
+        ids = ids_BT.to(adapter.device)
+        store["logits"] = adapter.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1].float()
+    return store
+
+
+def o_proj_weight(adapter: ModelAdapter, layer: int) -> torch.Tensor:
+    """[D, H*d]: the output projection as a matrix acting on the concatenated heads (GPT-2's Conv1D transposed)."""
+    proj = adapter.o_proj(layer)
+    return proj.weight.T if type(proj).__name__ == "Conv1D" else proj.weight
+
+
+def _selected_logits(adapter: ModelAdapter, final_NBD: torch.Tensor, pair_B2: torch.Tensor) -> torch.Tensor:
+    """Logits [N, B, 2] of the correct and the top wrong token: final norm, then those two unembedding rows."""
+    logits = torch.einsum("nbd,bkd->nbk", adapter.final_norm(final_NBD), adapter.lm_head.weight[pair_B2]).float()
+    if getattr(adapter.lm_head, "bias", None) is not None:
+        logits = logits + adapter.lm_head.bias[pair_B2]
+    return logits
+
+
+def _direct_effects(
+    adapter: ModelAdapter, final_BD: torch.Tensor, deltas_NBD: torch.Tensor, pair_B2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For N residual deltas, summed over problems: the relative change of the correct logit and the change of
+    (correct - top wrong). The clean reference goes through the same arithmetic, so a zero delta gives zero."""
+    both = torch.cat([torch.zeros_like(deltas_NBD[:1]), deltas_NBD])
+    logits = _selected_logits(adapter, final_BD[None] + both, pair_B2)
+    (c0, w0), (c1, w1) = logits[0].unbind(-1), logits[1:].unbind(-1)
+    rel = ((c1 - c0) / c0.abs().clamp(min=1e-6)).sum(-1)
+    return rel.cpu(), ((c1 - w1) - (c0 - w0)).sum(-1).cpu()
+
+
+def head_deltas(adapter: ModelAdapter, layer: int, z_clean_BE: torch.Tensor, z_new_BE: torch.Tensor) -> torch.Tensor:
+    """[H, B, D]: what each head's change of output adds to the residual stream through o_proj."""
+    H, d = adapter.n_heads, adapter.head_dim
+    W = o_proj_weight(adapter, layer)
+    return torch.einsum("bhe,dhe->hbd", (z_new_BE - z_clean_BE).view(-1, H, d), W.view(-1, H, d))
+
+
+def check_direct_paths(adapter: ModelAdapter) -> None:
+    if adapter.family.name in ("gemma2", "gemma3"):
+        raise Af1Error(
+            f"{adapter.family.name} normalises attention and MLP outputs before the residual stream: "
+            "their direct paths to the logits are not linear, so path patching is not offered for it"
+        )
+
+
+@torch.no_grad()
+def path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_size: int = 32) -> dict[str, Any]:
+    """Direct-path effect of every head and MLP on the last-position logits of the correct answer.
+
+    Returns relative change of the correct logit [layer, head] / [layer] (mean over problems) and
+    the change of (correct - clean top wrong) logit difference.
+    """
+    check_direct_paths(adapter)
+    L, H = adapter.n_layers, adapter.n_heads
+    rel_heads, diff_heads = torch.zeros(L, H), torch.zeros(L, H)
+    rel_mlp, diff_mlp = torch.zeros(L), torch.zeros(L)
+    P = len(task)
+    for sl in batches(P, batch_size):
+        clean = _run_record(adapter, task.input_ids_PT[sl])
+        corrupt = _run_record(adapter, cf.input_ids_PT[sl])
+        answer = task.answer_ids_P[sl].to(clean["logits"].device)
+        rows = torch.arange(len(answer))
+        base = clean["logits"]
+        wrong = base.clone()
+        wrong[rows, answer] = -float("inf")
+        wrong_id = wrong.argmax(-1)
+
+        pair = torch.stack([answer, wrong_id], -1)
+        for layer in range(L):
+            deltas = head_deltas(adapter, layer, clean[("z", layer)], corrupt[("z", layer)])
+            r, g = _direct_effects(adapter, clean["final"], deltas, pair)
+            rel_heads[layer] += r
+            diff_heads[layer] += g
+            dm = (corrupt[("mlp", layer)] - clean[("mlp", layer)])[None]
+            r, g = _direct_effects(adapter, clean["final"], dm, pair)
+            rel_mlp[layer] += r[0]
+            diff_mlp[layer] += g[0]
+    return {
+        "relative_logit_change_layer_head": rel_heads / P,
+        "logit_diff_change_layer_head": diff_heads / P,
+        "relative_logit_change_mlp_layer": rel_mlp / P,
+        "logit_diff_change_mlp_layer": diff_mlp / P,
+    }
+
+
+# --- activation patching and mean ablation of heads ------------------------------------------------
+
+
+@contextlib.contextmanager
+def replace_heads(adapter: ModelAdapter, per_layer: dict[int, Any]) -> Iterator[None]:
+    """per_layer[l](z [B, T, H*d]) -> z: rewrite the concatenated head outputs before o_proj."""
+    handles = [
+        adapter.o_proj(layer).register_forward_pre_hook(lambda _m, args, fn=fn: (fn(args[0]), *args[1:]))
+        for layer, fn in per_layer.items()
+    ]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.no_grad()
+def head_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> dict[int, torch.Tensor]:
+    """Mean o_proj input per layer and position over the task: {layer: [T, H*d]}."""
+    sums: dict[int, torch.Tensor] = {}
+
+    def hook(layer: int):
+        def fn(_m, args):
+            z = args[0].float().sum(0).cpu()
+            sums[layer] = sums.get(layer, 0) + z
+
+        return fn
+
+    handles = [adapter.o_proj(layer).register_forward_pre_hook(hook(layer)) for layer in range(adapter.n_layers)]
+    try:
+        for sl in batches(len(task), batch_size):
+            ids = task.input_ids_PT[sl].to(adapter.device)
+            adapter.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    finally:
+        for h in handles:
+            h.remove()
+    return {layer: s / len(task) for layer, s in sums.items()}
+
+
+@torch.no_grad()
+def knockout_accuracy(
+    adapter: ModelAdapter,
+    task: Task,
+    heads: list[tuple[int, int]],
+    means: dict[int, torch.Tensor],
+    batch_size: int = 32,
+) -> float:
+    """Accuracy with the listed heads mean-ablated at every position."""
+    d = adapter.head_dim
+    by_layer: dict[int, list[int]] = {}
+    for layer, h in heads:
+        by_layer.setdefault(layer, []).append(h)
+
+    def ablate(layer: int, hs: list[int]):
+        cols = torch.cat([torch.arange(h * d, (h + 1) * d) for h in hs])
+
+        def fn(z: torch.Tensor) -> torch.Tensor:
+            z = z.clone()
+            z[..., cols] = means[layer][: z.shape[1], cols].to(z.dtype).to(z.device)
+            return z
+
+        return fn
+
+    out = []
+    with replace_heads(adapter, {layer: ablate(layer, hs) for layer, hs in by_layer.items()}):
+        for sl in batches(len(task), batch_size):
+            ids = task.input_ids_PT[sl].to(adapter.device)
+            out.append(adapter.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1].float().cpu())
+    return Scores.from_logits(torch.cat(out), task.answer_ids_P).accuracy
+
+
+@torch.no_grad()
+def activation_patching(
+    adapter: ModelAdapter,
+    task: Task,
+    cf: Counterfactual,
+    heads: list[tuple[int, int]],
+    rows_per_forward: int = 64,
+) -> torch.Tensor:
+    """Last-position logits of the correct answer with one head at a time patched from the counterfactual run
+    (effects flow through later layers): [head, problem]. Many heads share a forward: row r patches head r."""
+    d = adapter.head_dim
+    z_cf: dict[int, torch.Tensor] = {}
+    hooks = [
+        adapter.o_proj(layer).register_forward_pre_hook(
+            lambda _m, args, layer=layer: z_cf.__setitem__(layer, args[0].detach().clone())
+        )
+        for layer in range(adapter.n_layers)
+    ]
+    try:
+        adapter.model(input_ids=cf.input_ids_PT.to(adapter.device), use_cache=False, logits_to_keep=1)
+    finally:
+        for h in hooks:
+            h.remove()
+    P = len(task)
+    pairs = [(hi, p) for hi in range(len(heads)) for p in range(P)]
+    result = torch.zeros(len(heads), P)
+    for sl in batches(len(pairs), rows_per_forward):
+        chunk = pairs[sl]
+        ids = task.input_ids_PT[[p for _, p in chunk]].to(adapter.device)
+        layers_needed = {heads[hi][0] for hi, _ in chunk}
+
+        def patch(layer: int, chunk=chunk):
+            def fn(z: torch.Tensor) -> torch.Tensor:
+                z = z.clone()
+                for row, (hi, p) in enumerate(chunk):
+                    hl, hh = heads[hi]
+                    if hl == layer:
+                        z[row, :, hh * d : (hh + 1) * d] = z_cf[layer][p, :, hh * d : (hh + 1) * d]
+                return z
+
+            return fn
+
+        with replace_heads(adapter, {layer: patch(layer) for layer in layers_needed}):
+            logits = adapter.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1].float().cpu()
+        for row, (hi, p) in enumerate(chunk):
+            result[hi, p] = logits[row, task.answer_ids_P[p]]
+    return result
+
+
+# --- where key heads look, logit lens of MLPs, overlap ---------------------------------------------
+
+
+@torch.no_grad()
+def last_query_attention(
+    adapter: ModelAdapter, task: Task, heads: list[tuple[int, int]]
+) -> dict[str, dict[str, float]]:
+    """Share of each head's attention from the last position to operands, operator, context and the rest."""
+    from af1.interventions.attention import LayerPlan, attention_plans
+
+    probs: dict[int, torch.Tensor] = {}
+    group = adapter.n_heads // adapter.n_kv_heads
+
+    def capture(layer: int):
+        def fn(module, q, k, _v):
+            k = k.repeat_interleave(group, dim=1) if k.shape[1] != q.shape[1] else k
+            scale = getattr(module, "scaling", None) or q.shape[-1] ** -0.5
+            probs[layer] = torch.softmax((q[:, :, -1:].float() @ k.float().transpose(-1, -2))[:, :, 0] * scale, -1)
+
+        return fn
+
+    layers = sorted({layer for layer, _ in heads})
+    ids = task.input_ids_PT.to(adapter.device)
+    with attention_plans(adapter, {layer: LayerPlan(capture=capture(layer)) for layer in layers}):
+        adapter.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    roles = list(task.layout)
+    n = len(roles)
+    groups = {
+        "operands": [t for t, r in enumerate(roles) if r in NAMES],
+        "operator": [t for t, r in enumerate(roles) if r == "const" and t < n - 1 and t > 0 and roles[t - 1] in NAMES],
+        "context": [t for t, r in enumerate(roles) if r == "context"],
+    }
+    groups["last"] = [n - 1]
+    named = {t for g in groups.values() for t in g}
+    groups["other"] = [t for t in range(n) if t not in named]
+    out = {}
+    for layer, h in heads:
+        p = probs[layer][:, h].mean(0).cpu()
+        out[f"{layer}.{h}"] = {g: float(p[idx].sum()) for g, idx in groups.items()}
+    return out
+
+
+@torch.no_grad()
+def mlp_logit_lens(adapter: ModelAdapter, task: Task) -> torch.Tensor:
+    """Per layer: mean over problems of the MLP output at the last position read by the answer's unembedding."""
+    store = _run_record(adapter, task.input_ids_PT)
+    W_U = adapter.lm_head.weight
+    answer_rows = W_U[task.answer_ids_P.to(W_U.device)]  # [P, D]
+    return torch.stack(
+        [(store[("mlp", layer)] * answer_rows).sum(-1).mean().cpu() for layer in range(adapter.n_layers)]
+    )
+
+
+def key_heads(effect_LH: torch.Tensor, threshold: float = -0.05) -> list[tuple[int, int]]:
+    """Heads whose path-patching effect is below the threshold, strongest first."""
+    found = [(float(effect_LH[layer, h]), layer, h) for layer, h in (effect_LH < threshold).nonzero().tolist()]
+    return [(layer, h) for _, layer, h in sorted(found)]
+
+
+def overlap(a: list[tuple[int, int]], b: list[tuple[int, int]], k: int | None = None) -> dict[str, float]:
+    """Jaccard of two head sets and the overlap of their top-k."""
+    sa, sb = set(map(tuple, a)), set(map(tuple, b))
+    jac = len(sa & sb) / len(sa | sb) if sa | sb else 1.0
+    k = k or min(len(a), len(b))
+    top = len(set(map(tuple, a[:k])) & set(map(tuple, b[:k]))) / k if k else 1.0
+    return {"jaccard": jac, "top_k_overlap": top, "k": k}
+
+
+def random_heads(
+    adapter: ModelAdapter, k: int, seed: int, exclude: list[tuple[int, int]] = ()
+) -> list[tuple[int, int]]:
+    pool = [
+        (layer, h) for layer in range(adapter.n_layers) for h in range(adapter.n_heads) if (layer, h) not in exclude
+    ]
+    return random.Random(seed).sample(pool, k)

@@ -1,0 +1,120 @@
+"""Arithmetic heads and precise fine-tuning on tiny models; counterfactuals on the real tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from af1 import Af1Error, ModelAdapter, finetune, heads
+from af1.evaluation import last_logits
+from af1.tasks import TaskSpec, build_task
+
+from conftest import tiny_model
+
+
+@pytest.fixture(scope="module")
+def task(tokenizer):
+    return build_task(TaskSpec(operation="a+b", n=12, seed=1), tokenizer)
+
+
+@pytest.mark.parametrize(("style", "null"), [("original", "@"), ("calculate", "@"), ("verbal", None)])
+def test_counterfactual_keeps_the_layout(tokenizer, style, null):
+    task = build_task(TaskSpec(operation="a+b", style=style, shots=2, n=8), tokenizer)
+    cf = heads.counterfactual(task, tokenizer)
+    assert cf.input_ids_PT.shape == task.input_ids_PT.shape
+    changed = (cf.input_ids_PT != task.input_ids_PT).any(0).nonzero().flatten().tolist()
+    assert changed == cf.operator_positions and len(changed) == 1
+    assert all(task.layout[t] in ("const", "context") for t in changed)  # never an operand
+    if null:
+        assert cf.replacement == null
+    assert tokenizer.decode(cf.input_ids_PT[0, changed]).strip() == cf.replacement
+
+
+def test_patching_with_itself_changes_nothing(task):
+    adapter = ModelAdapter(tiny_model("llama"))
+    same = heads.Counterfactual(task.input_ids_PT, "", [])
+    pp = heads.path_patching(adapter, task, same)
+    for value in pp.values():
+        assert torch.equal(value, torch.zeros_like(value))
+    clean = last_logits(adapter.model, task.input_ids_PT)
+    patched = heads.activation_patching(adapter, task, same, [(0, 1), (2, 3)], rows_per_forward=7)
+    assert torch.allclose(patched, clean.gather(1, task.answer_ids_P[:, None]).T.expand(2, -1), atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gpt_neox", "gptj"])
+def test_all_heads_of_a_layer_equal_the_attention_output(family, task, tokenizer):
+    adapter = ModelAdapter(tiny_model(family))
+    cf = heads.Counterfactual(task.input_ids_PT.flip(0), "", [])
+    clean = heads._run_record(adapter, task.input_ids_PT)
+    other = heads._run_record(adapter, cf.input_ids_PT)
+    for layer in range(adapter.n_layers):
+        deltas = heads.head_deltas(adapter, layer, clean[("z", layer)], other[("z", layer)])
+        o = adapter.o_proj(layer)
+        whole = o(other[("z", layer)]) - o(clean[("z", layer)])
+        assert torch.allclose(deltas.sum(0), whole, atol=1e-5)
+    pp = heads.path_patching(adapter, task, cf)
+    assert pp["relative_logit_change_layer_head"].abs().sum() > 0
+
+
+def test_gemma_is_refused_for_path_patching(task):
+    with pytest.raises(Af1Error, match="not linear"):
+        heads.path_patching(ModelAdapter(tiny_model("gemma2")), task, heads.Counterfactual(task.input_ids_PT, "", []))
+
+
+def test_knockout_and_key_heads(task):
+    adapter = ModelAdapter(tiny_model("llama"))
+    means = heads.head_means(adapter, task)
+    base = heads.knockout_accuracy(adapter, task, [], means)
+    assert base == pytest.approx(
+        float((last_logits(adapter.model, task.input_ids_PT).argmax(-1) == task.answer_ids_P).float().mean())
+    )
+    effect = torch.tensor([[0.0, -0.2, -0.01, -0.06], [0.1, -0.5, 0.0, 0.0]])
+    assert heads.key_heads(effect) == [(1, 1), (0, 1), (0, 3)]
+    assert heads.overlap([(1, 1), (0, 1)], [(0, 1), (2, 2)]) == {"jaccard": 1 / 3, "top_k_overlap": 0.5, "k": 2}
+    looks = heads.last_query_attention(adapter, task, [(0, 1), (2, 0)])
+    for shares in looks.values():
+        assert sum(shares.values()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_precise_finetuning_touches_only_the_chosen_slices(tmp_path, tokenizer):
+    adapter = ModelAdapter(tiny_model("llama"))
+    train_task = build_task(TaskSpec(operation="a+b", digits=2, n=40, seed=1), tokenizer)
+    before = {k: v.clone() for k, v in adapter.model.state_dict().items()}
+    chosen = [(0, 1), (2, 3)]
+    masks = finetune.head_slices(adapter, chosen)
+    finetune.train(adapter, train_task, finetune.FinetuneConfig(steps=3, lr=1e-2, batch_size=8), masks)
+    after = adapter.model.state_dict()
+    changed = 0
+    for name, value in after.items():
+        if name in masks:
+            assert torch.equal(value[~masks[name]], before[name][~masks[name]])  # frozen entries: bit-identical
+            changed += int((value[masks[name]] != before[name][masks[name]]).sum())
+        else:
+            assert torch.equal(value, before[name])
+    assert changed > 0
+    path = finetune.save_slices(adapter, masks, tmp_path / "slices.safetensors", {"heads": chosen})
+    tuned = last_logits(adapter.model, train_task.input_ids_PT)
+    adapter.model.load_state_dict(before)
+    finetune.load_slices(adapter, path)
+    assert torch.equal(last_logits(adapter.model, train_task.input_ids_PT), tuned)
+
+
+def test_finetuning_refusals(tokenizer):
+    a = build_task(TaskSpec(operation="a+b", digits=2, n=30, seed=1), tokenizer)
+    with pytest.raises(Af1Error, match="also evaluation problems"):
+        finetune.check_disjoint(a, a.subset([0, 1]))
+    with pytest.raises(Af1Error, match="fused QKV"):
+        finetune.head_slices(ModelAdapter(tiny_model("gpt2")), [(0, 0)])
+    with pytest.raises(Af1Error, match="out of range"):
+        finetune.head_slices(ModelAdapter(tiny_model("llama")), [(9, 0)])
+
+
+def test_gqa_slices_follow_the_kv_group():
+    adapter = ModelAdapter(tiny_model("llama"))  # 4 query heads, 2 KV heads, head_dim 16
+    masks = finetune.head_slices(adapter, [(1, 3)])
+    k = masks["model.layers.1.self_attn.k_proj.weight"]
+    assert k[16:32].all() and not k[:16].any()
+    q = masks["model.layers.1.self_attn.q_proj.weight"]
+    assert q[48:64].all() and int(q.sum()) == 16 * q.shape[1]
+    o = masks["model.layers.1.self_attn.o_proj.weight"]
+    assert o[:, 48:64].all() and int(o.sum()) == 16 * o.shape[0]
