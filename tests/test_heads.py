@@ -118,3 +118,104 @@ def test_gqa_slices_follow_the_kv_group():
     assert q[48:64].all() and int(q.sum()) == 16 * q.shape[1]
     o = masks["model.layers.1.self_attn.o_proj.weight"]
     assert o[:, 48:64].all() and int(o.sum()) == 16 * o.shape[0]
+
+
+def test_cli_heads_json_on_smollm2(capsys, smollm2, monkeypatch, tmp_path):
+    import json
+
+    import af1.api
+
+    from cli_helpers import run_cli
+
+    monkeypatch.setattr(af1.api, "load_model", lambda *a, **k: smollm2)
+    code, out, err = run_cli(
+        capsys,
+        "heads",
+        "--task",
+        "a+b",
+        "--style",
+        "calculate",
+        "--shots",
+        "3",
+        "--k",
+        "5",
+        "--draws",
+        "2",
+        "--json",
+        "--out",
+        str(tmp_path),
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["n_heads"] == 270 and result["key_head_share"] == len(result["key_heads"]) / 270
+    ko = result["knockout"]
+    for key in ("k", "accuracy_top_k", "accuracy_random_k_mean", "accuracy_random_k_std", "base_accuracy"):
+        assert key in ko
+    assert ko["k"] == 5 and 0 <= ko["accuracy_top_k"] <= 1
+    assert (tmp_path / "heads.json").is_file() and (tmp_path / "heads.png").is_file()
+    code, _, err = run_cli(capsys, "heads", "--k", "999")
+    assert code == 2 and "out of range" in err
+
+
+def test_cli_finetune_and_positional_on_a_tiny_model(capsys, tmp_path, tokenizer):
+    import json
+
+    from cli_helpers import run_cli
+
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    code, out, err = run_cli(
+        capsys,
+        "finetune",
+        "--model",
+        str(tmp_path / "m"),
+        "--heads",
+        "0.1,2.3",
+        "--steps",
+        "2",
+        "--n-train",
+        "16",
+        "--n-eval",
+        "16",
+        "--json",
+        "--out",
+        str(tmp_path / "o"),
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["heads"] == [[0, 1], [2, 3]] and "KV group" in result["gqa"]
+    assert result["precise"]["trained_parameters"] < result["full"]["trained_parameters"]
+    assert (tmp_path / "o" / "precise_heads.safetensors").is_file()
+    code, _, err = run_cli(capsys, "finetune", "--model", str(tmp_path / "m"), "--heads", "7.1")
+    assert code == 2 and "out of range" in err
+    code, out, err = run_cli(
+        capsys,
+        "positional",
+        "--model",
+        str(tmp_path / "m"),
+        "--window",
+        "32",
+        "--windows",
+        "2",
+        "--json",
+        "--out",
+        str(tmp_path / "p"),
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    for key in (
+        "r_mean",
+        "r_median",
+        "r_median_row_centred",
+        "r_median_random_init",
+        "dummy_distance_r2_median",
+        "perplexity_vs_swap",
+    ):
+        assert key in result
+    code, _, err = run_cli(capsys, "positional", "--model", str(tmp_path / "m"), "--window", "100000")
+    assert code == 2 and "longer than the model's context" in err
+    from af1.report.html import build_report
+
+    html = build_report(tmp_path / "p").read_text()
+    assert "position + meaning" in html

@@ -373,6 +373,94 @@ def prune(
     emit(result, as_json, table)
 
 
+@app.command("heads")
+def heads_cmd(
+    model: ModelOpt = "smollm2",
+    task: TaskOpt = "a+b",
+    style: StyleOpt = "original",
+    shots: ShotsOpt = 0,
+    digits: DigitsOpt = 1,
+    n: NOpt = None,
+    seed: SeedOpt = 0,
+    threshold: Annotated[float, typer.Option(help="relative logit change that makes a key head")] = -0.05,
+    k: Annotated[int, typer.Option("--k", help="heads knocked out (top-k vs random-k)")] = 10,
+    draws: Annotated[int, typer.Option(help="random draws of k heads")] = 5,
+    compare: Annotated[
+        list[str] | None, typer.Option(help="other TASK or TASK:STYLE to compare key heads with")
+    ] = None,
+    as_json: JsonOpt = False,
+    dtype: DtypeOpt = "float32",
+    attn: AttnOpt = None,
+    largest_layout: LayoutOpt = False,
+    out_dir: OutDir = None,
+) -> None:
+    """Heads and MLPs that carry the arithmetic: path patching, key heads, knockout, where they look, overlap."""
+    from af1 import heads, pipeline
+    from af1.api import as_loaded
+
+    spec = task_spec(task, style, digits, shots, n, seed, largest_layout)
+    others = []
+    for item in compare or []:
+        op, _, st = item.partition(":")
+        others.append(task_spec(op, st or style, digits, shots, n, seed, largest_layout))
+    lm = as_loaded(model, dtype=dtype, attn_implementation=attn)
+    n_heads = lm.adapter.n_layers * lm.adapter.n_heads
+    if not 1 <= k <= n_heads:
+        raise Af1Error(f"--k {k} is out of range: the model has {n_heads} heads")
+    result = heads.study(lm, spec, threshold, k, draws, others)
+    if out_dir:
+        pipeline.heads_to(result, lm, out_dir)
+    ko = result["knockout"]
+    table = Table("measure", "value")
+    table.add_row(
+        "heads past the threshold",
+        f"{len(result['key_heads'])} of {result['n_heads']} ({result['key_head_share']:.1%})",
+    )
+    table.add_row(f"accuracy, top {k} heads mean-ablated", f"{ko['accuracy_top_k']:.3f}")
+    table.add_row(
+        f"accuracy, {k} random heads (mean ± std)",
+        f"{ko['accuracy_random_k_mean']:.3f} ± {ko['accuracy_random_k_std']:.3f}",
+    )
+    emit(result, as_json, table)
+
+
+@app.command("finetune")
+def finetune_cmd(
+    model: ModelOpt = "smollm2",
+    task: TaskOpt = "a+b",
+    style: StyleOpt = "calculate",
+    shots: ShotsOpt = 0,
+    digits: Annotated[int, typer.Option(help="digits per operand")] = 2,
+    heads_arg: Annotated[str, typer.Option("--heads", help="auto (path patching) or L.H,L.H,...")] = "auto",
+    k: Annotated[int, typer.Option("--k", help="heads chosen by --heads auto")] = 10,
+    n_train: Annotated[int, typer.Option(help="training problems")] = 400,
+    n_eval: Annotated[int, typer.Option(help="held-out evaluation problems")] = 200,
+    steps: Annotated[int, typer.Option(help="optimiser steps")] = 200,
+    lr: Annotated[float, typer.Option(help="learning rate")] = 1e-4,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+    dtype: DtypeOpt = "float32",
+    attn: AttnOpt = None,
+    out_dir: OutDir = None,
+) -> None:
+    """Train only the chosen heads; compare with full and random-head fine-tuning on math and on text."""
+    from af1 import pipeline
+
+    spec = task_spec(task, style, digits, shots, None, seed)
+    result = pipeline.finetune_study(model, spec, heads_arg, k, n_train, n_eval, steps, lr, seed, dtype, attn, out_dir)
+    table = Table("variant", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters")
+    for name in ("base", "precise", "random_heads", "full"):
+        r = result[name]
+        table.add_row(
+            name,
+            f"{r['arithmetic_accuracy']:.3f}",
+            f"{r['perplexity']:.2f}",
+            f"{r['next_token_accuracy']:.3f}",
+            str(r.get("trained_parameters", 0)),
+        )
+    emit(result, as_json, table)
+
+
 @app.command("positional")
 def positional_cmd(
     model: ModelOpt = "smollm2",
@@ -427,7 +515,7 @@ def demo(
     style: StyleOpt = "calculate",
     threshold: ThresholdOpt = 0.9,
 ) -> None:
-    """The main job on the bundled model: the whole AF1 study of 1-digit a+b, and its HTML report."""
+    """The main job on the bundled model: the AF1 study of 1-digit a+b, its heads and attention, one HTML report."""
     from af1 import pipeline
 
     report_path = pipeline.demo(model, out_dir, task_spec("a+b", style, 1, shots, None, 0), threshold, out.print)

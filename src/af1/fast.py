@@ -245,7 +245,7 @@ def fast_sweep_wait(
     config: AF1Config,
     means: PositionMeans | None,
     transfers: list[int],
-    batch_size: int = 64,
+    batch_size: int = 128,
     ctx: ProblemKV | None = None,
 ) -> dict[int, torch.Tensor]:
     """Logits for every transfer length at one `wait`.

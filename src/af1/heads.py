@@ -407,3 +407,84 @@ def random_heads(
         (layer, h) for layer in range(adapter.n_layers) for h in range(adapter.n_heads) if (layer, h) not in exclude
     ]
     return random.Random(seed).sample(pool, k)
+
+
+def top_heads(effect_LH: torch.Tensor, k: int) -> list[tuple[int, int]]:
+    """The k heads with the most negative effect."""
+    order = effect_LH.flatten().argsort()[:k].tolist()
+    H = effect_LH.shape[1]
+    return [(i // H, i % H) for i in order]
+
+
+def study(
+    lm: Any, spec: Any, threshold: float = -0.05, k: int = 10, draws: int = 5, compare_specs: list[Any] | None = None
+) -> dict[str, Any]:
+    """Path patching, key heads, knockout of top-k vs random-k, where key heads look, MLP logit lens, overlap."""
+    from af1.api import require_solved
+    from af1.evaluation import evaluate, solved
+    from af1.tasks import build_task
+
+    adapter = lm.adapter
+    task = build_task(spec, lm.tokenizer)
+    base = evaluate(lm.model, task)
+    require_solved(int(base.correct_P.sum()), spec)
+    kept = solved(task, base)
+    cf = counterfactual(kept, lm.tokenizer)
+    pp = path_patching(adapter, kept, cf)
+    effect = pp["relative_logit_change_layer_head"]
+    keys = key_heads(effect, threshold)
+    top = top_heads(effect, k)
+    means = head_means(adapter, task)
+    randoms = [knockout_accuracy(adapter, kept, random_heads(adapter, k, seed, top), means) for seed in range(draws)]
+    rand = torch.tensor(randoms)
+    n_heads = adapter.n_layers * adapter.n_heads
+    result: dict[str, Any] = {
+        "model": lm.info.get("spec"),
+        "task": spec.operation,
+        "style": spec.style,
+        "n": len(task),
+        "n_solved": len(kept),
+        "base_accuracy_all": base.accuracy,
+        "counterfactual": cf.replacement,
+        "n_heads": n_heads,
+        "threshold": threshold,
+        "key_heads": [list(h) for h in keys],
+        "key_head_share": len(keys) / n_heads,
+        "top_heads": [list(h) for h in top],
+        **pp,
+        "knockout": {
+            "k": k,
+            "heads": [list(h) for h in top],
+            "accuracy_top_k": knockout_accuracy(adapter, kept, top, means),
+            "accuracy_random_k_mean": float(rand.mean()),
+            "accuracy_random_k_std": float(rand.std()) if draws > 1 else 0.0,
+            "accuracy_random_k": randoms,
+            "base_accuracy": 1.0,
+        },
+        "attention_of_top_heads": last_query_attention(adapter, kept, top[: min(k, 5)]),
+        "mlp_logit_lens_layer": mlp_logit_lens(adapter, kept),
+    }
+    overlaps = []
+    for other in compare_specs or []:
+        try:
+            o_task = build_task(other, lm.tokenizer)
+            o_kept = solved(o_task, evaluate(lm.model, o_task))
+            require_solved(len(o_kept), other)
+            o_effect = path_patching(adapter, o_kept, counterfactual(o_kept, lm.tokenizer))[
+                "relative_logit_change_layer_head"
+            ]
+        except Af1Error as exc:
+            overlaps.append({"task": other.operation, "style": other.style, "error": str(exc)})
+            continue
+        overlaps.append(
+            {
+                "task": other.operation,
+                "style": other.style,
+                "n_solved": len(o_kept),
+                "key_heads": [list(h) for h in key_heads(o_effect, threshold)],
+                "key_heads_jaccard": overlap(keys, key_heads(o_effect, threshold))["jaccard"],
+                **{f"top_{k}_overlap": overlap(top, top_heads(o_effect, k), k)["top_k_overlap"]},
+            }
+        )
+    result["overlap"] = overlaps
+    return result

@@ -120,3 +120,23 @@ def positional_figures(result: dict[str, Any], path: Path) -> Path:
     axes[2].set_ylabel("perplexity")
     axes[2].legend(fontsize=8)
     return _save(fig, path)
+
+
+def heads_figures(result: dict[str, Any], path: Path) -> Path:
+    """Path-patching effect per [layer, head] and per MLP layer, and the MLP logit lens."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), gridspec_kw={"width_ratios": [2, 1, 1]})
+    effect = np.array(result["relative_logit_change_layer_head"], dtype=float)
+    lim = max(1e-6, float(np.abs(effect).max()))
+    image = axes[0].imshow(effect, origin="lower", aspect="auto", cmap="RdBu", vmin=-lim, vmax=lim)
+    axes[0].set_xlabel("head")
+    axes[0].set_ylabel("layer")
+    axes[0].set_title("relative change of the correct logit (path patching)")
+    fig.colorbar(image, ax=axes[0])
+    mlp = np.array(result["relative_logit_change_mlp_layer"], dtype=float)
+    axes[1].barh(range(len(mlp)), mlp)
+    axes[1].set_ylabel("layer")
+    axes[1].set_title("MLP effect")
+    lens = np.array(result["mlp_logit_lens_layer"], dtype=float)
+    axes[2].barh(range(len(lens)), lens)
+    axes[2].set_title("MLP output . answer unembedding")
+    return _save(fig, path)

@@ -193,6 +193,70 @@ def build_report(d: str | Path) -> Path:
         )
         parts.append(_img(d, "pruning.png"))
 
+    hd = _load(d, "heads.json")
+    if hd:
+        provenance = provenance or hd.get("provenance")
+        ko = hd["knockout"]
+        parts.append("<h2>Arithmetic heads</h2>")
+        parts.append(
+            f"<p>{hd['model']} on <code>{html.escape(hd['task'])}</code> ({hd['style']}), counterfactual "
+            f"operator <code>{html.escape(hd['counterfactual'])}</code>, {hd['n_solved']} solved problems. "
+            f"{len(hd['key_heads'])} of {hd['n_heads']} heads ({hd['key_head_share']:.1%}) change the "
+            f"correct logit by less than {hd['threshold']:.0%} through their direct path.</p>"
+        )
+        parts.append(
+            _table(
+                ["knockout (mean ablation)", "accuracy on solved problems"],
+                [
+                    [f"top {ko['k']} heads", ko["accuracy_top_k"]],
+                    [f"{ko['k']} random heads (mean of {len(ko['accuracy_random_k'])})", ko["accuracy_random_k_mean"]],
+                    ["none", ko["base_accuracy"]],
+                ],
+            )
+        )
+        rows = [[h, *v.values()] for h, v in hd["attention_of_top_heads"].items()]
+        if rows:
+            parts.append(_table(["head (layer.head)", *next(iter(hd["attention_of_top_heads"].values())).keys()], rows))
+        if hd.get("overlap"):
+            parts.append(
+                _table(
+                    ["other task", "style", "key-head Jaccard", f"top-{ko['k']} overlap"],
+                    [
+                        [
+                            o["task"],
+                            o["style"],
+                            o.get("key_heads_jaccard", o.get("error", "")),
+                            o.get(f"top_{ko['k']}_overlap", ""),
+                        ]
+                        for o in hd["overlap"]
+                    ],
+                )
+            )
+        parts.append(_img(d, "heads.png"))
+
+    ft = _load(d, "finetune.json")
+    if ft:
+        parts.append("<h2>Precise fine-tuning</h2>")
+        parts.append(
+            f"<p>{len(ft['heads'])} heads; {html.escape(ft['gqa'])}. {ft['n_train']} training problems, "
+            f"{ft['n_eval']} held-out; text measure on {html.escape(ft.get('text_corpus', ''))}.</p>"
+        )
+        parts.append(
+            _table(
+                ["variant", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters"],
+                [
+                    [
+                        v,
+                        ft[v]["arithmetic_accuracy"],
+                        ft[v]["perplexity"],
+                        ft[v]["next_token_accuracy"],
+                        ft[v].get("trained_parameters", 0),
+                    ]
+                    for v in ("base", "precise", "random_heads", "full")
+                ],
+            )
+        )
+
     pos = _load(d, "positional.json")
     if pos:
         provenance = provenance or pos.get("provenance")
