@@ -26,6 +26,7 @@ bench: setup
 	$(BIN)/python benchmarks/af1_eval.py
 	$(BIN)/python benchmarks/af1_sweep.py
 	$(BIN)/python benchmarks/cama_means.py
+	$(BIN)/python benchmarks/path_patching.py
 
 clean:
 	rm -rf $(VENV) results

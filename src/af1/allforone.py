@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from af1.errors import Af1Error
-from af1.evaluation import batches
+from af1.evaluation import batches, forward_last
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.masks import ABPVariant, abp_masks
 from af1.interventions.means import PositionMeans
@@ -178,20 +178,12 @@ def reference_logits(
     """Last-position logits [P, V] under AF1, by hooks on the full model."""
     config.check(adapter.n_layers, adapter.n_heads)
     ids = task.input_ids_PT
-    P, T = ids.shape
+    P = len(ids)
     perm = resample_permutation(P, config.seed) if config.ablation == "resample" and config.wait >= 0 else None
     out = []
     for sl in progress(list(batches(P, batch_size)), desc=desc):
         batch = ids[sl].to(adapter.device)
         donor = donor_states(adapter, task, config.wait, perm, sl) if perm is not None else None
         with af1_intervention(adapter, task, config, means, batch, donor, extra_masks):
-            pos = torch.arange(T, device=batch.device).expand(batch.shape[0], T)
-            logits = adapter.model(
-                input_ids=batch,
-                attention_mask=torch.ones_like(batch),
-                position_ids=pos,
-                use_cache=False,
-                logits_to_keep=1,
-            ).logits
-        out.append(logits[:, -1].float().cpu())
+            out.append(forward_last(adapter.model, batch))
     return torch.cat(out)

@@ -18,7 +18,8 @@ def as_loaded(model: str | LoadedModel, **load_kwargs: Any) -> LoadedModel:
 
 
 def problem_rows(task: Task, correct_full: Any, correct_intervened: Any = None) -> list[dict[str, Any]]:
-    """One row per problem: prompt, answer token, right in the full model (and under an intervention)."""
+    """One row per problem: prompt, answer token, right in the full model (and under an intervention,
+    None where the full model is wrong and the intervention was not measured)."""
     rows = []
     for i, p in enumerate(task.problems):
         row = {
@@ -28,7 +29,8 @@ def problem_rows(task: Task, correct_full: Any, correct_intervened: Any = None) 
             "solved": bool(correct_full[i]),
         }
         if correct_intervened is not None:
-            row["right_under_intervention"] = bool(correct_intervened[i])
+            value = correct_intervened[i]
+            row["right_under_intervention"] = None if value is None else bool(value)
         rows.append(row)
     return rows
 

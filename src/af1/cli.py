@@ -123,13 +123,13 @@ ThresholdOpt = Annotated[float, typer.Option("--threshold", help="faithfulness t
 
 
 def _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means):
+    """Load the model, refuse kernels that cannot take masks, and prepare the AF1 setup."""
     from af1.api import as_loaded
     from af1.experiments import prepare
+    from af1.interventions.attention import check_maskable
 
     spec = task_spec(task, style, digits, shots, n, seed, largest_layout)
     lm = as_loaded(model, dtype=dtype, attn_implementation=attn)
-    from af1.interventions.attention import check_maskable
-
     check_maskable(lm.adapter)
     return prepare(lm, spec, means)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,29 +41,25 @@ def batches(n: int, batch_size: int) -> Iterator[slice]:
         yield slice(start, min(n, start + batch_size))
 
 
+def forward_last(model: Any, ids_BT: torch.Tensor) -> torch.Tensor:
+    """Next-token logits [B, V] at the last position (fp32, CPU), with explicit mask and position ids."""
+    B, T = ids_BT.shape
+    ids = ids_BT.to(next(model.parameters()).device)
+    pos = torch.arange(T, device=ids.device).expand(B, T)
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=pos, use_cache=False, logits_to_keep=1)
+    return out.logits[:, -1].float().cpu()
+
+
 @torch.no_grad()
 def last_logits(model: Any, input_ids_PT: torch.Tensor, batch_size: int = 64, desc: str | None = None) -> torch.Tensor:
-    """Next-token logits at the last position, batched, with explicit mask and position ids."""
-    device = next(model.parameters()).device
-    out = []
-    P, T = input_ids_PT.shape
-    for sl in progress(list(batches(P, batch_size)), desc=desc):
-        ids = input_ids_PT[sl].to(device)
-        pos = torch.arange(T, device=device).expand(ids.shape[0], T)
-        logits = model(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            position_ids=pos,
-            use_cache=False,
-            logits_to_keep=1,
-        ).logits
-        out.append(logits[:, -1].float().cpu())
+    """Next-token logits at the last position of every prompt, batched."""
+    out = [forward_last(model, input_ids_PT[sl]) for sl in progress(list(batches(len(input_ids_PT), batch_size)), desc)]
     return torch.cat(out) if out else torch.empty(0)
 
 
-def evaluate(model: Any, task: Task, batch_size: int = 64, run: Callable[..., torch.Tensor] | None = None) -> Scores:
-    """Score a model on a task; `run` replaces the plain forward (e.g. under an intervention)."""
-    logits = (run or last_logits)(model, task.input_ids_PT, batch_size=batch_size, desc="evaluate")
+def evaluate(model: Any, task: Task, batch_size: int = 64) -> Scores:
+    """Score a model on a task: greedy next token against the answer's first token."""
+    logits = last_logits(model, task.input_ids_PT, batch_size=batch_size, desc="evaluate")
     return Scores.from_logits(logits, task.answer_ids_P)
 
 

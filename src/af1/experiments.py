@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from af1.allforone import ABLATIONS, AF1Config, reference_logits
-from af1.api import require_solved
+from af1.api import problem_rows, require_solved
 from af1.errors import Af1Error
 from af1.evaluation import Scores, evaluate, solved
 from af1.fast import context_kv, fast_logits, fast_sweep_wait, grid, knockout_logits, supports
@@ -80,17 +80,7 @@ def run_result(setup: Setup, config: AF1Config, reference: bool = False) -> dict
     config.check(setup.adapter.n_layers, setup.adapter.n_heads)
     scores = faithfulness(setup, config, reference)
     right = dict(zip(setup.kept.problems, scores.correct_P.tolist(), strict=True))
-    problems = []
-    for i, p in enumerate(setup.task.problems):
-        problems.append(
-            {
-                "prompt": p.prompt,
-                "answer": p.answer,
-                "answer_token": int(setup.task.answer_ids_P[i]),
-                "solved": bool(setup.base.correct_P[i]),
-                "right_under_intervention": right.get(p),
-            }
-        )
+    problems = problem_rows(setup.task, setup.base.correct_P, [right.get(p) for p in setup.task.problems])
     return {
         **setup.describe(),
         "wait": config.wait,

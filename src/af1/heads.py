@@ -12,14 +12,14 @@ from __future__ import annotations
 import contextlib
 import random
 import string
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from af1.errors import Af1Error
-from af1.evaluation import Scores, batches
+from af1.evaluation import Scores, batches, forward_last
+from af1.interventions.hooks import hooks_removed_after
 from af1.models.adapter import ModelAdapter
 from af1.tasks import NAMES, OPERATIONS, Task, _template
 
@@ -94,39 +94,24 @@ def counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
 # --- capture of head and MLP outputs -------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _record_last(adapter: ModelAdapter, store: dict[str, Any]) -> Iterator[None]:
+def _record_last(adapter: ModelAdapter, store: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
     """Record, at the last position: o_proj inputs per layer [B, H*d], MLP outputs [B, D], final residual [B, D]."""
-    handles = []
+
+    def put(key: Any, x: torch.Tensor) -> None:
+        store[key] = x[:, -1].detach().clone()
+
+    handles = [adapter.final_norm.register_forward_pre_hook(lambda _m, args: put("final", args[0]))]
     for layer in range(adapter.n_layers):
-        handles.append(
-            adapter.o_proj(layer).register_forward_pre_hook(
-                lambda _m, args, layer=layer: store.__setitem__(("z", layer), args[0][:, -1].detach().clone())
-            )
-        )
-        handles.append(
-            adapter.mlp(layer).register_forward_hook(
-                lambda _m, _a, out, layer=layer: store.__setitem__(("mlp", layer), out[:, -1].detach().clone())
-            )
-        )
-    handles.append(
-        adapter.final_norm.register_forward_pre_hook(
-            lambda _m, args: store.__setitem__("final", args[0][:, -1].detach().clone())
-        )
-    )
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+        handles.append(adapter.o_proj(layer).register_forward_pre_hook(lambda _m, a, k=("z", layer): put(k, a[0])))
+        handles.append(adapter.mlp(layer).register_forward_hook(lambda _m, _a, o, k=("mlp", layer): put(k, o)))
+    return hooks_removed_after(handles)
 
 
 @torch.no_grad()
 def _run_record(adapter: ModelAdapter, ids_BT: torch.Tensor) -> dict[str, Any]:
     store: dict[str, Any] = {}
     with _record_last(adapter, store):
-        ids = ids_BT.to(adapter.device)
-        store["logits"] = adapter.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1].float()
+        store["logits"] = forward_last(adapter.model, ids_BT).to(adapter.device)
     return store
 
 
@@ -214,18 +199,12 @@ def path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_s
 # --- activation patching and mean ablation of heads ------------------------------------------------
 
 
-@contextlib.contextmanager
-def replace_heads(adapter: ModelAdapter, per_layer: dict[int, Any]) -> Iterator[None]:
+def replace_heads(adapter: ModelAdapter, per_layer: dict[int, Any]) -> contextlib.AbstractContextManager[None]:
     """per_layer[l](z [B, T, H*d]) -> z: rewrite the concatenated head outputs before o_proj."""
-    handles = [
+    return hooks_removed_after(
         adapter.o_proj(layer).register_forward_pre_hook(lambda _m, args, fn=fn: (fn(args[0]), *args[1:]))
         for layer, fn in per_layer.items()
-    ]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    )
 
 
 @torch.no_grad()
@@ -240,14 +219,11 @@ def head_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> dict[
 
         return fn
 
-    handles = [adapter.o_proj(layer).register_forward_pre_hook(hook(layer)) for layer in range(adapter.n_layers)]
-    try:
+    with hooks_removed_after(
+        adapter.o_proj(layer).register_forward_pre_hook(hook(layer)) for layer in range(adapter.n_layers)
+    ):
         for sl in batches(len(task), batch_size):
-            ids = task.input_ids_PT[sl].to(adapter.device)
-            adapter.model(input_ids=ids, use_cache=False, logits_to_keep=1)
-    finally:
-        for h in handles:
-            h.remove()
+            forward_last(adapter.model, task.input_ids_PT[sl])
     return {layer: s / len(task) for layer, s in sums.items()}
 
 
@@ -279,7 +255,7 @@ def knockout_accuracy(
     with replace_heads(adapter, {layer: ablate(layer, hs) for layer, hs in by_layer.items()}):
         for sl in batches(len(task), batch_size):
             ids = task.input_ids_PT[sl].to(adapter.device)
-            out.append(adapter.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1].float().cpu())
+            out.append(forward_last(adapter.model, ids))
     return Scores.from_logits(torch.cat(out), task.answer_ids_P).accuracy
 
 
@@ -295,17 +271,13 @@ def activation_patching(
     (effects flow through later layers): [head, problem]. Many heads share a forward: row r patches head r."""
     d = adapter.head_dim
     z_cf: dict[int, torch.Tensor] = {}
-    hooks = [
+    with hooks_removed_after(
         adapter.o_proj(layer).register_forward_pre_hook(
             lambda _m, args, layer=layer: z_cf.__setitem__(layer, args[0].detach().clone())
         )
         for layer in range(adapter.n_layers)
-    ]
-    try:
-        adapter.model(input_ids=cf.input_ids_PT.to(adapter.device), use_cache=False, logits_to_keep=1)
-    finally:
-        for h in hooks:
-            h.remove()
+    ):
+        forward_last(adapter.model, cf.input_ids_PT)
     P = len(task)
     pairs = [(hi, p) for hi in range(len(heads)) for p in range(P)]
     result = torch.zeros(len(heads), P)
@@ -326,7 +298,7 @@ def activation_patching(
             return fn
 
         with replace_heads(adapter, {layer: patch(layer) for layer in layers_needed}):
-            logits = adapter.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1].float().cpu()
+            logits = forward_last(adapter.model, ids)
         for row, (hi, p) in enumerate(chunk):
             result[hi, p] = logits[row, task.answer_ids_P[p]]
     return result
@@ -391,10 +363,10 @@ def key_heads(effect_LH: torch.Tensor, threshold: float = -0.05) -> list[tuple[i
     return [(layer, h) for _, layer, h in sorted(found)]
 
 
-def overlap(a: list[tuple[int, int]], b: list[tuple[int, int]], k: int | None = None) -> dict[str, float]:
-    """Jaccard of two head sets and the overlap of their top-k."""
+def overlap(a: list[tuple[int, int]], b: list[tuple[int, int]], k: int | None = None) -> dict[str, float | None]:
+    """Jaccard of two head sets (None when both are empty) and the overlap of their top-k."""
     sa, sb = set(map(tuple, a)), set(map(tuple, b))
-    jac = len(sa & sb) / len(sa | sb) if sa | sb else 1.0
+    jac = len(sa & sb) / len(sa | sb) if sa | sb else None
     k = k or min(len(a), len(b))
     top = len(set(map(tuple, a[:k])) & set(map(tuple, b[:k]))) / k if k else 1.0
     return {"jaccard": jac, "top_k_overlap": top, "k": k}

@@ -190,8 +190,9 @@ def demo(model: str, out_dir: Path, spec: TaskSpec, threshold: float = 0.9, say:
         )
     from af1 import heads, positional
 
-    head_result = heads.study(lm, spec, compare_specs=[spec.model_copy(update={"operation": op}) for op in
-                                                       ("a-b", "a+b+c")])
+    head_result = heads.study(
+        lm, spec, compare_specs=[spec.model_copy(update={"operation": op}) for op in ("a-b", "a+b+c")]
+    )
     heads_to(head_result, lm, out_dir)
     ko = head_result["knockout"]
     notes.append(

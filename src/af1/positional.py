@@ -317,7 +317,12 @@ def study(adapter: ModelAdapter, tokenizer: Any, config: PositionalConfig, corpu
         "r_shuffled_layer_head": shuffled["r"],
         "distribution": {
             name: summary(v)
-            for name, v in {**trained, "random_init": random_fit["r"], "shuffled": shuffled["r"]}.items()
+            for name, v in {
+                **trained,
+                "random_init": random_fit["r"],
+                "random_init_row_centred": random_fit["r_row_centred"],
+                "shuffled": shuffled["r"],
+            }.items()
         },
     }
     d = result["distribution"]
@@ -327,6 +332,7 @@ def study(adapter: ModelAdapter, tokenizer: Any, config: PositionalConfig, corpu
         r_median_row_centred=d["r_row_centred"]["median"],
         r_median_no_sink=d["r_no_sink"]["median"],
         r_median_random_init=d["random_init"]["median"],
+        r_median_random_init_row_centred=d["random_init_row_centred"]["median"],
         r_median_shuffled=d["shuffled"]["median"],
     )
     try:

@@ -7,6 +7,7 @@ is the first token the tokenizer emits for the answer after the prompt.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import string
@@ -200,16 +201,11 @@ class Task:
 
     def subset(self, index: list[int] | torch.Tensor) -> Task:
         index = torch.as_tensor(index, dtype=torch.long)
-        return Task(
-            self.spec,
-            [self.problems[i] for i in index.tolist()],
-            self.input_ids_PT[index],
-            self.answer_ids_P[index],
-            self.context_len,
-            self.layout,
-            self.examples,
-            self.answer_moves_space,
-            self.excluded_other_layouts,
+        return dataclasses.replace(
+            self,
+            problems=[self.problems[i] for i in index.tolist()],
+            input_ids_PT=self.input_ids_PT[index],
+            answer_ids_P=self.answer_ids_P[index],
         )
 
     def describe(self) -> dict[str, Any]:

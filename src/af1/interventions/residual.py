@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
+from af1.interventions.hooks import hooks_removed_after
 from af1.models.adapter import ModelAdapter
 
 Edit = Callable[[torch.Tensor], torch.Tensor]  # [B, T, D] -> [B, T, D]
@@ -20,40 +21,30 @@ def _get_hidden(output) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
-@contextlib.contextmanager
-def edit_residual(adapter: ModelAdapter, edits: dict[int, Edit]) -> Iterator[None]:
+def edit_residual(adapter: ModelAdapter, edits: dict[int, Edit]) -> contextlib.AbstractContextManager[None]:
     """Replace the output of block l by edits[l](output) (h[l] in SPEC.md's notation)."""
-    handles = []
-    for layer, edit in edits.items():
+    for layer in edits:
         adapter.check_layer(layer)
-        handles.append(
-            adapter.layers[layer].register_forward_hook(
-                lambda _m, _a, output, edit=edit: _set_hidden(output, edit(_get_hidden(output)))
-            )
+    return hooks_removed_after(
+        adapter.layers[layer].register_forward_hook(
+            lambda _m, _a, output, edit=edit: _set_hidden(output, edit(_get_hidden(output)))
         )
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+        for layer, edit in edits.items()
+    )
 
 
-@contextlib.contextmanager
-def record_residual(adapter: ModelAdapter, layers: list[int], store: dict[int, torch.Tensor]) -> Iterator[None]:
+def record_residual(
+    adapter: ModelAdapter, layers: list[int], store: dict[int, torch.Tensor]
+) -> contextlib.AbstractContextManager[None]:
     """Store the output of each listed block in `store[layer]` ([B, T, D])."""
-    handles = []
     for layer in layers:
         adapter.check_layer(layer)
-        handles.append(
-            adapter.layers[layer].register_forward_hook(
-                lambda _m, _a, output, layer=layer: store.__setitem__(layer, _get_hidden(output))
-            )
+    return hooks_removed_after(
+        adapter.layers[layer].register_forward_hook(
+            lambda _m, _a, output, layer=layer: store.__setitem__(layer, _get_hidden(output))
         )
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+        for layer in layers
+    )
 
 
 def replace_positions(hidden_BTD: torch.Tensor, new_BTD: torch.Tensor, start: int) -> torch.Tensor:

