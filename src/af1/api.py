@@ -9,7 +9,7 @@ from af1.evaluation import evaluate
 from af1.models import LoadedModel, load_model
 from af1.results import provenance
 
-__all__ = ["as_loaded", "base_accuracy", "provenance", "require_solved"]
+__all__ = ["as_loaded", "base_accuracy", "problem_rows", "provenance", "require_solved"]
 from af1.tasks import Task, TaskSpec, build_task
 
 

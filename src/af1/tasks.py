@@ -20,8 +20,6 @@ from pydantic import BaseModel, Field, field_validator
 
 from af1.errors import Af1Error
 
-Operator = Literal["+", "-", "*"]
-
 
 @dataclass(frozen=True)
 class Operation:
