@@ -31,14 +31,38 @@ AttnOpt = Annotated[
     str | None, typer.Option("--attn", help="attention kernel: sdpa or eager (default: the family's best)")
 ]
 LayoutOpt = Annotated[bool, typer.Option("--largest-layout", help="keep the largest group of same-layout prompts")]
+AnswersOpt = Annotated[
+    str, typer.Option("--answer-digits", help="constant (one digit count per dataset, the most common) or any")
+]
+NegativeOpt = Annotated[bool, typer.Option("--allow-negative", help="keep problems with negative results")]
 
 
-def task_spec(task: str, style: str, digits: int, shots: int, n: int | None, seed: int, largest: bool = False):
+def task_spec(
+    task: str,
+    style: str,
+    digits: int,
+    shots: int,
+    n: int | None,
+    seed: int,
+    largest: bool = False,
+    answers: str = "constant",
+    allow_negative: bool = False,
+):
     from af1.tasks import TaskSpec
 
     if shots < 0:
         raise Af1Error(f"--shots must be >= 0, got {shots}")
-    return TaskSpec(operation=task, style=style, digits=digits, shots=shots, n=n, seed=seed, largest_layout=largest)
+    return TaskSpec(
+        operation=task,
+        style=style,
+        digits=digits,
+        shots=shots,
+        n=n,
+        seed=seed,
+        largest_layout=largest,
+        answer_digits=answers,
+        allow_negative=allow_negative,
+    )
 
 
 def emit(data: dict[str, Any], as_json: bool, table: Table | None = None) -> None:
@@ -96,12 +120,14 @@ def eval_cmd(
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
     largest_layout: LayoutOpt = False,
+    answers: AnswersOpt = "constant",
+    allow_negative: NegativeOpt = False,
     out_file: Annotated[Path | None, typer.Option("--out", help="also write the JSON result here")] = None,
 ) -> None:
     """Base accuracy of a model on a task: greedy next token vs the answer's first token."""
     from af1 import api
 
-    spec = task_spec(task, style, digits, shots, n, seed, largest_layout)
+    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
     result = api.base_accuracy(model, spec, dtype=dtype, attn_implementation=attn)
     if out_file:
         from af1.results import write_json
@@ -122,13 +148,12 @@ RefOpt = Annotated[bool, typer.Option("--reference", help="hook-based path inste
 ThresholdOpt = Annotated[float, typer.Option("--threshold", help="faithfulness the subgraph must keep")]
 
 
-def _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means):
+def _setup(model, spec, dtype, attn, means):
     """Load the model, refuse kernels that cannot take masks, and prepare the AF1 setup."""
     from af1.api import as_loaded
     from af1.experiments import prepare
     from af1.interventions.attention import check_maskable
 
-    spec = task_spec(task, style, digits, shots, n, seed, largest_layout)
     lm = as_loaded(model, dtype=dtype, attn_implementation=attn)
     check_maskable(lm.adapter)
     return prepare(lm, spec, means)
@@ -170,13 +195,16 @@ def run(
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
     largest_layout: LayoutOpt = False,
+    answers: AnswersOpt = "constant",
+    allow_negative: NegativeOpt = False,
     means: MeansOpt = None,
     out_dir: OutDir = None,
 ) -> None:
     """Faithfulness of one AF1(wait, transfer) configuration on the problems the model solves."""
     from af1.experiments import run_result
 
-    setup = _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means)
+    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
+    setup = _setup(model, spec, dtype, attn, means)
     config = _config(wait, transfer, ablation, abp, seed, setup.adapter.n_layers)
     result = run_result(setup, config, reference)
     _write(out_dir, "run.json", result, setup)
@@ -211,6 +239,8 @@ def sweep_cmd(
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
     largest_layout: LayoutOpt = False,
+    answers: AnswersOpt = "constant",
+    allow_negative: NegativeOpt = False,
     means: MeansOpt = None,
     out_dir: Annotated[Path, typer.Option("--out", help="directory for sweep.json and sweep.png")] = Path(
         "results/sweep"
@@ -219,7 +249,8 @@ def sweep_cmd(
     """Faithfulness over the whole (L_wait, L_transfer) grid, with a heatmap; resumable."""
     from af1 import pipeline
 
-    setup = _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means)
+    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
+    setup = _setup(model, spec, dtype, attn, means)
     config = _config(-1, 0, ablation, abp, seed, setup.adapter.n_layers)
     result = pipeline.sweep_to(setup, config, out_dir, max_transfer, reference)
     if as_json:
@@ -243,6 +274,8 @@ def search(
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
     largest_layout: LayoutOpt = False,
+    answers: AnswersOpt = "constant",
+    allow_negative: NegativeOpt = False,
     means: MeansOpt = None,
     out_dir: Annotated[Path, typer.Option("--out", help="directory for the sweep and search.json")] = Path(
         "results/sweep"
@@ -253,7 +286,8 @@ def search(
 
     if not 0 <= threshold <= 1:
         raise Af1Error(f"--threshold must be in [0, 1], got {threshold}")
-    setup = _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means)
+    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
+    setup = _setup(model, spec, dtype, attn, means)
     sweep = pipeline.sweep_to(
         setup, _config(-1, 0, "cama", "af1", seed, setup.adapter.n_layers), out_dir, None, reference
     )
@@ -291,13 +325,16 @@ def necessity_cmd(
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
     largest_layout: LayoutOpt = False,
+    answers: AnswersOpt = "constant",
+    allow_negative: NegativeOpt = False,
     means: MeansOpt = None,
     out_dir: OutDir = None,
 ) -> None:
     """Faithfulness when the last token cannot read the operands, layer by layer and in windows."""
     from af1 import experiments, pipeline
 
-    setup = _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means)
+    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
+    setup = _setup(model, spec, dtype, attn, means)
     found = _config(wait, transfer, "cama", "af1", seed, setup.adapter.n_layers) if wait is not None else None
     result = experiments.necessity(setup, found=found)
     _write(out_dir, "necessity.json", result, setup)
@@ -324,13 +361,16 @@ def alternatives_cmd(
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
     largest_layout: LayoutOpt = False,
+    answers: AnswersOpt = "constant",
+    allow_negative: NegativeOpt = False,
     means: MeansOpt = None,
     out_dir: OutDir = None,
 ) -> None:
     """At one config: CAMA vs zero, mean, resample and no ablation; ABP vs its variants."""
     from af1 import experiments
 
-    setup = _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means)
+    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
+    setup = _setup(model, spec, dtype, attn, means)
     result = experiments.alternatives(setup, _config(wait, transfer, "cama", "af1", seed, setup.adapter.n_layers))
     _write(out_dir, "alternatives.json", result, setup)
     table = Table("intervention", "faithfulness")
@@ -356,13 +396,16 @@ def prune(
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
     largest_layout: LayoutOpt = False,
+    answers: AnswersOpt = "constant",
+    allow_negative: NegativeOpt = False,
     means: MeansOpt = None,
     out_dir: OutDir = None,
 ) -> None:
     """Rank the transfer layers' heads and stop them peeking one by one: faithfulness vs heads removed."""
     from af1 import experiments, pipeline
 
-    setup = _setup(model, task, style, digits, shots, n, seed, dtype, attn, largest_layout, means)
+    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
+    setup = _setup(model, spec, dtype, attn, means)
     result = experiments.prune_heads(setup, _config(wait, transfer, "cama", "af1", seed, setup.adapter.n_layers))
     _write(out_dir, "pruning.json", result, setup)
     if out_dir:
@@ -392,17 +435,19 @@ def heads_cmd(
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
     largest_layout: LayoutOpt = False,
+    answers: AnswersOpt = "constant",
+    allow_negative: NegativeOpt = False,
     out_dir: OutDir = None,
 ) -> None:
     """Heads and MLPs that carry the arithmetic: path patching, key heads, knockout, where they look, overlap."""
     from af1 import heads, pipeline
     from af1.api import as_loaded
 
-    spec = task_spec(task, style, digits, shots, n, seed, largest_layout)
+    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
     others = []
     for item in compare or []:
         op, _, st = item.partition(":")
-        others.append(task_spec(op, st or style, digits, shots, n, seed, largest_layout))
+        others.append(task_spec(op, st or style, digits, shots, n, seed, largest_layout, answers, allow_negative))
     lm = as_loaded(model, dtype=dtype, attn_implementation=attn)
     n_heads = lm.adapter.n_layers * lm.adapter.n_heads
     if not 1 <= k <= n_heads:
