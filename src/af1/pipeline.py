@@ -162,8 +162,8 @@ def demo(model: str, out_dir: Path, spec: TaskSpec, threshold: float = 0.9, say:
     necessity_figure(nec, out_dir)
     one = nec["windows"]["1"]
     notes.append(
-        f"Necessity: blocking the last token's reads in a single layer drops faithfulness to at most "
-        f"{min(one):.3f} (layer {one.index(min(one))})."
+        f"Necessity: blocking the last token's reads in a single layer lowers faithfulness to "
+        f"{min(one):.3f} at worst (layer {one.index(min(one))})."
     )
 
     alt = experiments.alternatives(setup, config)
