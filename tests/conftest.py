@@ -94,3 +94,12 @@ def smollm2():
 @pytest.fixture(scope="session")
 def tokenizer(smollm2):
     return smollm2.tokenizer
+
+
+@pytest.fixture
+def cli_on_smollm2(smollm2, monkeypatch):
+    """The CLI's model loading answers with the session's SmolLM2 (no reload per command)."""
+    import af1.api
+
+    monkeypatch.setattr(af1.api, "load_model", lambda *a, **k: smollm2)
+    return smollm2

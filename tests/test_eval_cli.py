@@ -35,10 +35,7 @@ def test_smollm2_solves_spaced_addition(smollm2):
     assert evaluate(smollm2.model, task).accuracy > 0.85
 
 
-def test_cli_eval_json(capsys, smollm2, monkeypatch):
-    import af1.api
-
-    monkeypatch.setattr(af1.api, "load_model", lambda *a, **k: smollm2)
+def test_cli_eval_json(capsys, cli_on_smollm2):
     code, out, _ = run_cli(capsys, "eval", "--task", "a+b", "--shots", "3", "--json")
     assert code == 0
     result = json.loads(out)

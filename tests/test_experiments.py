@@ -135,10 +135,7 @@ def test_smollm2_fast_equals_reference(smol_setup):
         assert torch.equal(ref.argmax(-1), fast.argmax(-1))
 
 
-def test_cli_run_json_and_errors(capsys, smollm2, monkeypatch, tmp_path):
-    import af1.api
-
-    monkeypatch.setattr(af1.api, "load_model", lambda *a, **k: smollm2)
+def test_cli_run_json_and_errors(capsys, cli_on_smollm2, tmp_path):
     code, out, _ = run_cli(
         capsys,
         "run",

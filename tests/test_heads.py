@@ -120,14 +120,11 @@ def test_gqa_slices_follow_the_kv_group():
     assert o[:, 48:64].all() and int(o.sum()) == 16 * o.shape[0]
 
 
-def test_cli_heads_json_on_smollm2(capsys, smollm2, monkeypatch, tmp_path):
+def test_cli_heads_json_on_smollm2(capsys, cli_on_smollm2, tmp_path):
     import json
-
-    import af1.api
 
     from cli_helpers import run_cli
 
-    monkeypatch.setattr(af1.api, "load_model", lambda *a, **k: smollm2)
     code, out, err = run_cli(
         capsys,
         "heads",
