@@ -9,8 +9,8 @@ position in transfer blocks and of the context in compute blocks. The HF layers 
 work themselves: the prefix keys/values enter through the attention plan.
 
 Supported: ablations cama, mean, zero (and none with wait = -1), ABP variant af1 with any
-transfer window and pruned transfer heads, families
-that route attention through transformers' interface. Others use the reference path.
+transfer window and pruned transfer heads, families that route attention through
+transformers' interface. Everything else falls back to the reference path.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def supports(adapter: ModelAdapter, task: Task, config: AF1Config) -> str | None
     if not adapter.family.uses_attention_interface:
         return f"the {adapter.family.name} family does not use transformers' attention interface"
     if config.abp != "af1":
-        return f"ABP variant '{config.abp}' lets non-last tokens peek"
+        return f"the fast executor computes ABP variant af1 only, not '{config.abp}'"
     if config.wait >= 0 and config.ablation not in ("cama", "mean", "zero"):
         return f"ablation '{config.ablation}' does not make positions token-local"
     if not bool((task.input_ids_PT[:, -1] == task.input_ids_PT[0, -1]).all()):
