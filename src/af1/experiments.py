@@ -3,7 +3,7 @@ input styles, transfer of a config, and head pruning of the transfer layers."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,17 @@ from af1.allforone import ABLATIONS, AF1Config, reference_logits
 from af1.api import problem_rows, require_solved
 from af1.errors import Af1Error
 from af1.evaluation import Scores, evaluate, solved
-from af1.fast import context_kv, fast_logits, fast_sweep_wait, grid, knockout_logits, supports
+from af1.fast import (
+    ProblemKV,
+    TokenLocalKV,
+    context_kv,
+    fast_logits,
+    fast_sweep_wait,
+    grid,
+    knockout_logits,
+    supports,
+    token_local_kv,
+)
 from af1.interventions.masks import ABP_VARIANTS
 from af1.interventions.means import PositionMeans, cached_means, means_key
 from af1.models import LoadedModel, ModelAdapter
@@ -32,6 +42,21 @@ class Setup:
     base: Scores
     kept: Task
     means: PositionMeans
+    tables: dict[Any, Any] = field(default_factory=dict, repr=False)  # fast-path caches, see `local_kv`
+
+    def context(self) -> ProblemKV:
+        """The context's keys/values, computed once per setup."""
+        if "context" not in self.tables:
+            self.tables["context"] = context_kv(self.adapter, self.kept)
+        return self.tables["context"]
+
+    def local_kv(self, config: AF1Config) -> TokenLocalKV:
+        """Token-local keys/values after `wait`; they depend only on wait and ablation, so repeated configs
+        (pruning, alternatives, moved windows) share them."""
+        key = (config.wait, config.ablation)
+        if key not in self.tables:
+            self.tables[key] = token_local_kv(self.adapter, self.kept, config, self.means, self.context())
+        return self.tables[key]
 
     @property
     def adapter(self) -> ModelAdapter:
@@ -68,7 +93,9 @@ def af1_logits(setup: Setup, config: AF1Config, reference: bool = False) -> torc
     """Logits of the solved problems under AF1: the fast executor unless asked or unsupported."""
     if reference:
         return reference_logits(setup.adapter, setup.kept, config, setup.means, desc="AF1 (reference)")
-    return fast_logits(setup.adapter, setup.kept, config, setup.means)
+    if supports(setup.adapter, setup.kept, config) is not None:
+        return fast_logits(setup.adapter, setup.kept, config, setup.means)  # falls back to the reference path
+    return fast_logits(setup.adapter, setup.kept, config, setup.means, kv=setup.local_kv(config))
 
 
 def faithfulness(setup: Setup, config: AF1Config, reference: bool = False) -> Scores:
@@ -119,7 +146,6 @@ def sweep(
         if state.get("key") == key:
             done = state["cells"]
     waits = sorted({w for w, _ in cells})
-    ctx = None
     for w in progress(waits, desc="sweep"):
         todo = [k for ww, k in cells if ww == w and f"{w},{k}" not in done]
         if not todo:
@@ -131,8 +157,7 @@ def sweep(
                 for k in todo
             }
         else:
-            ctx = ctx or context_kv(setup.adapter, setup.kept)
-            logits = fast_sweep_wait(setup.adapter, setup.kept, config, setup.means, todo, ctx=ctx)
+            logits = fast_sweep_wait(setup.adapter, setup.kept, config, setup.means, todo, ctx=setup.context())
         for k, lg in logits.items():
             done[f"{w},{k}"] = Scores.from_logits(lg, setup.kept.answer_ids_P).accuracy
         if state_path is not None:
