@@ -103,3 +103,33 @@ def cli_on_smollm2(smollm2, monkeypatch):
 
     monkeypatch.setattr(af1.api, "load_model", lambda *a, **k: smollm2)
     return smollm2
+
+
+def fitted_tiny_model(family: str, specs: list, tokenizer, n_layers: int = 3, seed: int = 0):
+    """A tiny random model whose unembedding is fitted by least squares to answer the given tasks' problems.
+
+    Its features are random but it solves every fitted problem, so AF1 and the heads study have
+    something to measure; interventions move the features, so faithfulness is not trivially 1.
+    """
+    from af1.tasks import build_task
+
+    config = tiny_config(family)
+    config.num_hidden_layers = n_layers
+    if hasattr(config, "layer_types"):
+        config.layer_types = config.layer_types[:1] * n_layers
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    model.eval().requires_grad_(False)
+    assert not config.tie_word_embeddings, "the fit rewrites the unembedding"
+    tasks = [build_task(spec, tokenizer) for spec in specs]
+    answers = torch.cat([t.answer_ids_P for t in tasks])
+    hidden = torch.cat([model.model(input_ids=t.input_ids_PT).last_hidden_state[:, -1] for t in tasks])  # [P, D]
+    assert hidden.shape[0] <= hidden.shape[1], "more problems than features: the fit would not be exact"
+    classes = sorted(set(answers.tolist()))
+    target = 10.0 * (answers[:, None] == torch.tensor(classes)[None]).float()  # [P, C]
+    weight = model.lm_head.weight
+    weight.zero_()
+    weight[classes] = (torch.linalg.pinv(hidden.double()) @ target.double()).T.float()
+    return model

@@ -149,14 +149,11 @@ ThresholdOpt = Annotated[float, typer.Option("--threshold", help="faithfulness t
 
 
 def _setup(model, spec, dtype, attn, means):
-    """Load the model, refuse kernels that cannot take masks, and prepare the AF1 setup."""
+    """Load the model and prepare the AF1 setup."""
     from af1.api import as_loaded
     from af1.experiments import prepare
-    from af1.interventions.attention import check_maskable
 
-    lm = as_loaded(model, dtype=dtype, attn_implementation=attn)
-    check_maskable(lm.adapter)
-    return prepare(lm, spec, means)
+    return prepare(as_loaded(model, dtype=dtype, attn_implementation=attn), spec, means)
 
 
 def _config(wait: int, transfer: int, ablation: str, abp: str, seed: int, n_layers: int):
@@ -545,6 +542,42 @@ def positional_cmd(
 
 
 @app.command()
+def study(
+    plan: Annotated[Path, typer.Argument(help="a study plan, .yaml or .toml")],
+    out_dir: Annotated[Path, typer.Option("--out", help="the results store; run again to resume")] = Path(
+        "results/study"
+    ),
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            is_flag=False,
+            flag_value="default",
+            metavar="[ADDRESS]",
+            help="run the units on Ray: alone, the cluster ray.init finds (or a new local one); or its ADDRESS",
+        ),
+    ] = None,
+) -> None:
+    """Run a plan's units (model x task x experiment) into a resumable store and write the cross-model report."""
+    from af1.study import load_plan, run_study
+
+    summary = run_study(
+        load_plan(plan), out_dir, ray=ray is not None, ray_address=None if ray in (None, "default") else ray
+    )
+    table = Table("unit", "state")
+    for unit in summary.units:
+        table.add_row(unit.id, "failed" if unit.id in summary.failed else "done")
+    out.print(table)
+    out.print(
+        f"{len(summary.ran)} units ran, {len(summary.skipped)} were already done, {len(summary.failed)} failed; "
+        f"wrote {summary.report}"
+    )
+    if summary.failed:
+        print(f"af1: {len(summary.failed)} of {len(summary.units)} units failed: see {summary.report}", file=sys.stderr)
+        raise typer.Exit(1)
+
+
+@app.command()
 def report(out_dir: Annotated[Path, typer.Argument(help="a results directory")]) -> None:
     """One self-contained HTML report of the results in a directory."""
     from af1.report.html import build_report
@@ -570,7 +603,7 @@ def demo(
 def main() -> None:
     """Entry point: every user-facing failure becomes one line on stderr and exit code 2."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except Af1Error as exc:
         print(f"af1: error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -588,6 +621,8 @@ def main() -> None:
             exc.show()
             sys.exit(2)
         raise
+    if isinstance(code, int) and code:  # typer.Exit(code) in a command
+        sys.exit(code)
 
 
 if __name__ == "__main__":

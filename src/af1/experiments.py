@@ -24,6 +24,7 @@ from af1.fast import (
     supports,
     token_local_kv,
 )
+from af1.interventions.attention import check_maskable
 from af1.interventions.masks import ABP_VARIANTS
 from af1.interventions.means import PositionMeans, cached_means, means_key
 from af1.models import LoadedModel, ModelAdapter
@@ -78,7 +79,10 @@ class Setup:
 
 
 def prepare(lm: LoadedModel, spec: TaskSpec, means_path: str | Path | None = None) -> Setup:
-    """Build the task, keep the solved problems, and get the position means (cached)."""
+    """Build the task, keep the solved problems, and get the position means (cached).
+
+    Refuses attention kernels that cannot take masks before any work is done."""
+    check_maskable(lm.adapter)
     task = build_task(spec, lm.tokenizer)
     base = evaluate(lm.model, task)
     require_solved(int(base.correct_P.sum()), spec)
@@ -181,7 +185,9 @@ def search(sweep_result: dict[str, Any], threshold: float = 0.9) -> dict[str, An
     """The AF1 subgraph: the largest wait, then the smallest transfer, with faithfulness >= threshold."""
     if not 0 <= threshold <= 1:
         raise Af1Error(f"--threshold must be in [0, 1], got {threshold}")
-    faith = torch.as_tensor(sweep_result["faithfulness_wait_transfer"], dtype=torch.float)
+    faith = sweep_result["faithfulness_wait_transfer"]
+    if not isinstance(faith, torch.Tensor):  # read back from JSON: unmeasured cells are null
+        faith = torch.tensor([[float("nan") if v is None else v for v in row] for row in faith])
     L = int(sweep_result["n_layers"])
     found = None
     for w in range(L - 1, -2, -1):

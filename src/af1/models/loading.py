@@ -120,7 +120,12 @@ def load_model(
     `attn_implementation` None lets transformers choose (sdpa where the family has it, else eager).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    from af1.progress import enabled
+
+    if not enabled():  # transformers' own loading bars follow af1's: none off a terminal
+        hf_logging.disable_progress_bar()
     if dtype not in DTYPES:
         raise Af1Error(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")
     where, info = _resolve(spec)

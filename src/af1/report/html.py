@@ -26,7 +26,7 @@ def _load(d: Path, name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _img(d: Path, name: str) -> str:
+def image_html(d: Path, name: str) -> str:
     path = d / name
     if not path.is_file():
         return ""
@@ -34,15 +34,15 @@ def _img(d: Path, name: str) -> str:
     return f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
 
 
-def _fmt(v: Any) -> str:
+def fmt_cell(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3f}"
     return html.escape(str(v))
 
 
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
+def table_html(headers: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(f"<td>{fmt_cell(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -50,7 +50,7 @@ def _stages(stages: dict[str, list[int]]) -> str:
     def span(layers: list[int]) -> str:
         return f"{layers[0]}..{layers[-1]}" if layers else "none"
 
-    return _table(["stage", "layers"], [[k, span(v)] for k, v in stages.items()])
+    return table_html(["stage", "layers"], [[k, span(v)] for k, v in stages.items()])
 
 
 def build_report(d: str | Path) -> Path:
@@ -66,7 +66,7 @@ def build_report(d: str | Path) -> Path:
         provenance = base.get("provenance")
         parts.append("<h2>Base accuracy</h2>")
         parts.append(
-            _table(
+            table_html(
                 ["task", "style", "shots", "n", "solved", "base accuracy"],
                 [[r["task"], r["style"], r["shots"], r["n"], r["n_solved"], r["base_accuracy"]] for r in base["rows"]],
             )
@@ -83,7 +83,7 @@ def build_report(d: str | Path) -> Path:
             f"{sweep['n_cells']} cells, {sweep['path']} path. Faithfulness = accuracy under AF1 on the "
             "solved problems.</p>"
         )
-        parts.append(_img(d, "sweep.png"))
+        parts.append(image_html(d, "sweep.png"))
     if found:
         parts.append("<h2>The AF1 subgraph</h2>")
         if found["found"]:
@@ -106,7 +106,7 @@ def build_report(d: str | Path) -> Path:
             f"mask. ABP alone: no ablation, the mask from L_wait+1 with {comp['transfer']} peek layers.</p>"
         )
         parts.append(
-            _table(
+            table_html(
                 ["L_wait", "CAMA alone", "ABP alone"],
                 [[w, comp["cama_only"][w], comp["abp_only"][w]] for w in comp["cama_only"]],
             )
@@ -119,10 +119,10 @@ def build_report(d: str | Path) -> Path:
             "non-context position in one layer or a window of layers; right: inside the found AF1 the "
             "transfer window is moved later.</p>"
         )
-        parts.append(_img(d, "necessity.png"))
+        parts.append(image_html(d, "necessity.png"))
         worst = {w: min(v) for w, v in nec["windows"].items()}
         parts.append(
-            _table(
+            table_html(
                 ["window", "lowest faithfulness", "at first layer"],
                 [[w, worst[w], nec["windows"][w].index(worst[w])] for w in nec["windows"]],
             )
@@ -132,12 +132,14 @@ def build_report(d: str | Path) -> Path:
     if alt:
         parts.append(f"<h2>Alternatives at L_wait = {alt['wait']}, L_transfer = {alt['transfer']}</h2>")
         parts.append(
-            _table(
+            table_html(
                 ["ablation at L_wait (ABP af1)", "faithfulness"],
                 [[k, v] for k, v in alt["ablations"].items()],
             )
         )
-        parts.append(_table(["ABP variant (CAMA)", "faithfulness"], [[k, v] for k, v in alt["abp_variants"].items()]))
+        parts.append(
+            table_html(["ABP variant (CAMA)", "faithfulness"], [[k, v] for k, v in alt["abp_variants"].items()])
+        )
 
     styles = _load(d, "styles.json")
     if styles:
@@ -152,7 +154,7 @@ def build_report(d: str | Path) -> Path:
             ]
             for r in styles["rows"]
         ]
-        parts.append(_table(["style", "operation", "n", "base accuracy", "AF1 faithfulness"], rows))
+        parts.append(table_html(["style", "operation", "n", "base accuracy", "AF1 faithfulness"], rows))
 
     transfer = _load(d, "transfer.json")
     if transfer:
@@ -170,7 +172,7 @@ def build_report(d: str | Path) -> Path:
             for r in transfer["rows"]
         ]
         parts.append(
-            _table(
+            table_html(
                 [
                     "task",
                     "style",
@@ -191,7 +193,7 @@ def build_report(d: str | Path) -> Path:
             f"up to {pruning['max_pruned_at_95pct']} of them stop peeking with faithfulness &ge; 95 % of "
             f"the unpruned {pruning['faithfulness_full']:.3f}.</p>"
         )
-        parts.append(_img(d, "pruning.png"))
+        parts.append(image_html(d, "pruning.png"))
 
     hd = _load(d, "heads.json")
     if hd:
@@ -205,7 +207,7 @@ def build_report(d: str | Path) -> Path:
             f"correct logit by less than {hd['threshold']:.0%} through their direct path.</p>"
         )
         parts.append(
-            _table(
+            table_html(
                 ["knockout (mean ablation)", "accuracy on solved problems"],
                 [
                     [f"top {ko['k']} heads", ko["accuracy_top_k"]],
@@ -216,10 +218,12 @@ def build_report(d: str | Path) -> Path:
         )
         rows = [[h, *v.values()] for h, v in hd["attention_of_top_heads"].items()]
         if rows:
-            parts.append(_table(["head (layer.head)", *next(iter(hd["attention_of_top_heads"].values())).keys()], rows))
+            parts.append(
+                table_html(["head (layer.head)", *next(iter(hd["attention_of_top_heads"].values())).keys()], rows)
+            )
         if hd.get("overlap"):
             parts.append(
-                _table(
+                table_html(
                     ["other task", "style", "key-head Jaccard", f"top-{ko['k']} overlap"],
                     [
                         [
@@ -232,7 +236,7 @@ def build_report(d: str | Path) -> Path:
                     ],
                 )
             )
-        parts.append(_img(d, "heads.png"))
+        parts.append(image_html(d, "heads.png"))
 
     ft = _load(d, "finetune.json")
     if ft:
@@ -242,7 +246,7 @@ def build_report(d: str | Path) -> Path:
             f"{ft['n_eval']} held-out; text measure on {html.escape(ft.get('text_corpus', ''))}.</p>"
         )
         parts.append(
-            _table(
+            table_html(
                 ["variant", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters"],
                 [
                     [
@@ -267,14 +271,14 @@ def build_report(d: str | Path) -> Path:
             "the paper reports r = 0.959 on its own (unpublished) corpus and averaging.</p>"
         )
         rows = [[k.replace("_", " "), v["mean"], v["median"], v["q1"], v["q3"]] for k, v in pos["distribution"].items()]
-        parts.append(_table(["r per head", "mean", "median", "q1", "q3"], rows))
+        parts.append(table_html(["r per head", "mean", "median", "q1", "q3"], rows))
         if pos.get("dummy_distance_r2_median") is not None:
             parts.append(
                 f"<p>Dummy-distance test: median R&sup2; of the (distance, key) additive fit "
                 f"{pos['dummy_distance_r2_median']:.3f}.</p>"
             )
             parts.append(
-                _table(
+                table_html(
                     [
                         "RoPE band (0 = highest frequency)",
                         "share of logit variance",
@@ -294,7 +298,7 @@ def build_report(d: str | Path) -> Path:
                     ],
                 )
             )
-        parts.append(_img(d, "positional.png"))
+        parts.append(image_html(d, "positional.png"))
 
     if not parts:
         raise Af1Error(f"{d} holds no af1 results")
@@ -306,8 +310,13 @@ def build_report(d: str | Path) -> Path:
         )
     if provenance:
         parts.append("<h2>Provenance</h2><pre>" + html.escape(json.dumps(provenance, indent=2)) + "</pre>")
-    page = (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>af1 report</title><style>{STYLE}</style>"
-        f"</head><body><h1>af1 report</h1>{''.join(parts)}</body></html>"
+    return write_atomic(d / "report.html", page("af1 report", parts))
+
+
+def page(title: str, parts: list[str]) -> str:
+    """A self-contained HTML page of the given sections."""
+    title = html.escape(title)
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style>"
+        f"</head><body><h1>{title}</h1>{''.join(parts)}</body></html>"
     )
-    return write_atomic(d / "report.html", page)

@@ -1,0 +1,282 @@
+"""A study plan (YAML or TOML): models x tasks x styles x experiments, expanded into content-keyed units."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from af1.allforone import Ablation
+from af1.errors import Af1Error
+from af1.interventions.masks import ABPVariant
+from af1.tasks import STYLES, TaskSpec
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelEntry(_Strict):
+    """One model of the study, how to load it, and what a worker holding it needs."""
+
+    spec: str = Field(description="smollm2, a model directory, a .gguf file or a hub id")
+    name: str | None = Field(None, description="label in paths and tables (default: from spec)")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    attn: Literal["sdpa", "eager"] | None = None
+    device_map: str | None = Field(None, description="'auto' shards the model over the worker's devices")
+    trust_remote_code: bool = False
+    gpus: float = Field(0, ge=0, description="GPUs per worker (Ray)")
+    cpus: float = Field(1, gt=0, description="CPUs per worker (Ray)")
+    memory_gb: float | None = Field(None, gt=0, description="memory a worker reserves (Ray)")
+
+    @model_validator(mode="after")
+    def _name(self) -> ModelEntry:
+        if self.name is None:
+            stem = Path(self.spec.rstrip("/")).name.removesuffix(".gguf")
+            self.name = re.sub(r"[^A-Za-z0-9._-]", "-", stem) or "model"
+        if not NAME.match(self.name):
+            raise ValueError(f"model name {self.name!r}: letters, digits, '.', '_' and '-' only")
+        return self
+
+    def load_options(self) -> dict[str, Any]:
+        """What changes the model's numbers (resources do not)."""
+        return self.model_dump(include={"spec", "dtype", "attn", "device_map", "trust_remote_code"})
+
+
+class EvalOptions(_Strict):
+    pass
+
+
+class SweepOptions(_Strict):
+    max_transfer: int | None = Field(None, ge=0)
+    ablation: Ablation = "cama"
+    abp: ABPVariant = "af1"
+    reference: bool = False
+
+
+class SearchOptions(_Strict):
+    threshold: float = Field(0.9, ge=0, le=1)
+
+
+class NecessityOptions(_Strict):
+    windows: list[int] = Field(default_factory=lambda: [1, 2, 4])
+
+    @field_validator("windows")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if not v or min(v) < 1:
+            raise ValueError("windows must be a non-empty list of widths >= 1")
+        return v
+
+
+class StylesOptions(_Strict):
+    styles: list[str] = Field(default_factory=lambda: list(STYLES))
+    operations: list[str] | None = Field(None, description="default: the unit's own operation")
+    wait: int | None = Field(None, description="a fixed config instead of the search's (with transfer)")
+    transfer: int | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> StylesOptions:
+        unknown = sorted(set(self.styles) - set(STYLES))
+        if unknown:
+            raise ValueError(f"unknown styles {unknown}; choose from {', '.join(STYLES)}")
+        if (self.wait is None) != (self.transfer is None):
+            raise ValueError("give both wait and transfer, or neither (then the search's config is used)")
+        return self
+
+
+class HeadsOptions(_Strict):
+    threshold: float = -0.05
+    k: int = Field(10, ge=1)
+    draws: int = Field(5, ge=1)
+
+
+class PositionalOptions(_Strict):
+    window: int = Field(128, ge=8)
+    n_windows: int = Field(4, ge=1)
+    seed: int = 0
+
+
+class TransferOptions(_Strict):
+    pass
+
+
+class Experiments(_Strict):
+    eval: EvalOptions | None = None
+    sweep: SweepOptions | None = None
+    search: SearchOptions | None = None
+    necessity: NecessityOptions | None = None
+    styles: StylesOptions | None = None
+    heads: HeadsOptions | None = None
+    positional: PositionalOptions | None = None
+    transfer: TransferOptions | None = Field(None, description="every model's AF1 config on every other model")
+
+
+# The order a model's units run in: later ones may read earlier ones' results.
+ORDER = ("eval", "sweep", "search", "necessity", "styles", "heads", "positional", "transfer")
+PER_MODEL = ("positional",)  # experiments of a model alone, not of a task
+
+
+class StudyPlan(_Strict):
+    name: str = "study"
+    models: list[ModelEntry] = Field(min_length=1)
+    tasks: list[TaskSpec] = Field(default_factory=lambda: [TaskSpec()])
+    styles: list[str] | None = Field(None, description="cross every task with these styles")
+    experiments: Experiments
+
+    @model_validator(mode="after")
+    def _check(self) -> StudyPlan:
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must differ: {names} (set name: for each)")
+        if self.styles is not None:
+            unknown = sorted(set(self.styles) - set(STYLES))
+            if unknown:
+                raise ValueError(f"unknown styles {unknown}; choose from {', '.join(STYLES)}")
+        if not any(getattr(self.experiments, e) is not None for e in ORDER):
+            raise ValueError("experiments: name at least one of " + ", ".join(ORDER))
+        return self
+
+    def task_specs(self) -> list[TaskSpec]:
+        specs = self.tasks
+        if self.styles is not None:
+            specs = [t.model_copy(update={"style": s}) for t in specs for s in self.styles]
+        unique: dict[str, TaskSpec] = {}
+        for spec in specs:
+            unique.setdefault(task_label(spec), spec)
+        return list(unique.values())
+
+
+def task_label(spec: TaskSpec) -> str:
+    label = f"{spec.operation}.{spec.style}.{spec.digits}d.{spec.shots}shot"
+    if spec.n is not None:
+        label += f".n{spec.n}"
+    if spec.seed:
+        label += f".s{spec.seed}"
+    return label.replace("*", "x")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One model x one task (None for per-model experiments) x one experiment, keyed by its inputs."""
+
+    model: ModelEntry
+    task: TaskSpec | None
+    experiment: str
+    options: dict[str, Any]
+    deps: tuple[str, ...]
+    key: str
+    id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        label = task_label(self.task) if self.task is not None else "model"
+        object.__setattr__(self, "id", f"{self.model.name}/{label}/{self.experiment}")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "model": self.model.name,
+            "task": task_label(self.task) if self.task is not None else None,
+            "experiment": self.experiment,
+        }
+
+
+def content_key(data: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def expand(plan: StudyPlan) -> list[Unit]:
+    """The plan's units in an order where every unit comes after the units it reads.
+
+    search needs sweep; necessity uses the search's config when the plan has one; styles and
+    transfer need a config (the search's, or a fixed one for styles). Implied units are added.
+    """
+    from af1 import __version__
+
+    exps = {e: getattr(plan.experiments, e) for e in ORDER if getattr(plan.experiments, e) is not None}
+    needs_search = exps.get("transfer") is not None or (
+        "styles" in exps and exps["styles"].wait is None  # type: ignore[union-attr]
+    )
+    if needs_search:
+        exps.setdefault("search", SearchOptions())
+    if "search" in exps:
+        exps.setdefault("sweep", SweepOptions())
+    units: dict[str, Unit] = {}
+
+    def add(model: ModelEntry, task: TaskSpec | None, experiment: str, deps: list[str]) -> None:
+        options = exps[experiment].model_dump()
+        key = content_key(
+            {
+                "af1": __version__,
+                "model": model.load_options(),
+                "task": task.model_dump() if task is not None else None,
+                "experiment": experiment,
+                "options": options,
+                "deps": [units[d].key for d in deps],
+            }
+        )
+        unit = Unit(model, task, experiment, options, tuple(deps), key)
+        units[unit.id] = unit
+
+    specs = plan.task_specs()
+    for model in plan.models:
+        for exp in ORDER:
+            if exp not in exps or exp == "transfer":
+                continue
+            if exp in PER_MODEL:
+                add(model, None, exp, [])
+                continue
+            for spec in specs:
+                label = f"{model.name}/{task_label(spec)}"
+                deps: list[str] = []
+                if exp == "search":
+                    deps = [f"{label}/sweep"]
+                elif (exp == "necessity" and "search" in exps) or (exp == "styles" and exps["styles"].wait is None):
+                    deps = [f"{label}/search"]
+                add(model, spec, exp, deps)
+    if "transfer" in exps:
+        for model in plan.models:
+            for spec in specs:
+                add(model, spec, "transfer", [f"{m.name}/{task_label(spec)}/search" for m in plan.models])
+    return list(units.values())
+
+
+def load_plan(path: str | Path) -> StudyPlan:
+    """Read and validate a .yaml/.yml/.toml plan; errors name the file and the field."""
+    path = Path(path)
+    if not path.is_file():
+        raise Af1Error(f"no such plan file: {path}")
+    text = path.read_text()
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        elif path.suffix == ".toml":
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                import tomli as tomllib
+
+            data = tomllib.loads(text)
+        else:
+            raise Af1Error(f"plan {path}: expected a .yaml, .yml or .toml file")
+    except Af1Error:
+        raise
+    except Exception as exc:
+        raise Af1Error(f"plan {path} is not valid {path.suffix[1:].upper()}: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict):
+        raise Af1Error(f"plan {path}: expected a mapping with models, tasks and experiments")
+    try:
+        return StudyPlan.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        raise Af1Error(f"plan {path}: {where}: {first['msg'].removeprefix('Value error, ')}") from exc

@@ -1,0 +1,140 @@
+"""The cross-model report of a study: unit states, faithfulness per model and task, and the transfer table."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from af1.report.html import image_html, page, table_html
+from af1.results import write_atomic, write_json
+from af1.study.plan import StudyPlan, Unit, task_label
+from af1.study.store import Store
+
+
+def _cell(part: dict[str, Any]) -> str:
+    return f"{part['faithfulness']:.3f} (wait {part['wait']}, transfer {part['transfer']})"
+
+
+def study_tables(store: Store, units: list[Unit]) -> dict[str, Any]:
+    """The report's data from the store's records of the plan's units."""
+    records = {u.id: store.outcome(u) or store.record(u) or {"state": "missing"} for u in units}
+    rows, faith, transfer = [], [], {}
+    for unit in units:
+        rec = records[unit.id]
+        rows.append(
+            {
+                **unit.describe(),
+                "state": rec.get("state", "missing") if rec.get("key", unit.key) == unit.key else "stale",
+                "seconds": rec.get("seconds"),
+                "host": (rec.get("worker") or {}).get("host"),
+                "error": rec.get("error"),
+            }
+        )
+        if rec.get("state") != "done":
+            continue
+        result = rec["result"]
+        if unit.experiment == "search":
+            sweep = records[unit.deps[0]].get("result") or {}
+            cell = result if result["found"] else result.get("best") or {}
+            faith.append(
+                {
+                    "model": unit.model.name,
+                    "task": task_label(unit.task),  # type: ignore[arg-type]
+                    "n_layers": result["n_layers"],
+                    "base_accuracy": sweep.get("base_accuracy"),
+                    "n_solved": sweep.get("n_solved"),
+                    "threshold": result["threshold"],
+                    "found": result["found"],
+                    "wait": cell.get("wait"),
+                    "transfer": cell.get("transfer"),
+                    "faithfulness": cell.get("faithfulness"),
+                }
+            )
+        if unit.experiment == "transfer":
+            for row in result["rows"]:
+                transfer.setdefault(task_label(unit.task), []).append(  # type: ignore[arg-type]
+                    {
+                        "source": row["source"]["model"],
+                        "target": unit.model.name,
+                        "source_found": row["source"]["found"],
+                        "source_wait": row["source"]["wait"],
+                        "source_transfer": row["source"]["transfer"],
+                        "absolute": row["absolute"],
+                        "relative": row["relative"],
+                    }
+                )
+    states = [r["state"] for r in rows]
+    return {
+        "n_units": len(rows),
+        "n_done": states.count("done"),
+        "n_failed": states.count("failed"),
+        "n_unfinished": len(rows) - states.count("done") - states.count("failed"),
+        "units": rows,
+        "faithfulness": faith,
+        "transfer": transfer,
+    }
+
+
+def build_study_report(store: Store, plan: StudyPlan, units: list[Unit]) -> Path:
+    """DIR/report.json and a self-contained DIR/report.html."""
+    data = {"name": plan.name, **study_tables(store, units)}
+    write_json(store.root / "report.json", data)
+    parts = [
+        f"<p>{data['n_done']} of {data['n_units']} units done, {data['n_failed']} failed, "
+        f"{data['n_unfinished']} not finished. Each unit's record, result and figure are under "
+        "<code>units/&lt;model&gt;/&lt;task&gt;/&lt;experiment&gt;/</code>.</p>"
+    ]
+    if data["faithfulness"]:
+        parts.append(
+            "<h2>AF1 per model and task</h2><p>The subgraph the search found (largest L_wait, then smallest "
+            "L_transfer, faithfulness at or above the threshold); where none was found, the best cell, marked "
+            "<i>best</i>.</p>"
+        )
+        parts.append(
+            table_html(
+                ["model", "task", "layers", "base accuracy", "solved", "AF1", "wait", "transfer", "faithfulness"],
+                [
+                    [
+                        r["model"],
+                        r["task"],
+                        r["n_layers"],
+                        r["base_accuracy"],
+                        r["n_solved"],
+                        "found" if r["found"] else f"best (< {r['threshold']})",
+                        r["wait"],
+                        r["transfer"],
+                        r["faithfulness"],
+                    ]
+                    for r in data["faithfulness"]
+                ],
+            )
+        )
+    for label, rows in data["transfer"].items():
+        sources = sorted({r["source"] for r in rows})
+        targets = sorted({r["target"] for r in rows})
+        by = {(r["source"], r["target"]): r for r in rows}
+        parts.append(
+            f"<h2>Transfer on <code>{html.escape(label)}</code></h2><p>Rows: the model whose AF1 config is "
+            "applied; columns: the model it is applied to, by the same layer numbers (absolute) and by the "
+            "same relative depth. The diagonal is each model's own config.</p>"
+        )
+        for how in ("absolute", "relative"):
+            parts.append(f"<p><b>{how}</b></p>")
+            parts.append(
+                table_html(
+                    ["config of \\ applied to", *targets],
+                    [[s] + [_cell(by[s, t][how]) if (s, t) in by else "" for t in targets] for s in sources],
+                )
+            )
+    parts.append("<h2>Units</h2>")
+    parts.append(
+        table_html(
+            ["unit", "state", "seconds", "host", "error"],
+            [[r["id"], r["state"], r["seconds"] or "", r["host"] or "", r["error"] or ""] for r in data["units"]],
+        )
+    )
+    for unit in units:
+        if unit.experiment == "sweep" and (store.unit_dir(unit) / "sweep.png").is_file():
+            parts.append(f"<h3>{html.escape(unit.id)}</h3>" + image_html(store.unit_dir(unit), "sweep.png"))
+    return write_atomic(store.root / "report.html", page(f"af1 study: {plan.name}", parts))

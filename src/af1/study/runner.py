@@ -1,0 +1,146 @@
+"""Run a study: expand the plan, skip finished units, run the rest here or on Ray, write the report.
+
+Both backends run the same `Worker.run` on the same units in the same order per model, so a plan
+gives the same results locally and on Ray. Ray does the scheduling: a unit's inputs are the
+ObjectRefs of the units it reads, and each model's units go to one actor that loads it once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from af1.errors import Af1Error
+from af1.progress import progress
+from af1.report import figures
+from af1.results import write_json
+from af1.study.plan import StudyPlan, Unit, expand
+from af1.study.report import build_study_report
+from af1.study.store import Store
+from af1.study.units import Worker, one_line
+
+Outcome = dict[str, Any]
+
+
+@dataclass
+class StudySummary:
+    units: list[Unit]
+    ran: list[str]
+    skipped: list[str]
+    failed: list[str]
+    report: Path
+
+
+def run_study(
+    plan: StudyPlan,
+    out_dir: str | Path,
+    ray: bool = False,
+    ray_address: str | None = None,
+    ray_init: dict[str, Any] | None = None,
+    on_outcome: Callable[[Unit, Outcome], None] | None = None,
+) -> StudySummary:
+    """Run every unfinished unit of the plan into out_dir and write the cross-model report.
+
+    ray_address None starts a local Ray cluster (ray_init: its ray.init arguments); 'auto' joins
+    the running one. on_outcome sees each unit as it lands in the store.
+    """
+    store = Store(out_dir)
+    units = expand(plan)
+    write_json(store.root / "plan.json", {"plan": plan.model_dump(), "units": [u.describe() for u in units]})
+    outcomes: dict[str, Outcome] = {}
+    skipped: list[str] = []
+    todo: list[Unit] = []
+    for unit in units:
+        if store.is_done(unit):
+            outcomes[unit.id] = store.outcome(unit)  # type: ignore[assignment]
+            skipped.append(unit.id)
+        else:
+            todo.append(unit)
+    backend = _run_on_ray(todo, outcomes, store, ray_address, ray_init) if ray else _run_here(todo, outcomes, store)
+    ran: list[str] = []
+    for unit, outcome in progress(backend, total=len(todo), desc="study"):
+        outcome = {**outcome, "id": unit.id}
+        _draw(store, unit, outcome)
+        outcomes[unit.id] = store.finished(unit, outcome)
+        ran.append(unit.id)
+        if on_outcome is not None:
+            on_outcome(unit, outcome)
+    failed = [u.id for u in units if outcomes.get(u.id, {}).get("state") != "done"]
+    report = build_study_report(store, plan, units)
+    return StudySummary(units, ran, skipped, failed, report)
+
+
+def _run_here(todo: list[Unit], outcomes: dict[str, Outcome], store: Store) -> Iterator[tuple[Unit, Outcome]]:
+    """One model in memory at a time, its units in plan order."""
+    worker: Worker | None = None
+    for unit in todo:
+        if worker is None or worker.entry != unit.model:
+            worker = None  # free the previous model before loading the next
+            worker = Worker(unit.model)
+        store.started(unit)
+        deps = [outcomes[d] for d in unit.deps]
+        yield unit, worker.run(unit, *deps, state_dir=str(store.unit_dir(unit)))
+
+
+def _run_on_ray(
+    todo: list[Unit],
+    outcomes: dict[str, Outcome],
+    store: Store,
+    address: str | None,
+    init: dict[str, Any] | None,
+) -> Iterator[tuple[Unit, Outcome]]:
+    """Each model's units on one actor with the model's resources; outcomes as they finish."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise Af1Error("af1 study --ray needs Ray: pip install 'af1[ray]'") from exc
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init or {}))
+    remote_worker = ray.remote(Worker)
+    actors: dict[str, Any] = {}
+    refs: dict[str, Any] = {}
+    pending: dict[Any, Unit] = {}
+    try:
+        for unit in todo:
+            entry = unit.model
+            if entry.name not in actors:
+                resources: dict[str, Any] = {"num_cpus": entry.cpus, "num_gpus": entry.gpus}
+                if entry.memory_gb:
+                    resources["memory"] = int(entry.memory_gb * 2**30)
+                actors[entry.name] = remote_worker.options(**resources).remote(entry, threads=max(1, int(entry.cpus)))
+            deps = [refs.get(d, outcomes.get(d)) for d in unit.deps]
+            store.started(unit)
+            refs[unit.id] = actors[entry.name].run.remote(unit, *deps)
+            pending[refs[unit.id]] = unit
+        while pending:
+            (ready,), _ = ray.wait(list(pending), num_returns=1)
+            unit = pending.pop(ready)
+            try:
+                outcome = ray.get(ready)
+            except Exception as exc:  # the actor died (out of memory, node lost) or an input did
+                outcome = {"state": "failed", "error": f"on Ray: {one_line(exc)}"}
+            yield unit, outcome
+    finally:
+        for actor in actors.values():
+            ray.kill(actor)
+        if started:
+            ray.shutdown()
+
+
+def _draw(store: Store, unit: Unit, outcome: Outcome) -> None:
+    """The unit's figure beside its record; a figure that fails is noted, the result stands."""
+    draw = {
+        "sweep": figures.sweep_heatmap,
+        "necessity": figures.necessity_plot,
+        "heads": figures.heads_figures,
+        "positional": figures.positional_figures,
+    }.get(unit.experiment)
+    if draw is None or outcome.get("state") != "done":
+        return
+    try:
+        draw(outcome["result"], store.unit_dir(unit) / f"{unit.experiment}.png")
+    except Exception as exc:
+        outcome["figure_error"] = one_line(exc)

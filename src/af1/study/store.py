@@ -1,0 +1,60 @@
+"""The study's results store: one atomically written record per unit, keyed by the unit's inputs.
+
+DIR/units/<model>/<task>/<experiment>/unit.json holds the unit's state (running, done, failed),
+its content key, its result or error, and its provenance. A rerun skips a unit whose record is
+done with the same key and redoes everything else (failed, interrupted, or changed inputs).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from af1.results import read_json, write_json
+from af1.study.plan import Unit
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class Store:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def unit_dir(self, unit: Unit) -> Path:
+        return self.root / "units" / unit.id
+
+    def record(self, unit: Unit) -> dict[str, Any] | None:
+        path = self.unit_dir(unit) / "unit.json"
+        if not path.is_file():
+            return None
+        try:
+            return read_json(path)
+        except (OSError, json.JSONDecodeError):  # written atomically, so only a foreign edit lands here
+            return None
+
+    def is_done(self, unit: Unit) -> bool:
+        record = self.record(unit)
+        return record is not None and record.get("state") == "done" and record.get("key") == unit.key
+
+    def outcome(self, unit: Unit) -> dict[str, Any] | None:
+        """A finished unit's outcome as a worker returned it (state, result, ...), if its key matches."""
+        record = self.record(unit)
+        if record is None or record.get("key") != unit.key or record.get("state") not in ("done", "failed"):
+            return None
+        return record
+
+    def started(self, unit: Unit) -> None:
+        self._write(unit, {"state": "running", "started": now()})
+
+    def finished(self, unit: Unit, outcome: dict[str, Any]) -> dict[str, Any]:
+        previous = self.record(unit) or {}
+        return self._write(unit, {**outcome, "started": previous.get("started"), "finished": now()})
+
+    def _write(self, unit: Unit, fields: dict[str, Any]) -> dict[str, Any]:
+        record = {**unit.describe(), "key": unit.key, "options": unit.options, "deps": list(unit.deps), **fields}
+        write_json(self.unit_dir(unit) / "unit.json", record)
+        return record

@@ -1,0 +1,251 @@
+"""Study plans: validation, expansion, the resumable store, local and Ray runs, kills and failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from af1.errors import Af1Error
+from af1.study import expand, load_plan, run_study
+from af1.study.plan import StudyPlan, SweepOptions
+from af1.tasks import TaskSpec
+
+from cli_helpers import run_cli
+from conftest import fitted_tiny_model
+
+TASKS = [TaskSpec(operation="a+b", shots=1, n=30), TaskSpec(operation="a-b", shots=1, n=30)]
+EXPERIMENTS = """
+experiments:
+  eval: {}
+  search: {threshold: 0.5}
+  necessity: {windows: [1, 2]}
+  styles: {styles: [original, verbal]}
+  heads: {k: 2, draws: 2}
+  positional: {window: 32, n_windows: 2}
+  transfer: {}
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory, tokenizer) -> dict[str, Path]:
+    """Two tiny models of different families and depths that solve both tasks, saved as model directories."""
+    root = tmp_path_factory.mktemp("study-models")
+    dirs = {}
+    for family, layers in (("llama", 3), ("qwen2", 4)):
+        model = fitted_tiny_model(family, TASKS, tokenizer, n_layers=layers)
+        dirs[family] = root / family
+        model.save_pretrained(dirs[family])
+        tokenizer.save_pretrained(dirs[family])
+    return dirs
+
+
+def write_plan(path: Path, dirs: dict[str, Path], extra_models: str = "", experiments: str = EXPERIMENTS) -> Path:
+    path.write_text(
+        "name: tiny\nmodels:\n"
+        + "".join(f"  - {{spec: {d}, name: tiny-{family}}}\n" for family, d in dirs.items())
+        + extra_models
+        + "tasks:\n"
+        + "".join(f"  - {{operation: '{t.operation}', shots: {t.shots}, n: {t.n}}}\n" for t in TASKS)
+        + experiments
+    )
+    return path
+
+
+def results(out: Path) -> dict[str, object]:
+    """Each unit's result, keyed by unit id."""
+    found = {}
+    for record in (out / "units").rglob("unit.json"):
+        data = json.loads(record.read_text())
+        found[data["id"]] = data.get("result")
+    return found
+
+
+@pytest.fixture(scope="module")
+def local_run(tiny_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("study-local")
+    plan = write_plan(root / "plan.yaml", tiny_dirs)
+    summary = run_study(load_plan(plan), root / "out")
+    return plan, root / "out", summary
+
+
+def test_plan_files_validate_and_expand(tmp_path, tiny_dirs):
+    yaml_plan = load_plan(write_plan(tmp_path / "p.yaml", tiny_dirs))
+    toml = tmp_path / "p.toml"
+    toml.write_text(
+        'name = "tiny"\n'
+        + "".join(f'[[models]]\nspec = "{d}"\nname = "tiny-{f}"\n' for f, d in tiny_dirs.items())
+        + "".join(f'[[tasks]]\noperation = "{t.operation}"\nshots = {t.shots}\nn = {t.n}\n' for t in TASKS)
+        + "[experiments.eval]\n[experiments.search]\nthreshold = 0.5\n[experiments.necessity]\nwindows = [1, 2]\n"
+        + '[experiments.styles]\nstyles = ["original", "verbal"]\n[experiments.heads]\nk = 2\ndraws = 2\n'
+        + "[experiments.positional]\nwindow = 32\nn_windows = 2\n[experiments.transfer]\n"
+    )
+    assert load_plan(toml) == yaml_plan
+
+    units = expand(yaml_plan)
+    ids = [u.id for u in units]
+    assert len(ids) == len(set(ids)) == 2 * (2 * 6 + 1) + 2 * 2  # sweep implied by search; transfer per task
+    by_id = {u.id: u for u in units}
+    for unit in units:  # every unit comes after what it reads
+        assert all(ids.index(d) < ids.index(unit.id) for d in unit.deps)
+    search = by_id["tiny-llama/a+b.original.1d.1shot.n30/search"]
+    assert search.deps == ("tiny-llama/a+b.original.1d.1shot.n30/sweep",)
+    transfer = by_id["tiny-qwen2/a+b.original.1d.1shot.n30/transfer"]
+    assert set(transfer.deps) == {f"tiny-{m}/a+b.original.1d.1shot.n30/search" for m in ("llama", "qwen2")}
+
+    # a changed option changes that unit's key and the keys of the units that read it, nothing else
+    changed = yaml_plan.model_copy(deep=True)
+    changed.experiments.sweep = SweepOptions(max_transfer=1)
+    new = {u.id: u.key for u in expand(changed)}
+    moved = {i for i in ids if new[i] != by_id[i].key}
+    assert moved == {i for i in ids if i.endswith(("/sweep", "/search", "/necessity", "/styles", "/transfer"))}
+    # resources do not change results, so they do not change keys
+    more = yaml_plan.model_copy(deep=True)
+    more.models[0].gpus = 1
+    more.experiments.sweep = SweepOptions()  # the implied sweep is the default one
+    assert {u.id: u.key for u in expand(more)} == {i: by_id[i].key for i in ids}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("models: [{spec: x}]\nexperiments: {nope: {}}", "experiments.nope: Extra inputs are not permitted"),
+        ("models: [{spec: a/x}, {spec: b/x}]\nexperiments: {eval: {}}", "model names must differ"),
+        ("models: [{spec: x}]\nstyles: [shouting]\nexperiments: {eval: {}}", "unknown styles"),
+        ("models: [{spec: x}]\nexperiments: {}", "name at least one of"),
+        ("models: [{spec: x}]\ntasks: [{operation: 'a/b'}]\nexperiments: {eval: {}}", "unknown task 'a/b'"),
+        ("models: [{spec: x}]\nexperiments: {styles: {wait: 3}}", "give both wait and transfer"),
+        ("models: [{spec: x, name: 'a b'}]\nexperiments: {eval: {}}", "letters, digits"),
+        ("- just a list", "expected a mapping"),
+        ("models: [", "not valid YAML"),
+    ],
+)
+def test_bad_plans_are_one_line_errors(tmp_path, capsys, text, message):
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    with pytest.raises(Af1Error, match="plan .*" + message.split(":")[0]):
+        load_plan(path)
+    code, _, err = run_cli(capsys, "study", str(path), "--out", str(tmp_path / "out"))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(Af1Error, match=r"expected a \.yaml"):
+        load_plan(path.rename(tmp_path / "plan.json"))
+
+
+def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
+    plan, out, summary = local_run
+    assert summary.failed == [] and summary.skipped == [] and len(summary.ran) == len(summary.units) == 30
+    report = json.loads((out / "report.json").read_text())
+    assert report["n_done"] == 30 and report["n_failed"] == 0
+    assert {(r["model"], r["task"]) for r in report["faithfulness"]} == {
+        (f"tiny-{m}", f"{t}.original.1d.1shot.n30") for m in ("llama", "qwen2") for t in ("a+b", "a-b")
+    }
+    for rows in report["transfer"].values():  # each model's config on every model, by both mappings
+        assert {(r["source"], r["target"]) for r in rows} == {
+            (s, t) for s in ("tiny-llama", "tiny-qwen2") for t in ("tiny-llama", "tiny-qwen2")
+        }
+        for r in rows:
+            if r["source"] == r["target"]:
+                assert r["absolute"] == r["relative"]  # the diagonal is the model's own config
+    faith = {(r["model"], r["task"]): r["faithfulness"] for r in report["faithfulness"]}
+    for task, rows in report["transfer"].items():
+        for r in rows:
+            if r["source"] == r["target"]:
+                assert r["absolute"]["faithfulness"] == faith[r["source"], task]
+    record = json.loads((out / "units/tiny-llama/a+b.original.1d.1shot.n30/sweep/unit.json").read_text())
+    assert record["state"] == "done" and len(record["key"]) == 64
+    assert record["provenance"]["model"]["source"] == "directory" and record["provenance"]["task"]["n"] == 30
+    assert (out / "units/tiny-llama/a+b.original.1d.1shot.n30/sweep/sweep.png").is_file()
+    html = (out / "report.html").read_text()
+    assert "Transfer on" in html and "tiny-qwen2" in html and "data:image/png;base64" in html
+    styles = results(out)["tiny-llama/a+b.original.1d.1shot.n30/styles"]
+    verbal = [r for r in styles["rows"] if r["style"] == "verbal"]  # fitted on the original style only
+    assert verbal and all(r["base_accuracy"] < 0.5 for r in verbal)
+
+    again = run_study(load_plan(plan), out)
+    assert again.ran == [] and len(again.skipped) == 30
+
+
+def test_ray_gives_the_same_results_as_local(local_run, tmp_path):
+    plan, local_out, _ = local_run
+    summary = run_study(load_plan(plan), tmp_path / "ray", ray=True, ray_init={"num_cpus": 2})
+    assert summary.failed == [] and len(summary.ran) == 30
+    assert results(tmp_path / "ray") == results(local_out)
+    workers: dict[str, set[tuple[int, int]]] = {}
+    for record in (tmp_path / "ray" / "units").rglob("unit.json"):
+        data = json.loads(record.read_text())
+        workers.setdefault(data["model"], set()).add((data["worker"]["pid"], data["worker"]["model_loads"]))
+    assert workers.keys() == {"tiny-llama", "tiny-qwen2"}
+    pids = {model: {pid for pid, _ in seen} for model, seen in workers.items()}
+    assert all(len(p) == 1 for p in pids.values()) and pids["tiny-llama"] != pids["tiny-qwen2"]  # one actor each
+    assert all(loads <= 1 for seen in workers.values() for _, loads in seen)  # the model loaded once
+    assert os.getpid() not in pids["tiny-llama"]
+
+
+def test_a_killed_study_reruns_only_the_missing_units(local_run, tmp_path):
+    plan, local_out, _ = local_run
+    out = tmp_path / "out"
+    env = {**os.environ, "AF1_NO_PROGRESS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "af1.cli", "study", str(plan), "--out", str(out)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    done: dict[str, int] = {}
+    while not done and time.monotonic() < deadline and proc.poll() is None:
+        for record in (out / "units").rglob("unit.json") if (out / "units").is_dir() else []:
+            data = json.loads(record.read_text())
+            if data["state"] == "done":
+                done[data["id"]] = record.stat().st_mtime_ns
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert done and len(done) < 30, "the kill came after the first unit and before the last"
+    done = {}
+    for record in (out / "units").rglob("unit.json"):
+        data = json.loads(record.read_text())
+        if data["state"] == "done":
+            done[data["id"]] = record.stat().st_mtime_ns
+
+    summary = run_study(load_plan(plan), out)
+    assert set(summary.skipped) == set(done) and set(summary.ran) == {u.id for u in summary.units} - set(done)
+    for unit_id, mtime in done.items():
+        assert (out / "units" / unit_id / "unit.json").stat().st_mtime_ns == mtime
+    assert results(out) == results(local_out)
+
+
+def test_a_failing_unit_is_recorded_and_the_rest_complete(tiny_dirs, tmp_path, capsys):
+    broken = "  - {spec: /nonexistent/model-dir, name: broken}\n"
+    experiments = "experiments:\n  eval: {}\n  search: {threshold: 0.5}\n  transfer: {}\n"
+    plan = write_plan(tmp_path / "plan.yaml", tiny_dirs, broken, experiments)
+    code, out, err = run_cli(capsys, "study", str(plan), "--out", str(tmp_path / "out"))
+    assert code == 1 and err.strip().splitlines() == [
+        f"af1: 8 of 24 units failed: see {tmp_path / 'out' / 'report.html'}"
+    ]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    states = {r["id"]: (r["state"], r["error"]) for r in report["units"]}
+    for unit_id, (state, error) in states.items():
+        if unit_id.startswith("broken/"):
+            assert state == "failed"
+            assert "unknown model path: /nonexistent/model-dir" in error or "which did not finish" in error
+        else:
+            assert state == "done", (unit_id, error)
+    transfer = results(tmp_path / "out")["tiny-llama/a+b.original.1d.1shot.n30/transfer"]
+    assert transfer["missing_sources"] == ["broken/a+b.original.1d.1shot.n30/search"]
+    assert len(transfer["rows"]) == 2
+    # a rerun redoes the failed units only
+    code, out, _ = run_cli(capsys, "study", str(plan), "--out", str(tmp_path / "out"))
+    assert code == 1 and "8 units ran, 16 were already done, 8 failed" in " ".join(out.split())
+
+
+def test_studyplan_default_names_come_from_the_spec():
+    plan = StudyPlan.model_validate({"models": [{"spec": "meta-llama/Meta-Llama-3-8B"}], "experiments": {"eval": {}}})
+    assert plan.models[0].name == "Meta-Llama-3-8B"
