@@ -105,7 +105,7 @@ def ablation_edit(
         assert donor_BTD is not None
         return lambda h: replace_positions(h, donor_BTD, start)
     new = ablated_states(config, means, ids_BT)
-    return lambda h: replace_positions(h, new.to(h.device), start)
+    return lambda h: replace_positions(h, new, start)
 
 
 def plans_for(

@@ -30,6 +30,10 @@ DtypeOpt = Annotated[str, typer.Option(help="float32, bfloat16 or float16")]
 AttnOpt = Annotated[
     str | None, typer.Option("--attn", help="attention kernel: sdpa or eager (default: the family's best)")
 ]
+DeviceMapOpt = Annotated[
+    str | None,
+    typer.Option("--device-map", help="auto: shard the model over the available GPUs and CPU (accelerate)"),
+]
 LayoutOpt = Annotated[bool, typer.Option("--largest-layout", help="keep the largest group of same-layout prompts")]
 AnswersOpt = Annotated[
     str, typer.Option("--answer-digits", help="constant (one digit count per dataset, the most common) or any")
@@ -119,6 +123,7 @@ def eval_cmd(
     as_json: JsonOpt = False,
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
+    device_map: DeviceMapOpt = None,
     largest_layout: LayoutOpt = False,
     answers: AnswersOpt = "constant",
     allow_negative: NegativeOpt = False,
@@ -128,7 +133,7 @@ def eval_cmd(
     from af1 import api
 
     spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
-    result = api.base_accuracy(model, spec, dtype=dtype, attn_implementation=attn)
+    result = api.base_accuracy(model, spec, dtype=dtype, attn_implementation=attn, device_map=device_map)
     if out_file:
         from af1.results import write_json
 
@@ -148,12 +153,12 @@ RefOpt = Annotated[bool, typer.Option("--reference", help="hook-based path inste
 ThresholdOpt = Annotated[float, typer.Option("--threshold", help="faithfulness the subgraph must keep")]
 
 
-def _setup(model, spec, dtype, attn, means):
+def _setup(model, spec, dtype, attn, means, device_map):
     """Load the model and prepare the AF1 setup."""
     from af1.api import as_loaded
     from af1.experiments import prepare
 
-    return prepare(as_loaded(model, dtype=dtype, attn_implementation=attn), spec, means)
+    return prepare(as_loaded(model, dtype=dtype, attn_implementation=attn, device_map=device_map), spec, means)
 
 
 def _config(wait: int, transfer: int, ablation: str, abp: str, seed: int, n_layers: int):
@@ -191,6 +196,7 @@ def run(
     as_json: JsonOpt = False,
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
+    device_map: DeviceMapOpt = None,
     largest_layout: LayoutOpt = False,
     answers: AnswersOpt = "constant",
     allow_negative: NegativeOpt = False,
@@ -201,7 +207,7 @@ def run(
     from af1.experiments import run_result
 
     spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
-    setup = _setup(model, spec, dtype, attn, means)
+    setup = _setup(model, spec, dtype, attn, means, device_map)
     config = _config(wait, transfer, ablation, abp, seed, setup.adapter.n_layers)
     result = run_result(setup, config, reference)
     _write(out_dir, "run.json", result, setup)
@@ -235,6 +241,7 @@ def sweep_cmd(
     as_json: JsonOpt = False,
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
+    device_map: DeviceMapOpt = None,
     largest_layout: LayoutOpt = False,
     answers: AnswersOpt = "constant",
     allow_negative: NegativeOpt = False,
@@ -247,7 +254,7 @@ def sweep_cmd(
     from af1 import pipeline
 
     spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
-    setup = _setup(model, spec, dtype, attn, means)
+    setup = _setup(model, spec, dtype, attn, means, device_map)
     config = _config(-1, 0, ablation, abp, seed, setup.adapter.n_layers)
     result = pipeline.sweep_to(setup, config, out_dir, max_transfer, reference)
     if as_json:
@@ -270,6 +277,7 @@ def search(
     as_json: JsonOpt = False,
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
+    device_map: DeviceMapOpt = None,
     largest_layout: LayoutOpt = False,
     answers: AnswersOpt = "constant",
     allow_negative: NegativeOpt = False,
@@ -284,7 +292,7 @@ def search(
     if not 0 <= threshold <= 1:
         raise Af1Error(f"--threshold must be in [0, 1], got {threshold}")
     spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
-    setup = _setup(model, spec, dtype, attn, means)
+    setup = _setup(model, spec, dtype, attn, means, device_map)
     sweep = pipeline.sweep_to(
         setup, _config(-1, 0, "cama", "af1", seed, setup.adapter.n_layers), out_dir, None, reference
     )
@@ -321,6 +329,7 @@ def necessity_cmd(
     as_json: JsonOpt = False,
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
+    device_map: DeviceMapOpt = None,
     largest_layout: LayoutOpt = False,
     answers: AnswersOpt = "constant",
     allow_negative: NegativeOpt = False,
@@ -331,7 +340,7 @@ def necessity_cmd(
     from af1 import experiments, pipeline
 
     spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
-    setup = _setup(model, spec, dtype, attn, means)
+    setup = _setup(model, spec, dtype, attn, means, device_map)
     found = _config(wait, transfer, "cama", "af1", seed, setup.adapter.n_layers) if wait is not None else None
     result = experiments.necessity(setup, found=found)
     _write(out_dir, "necessity.json", result, setup)
@@ -357,6 +366,7 @@ def alternatives_cmd(
     as_json: JsonOpt = False,
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
+    device_map: DeviceMapOpt = None,
     largest_layout: LayoutOpt = False,
     answers: AnswersOpt = "constant",
     allow_negative: NegativeOpt = False,
@@ -367,7 +377,7 @@ def alternatives_cmd(
     from af1 import experiments
 
     spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
-    setup = _setup(model, spec, dtype, attn, means)
+    setup = _setup(model, spec, dtype, attn, means, device_map)
     result = experiments.alternatives(setup, _config(wait, transfer, "cama", "af1", seed, setup.adapter.n_layers))
     _write(out_dir, "alternatives.json", result, setup)
     table = Table("intervention", "faithfulness")
@@ -392,6 +402,7 @@ def prune(
     as_json: JsonOpt = False,
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
+    device_map: DeviceMapOpt = None,
     largest_layout: LayoutOpt = False,
     answers: AnswersOpt = "constant",
     allow_negative: NegativeOpt = False,
@@ -402,7 +413,7 @@ def prune(
     from af1 import experiments, pipeline
 
     spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
-    setup = _setup(model, spec, dtype, attn, means)
+    setup = _setup(model, spec, dtype, attn, means, device_map)
     result = experiments.prune_heads(setup, _config(wait, transfer, "cama", "af1", seed, setup.adapter.n_layers))
     _write(out_dir, "pruning.json", result, setup)
     if out_dir:
@@ -431,6 +442,7 @@ def heads_cmd(
     as_json: JsonOpt = False,
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
+    device_map: DeviceMapOpt = None,
     largest_layout: LayoutOpt = False,
     answers: AnswersOpt = "constant",
     allow_negative: NegativeOpt = False,
@@ -445,7 +457,7 @@ def heads_cmd(
     for item in compare or []:
         op, _, st = item.partition(":")
         others.append(task_spec(op, st or style, digits, shots, n, seed, largest_layout, answers, allow_negative))
-    lm = as_loaded(model, dtype=dtype, attn_implementation=attn)
+    lm = as_loaded(model, dtype=dtype, attn_implementation=attn, device_map=device_map)
     n_heads = lm.adapter.n_layers * lm.adapter.n_heads
     if not 1 <= k <= n_heads:
         raise Af1Error(f"--k {k} is out of range: the model has {n_heads} heads")
@@ -483,13 +495,16 @@ def finetune_cmd(
     as_json: JsonOpt = False,
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
+    device_map: DeviceMapOpt = None,
     out_dir: OutDir = None,
 ) -> None:
     """Train only the chosen heads; compare with full and random-head fine-tuning on math and on text."""
     from af1 import pipeline
 
     spec = task_spec(task, style, digits, shots, None, seed)
-    result = pipeline.finetune_study(model, spec, heads_arg, k, n_train, n_eval, steps, lr, seed, dtype, attn, out_dir)
+    result = pipeline.finetune_study(
+        model, spec, heads_arg, k, n_train, n_eval, steps, lr, seed, dtype, attn, out_dir, device_map
+    )
     table = Table("variant", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters")
     for name in ("base", "precise", "random_heads", "full"):
         r = result[name]
@@ -513,13 +528,14 @@ def positional_cmd(
     as_json: JsonOpt = False,
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
+    device_map: DeviceMapOpt = None,
     out_dir: OutDir = None,
 ) -> None:
     """How well attention logits split into a position term plus a meaning term, per layer and head."""
     from af1 import pipeline, positional
     from af1.api import as_loaded
 
-    lm = as_loaded(model, dtype=dtype, attn_implementation=attn)
+    lm = as_loaded(model, dtype=dtype, attn_implementation=attn, device_map=device_map)
     config = positional.PositionalConfig(window=window, n_windows=n_windows, seed=seed)
     result = positional.study(lm.adapter, lm.tokenizer, config, corpus)
     if out_dir:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from af1.models.adapter import input_device
 from af1.progress import progress
 from af1.tasks import Task
 
@@ -44,7 +45,7 @@ def batches(n: int, batch_size: int) -> Iterator[slice]:
 def forward_last(model: Any, ids_BT: torch.Tensor) -> torch.Tensor:
     """Next-token logits [B, V] at the last position (fp32, CPU), with explicit mask and position ids."""
     B, T = ids_BT.shape
-    ids = ids_BT.to(next(model.parameters()).device)
+    ids = ids_BT.to(input_device(model))
     pos = torch.arange(T, device=ids.device).expand(B, T)
     out = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=pos, use_cache=False, logits_to_keep=1)
     return out.logits[:, -1].float().cpu()

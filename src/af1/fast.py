@@ -138,7 +138,7 @@ def token_local_kv(
     store: dict[int, torch.Tensor] = {}
     edits = {}
     if config.wait >= 0 and config.ablation != "none":
-        new = ablated_states(config, means, cover)[:, c:].to(adapter.device)
+        new = ablated_states(config, means, cover)[:, c:]
         edits[config.wait] = lambda h: replace_positions(h, new, 1)
     with (
         edit_residual(adapter, edits),

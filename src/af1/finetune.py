@@ -71,6 +71,8 @@ def train(
     adapter: ModelAdapter, task: Task, config: FinetuneConfig, masks: dict[str, torch.Tensor] | None
 ) -> TrainResult:
     """Next-token cross-entropy on the answer's first token; masks None trains every parameter."""
+    if adapter.offloaded():
+        raise Af1Error("fine-tuning needs every weight in device memory: use a device map without CPU/disk offload")
     model = adapter.model
     named = dict(model.named_parameters())
     params = [named[n] for n in masks] if masks is not None else list(named.values())

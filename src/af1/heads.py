@@ -123,9 +123,13 @@ def o_proj_weight(adapter: ModelAdapter, layer: int) -> torch.Tensor:
 
 def _selected_logits(adapter: ModelAdapter, final_NBD: torch.Tensor, pair_B2: torch.Tensor) -> torch.Tensor:
     """Logits [N, B, 2] of the correct and the top wrong token: final norm, then those two unembedding rows."""
-    logits = torch.einsum("nbd,bkd->nbk", adapter.final_norm(final_NBD), adapter.lm_head.weight[pair_B2]).float()
-    if getattr(adapter.lm_head, "bias", None) is not None:
-        logits = logits + adapter.lm_head.bias[pair_B2]
+    normed = adapter.final_norm(final_NBD.to(adapter.module_device(adapter.final_norm)))
+    with adapter.onloaded(adapter.lm_head):
+        W_U = adapter.lm_head.weight
+        pair = pair_B2.to(W_U.device)
+        logits = torch.einsum("nbd,bkd->nbk", normed.to(W_U.device), W_U[pair]).float()
+        if getattr(adapter.lm_head, "bias", None) is not None:
+            logits = logits + adapter.lm_head.bias[pair]
     return logits
 
 
@@ -134,6 +138,7 @@ def _direct_effects(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """For N residual deltas, summed over problems: the relative change of the correct logit and the change of
     (correct - top wrong). The clean reference goes through the same arithmetic, so a zero delta gives zero."""
+    deltas_NBD = deltas_NBD.to(final_BD.device)
     both = torch.cat([torch.zeros_like(deltas_NBD[:1]), deltas_NBD])
     logits = _selected_logits(adapter, final_BD[None] + both, pair_B2)
     (c0, w0), (c1, w1) = logits[0].unbind(-1), logits[1:].unbind(-1)
@@ -144,8 +149,9 @@ def _direct_effects(
 def head_deltas(adapter: ModelAdapter, layer: int, z_clean_BE: torch.Tensor, z_new_BE: torch.Tensor) -> torch.Tensor:
     """[H, B, D]: what each head's change of output adds to the residual stream through o_proj."""
     H, d = adapter.n_heads, adapter.head_dim
-    W = o_proj_weight(adapter, layer)
-    return torch.einsum("bhe,dhe->hbd", (z_new_BE - z_clean_BE).view(-1, H, d), W.view(-1, H, d))
+    with adapter.onloaded(adapter.o_proj(layer)):
+        W = o_proj_weight(adapter, layer)
+        return torch.einsum("bhe,dhe->hbd", (z_new_BE - z_clean_BE).to(W.device).view(-1, H, d), W.view(-1, H, d))
 
 
 def check_direct_paths(adapter: ModelAdapter) -> None:
@@ -350,11 +356,15 @@ def last_query_attention(
 def mlp_logit_lens(adapter: ModelAdapter, task: Task) -> torch.Tensor:
     """Per layer: mean over problems of the MLP output at the last position read by the answer's unembedding."""
     store = _run_record(adapter, task.input_ids_PT)
-    W_U = adapter.lm_head.weight
-    answer_rows = W_U[task.answer_ids_P.to(W_U.device)]  # [P, D]
-    return torch.stack(
-        [(store[("mlp", layer)] * answer_rows).sum(-1).mean().cpu() for layer in range(adapter.n_layers)]
-    )
+    with adapter.onloaded(adapter.lm_head):
+        W_U = adapter.lm_head.weight
+        answer_rows = W_U[task.answer_ids_P.to(W_U.device)]  # [P, D]
+        return torch.stack(
+            [
+                (store[("mlp", layer)].to(W_U.device) * answer_rows).sum(-1).mean().cpu()
+                for layer in range(adapter.n_layers)
+            ]
+        )
 
 
 def key_heads(effect_LH: torch.Tensor, threshold: float = -0.05) -> list[tuple[int, int]]:

@@ -85,12 +85,13 @@ def finetune_study(
     dtype: str,
     attn: str | None,
     out_dir: Path | None,
+    device_map: str | None = None,
 ) -> dict[str, Any]:
     """Disjoint train/eval problems, heads from path patching or the user, and the three fine-tunings."""
     from af1 import finetune, heads, positional
     from af1.tasks import build_task
 
-    lm = as_loaded(model, dtype=dtype, attn_implementation=attn)
+    lm = as_loaded(model, dtype=dtype, attn_implementation=attn, device_map=device_map)
     everything = build_task(spec.model_copy(update={"n": None, "answer_digits": "any"}), lm.tokenizer)
     if n_train + n_eval > len(everything):
         raise Af1Error(f"{n_train} + {n_eval} problems asked, the task has {len(everything)}: use more --digits")

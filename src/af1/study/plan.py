@@ -30,7 +30,9 @@ class ModelEntry(_Strict):
     name: str | None = Field(None, description="label in paths and tables (default: from spec)")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     attn: Literal["sdpa", "eager"] | None = None
-    device_map: str | None = Field(None, description="'auto' shards the model over the worker's devices")
+    device_map: Literal["auto", "balanced", "balanced_low_0", "sequential"] | None = Field(
+        None, description="auto shards the model over the worker's devices"
+    )
     trust_remote_code: bool = False
     gpus: float = Field(0, ge=0, description="GPUs per worker (Ray)")
     cpus: float = Field(1, gt=0, description="CPUs per worker (Ray)")

@@ -1,0 +1,134 @@
+"""Models placed by an accelerate device map: every intervention follows the placement.
+
+This machine has no GPU, so the placement here is a CPU map with layers and the unembedding
+offloaded to disk: accelerate then wraps every part in its device hooks (as on a multi-GPU
+map) and keeps offloaded weights on the meta device until they run.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from af1 import experiments, heads
+from af1.allforone import AF1Config, reference_logits
+from af1.errors import Af1Error
+from af1.fast import fast_logits
+from af1.finetune import FinetuneConfig, train
+from af1.interventions.means import compute_means, means_key
+from af1.models import load_model
+from af1.tasks import TaskSpec, build_task
+
+from cli_helpers import run_cli
+from conftest import fitted_tiny_model
+
+SPEC = TaskSpec(operation="a+b", shots=1, n=30)
+PLACEMENT = {
+    "model.embed_tokens": "cpu",
+    "model.rotary_emb": "cpu",
+    "model.layers.0": "cpu",
+    "model.layers.1": "disk",
+    "model.layers.2": "cpu",
+    "model.norm": "cpu",
+    "lm_head": "disk",
+}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, tokenizer, monkeypatch_module):
+    """The same tiny model loaded whole and through the placement map."""
+    path = tmp_path_factory.mktemp("placed") / "llama"
+    monkeypatch_module.setenv("AF1_CACHE_DIR", str(path.parent / "cache"))
+    model = fitted_tiny_model("llama", [SPEC], tokenizer)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return load_model(str(path)), load_model(str(path), device_map=PLACEMENT)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def test_the_placement_is_real(pair):
+    whole, placed = pair
+    assert not whole.adapter.sharded and placed.adapter.sharded
+    offloaded = set(placed.adapter.offloaded())
+    assert "lm_head" in offloaded and "model.layers.1.self_attn.o_proj" in offloaded
+    assert all(name == "lm_head" or name.startswith("model.layers.1.") for name in offloaded)
+    assert placed.adapter.layers[1].self_attn.o_proj.weight.device.type == "meta"
+    assert placed.info["device_map"]["model.layers.1"] == "disk"
+    assert placed.adapter.layer_devices() == [torch.device("cpu")] * 3
+
+
+def test_layer_loop_keeps_accelerates_hooks(pair):
+    _, placed = pair
+    before = [layer.__dict__["forward"] for layer in placed.adapter.layers]
+    ids = torch.tensor([[1, 2, 3, 4]])
+    placed.adapter.layer_inputs(ids)
+    assert [layer.__dict__["forward"] for layer in placed.adapter.layers] == before
+    assert torch.equal(placed.adapter.forward(ids), placed.model(ids).logits)
+
+
+def test_every_intervention_matches_the_whole_model(pair, tokenizer):
+    whole, placed = pair
+    task = build_task(SPEC, tokenizer)
+    ids = task.input_ids_PT
+    assert torch.equal(placed.model(ids).logits, whole.model(ids).logits)
+    assert means_key(placed.adapter, task) == means_key(whole.adapter, task)  # offloaded weights are read too
+    means = compute_means(whole.adapter, task)
+    placed_means = compute_means(placed.adapter, task)
+    assert torch.equal(placed_means.cond_LTSD, means.cond_LTSD)
+    for config in (AF1Config(wait=0, transfer=1), AF1Config(wait=1, transfer=1, ablation="mean", abp="sink")):
+        expected = reference_logits(whole.adapter, task, config, means)
+        assert torch.equal(reference_logits(placed.adapter, task, config, means), expected)
+        assert torch.equal(
+            fast_logits(placed.adapter, task, config, means), fast_logits(whole.adapter, task, config, means)
+        )
+    cf = heads.counterfactual(task, tokenizer)
+    a, b = heads.path_patching(whole.adapter, task, cf), heads.path_patching(placed.adapter, task, cf)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(heads.mlp_logit_lens(placed.adapter, task), heads.mlp_logit_lens(whole.adapter, task))
+    setup = experiments.prepare(placed, SPEC)
+    assert setup.base.accuracy == 1.0
+    sweep = experiments.sweep(setup, max_transfer=1)
+    whole_sweep = experiments.sweep(experiments.prepare(whole, SPEC), max_transfer=1)
+    assert torch.equal(
+        sweep["faithfulness_wait_transfer"].nan_to_num(-1), whole_sweep["faithfulness_wait_transfer"].nan_to_num(-1)
+    )
+
+
+def test_fine_tuning_refuses_offloaded_weights(pair, tokenizer):
+    _, placed = pair
+    with pytest.raises(Af1Error, match="offload"):
+        train(placed.adapter, build_task(SPEC, tokenizer), FinetuneConfig(steps=1), None)
+
+
+def test_execution_devices_come_from_the_hooks():
+    """A multi-GPU map read without GPUs: each part's device is its hook's execution device."""
+    layers = [torch.nn.Linear(2, 2) for _ in range(3)]
+    for layer, device in zip(layers, [0, 1, "cpu"], strict=True):
+        layer._hf_hook = SimpleNamespace(execution_device=device)
+    from af1.models.adapter import execution_device
+
+    assert [execution_device(m) for m in layers] == [
+        torch.device("cuda:0"),
+        torch.device("cuda:1"),
+        torch.device("cpu"),
+    ]
+    assert execution_device(torch.nn.Linear(2, 2)) == torch.device("cpu")
+
+
+def test_cli_device_map_errors_and_auto(capsys, pair):
+    code, out, err = run_cli(capsys, "eval", "--device-map", "everywhere")
+    assert code == 2 and err.startswith("af1: error: unknown device map 'everywhere'") and out == ""
+    _, placed = pair
+    path = placed.info["path"]
+    code, out, err = run_cli(
+        capsys, "eval", "--model", path, "--device-map", "auto", "--shots", "1", "--n", "30", "--json"
+    )
+    assert code == 0, err
+    assert '"base_accuracy": 1.0' in out
