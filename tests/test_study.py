@@ -162,6 +162,11 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
     assert record["state"] == "done" and len(record["key"]) == 64
     assert record["provenance"]["model"]["source"] == "directory" and record["provenance"]["task"]["n"] == 30
     assert (out / "units/tiny-llama/a+b.original.1d.1shot.n30/sweep/sweep.png").is_file()
+    overlap = {(r["model"], r["task_a"], r["task_b"]): r for r in report["heads_overlap"]}
+    assert set(overlap) == {
+        (f"tiny-{m}", "a+b.original.1d.1shot.n30", "a-b.original.1d.1shot.n30") for m in ("llama", "qwen2")
+    }
+    assert all(r["k"] == 2 and 0 <= r["top_k_overlap"] <= 1 for r in overlap.values())
     html = (out / "report.html").read_text()
     assert "Transfer on" in html and "tiny-qwen2" in html and "data:image/png;base64" in html
     styles = results(out)["tiny-llama/a+b.original.1d.1shot.n30/styles"]
@@ -249,3 +254,37 @@ def test_a_failing_unit_is_recorded_and_the_rest_complete(tiny_dirs, tmp_path, c
 def test_studyplan_default_names_come_from_the_spec():
     plan = StudyPlan.model_validate({"models": [{"spec": "meta-llama/Meta-Llama-3-8B"}], "experiments": {"eval": {}}})
     assert plan.models[0].name == "Meta-Llama-3-8B"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ([], (False, None)),
+        (["--ray"], (True, None)),
+        (["--ray", "auto"], (True, "auto")),
+        (["--ray", "--out", "o"], (True, None)),
+    ],
+)
+def test_cli_ray_takes_an_optional_address(monkeypatch, tmp_path, capsys, tiny_dirs, args, expected):
+    import af1.study
+    from af1.study.runner import StudySummary
+
+    calls = []
+
+    def fake(plan, out_dir, ray, ray_address):
+        calls.append((ray, ray_address))
+        return StudySummary([], [], [], [], Path(out_dir) / "report.html")
+
+    monkeypatch.setattr(af1.study, "run_study", fake)
+    plan = write_plan(tmp_path / "plan.yaml", tiny_dirs)
+    code, out, _ = run_cli(capsys, "study", str(plan), *args)
+    assert code == 0 and calls == [expected] and "0 units ran" in out
+
+
+def test_tasks_that_differ_anywhere_get_their_own_units():
+    changes = {"n": 5, "n_max": 5, "seed": 1, "answer_digits": "any", "allow_negative": True, "largest_layout": True}
+    assert set(TaskSpec.model_fields) == {"operation", "style", "digits", "shots", *changes}  # the label names all
+    base = TaskSpec(operation="a-b")
+    variants = [base.model_copy(update={name: value}) for name, value in changes.items()]
+    plan = StudyPlan(models=[{"spec": "x"}], tasks=[base, *variants], experiments={"eval": {}})
+    assert len({u.id for u in expand(plan)}) == 1 + len(changes)

@@ -567,8 +567,6 @@ def study(
         str | None,
         typer.Option(
             "--ray",
-            is_flag=False,
-            flag_value="default",
             metavar="[ADDRESS]",
             help="run the units on Ray: alone, the cluster ray.init finds (or a new local one); or its ADDRESS",
         ),
@@ -578,7 +576,7 @@ def study(
     from af1.study import load_plan, run_study
 
     summary = run_study(
-        load_plan(plan), out_dir, ray=ray is not None, ray_address=None if ray in (None, "default") else ray
+        load_plan(plan), out_dir, ray=ray is not None, ray_address=None if ray in (None, RAY_ALONE) else ray
     )
     table = Table("unit", "state")
     for unit in summary.units:
@@ -616,8 +614,21 @@ def demo(
     out.print(f"wrote {report_path}")
 
 
+RAY_ALONE = "default"
+
+
+def _optional_values(argv: list[str]) -> list[str]:
+    """click options cannot take an optional value: `--ray` with no ADDRESS after it becomes `--ray=default`."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--ray" and (i + 1 == len(out) or out[i + 1].startswith("-")):
+            out[i] = f"--ray={RAY_ALONE}"
+    return out
+
+
 def main() -> None:
     """Entry point: every user-facing failure becomes one line on stderr and exit code 2."""
+    sys.argv[1:] = _optional_values(sys.argv[1:])
     try:
         code = app(standalone_mode=False)
     except Af1Error as exc:

@@ -157,12 +157,19 @@ class StudyPlan(_Strict):
 
 
 def task_label(spec: TaskSpec) -> str:
-    label = f"{spec.operation}.{spec.style}.{spec.digits}d.{spec.shots}shot"
-    if spec.n is not None:
-        label += f".n{spec.n}"
-    if spec.seed:
-        label += f".s{spec.seed}"
-    return label.replace("*", "x")
+    """A readable name for paths and tables; tasks that differ in any field get different labels."""
+    parts = [spec.operation.replace("*", "x"), spec.style, f"{spec.digits}d", f"{spec.shots}shot"]
+    optional = {
+        "n": f"n{spec.n}",
+        "n_max": f"max{spec.n_max}",
+        "seed": f"s{spec.seed}",
+        "answer_digits": "anydigits",
+        "allow_negative": "neg",
+        "largest_layout": "largest",
+    }
+    defaults = TaskSpec()
+    parts += [text for name, text in optional.items() if getattr(spec, name) != getattr(defaults, name)]
+    return ".".join(parts)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ def study_tables(store: Store, units: list[Unit]) -> dict[str, Any]:
     """The report's data from the store's records of the plan's units."""
     records = {u.id: store.outcome(u) or store.record(u) or {"state": "missing"} for u in units}
     rows, faith, transfer = [], [], {}
+    top_heads: dict[str, dict[str, list[list[int]]]] = {}
     for unit in units:
         rec = records[unit.id]
         rows.append(
@@ -51,6 +52,8 @@ def study_tables(store: Store, units: list[Unit]) -> dict[str, Any]:
                     "faithfulness": cell.get("faithfulness"),
                 }
             )
+        if unit.experiment == "heads":
+            top_heads.setdefault(unit.model.name, {})[task_label(unit.task)] = result["top_heads"]  # type: ignore[arg-type]
         if unit.experiment == "transfer":
             for row in result["rows"]:
                 transfer.setdefault(task_label(unit.task), []).append(  # type: ignore[arg-type]
@@ -73,7 +76,21 @@ def study_tables(store: Store, units: list[Unit]) -> dict[str, Any]:
         "units": rows,
         "faithfulness": faith,
         "transfer": transfer,
+        "heads_overlap": _heads_overlap(top_heads),
     }
+
+
+def _heads_overlap(top_heads: dict[str, dict[str, list[list[int]]]]) -> list[dict[str, Any]]:
+    """Per model and pair of tasks: how many of the top heads by path patching are the same."""
+    from af1.heads import overlap
+
+    rows = []
+    for model, by_task in top_heads.items():
+        tasks = sorted(by_task)
+        for i, a in enumerate(tasks):
+            for b in tasks[i + 1 :]:
+                rows.append({"model": model, "task_a": a, "task_b": b, **overlap(by_task[a], by_task[b])})
+    return rows
 
 
 def build_study_report(store: Store, plan: StudyPlan, units: list[Unit]) -> Path:
@@ -127,6 +144,17 @@ def build_study_report(store: Store, plan: StudyPlan, units: list[Unit]) -> Path
                     [[s] + [_cell(by[s, t][how]) if (s, t) in by else "" for t in targets] for s in sources],
                 )
             )
+    if data["heads_overlap"]:
+        parts.append(
+            "<h2>The same heads across tasks?</h2><p>Per model, the share of the top heads by path patching "
+            "that two tasks have in common (top-k overlap).</p>"
+        )
+        parts.append(
+            table_html(
+                ["model", "task", "task", "k", "top-k overlap"],
+                [[r["model"], r["task_a"], r["task_b"], r["k"], r["top_k_overlap"]] for r in data["heads_overlap"]],
+            )
+        )
     parts.append("<h2>Units</h2>")
     parts.append(
         table_html(

@@ -7,7 +7,7 @@ ObjectRefs of the units it reads, and each model's units go to one actor that lo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,12 +39,11 @@ def run_study(
     ray: bool = False,
     ray_address: str | None = None,
     ray_init: dict[str, Any] | None = None,
-    on_outcome: Callable[[Unit, Outcome], None] | None = None,
 ) -> StudySummary:
     """Run every unfinished unit of the plan into out_dir and write the cross-model report.
 
-    ray_address None starts a local Ray cluster (ray_init: its ray.init arguments); 'auto' joins
-    the running one. on_outcome sees each unit as it lands in the store.
+    With ray, ray_address None lets ray.init join the cluster it finds or start a local one
+    (ray_init: more ray.init arguments); 'auto' or an address joins that cluster.
     """
     store = Store(out_dir)
     units = expand(plan)
@@ -65,8 +64,6 @@ def run_study(
         _draw(store, unit, outcome)
         outcomes[unit.id] = store.finished(unit, outcome)
         ran.append(unit.id)
-        if on_outcome is not None:
-            on_outcome(unit, outcome)
     failed = [u.id for u in units if outcomes.get(u.id, {}).get("state") != "done"]
     report = build_study_report(store, plan, units)
     return StudySummary(units, ran, skipped, failed, report)
