@@ -27,6 +27,7 @@ bench: setup
 	$(BIN)/python benchmarks/af1_sweep.py
 	$(BIN)/python benchmarks/cama_means.py
 	$(BIN)/python benchmarks/path_patching.py
+	$(BIN)/python benchmarks/study_backends.py
 
 clean:
 	rm -rf $(VENV) results

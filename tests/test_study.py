@@ -15,6 +15,7 @@ import pytest
 from af1.errors import Af1Error
 from af1.study import expand, load_plan, run_study
 from af1.study.plan import StudyPlan, SweepOptions
+from af1.study.store import Store
 from af1.tasks import TaskSpec
 
 from cli_helpers import run_cli
@@ -59,12 +60,7 @@ def write_plan(path: Path, dirs: dict[str, Path], extra_models: str = "", experi
 
 
 def results(out: Path) -> dict[str, object]:
-    """Each unit's result, keyed by unit id."""
-    found = {}
-    for record in (out / "units").rglob("unit.json"):
-        data = json.loads(record.read_text())
-        found[data["id"]] = data.get("result")
-    return found
+    return Store(out).results()
 
 
 @pytest.fixture(scope="module")

@@ -557,6 +557,18 @@ def positional_cmd(
     emit(result, as_json, table)
 
 
+RAY_ALONE = "default"
+
+
+def _optional_values(argv: list[str]) -> list[str]:
+    """click options cannot take an optional value: `--ray` with no ADDRESS after it becomes `--ray=default`."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--ray" and (i + 1 == len(out) or out[i + 1].startswith("-")):
+            out[i] = f"--ray={RAY_ALONE}"
+    return out
+
+
 @app.command()
 def study(
     plan: Annotated[Path, typer.Argument(help="a study plan, .yaml or .toml")],
@@ -612,18 +624,6 @@ def demo(
 
     report_path = pipeline.demo(model, out_dir, task_spec("a+b", style, 1, shots, None, 0), threshold, out.print)
     out.print(f"wrote {report_path}")
-
-
-RAY_ALONE = "default"
-
-
-def _optional_values(argv: list[str]) -> list[str]:
-    """click options cannot take an optional value: `--ray` with no ADDRESS after it becomes `--ray=default`."""
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == "--ray" and (i + 1 == len(out) or out[i + 1].startswith("-")):
-            out[i] = f"--ray={RAY_ALONE}"
-    return out
 
 
 def main() -> None:

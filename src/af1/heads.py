@@ -20,7 +20,7 @@ import torch
 from af1.errors import Af1Error
 from af1.evaluation import Scores, batches, forward_last
 from af1.interventions.hooks import hooks_removed_after
-from af1.models.adapter import ModelAdapter
+from af1.models.adapter import ModelAdapter, execution_device
 from af1.tasks import NAMES, OPERATIONS, Task, _template
 
 # Where the operation is named in each style, and the null replacements tried (same token count).
@@ -123,7 +123,7 @@ def o_proj_weight(adapter: ModelAdapter, layer: int) -> torch.Tensor:
 
 def _selected_logits(adapter: ModelAdapter, final_NBD: torch.Tensor, pair_B2: torch.Tensor) -> torch.Tensor:
     """Logits [N, B, 2] of the correct and the top wrong token: final norm, then those two unembedding rows."""
-    normed = adapter.final_norm(final_NBD.to(adapter.module_device(adapter.final_norm)))
+    normed = adapter.final_norm(final_NBD.to(execution_device(adapter.final_norm)))
     with adapter.onloaded(adapter.lm_head):
         W_U = adapter.lm_head.weight
         pair = pair_B2.to(W_U.device)

@@ -100,9 +100,6 @@ class ModelAdapter:
     def device(self) -> torch.device:
         return input_device(self.model)
 
-    def module_device(self, module: nn.Module) -> torch.device:
-        return execution_device(module)
-
     def layer_devices(self) -> list[torch.device]:
         return [execution_device(layer) for layer in self.layers]
 
@@ -123,9 +120,7 @@ class ModelAdapter:
     def onloaded(self, module: nn.Module) -> Iterator[None]:
         """A part's weights in place for reading, also when the device map offloaded them."""
         inside = set(map(id, module.modules()))
-        owners = [
-            m for m in self.offloaded().values() if id(m) in inside or any(module is sub for sub in m.modules())
-        ]
+        owners = [m for m in self.offloaded().values() if id(m) in inside or any(module is sub for sub in m.modules())]
         if not owners:
             yield
             return

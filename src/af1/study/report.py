@@ -159,7 +159,10 @@ def build_study_report(store: Store, plan: StudyPlan, units: list[Unit]) -> Path
     parts.append(
         table_html(
             ["unit", "state", "seconds", "host", "error"],
-            [[r["id"], r["state"], r["seconds"] or "", r["host"] or "", r["error"] or ""] for r in data["units"]],
+            [
+                [r["id"], r["state"], "" if r["seconds"] is None else r["seconds"], r["host"] or "", r["error"] or ""]
+                for r in data["units"]
+            ],
         )
     )
     for unit in units:

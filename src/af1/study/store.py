@@ -47,6 +47,11 @@ class Store:
             return None
         return record
 
+    def results(self) -> dict[str, Any]:
+        """Every record's result (None where not done), keyed by unit id: what two runs are compared by."""
+        records = (read_json(path) for path in (self.root / "units").rglob("unit.json"))
+        return {record["id"]: record.get("result") for record in records}
+
     def started(self, unit: Unit) -> None:
         self._write(unit, {"state": "running", "started": now()})
 
