@@ -101,6 +101,20 @@ def test_every_intervention_matches_the_whole_model(pair, tokenizer):
     )
 
 
+def test_bfloat16_placed_and_whole_agree(pair, tokenizer):
+    """The dtype large models load in: the same numbers whole and placed, and fast = reference."""
+    path = pair[0].info["path"]
+    whole, placed = load_model(path, dtype="bfloat16"), load_model(path, dtype="bfloat16", device_map=PLACEMENT)
+    assert next(placed.model.parameters()).dtype == torch.bfloat16
+    task = build_task(SPEC, tokenizer)
+    means = compute_means(whole.adapter, task)  # fp32 means, cast to the layer's dtype when they replace states
+    config = AF1Config(wait=0, transfer=1)
+    expected = reference_logits(whole.adapter, task, config, means)
+    assert torch.equal(reference_logits(placed.adapter, task, config, means), expected)
+    assert torch.equal(fast_logits(placed.adapter, task, config, means).argmax(-1), expected.argmax(-1))
+    assert experiments.prepare(placed, SPEC).base.accuracy == experiments.prepare(whole, SPEC).base.accuracy > 0.5
+
+
 def test_fine_tuning_refuses_offloaded_weights(pair, tokenizer):
     _, placed = pair
     with pytest.raises(Af1Error, match="offload"):

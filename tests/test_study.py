@@ -284,3 +284,11 @@ def test_tasks_that_differ_anywhere_get_their_own_units():
     variants = [base.model_copy(update={name: value}) for name, value in changes.items()]
     plan = StudyPlan(models=[{"spec": "x"}], tasks=[base, *variants], experiments={"eval": {}})
     assert len({u.id for u in expand(plan)}) == 1 + len(changes)
+
+
+def test_ray_missing_is_a_one_line_error(monkeypatch, tmp_path, capsys, tiny_dirs):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    plan = write_plan(tmp_path / "plan.yaml", tiny_dirs)
+    code, out, err = run_cli(capsys, "study", str(plan), "--out", str(tmp_path / "out"), "--ray")
+    assert code == 2 and err == "af1: error: af1 study --ray needs Ray: pip install 'af1[ray]'\n" and out == ""
+    assert not (tmp_path / "out").exists()

@@ -235,23 +235,22 @@ def expand(plan: StudyPlan) -> list[Unit]:
         units[unit.id] = unit
 
     specs = plan.task_specs()
+    per_task = [e for e in ORDER if e in exps and e not in PER_MODEL and e != "transfer"]
     for model in plan.models:
-        for exp in ORDER:
-            if exp not in exps or exp == "transfer":
-                continue
-            if exp in PER_MODEL:
-                add(model, None, exp, [])
-                continue
-            for spec in specs:
-                label = f"{model.name}/{task_label(spec)}"
+        for spec in specs:  # task by task, so a worker holds one task's setup at a time
+            label = f"{model.name}/{task_label(spec)}"
+            for exp in per_task:
                 deps: list[str] = []
                 if exp == "search":
                     deps = [f"{label}/sweep"]
                 elif (exp == "necessity" and "search" in exps) or (exp == "styles" and exps["styles"].wait is None):
                     deps = [f"{label}/search"]
                 add(model, spec, exp, deps)
-    if "transfer" in exps:
-        for model in plan.models:
+        for exp in PER_MODEL:
+            if exp in exps:
+                add(model, None, exp, [])
+    if "transfer" in exps:  # the last model first: run here, it is still loaded when its chain ends
+        for model in reversed(plan.models):
             for spec in specs:
                 add(model, spec, "transfer", [f"{m.name}/{task_label(spec)}/search" for m in plan.models])
     return list(units.values())

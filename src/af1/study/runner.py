@@ -45,6 +45,8 @@ def run_study(
     With ray, ray_address None lets ray.init join the cluster it finds or start a local one
     (ray_init: more ray.init arguments); 'auto' or an address joins that cluster.
     """
+    if ray:
+        _require_ray()
     store = Store(out_dir)
     units = expand(plan)
     write_json(store.root / "plan.json", {"plan": plan.model_dump(), "units": [u.describe() for u in units]})
@@ -57,7 +59,12 @@ def run_study(
             skipped.append(unit.id)
         else:
             todo.append(unit)
-    backend = _run_on_ray(todo, outcomes, store, ray_address, ray_init) if ray else _run_here(todo, outcomes, store)
+    if not todo:
+        backend: Iterator[tuple[Unit, Outcome]] = iter(())
+    elif ray:
+        backend = _run_on_ray(todo, outcomes, store, ray_address, ray_init)
+    else:
+        backend = _run_here(todo, outcomes, store)
     ran: list[str] = []
     for unit, outcome in progress(backend, total=len(todo), desc="study"):
         outcome = {**outcome, "id": unit.id}
@@ -89,10 +96,7 @@ def _run_on_ray(
     init: dict[str, Any] | None,
 ) -> Iterator[tuple[Unit, Outcome]]:
     """Each model's units on one actor with the model's resources; outcomes as they finish."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise Af1Error("af1 study --ray needs Ray: pip install 'af1[ray]'") from exc
+    ray = _require_ray()
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init or {}))
@@ -125,6 +129,14 @@ def _run_on_ray(
             ray.kill(actor)
         if started:
             ray.shutdown()
+
+
+def _require_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise Af1Error("af1 study --ray needs Ray: pip install 'af1[ray]'") from exc
+    return ray
 
 
 def _draw(store: Store, unit: Unit, outcome: Outcome) -> None:

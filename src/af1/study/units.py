@@ -72,6 +72,7 @@ class Worker:
 
         key = spec.model_dump_json()
         if key not in self._setups:
+            self._setups.clear()  # units come task by task: one task's setup (means, caches) at a time
             self._setups[key] = experiments.prepare(self.lm(), spec)
         return self._setups[key]
 
