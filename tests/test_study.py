@@ -15,6 +15,7 @@ import pytest
 from af1.errors import Af1Error
 from af1.study import expand, load_plan, run_study
 from af1.study.plan import StudyPlan, SweepOptions
+from af1.study.report import study_tables
 from af1.study.store import Store
 from af1.tasks import TaskSpec
 
@@ -171,6 +172,15 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
 
     again = run_study(load_plan(plan), out)
     assert again.ran == [] and len(again.skipped) == 30
+
+    # a changed plan reads the old records as stale, never as its own results
+    changed = load_plan(plan)
+    changed.experiments.sweep = SweepOptions(max_transfer=1)
+    tables = study_tables(Store(out), expand(changed))
+    states = {r["id"]: r["state"] for r in tables["units"]}
+    assert states["tiny-llama/a+b.original.1d.1shot.n30/sweep"] == "stale"
+    assert states["tiny-llama/a+b.original.1d.1shot.n30/eval"] == "done"
+    assert tables["faithfulness"] == [] and tables["transfer"] == {} and tables["n_done"] == 30 - 20
 
 
 def test_ray_gives_the_same_results_as_local(local_run, tmp_path):

@@ -18,7 +18,12 @@ def _cell(part: dict[str, Any]) -> str:
 
 def study_tables(store: Store, units: list[Unit]) -> dict[str, Any]:
     """The report's data from the store's records of the plan's units."""
-    records = {u.id: store.outcome(u) or store.record(u) or {"state": "missing"} for u in units}
+    records = {u.id: store.record(u) or {} for u in units}
+    done = {
+        u.id: records[u.id]["result"]
+        for u in units
+        if records[u.id].get("state") == "done" and records[u.id].get("key") == u.key
+    }
     rows, faith, transfer = [], [], {}
     top_heads: dict[str, dict[str, list[list[int]]]] = {}
     for unit in units:
@@ -32,11 +37,11 @@ def study_tables(store: Store, units: list[Unit]) -> dict[str, Any]:
                 "error": rec.get("error"),
             }
         )
-        if rec.get("state") != "done":
+        if unit.id not in done:
             continue
-        result = rec["result"]
+        result = done[unit.id]
         if unit.experiment == "search":
-            sweep = records[unit.deps[0]].get("result") or {}
+            sweep = done.get(unit.deps[0]) or {}
             cell = result if result["found"] else result.get("best") or {}
             faith.append(
                 {
