@@ -121,26 +121,36 @@ def o_proj_weight(adapter: ModelAdapter, layer: int) -> torch.Tensor:
     return proj.weight.T if type(proj).__name__ == "Conv1D" else proj.weight
 
 
-def _selected_logits(adapter: ModelAdapter, final_NBD: torch.Tensor, pair_B2: torch.Tensor) -> torch.Tensor:
-    """Logits [N, B, 2] of the correct and the top wrong token: final norm, then those two unembedding rows."""
-    normed = adapter.final_norm(final_NBD.to(execution_device(adapter.final_norm)))
-    with adapter.onloaded(adapter.lm_head):
-        W_U = adapter.lm_head.weight
-        pair = pair_B2.to(W_U.device)
-        logits = torch.einsum("nbd,bkd->nbk", normed.to(W_U.device), W_U[pair]).float()
-        if getattr(adapter.lm_head, "bias", None) is not None:
-            logits = logits + adapter.lm_head.bias[pair]
-    return logits
+@dataclass
+class AnswerRows:
+    """The unembedding rows [B, 2, D] (and bias [B, 2]) of each problem's correct and top wrong token."""
+
+    rows_BKD: torch.Tensor
+    bias_BK: torch.Tensor | None
+
+    @classmethod
+    def read(cls, adapter: ModelAdapter, pair_B2: torch.Tensor) -> AnswerRows:
+        """Gathered once per batch, so an offloaded unembedding is brought in once, not per layer."""
+        with adapter.onloaded(adapter.lm_head):
+            W_U, bias = adapter.lm_head.weight, getattr(adapter.lm_head, "bias", None)
+            pair = pair_B2.to(W_U.device)
+            return cls(W_U[pair], bias[pair] if bias is not None else None)
+
+    def logits(self, adapter: ModelAdapter, final_NBD: torch.Tensor) -> torch.Tensor:
+        """Logits [N, B, 2]: the final norm, then these rows."""
+        normed = adapter.final_norm(final_NBD.to(execution_device(adapter.final_norm)))
+        logits = torch.einsum("nbd,bkd->nbk", normed.to(self.rows_BKD.device), self.rows_BKD).float()
+        return logits if self.bias_BK is None else logits + self.bias_BK
 
 
 def _direct_effects(
-    adapter: ModelAdapter, final_BD: torch.Tensor, deltas_NBD: torch.Tensor, pair_B2: torch.Tensor
+    adapter: ModelAdapter, final_BD: torch.Tensor, deltas_NBD: torch.Tensor, answer: AnswerRows
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """For N residual deltas, summed over problems: the relative change of the correct logit and the change of
     (correct - top wrong). The clean reference goes through the same arithmetic, so a zero delta gives zero."""
     deltas_NBD = deltas_NBD.to(final_BD.device)
     both = torch.cat([torch.zeros_like(deltas_NBD[:1]), deltas_NBD])
-    logits = _selected_logits(adapter, final_BD[None] + both, pair_B2)
+    logits = answer.logits(adapter, final_BD[None] + both)
     (c0, w0), (c1, w1) = logits[0].unbind(-1), logits[1:].unbind(-1)
     rel = ((c1 - c0) / c0.abs().clamp(min=1e-6)).sum(-1)
     return rel.cpu(), ((c1 - w1) - (c0 - w0)).sum(-1).cpu()
@@ -184,14 +194,14 @@ def path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_s
         wrong[rows, answer] = -float("inf")
         wrong_id = wrong.argmax(-1)
 
-        pair = torch.stack([answer, wrong_id], -1)
+        unembed = AnswerRows.read(adapter, torch.stack([answer, wrong_id], -1))
         for layer in range(L):
             deltas = head_deltas(adapter, layer, clean[("z", layer)], corrupt[("z", layer)])
-            r, g = _direct_effects(adapter, clean["final"], deltas, pair)
+            r, g = _direct_effects(adapter, clean["final"], deltas, unembed)
             rel_heads[layer] += r
             diff_heads[layer] += g
             dm = (corrupt[("mlp", layer)] - clean[("mlp", layer)])[None]
-            r, g = _direct_effects(adapter, clean["final"], dm, pair)
+            r, g = _direct_effects(adapter, clean["final"], dm, unembed)
             rel_mlp[layer] += r[0]
             diff_mlp[layer] += g[0]
     return {

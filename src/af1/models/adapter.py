@@ -100,9 +100,6 @@ class ModelAdapter:
     def device(self) -> torch.device:
         return input_device(self.model)
 
-    def layer_devices(self) -> list[torch.device]:
-        return [execution_device(layer) for layer in self.layers]
-
     @property
     def sharded(self) -> bool:
         """True when accelerate placed the model's parts (a device map), whatever the devices."""

@@ -19,11 +19,7 @@ def _cell(part: dict[str, Any]) -> str:
 def study_tables(store: Store, units: list[Unit]) -> dict[str, Any]:
     """The report's data from the store's records of the plan's units."""
     records = {u.id: store.record(u) or {} for u in units}
-    done = {
-        u.id: records[u.id]["result"]
-        for u in units
-        if records[u.id].get("state") == "done" and records[u.id].get("key") == u.key
-    }
+    done = {u.id: record["result"] for u in units if (record := store.done(u)) is not None}
     rows, faith, transfer = [], [], {}
     top_heads: dict[str, dict[str, list[list[int]]]] = {}
     for unit in units:

@@ -54,8 +54,9 @@ def run_study(
     skipped: list[str] = []
     todo: list[Unit] = []
     for unit in units:
-        if store.is_done(unit):
-            outcomes[unit.id] = store.outcome(unit)  # type: ignore[assignment]
+        record = store.done(unit)
+        if record is not None:
+            outcomes[unit.id] = record
             skipped.append(unit.id)
         else:
             todo.append(unit)
@@ -81,8 +82,7 @@ def _run_here(todo: list[Unit], outcomes: dict[str, Outcome], store: Store) -> I
     worker: Worker | None = None
     for unit in todo:
         if worker is None or worker.entry != unit.model:
-            worker = None  # free the previous model before loading the next
-            worker = Worker(unit.model)
+            worker = Worker(unit.model)  # the previous model is freed with its worker
         store.started(unit)
         deps = [outcomes[d] for d in unit.deps]
         yield unit, worker.run(unit, *deps, state_dir=str(store.unit_dir(unit)))

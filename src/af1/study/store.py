@@ -36,14 +36,10 @@ class Store:
         except (OSError, json.JSONDecodeError):  # written atomically, so only a foreign edit lands here
             return None
 
-    def is_done(self, unit: Unit) -> bool:
+    def done(self, unit: Unit) -> dict[str, Any] | None:
+        """The unit's record if it finished with its current inputs (same key), else None."""
         record = self.record(unit)
-        return record is not None and record.get("state") == "done" and record.get("key") == unit.key
-
-    def outcome(self, unit: Unit) -> dict[str, Any] | None:
-        """A finished unit's outcome as a worker returned it (state, result, ...), if its key matches."""
-        record = self.record(unit)
-        if record is None or record.get("key") != unit.key or record.get("state") not in ("done", "failed"):
+        if record is None or record.get("key") != unit.key or record.get("state") != "done":
             return None
         return record
 
