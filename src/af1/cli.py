@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from af1.errors import Af1Error
+from af1.tasks import TaskSpec
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Where and when a language model does mental arithmetic."
@@ -42,18 +47,16 @@ NegativeOpt = Annotated[bool, typer.Option("--allow-negative", help="keep proble
 
 
 def task_spec(
-    task: str,
-    style: str,
-    digits: int,
-    shots: int,
-    n: int | None,
-    seed: int,
-    largest: bool = False,
+    task: str = "a+b",
+    style: str = "original",
+    shots: int = 0,
+    digits: int = 1,
+    n: int | None = None,
+    seed: int = 0,
+    largest_layout: bool = False,
     answers: str = "constant",
     allow_negative: bool = False,
-):
-    from af1.tasks import TaskSpec
-
+) -> TaskSpec:
     if shots < 0:
         raise Af1Error(f"--shots must be >= 0, got {shots}")
     return TaskSpec(
@@ -63,10 +66,76 @@ def task_spec(
         shots=shots,
         n=n,
         seed=seed,
-        largest_layout=largest,
+        largest_layout=largest_layout,
         answer_digits=answers,
         allow_negative=allow_negative,
     )
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """--model and how to load it."""
+
+    model: str = "smollm2"
+    dtype: str = "float32"
+    attn: str | None = None
+    device_map: str | None = None
+
+    def load(self) -> Any:
+        from af1.api import as_loaded
+
+        return as_loaded(self.model, dtype=self.dtype, attn_implementation=self.attn, device_map=self.device_map)
+
+
+def _shared(name: str, options: dict[str, Any], build: Callable[..., Any]) -> Callable[[Callable], Callable]:
+    """A decorator that gives a command shared options and hands them to it built into one argument, `name`."""
+
+    def decorate(fn: Callable) -> Callable:
+        sig = inspect.signature(fn, eval_str=True)
+        shared = [
+            inspect.Parameter(key, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=annotation)
+            for key, (annotation, default) in options.items()
+        ]
+        params = shared + [p for p in sig.parameters.values() if p.name != name]
+        params.sort(key=lambda p: p.default is not inspect.Parameter.empty)  # arguments still to be injected first
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            built = build(**{key: kwargs.pop(key) for key in options})
+            return fn(**kwargs, **{name: built})
+
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate
+
+
+model_options = _shared(
+    "load",
+    {
+        "model": (ModelOpt, "smollm2"),
+        "dtype": (DtypeOpt, "float32"),
+        "attn": (AttnOpt, None),
+        "device_map": (DeviceMapOpt, None),
+    },
+    ModelChoice,
+)
+task_options = _shared(
+    "spec",
+    {
+        "task": (TaskOpt, "a+b"),
+        "style": (StyleOpt, "original"),
+        "shots": (ShotsOpt, 0),
+        "digits": (DigitsOpt, 1),
+        "n": (NOpt, None),
+        "seed": (SeedOpt, 0),
+        "largest_layout": (LayoutOpt, False),
+        "answers": (AnswersOpt, "constant"),
+        "allow_negative": (NegativeOpt, False),
+    },
+    task_spec,
+)
 
 
 def emit(data: dict[str, Any], as_json: bool, table: Table | None = None) -> None:
@@ -112,34 +181,31 @@ def tasks() -> None:
 
 
 @app.command("eval")
+@model_options
+@task_options
 def eval_cmd(
-    model: ModelOpt = "smollm2",
-    task: TaskOpt = "a+b",
-    style: StyleOpt = "original",
-    shots: ShotsOpt = 0,
-    digits: DigitsOpt = 1,
-    n: NOpt = None,
-    seed: SeedOpt = 0,
+    load: ModelChoice,
+    spec: TaskSpec,
     as_json: JsonOpt = False,
-    dtype: DtypeOpt = "float32",
-    attn: AttnOpt = None,
-    device_map: DeviceMapOpt = None,
-    largest_layout: LayoutOpt = False,
-    answers: AnswersOpt = "constant",
-    allow_negative: NegativeOpt = False,
     out_file: Annotated[Path | None, typer.Option("--out", help="also write the JSON result here")] = None,
 ) -> None:
     """Base accuracy of a model on a task: greedy next token vs the answer's first token."""
     from af1 import api
 
-    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
-    result = api.base_accuracy(model, spec, dtype=dtype, attn_implementation=attn, device_map=device_map)
+    result = api.base_accuracy(load.load(), spec)
     if out_file:
         from af1.results import write_json
 
         write_json(out_file, result)
     table = Table("task", "style", "shots", "n", "base accuracy", "solved")
-    table.add_row(task, style, str(shots), str(result["n"]), f"{result['base_accuracy']:.3f}", str(result["n_solved"]))
+    table.add_row(
+        spec.operation,
+        spec.style,
+        str(spec.shots),
+        str(result["n"]),
+        f"{result['base_accuracy']:.3f}",
+        str(result["n_solved"]),
+    )
     emit(result, as_json, table)
 
 
@@ -153,12 +219,11 @@ RefOpt = Annotated[bool, typer.Option("--reference", help="hook-based path inste
 ThresholdOpt = Annotated[float, typer.Option("--threshold", help="faithfulness the subgraph must keep")]
 
 
-def _setup(model, spec, dtype, attn, means, device_map):
+def _setup(load: ModelChoice, spec: TaskSpec, means: Path | None) -> Any:
     """Load the model and prepare the AF1 setup."""
-    from af1.api import as_loaded
     from af1.experiments import prepare
 
-    return prepare(as_loaded(model, dtype=dtype, attn_implementation=attn, device_map=device_map), spec, means)
+    return prepare(load.load(), spec, means)
 
 
 def _config(wait: int, transfer: int, ablation: str, abp: str, seed: int, n_layers: int):
@@ -180,35 +245,25 @@ def _write(out_dir: Path | None, name: str, data: dict[str, Any], setup=None) ->
 
 
 @app.command()
+@model_options
+@task_options
 def run(
-    model: ModelOpt = "smollm2",
-    task: TaskOpt = "a+b",
-    style: StyleOpt = "original",
-    shots: ShotsOpt = 0,
-    digits: DigitsOpt = 1,
-    n: NOpt = None,
-    seed: SeedOpt = 0,
+    load: ModelChoice,
+    spec: TaskSpec,
     wait: WaitOpt = -1,
     transfer: TransferOpt = 0,
     ablation: AblationOpt = "cama",
     abp: AbpOpt = "af1",
     reference: RefOpt = False,
     as_json: JsonOpt = False,
-    dtype: DtypeOpt = "float32",
-    attn: AttnOpt = None,
-    device_map: DeviceMapOpt = None,
-    largest_layout: LayoutOpt = False,
-    answers: AnswersOpt = "constant",
-    allow_negative: NegativeOpt = False,
     means: MeansOpt = None,
     out_dir: OutDir = None,
 ) -> None:
     """Faithfulness of one AF1(wait, transfer) configuration on the problems the model solves."""
     from af1.experiments import run_result
 
-    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
-    setup = _setup(model, spec, dtype, attn, means, device_map)
-    config = _config(wait, transfer, ablation, abp, seed, setup.adapter.n_layers)
+    setup = _setup(load, spec, means)
+    config = _config(wait, transfer, ablation, abp, spec.seed, setup.adapter.n_layers)
     result = run_result(setup, config, reference)
     _write(out_dir, "run.json", result, setup)
     table = Table("wait", "transfer", "ablation", "abp", "solved", "faithfulness", "mean p(correct)", "path")
@@ -226,25 +281,16 @@ def run(
 
 
 @app.command("sweep")
+@model_options
+@task_options
 def sweep_cmd(
-    model: ModelOpt = "smollm2",
-    task: TaskOpt = "a+b",
-    style: StyleOpt = "original",
-    shots: ShotsOpt = 0,
-    digits: DigitsOpt = 1,
-    n: NOpt = None,
-    seed: SeedOpt = 0,
+    load: ModelChoice,
+    spec: TaskSpec,
     max_transfer: Annotated[int | None, typer.Option(help="largest L_transfer (default: all)")] = None,
     ablation: AblationOpt = "cama",
     abp: AbpOpt = "af1",
     reference: RefOpt = False,
     as_json: JsonOpt = False,
-    dtype: DtypeOpt = "float32",
-    attn: AttnOpt = None,
-    device_map: DeviceMapOpt = None,
-    largest_layout: LayoutOpt = False,
-    answers: AnswersOpt = "constant",
-    allow_negative: NegativeOpt = False,
     means: MeansOpt = None,
     out_dir: Annotated[Path, typer.Option("--out", help="directory for sweep.json and sweep.png")] = Path(
         "results/sweep"
@@ -253,9 +299,8 @@ def sweep_cmd(
     """Faithfulness over the whole (L_wait, L_transfer) grid, with a heatmap; resumable."""
     from af1 import pipeline
 
-    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
-    setup = _setup(model, spec, dtype, attn, means, device_map)
-    config = _config(-1, 0, ablation, abp, seed, setup.adapter.n_layers)
+    setup = _setup(load, spec, means)
+    config = _config(-1, 0, ablation, abp, spec.seed, setup.adapter.n_layers)
     result = pipeline.sweep_to(setup, config, out_dir, max_transfer, reference)
     if as_json:
         emit(result, True)
@@ -264,23 +309,14 @@ def sweep_cmd(
 
 
 @app.command()
+@model_options
+@task_options
 def search(
-    model: ModelOpt = "smollm2",
-    task: TaskOpt = "a+b",
-    style: StyleOpt = "original",
-    shots: ShotsOpt = 0,
-    digits: DigitsOpt = 1,
-    n: NOpt = None,
-    seed: SeedOpt = 0,
+    load: ModelChoice,
+    spec: TaskSpec,
     threshold: ThresholdOpt = 0.9,
     reference: RefOpt = False,
     as_json: JsonOpt = False,
-    dtype: DtypeOpt = "float32",
-    attn: AttnOpt = None,
-    device_map: DeviceMapOpt = None,
-    largest_layout: LayoutOpt = False,
-    answers: AnswersOpt = "constant",
-    allow_negative: NegativeOpt = False,
     means: MeansOpt = None,
     out_dir: Annotated[Path, typer.Option("--out", help="directory for the sweep and search.json")] = Path(
         "results/sweep"
@@ -291,10 +327,9 @@ def search(
 
     if not 0 <= threshold <= 1:
         raise Af1Error(f"--threshold must be in [0, 1], got {threshold}")
-    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
-    setup = _setup(model, spec, dtype, attn, means, device_map)
+    setup = _setup(load, spec, means)
     sweep = pipeline.sweep_to(
-        setup, _config(-1, 0, "cama", "af1", seed, setup.adapter.n_layers), out_dir, None, reference
+        setup, _config(-1, 0, "cama", "af1", spec.seed, setup.adapter.n_layers), out_dir, None, reference
     )
     found = experiments.search(sweep, threshold)
     _write(out_dir, "search.json", found, setup)
@@ -316,32 +351,22 @@ def search(
 
 
 @app.command("necessity")
+@model_options
+@task_options
 def necessity_cmd(
-    model: ModelOpt = "smollm2",
-    task: TaskOpt = "a+b",
-    style: StyleOpt = "original",
-    shots: ShotsOpt = 0,
-    digits: DigitsOpt = 1,
-    n: NOpt = None,
-    seed: SeedOpt = 0,
+    load: ModelChoice,
+    spec: TaskSpec,
     wait: Annotated[int | None, typer.Option("--wait", help="a found AF1 to shift the window of")] = None,
     transfer: TransferOpt = 0,
     as_json: JsonOpt = False,
-    dtype: DtypeOpt = "float32",
-    attn: AttnOpt = None,
-    device_map: DeviceMapOpt = None,
-    largest_layout: LayoutOpt = False,
-    answers: AnswersOpt = "constant",
-    allow_negative: NegativeOpt = False,
     means: MeansOpt = None,
     out_dir: OutDir = None,
 ) -> None:
     """Faithfulness when the last token cannot read the operands, layer by layer and in windows."""
     from af1 import experiments, pipeline
 
-    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
-    setup = _setup(model, spec, dtype, attn, means, device_map)
-    found = _config(wait, transfer, "cama", "af1", seed, setup.adapter.n_layers) if wait is not None else None
+    setup = _setup(load, spec, means)
+    found = _config(wait, transfer, "cama", "af1", spec.seed, setup.adapter.n_layers) if wait is not None else None
     result = experiments.necessity(setup, found=found)
     _write(out_dir, "necessity.json", result, setup)
     if out_dir:
@@ -353,32 +378,22 @@ def necessity_cmd(
 
 
 @app.command("alternatives")
+@model_options
+@task_options
 def alternatives_cmd(
-    model: ModelOpt = "smollm2",
-    task: TaskOpt = "a+b",
-    style: StyleOpt = "original",
-    shots: ShotsOpt = 0,
-    digits: DigitsOpt = 1,
-    n: NOpt = None,
-    seed: SeedOpt = 0,
+    load: ModelChoice,
+    spec: TaskSpec,
     wait: WaitOpt = -1,
     transfer: TransferOpt = 0,
     as_json: JsonOpt = False,
-    dtype: DtypeOpt = "float32",
-    attn: AttnOpt = None,
-    device_map: DeviceMapOpt = None,
-    largest_layout: LayoutOpt = False,
-    answers: AnswersOpt = "constant",
-    allow_negative: NegativeOpt = False,
     means: MeansOpt = None,
     out_dir: OutDir = None,
 ) -> None:
     """At one config: CAMA vs zero, mean, resample and no ablation; ABP vs its variants."""
     from af1 import experiments
 
-    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
-    setup = _setup(model, spec, dtype, attn, means, device_map)
-    result = experiments.alternatives(setup, _config(wait, transfer, "cama", "af1", seed, setup.adapter.n_layers))
+    setup = _setup(load, spec, means)
+    result = experiments.alternatives(setup, _config(wait, transfer, "cama", "af1", spec.seed, setup.adapter.n_layers))
     _write(out_dir, "alternatives.json", result, setup)
     table = Table("intervention", "faithfulness")
     for k, v in result["ablations"].items():
@@ -389,32 +404,22 @@ def alternatives_cmd(
 
 
 @app.command()
+@model_options
+@task_options
 def prune(
-    model: ModelOpt = "smollm2",
-    task: TaskOpt = "a+b",
-    style: StyleOpt = "original",
-    shots: ShotsOpt = 0,
-    digits: DigitsOpt = 1,
-    n: NOpt = None,
-    seed: SeedOpt = 0,
+    load: ModelChoice,
+    spec: TaskSpec,
     wait: WaitOpt = -1,
     transfer: TransferOpt = 1,
     as_json: JsonOpt = False,
-    dtype: DtypeOpt = "float32",
-    attn: AttnOpt = None,
-    device_map: DeviceMapOpt = None,
-    largest_layout: LayoutOpt = False,
-    answers: AnswersOpt = "constant",
-    allow_negative: NegativeOpt = False,
     means: MeansOpt = None,
     out_dir: OutDir = None,
 ) -> None:
     """Rank the transfer layers' heads and stop them peeking one by one: faithfulness vs heads removed."""
     from af1 import experiments, pipeline
 
-    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
-    setup = _setup(model, spec, dtype, attn, means, device_map)
-    result = experiments.prune_heads(setup, _config(wait, transfer, "cama", "af1", seed, setup.adapter.n_layers))
+    setup = _setup(load, spec, means)
+    result = experiments.prune_heads(setup, _config(wait, transfer, "cama", "af1", spec.seed, setup.adapter.n_layers))
     _write(out_dir, "pruning.json", result, setup)
     if out_dir:
         pipeline.pruning_figure(result, out_dir)
@@ -425,14 +430,11 @@ def prune(
 
 
 @app.command("heads")
+@model_options
+@task_options
 def heads_cmd(
-    model: ModelOpt = "smollm2",
-    task: TaskOpt = "a+b",
-    style: StyleOpt = "original",
-    shots: ShotsOpt = 0,
-    digits: DigitsOpt = 1,
-    n: NOpt = None,
-    seed: SeedOpt = 0,
+    load: ModelChoice,
+    spec: TaskSpec,
     threshold: Annotated[float, typer.Option(help="relative logit change that makes a key head")] = -0.05,
     k: Annotated[int, typer.Option("--k", help="heads knocked out (top-k vs random-k)")] = 10,
     draws: Annotated[int, typer.Option(help="random draws of k heads")] = 5,
@@ -440,24 +442,16 @@ def heads_cmd(
         list[str] | None, typer.Option(help="other TASK or TASK:STYLE to compare key heads with")
     ] = None,
     as_json: JsonOpt = False,
-    dtype: DtypeOpt = "float32",
-    attn: AttnOpt = None,
-    device_map: DeviceMapOpt = None,
-    largest_layout: LayoutOpt = False,
-    answers: AnswersOpt = "constant",
-    allow_negative: NegativeOpt = False,
     out_dir: OutDir = None,
 ) -> None:
     """Heads and MLPs that carry the arithmetic: path patching, key heads, knockout, where they look, overlap."""
     from af1 import heads, pipeline
-    from af1.api import as_loaded
 
-    spec = task_spec(task, style, digits, shots, n, seed, largest_layout, answers, allow_negative)
     others = []
     for item in compare or []:
         op, _, st = item.partition(":")
-        others.append(task_spec(op, st or style, digits, shots, n, seed, largest_layout, answers, allow_negative))
-    lm = as_loaded(model, dtype=dtype, attn_implementation=attn, device_map=device_map)
+        others.append(TaskSpec.model_validate({**spec.model_dump(), "operation": op, "style": st or spec.style}))
+    lm = load.load()
     n_heads = lm.adapter.n_layers * lm.adapter.n_heads
     if not 1 <= k <= n_heads:
         raise Af1Error(f"--k {k} is out of range: the model has {n_heads} heads")
@@ -479,8 +473,9 @@ def heads_cmd(
 
 
 @app.command("finetune")
+@model_options
 def finetune_cmd(
-    model: ModelOpt = "smollm2",
+    load: ModelChoice,
     task: TaskOpt = "a+b",
     style: StyleOpt = "calculate",
     shots: ShotsOpt = 0,
@@ -493,18 +488,13 @@ def finetune_cmd(
     lr: Annotated[float, typer.Option(help="learning rate")] = 1e-4,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
-    dtype: DtypeOpt = "float32",
-    attn: AttnOpt = None,
-    device_map: DeviceMapOpt = None,
     out_dir: OutDir = None,
 ) -> None:
     """Train only the chosen heads; compare with full and random-head fine-tuning on math and on text."""
     from af1 import pipeline
 
-    spec = task_spec(task, style, digits, shots, None, seed)
-    result = pipeline.finetune_study(
-        model, spec, heads_arg, k, n_train, n_eval, steps, lr, seed, dtype, attn, out_dir, device_map
-    )
+    spec = task_spec(task, style, shots, digits, seed=seed)
+    result = pipeline.finetune_study(load.load(), spec, heads_arg, k, n_train, n_eval, steps, lr, seed, out_dir)
     table = Table("variant", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters")
     for name in ("base", "precise", "random_heads", "full"):
         r = result[name]
@@ -519,23 +509,20 @@ def finetune_cmd(
 
 
 @app.command("positional")
+@model_options
 def positional_cmd(
-    model: ModelOpt = "smollm2",
+    load: ModelChoice,
     window: Annotated[int, typer.Option(help="tokens per window of the corpus")] = 128,
     n_windows: Annotated[int, typer.Option("--windows", help="windows of the corpus")] = 4,
     corpus: Annotated[Path | None, typer.Option(help="a text file (default: the shipped public-domain sample)")] = None,
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
-    dtype: DtypeOpt = "float32",
-    attn: AttnOpt = None,
-    device_map: DeviceMapOpt = None,
     out_dir: OutDir = None,
 ) -> None:
     """How well attention logits split into a position term plus a meaning term, per layer and head."""
     from af1 import pipeline, positional
-    from af1.api import as_loaded
 
-    lm = as_loaded(model, dtype=dtype, attn_implementation=attn, device_map=device_map)
+    lm = load.load()
     config = positional.PositionalConfig(window=window, n_windows=n_windows, seed=seed)
     result = positional.study(lm.adapter, lm.tokenizer, config, corpus)
     if out_dir:
@@ -622,7 +609,7 @@ def demo(
     """The main job on the bundled model: the AF1 study of 1-digit a+b, its heads and attention, one HTML report."""
     from af1 import pipeline
 
-    report_path = pipeline.demo(model, out_dir, task_spec("a+b", style, 1, shots, None, 0), threshold, out.print)
+    report_path = pipeline.demo(model, out_dir, task_spec("a+b", style, shots), threshold, out.print)
     out.print(f"wrote {report_path}")
 
 

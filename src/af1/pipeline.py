@@ -11,6 +11,7 @@ from af1 import experiments
 from af1.allforone import AF1Config
 from af1.api import as_loaded, base_accuracy
 from af1.errors import Af1Error
+from af1.models import LoadedModel
 from af1.report import figures
 from af1.report.html import build_report
 from af1.results import provenance, write_json
@@ -73,7 +74,7 @@ def parse_heads(text: str, n_layers: int, n_heads: int) -> list[tuple[int, int]]
 
 
 def finetune_study(
-    model: str,
+    model: str | LoadedModel,
     spec: TaskSpec,
     heads_arg: str,
     k: int,
@@ -82,16 +83,13 @@ def finetune_study(
     steps: int,
     lr: float,
     seed: int,
-    dtype: str,
-    attn: str | None,
     out_dir: Path | None,
-    device_map: str | None = None,
 ) -> dict[str, Any]:
     """Disjoint train/eval problems, heads from path patching or the user, and the three fine-tunings."""
     from af1 import finetune, heads, positional
     from af1.tasks import build_task
 
-    lm = as_loaded(model, dtype=dtype, attn_implementation=attn, device_map=device_map)
+    lm = as_loaded(model)
     everything = build_task(spec.model_copy(update={"n": None, "answer_digits": "any"}), lm.tokenizer)
     if n_train + n_eval > len(everything):
         raise Af1Error(f"{n_train} + {n_eval} problems asked, the task has {len(everything)}: use more --digits")
