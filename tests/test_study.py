@@ -302,3 +302,10 @@ def test_ray_missing_is_a_one_line_error(monkeypatch, tmp_path, capsys, tiny_dir
     code, out, err = run_cli(capsys, "study", str(plan), "--out", str(tmp_path / "out"), "--ray")
     assert code == 2 and err == "af1: error: af1 study --ray needs Ray: pip install 'af1[ray]'\n" and out == ""
     assert not (tmp_path / "out").exists()
+
+
+def test_an_unreachable_ray_cluster_is_a_one_line_error(tmp_path, capsys, tiny_dirs):
+    plan = write_plan(tmp_path / "plan.yaml", tiny_dirs)
+    code, out, err = run_cli(capsys, "study", str(plan), "--out", str(tmp_path / "out"), "--ray", "127.0.0.1:1")
+    assert code == 2 and err.startswith("af1: error: cannot reach the Ray cluster at 127.0.0.1:1") and out == ""
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

@@ -7,6 +7,7 @@ ObjectRefs of the units it reads, and each model's units go to one actor that lo
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +46,7 @@ def run_study(
     With ray, ray_address None lets ray.init join the cluster it finds or start a local one
     (ray_init: more ray.init arguments); 'auto' or an address joins that cluster.
     """
-    if ray:
-        _require_ray()
+    ray_module = _require_ray(ray_address) if ray else None
     store = Store(out_dir)
     units = expand(plan)
     write_json(store.root / "plan.json", {"plan": plan.model_dump(), "units": [u.describe() for u in units]})
@@ -62,8 +62,8 @@ def run_study(
             todo.append(unit)
     if not todo:
         backend: Iterator[tuple[Unit, Outcome]] = iter(())
-    elif ray:
-        backend = _run_on_ray(todo, outcomes, store, ray_address, ray_init)
+    elif ray_module is not None:
+        backend = _run_on_ray(ray_module, todo, outcomes, store, ray_address, ray_init)
     else:
         backend = _run_here(todo, outcomes, store)
     ran: list[str] = []
@@ -89,6 +89,7 @@ def _run_here(todo: list[Unit], outcomes: dict[str, Outcome], store: Store) -> I
 
 
 def _run_on_ray(
+    ray: Any,
     todo: list[Unit],
     outcomes: dict[str, Outcome],
     store: Store,
@@ -96,7 +97,6 @@ def _run_on_ray(
     init: dict[str, Any] | None,
 ) -> Iterator[tuple[Unit, Outcome]]:
     """Each model's units on one actor with the model's resources; outcomes as they finish."""
-    ray = _require_ray()
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init or {}))
@@ -131,11 +131,18 @@ def _run_on_ray(
             ray.shutdown()
 
 
-def _require_ray() -> Any:
+def _require_ray(address: str | None) -> Any:
+    """Ray, once an explicit cluster address answers: ray.init would retry an unreachable one for minutes."""
     try:
         import ray
     except ImportError as exc:
         raise Af1Error("af1 study --ray needs Ray: pip install 'af1[ray]'") from exc
+    host, sep, port = (address or "").removeprefix("ray://").rpartition(":")
+    if sep and port.isdigit():
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+        except OSError as exc:
+            raise Af1Error(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from exc
     return ray
 
 
