@@ -108,27 +108,50 @@ def cli_on_smollm2(smollm2, monkeypatch):
 def fitted_tiny_model(family: str, specs: list, tokenizer, n_layers: int = 3, seed: int = 0):
     """A tiny random model whose unembedding is fitted by least squares to answer the given tasks' problems.
 
-    Its features are random but it solves every fitted problem, so AF1 and the heads study have
-    something to measure; interventions move the features, so faithfulness is not trivially 1.
+    Its features are random but it solves every fitted problem, every answer token (each scoring step's
+    last state is fitted to that step's target), both plainly and under AF1(wait 0, transfer 1) with the
+    means of the task distribution; so a study has an AF1 subgraph to find, and other interventions move the
+    features, so faithfulness is not trivially 1.
     """
-    from af1.tasks import build_task
+    from transformers import AutoModelForCausalLM
+
+    from af1.allforone import AF1Config, reference_logits
+    from af1.interventions.means import compute_means
+    from af1.models import ModelAdapter
+    from af1.tasks import build_task, distribution_task
 
     config = tiny_config(family)
     config.num_hidden_layers = n_layers
     if hasattr(config, "layer_types"):
         config.layer_types = config.layer_types[:1] * n_layers
-    from transformers import AutoModelForCausalLM
-
+    pairs = []  # (problems of a step, the distribution's same step)
+    for spec in specs:
+        task = build_task(spec, tokenizer)
+        pairs += list(zip(task.steps(), distribution_task(spec, tokenizer, task).steps(), strict=False))
+    rows = 2 * sum(len(s) for s, _ in pairs)
+    config.hidden_size = max(config.hidden_size, 64 * -(-rows // 64))  # room for an exact fit
+    config.intermediate_size = 2 * config.hidden_size
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     model.eval().requires_grad_(False)
     assert not config.tie_word_embeddings, "the fit rewrites the unembedding"
-    tasks = [build_task(spec, tokenizer) for spec in specs]
-    answers = torch.cat([t.answer_ids_P for t in tasks])
-    hidden = torch.cat([model.model(input_ids=t.input_ids_PT).last_hidden_state[:, -1] for t in tasks])  # [P, D]
-    assert hidden.shape[0] <= hidden.shape[1], "more problems than features: the fit would not be exact"
-    classes = sorted(set(answers.tolist()))
-    target = 10.0 * (answers[:, None] == torch.tensor(classes)[None]).float()  # [P, C]
+    adapter = ModelAdapter(model)
+    means = [compute_means(adapter, dist) for _, dist in pairs]
+    captured: list[torch.Tensor] = []
+    hook = adapter.final_norm.register_forward_hook(lambda _m, _a, out: captured.append(out[:, -1]))
+    answers = []
+    try:
+        for (step, _), step_means in zip(pairs, means, strict=True):
+            model(input_ids=step.input_ids_PT)
+            reference_logits(adapter, step, AF1Config(wait=0, transfer=1), step_means)
+            answers += [step.answer_ids_P, step.answer_ids_P]
+    finally:
+        hook.remove()
+    hidden = torch.cat(captured)  # [rows, D], after the final norm
+    answers_R = torch.cat(answers)
+    assert hidden.shape[0] <= hidden.shape[1], "more rows than features: the fit would not be exact"
+    classes = sorted(set(answers_R.tolist()))
+    target = 10.0 * (answers_R[:, None] == torch.tensor(classes)[None]).float()  # [rows, C]
     weight = model.lm_head.weight
     weight.zero_()
     weight[classes] = (torch.linalg.pinv(hidden.double()) @ target.double()).T.float()

@@ -8,7 +8,7 @@ import torch
 from af1 import Af1Error, ModelAdapter
 from af1.allforone import AF1Config, reference_logits
 from af1.evaluation import last_logits
-from af1.fast import fast_logits, fast_sweep_wait, knockout_logits, supports
+from af1.fast import fast_logits, fast_pruned_logits, fast_sweep_wait, knockout_logits, supports, token_local_kv
 from af1.interventions.attention import attention_plans, check_maskable
 from af1.interventions.masks import abp_masks, last_token_knockout
 from af1.interventions.means import PositionMeans, compute_means, means_key
@@ -20,9 +20,19 @@ from conftest import TINY_FAMILIES, tiny_model
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def task(tokenizer):
-    return build_task(TaskSpec(operation="a+b", shots=1, n=12, seed=3), tokenizer)
+@pytest.fixture(scope="module", params=["prefix", "bos", "step1"])
+def task(request, tokenizer):
+    """A constant few-shot prefix; no prefix, so a BOS is prepended as the only context; and the second answer
+    step of full scoring, whose last token (the answer's first digit) and one more position vary."""
+    if request.param == "prefix":
+        return build_task(TaskSpec(operation="a+b", shots=1, n=12, seed=3), tokenizer)
+    if request.param == "bos":
+        task = build_task(TaskSpec(operation="a+b", shots=0, n=12, seed=3), tokenizer)
+        assert task.bos is not None and task.context_len == 1
+        return task
+    step = build_task(TaskSpec(operation="a+b", shots=1, n=40, seed=3), tokenizer).steps()[1]
+    assert step.step == 1 and len(step) >= 10
+    return step
 
 
 @pytest.fixture(scope="module", params=TINY_FAMILIES)
@@ -101,6 +111,42 @@ def test_knockout_equals_reference(tiny, task):
         extra = last_token_knockout(task.n_positions, task.context_len, layers)
         ref = reference_logits(adapter, task, AF1Config(abp="none"), None, extra_masks=extra)
         assert (ref - fast).abs().max() <= TOL
+
+
+def test_fast_pruned_sets_equal_reference(tiny, task):
+    adapter, means = tiny
+    config = AF1Config(wait=0, transfer=2)
+    if supports(adapter, task, config) is not None:  # pruning falls back to one reference run per set there
+        assert adapter.family.name == "gptj"
+        return
+    kv = token_local_kv(adapter, task, config, means)
+    sets = [[], [(1, 0)], [(1, 0), (2, 3), (2, 1)]]
+    for heads, fast in zip(sets, fast_pruned_logits(adapter, task, config, kv, sets, max_rows=7), strict=True):
+        ref = reference_logits(adapter, task, config.model_copy(update={"pruned_heads": heads}), means)
+        assert (ref - fast).abs().max() <= TOL
+
+
+def test_zero_output_variant_zeroes_what_abp_would_mask(task):
+    from af1.allforone import zeroed_outputs
+
+    n, c = task.n_positions, task.context_len
+    zeroed = zeroed_outputs(task, AF1Config(wait=0, transfer=1, abp="zero-output"), n_layers=3)
+    assert zeroed == {1: list(range(c, n - 1)), 2: list(range(c, n))}  # the last token keeps its peek layer
+    adapter = ModelAdapter(tiny_model("llama"))
+    means = compute_means(adapter, task)
+    config = AF1Config(wait=0, transfer=1)
+    masked = reference_logits(adapter, task, config, means)
+    zero = reference_logits(adapter, task, config.model_copy(update={"abp": "zero-output"}), means)
+    assert not torch.allclose(masked, zero)
+    assert "ABP variant" in supports(adapter, task, config.model_copy(update={"abp": "zero-output"}))
+
+
+def test_non_cama_ablations_replace_the_first_varying_position(task):
+    from af1.allforone import ablation_start
+
+    assert ablation_start(AF1Config(wait=0), task) == task.context_len + 1
+    for ablation in ("zero", "mean", "resample"):
+        assert ablation_start(AF1Config(wait=0, ablation=ablation), task) == task.context_len
 
 
 def test_fast_path_coverage():

@@ -113,7 +113,7 @@ def test_bfloat16_placed_and_whole_agree(pair, tokenizer):
     expected = reference_logits(whole.adapter, task, config, means)
     assert torch.equal(reference_logits(placed.adapter, task, config, means), expected)
     assert torch.equal(fast_logits(placed.adapter, task, config, means).argmax(-1), expected.argmax(-1))
-    assert experiments.prepare(placed, SPEC).base.accuracy == experiments.prepare(whole, SPEC).base.accuracy > 0.5
+    assert experiments.prepare(placed, SPEC).base.accuracy == experiments.prepare(whole, SPEC).base.accuracy > 0.3
 
 
 def test_fine_tuning_refuses_offloaded_weights(pair, tokenizer):

@@ -15,33 +15,54 @@ from conftest import tiny_model
 
 
 def test_evaluate_matches_a_manual_forward(tokenizer):
+    """Full scoring = greedy exact match under teacher forcing: every answer token, from one manual forward each."""
     model = tiny_model("llama")
     task = build_task(TaskSpec(operation="a+b", shots=1), tokenizer)
     scores = evaluate(model, task, batch_size=7)
-    logits = model(task.input_ids_PT, use_cache=False).logits[:, -1]
-    assert torch.equal(scores.predicted_P, logits.argmax(-1))
-    assert torch.allclose(scores.p_correct_P, logits.softmax(-1).gather(1, task.answer_ids_P[:, None])[:, 0])
+    for i in range(len(task)):
+        ids = task.input_ids_PT[i].tolist() + list(task.answer_tokens[i])
+        logits = model(torch.tensor([ids]), use_cache=False).logits[0]  # teacher-forced, all steps at once
+        n, k = task.n_positions, len(task.answer_tokens[i])
+        steps = logits[n - 1 : n - 1 + k]
+        assert scores.predicted_PK[i] == steps.argmax(-1).tolist()
+        assert bool(scores.correct_P[i]) == (steps.argmax(-1).tolist() == list(task.answer_tokens[i]))
+        p = steps.softmax(-1).gather(1, torch.tensor(task.answer_tokens[i])[:, None]).prod()
+        assert torch.allclose(scores.p_correct_P[i], p, rtol=1e-4)
 
 
 def test_solved_keeps_the_correct_problems(tokenizer):
     task = build_task(TaskSpec(operation="a+b", n=4), tokenizer)
-    scores = Scores(task.answer_ids_P.clone(), torch.ones(4), torch.tensor([True, False, True, False]))
+    scores = Scores([[0]] * 4, torch.ones(4), torch.tensor([True, False, True, False]))
     kept = solved(task, scores)
     assert kept.problems == [task.problems[0], task.problems[2]]
 
 
 def test_smollm2_solves_spaced_addition(smollm2):
-    task = build_task(TaskSpec(operation="a+b", style="calculate", shots=3), smollm2.tokenizer)
-    assert evaluate(smollm2.model, task).accuracy > 0.85
+    first = build_task(TaskSpec(operation="a+b", style="calculate", shots=3, scoring="first"), smollm2.tokenizer)
+    assert evaluate(smollm2.model, first).accuracy > 0.85  # one-digit answers, first token
+    full = build_task(TaskSpec(operation="a+b", style="calculate", shots=3), smollm2.tokenizer)
+    assert 0.6 < evaluate(smollm2.model, full).accuracy < 0.8  # every answer, every digit: harder
 
 
 def test_cli_eval_json(capsys, cli_on_smollm2):
     code, out, _ = run_cli(capsys, "eval", "--task", "a+b", "--shots", "3", "--json")
     assert code == 0
     result = json.loads(out)
-    assert result["n"] == 52 and 0 <= result["base_accuracy"] <= 1
+    assert result["n"] == 97 and result["scoring"] == "full" and 0 <= result["base_accuracy"] <= 1
     assert result["n_solved"] == sum(p["solved"] for p in result["problems"])
+    low, high = result["base_accuracy_ci"]
+    assert low < result["base_accuracy"] < high
+    answers = [p["answer"] for p in result["problems"]]
+    assert result["base_accuracy_baseline"] == max(answers.count(a) for a in set(answers)) / len(answers)
+    row = result["problems"][0]
+    assert row["input"].endswith(row["prompt"]) and row["input_ids"] and row["answer_tokens"]
     assert result["provenance"]["model"]["sha256"]
+    code, out, err = run_cli(
+        capsys, "eval", "--task", "a+b", "--digits", "2", "--n", "30", "--scoring", "first", "--json"
+    )
+    first = json.loads(out)
+    assert code == 0 and first["n"] == 30 and first["base_accuracy_baseline"] == 1.0  # every first token is "1"
+    assert "near constant" in err and first["warnings"]
 
 
 @pytest.mark.parametrize(

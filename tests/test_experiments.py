@@ -10,7 +10,6 @@ import torch
 from af1 import Af1Error, ModelAdapter, experiments
 from af1.allforone import AF1Config, reference_logits
 from af1.evaluation import Scores
-from af1.interventions.means import compute_means
 from af1.models import LoadedModel
 from af1.report.html import build_report
 from af1.tasks import TaskSpec, build_task
@@ -21,14 +20,16 @@ from conftest import tiny_model
 
 @pytest.fixture(scope="module")
 def tiny_setup(tokenizer):
-    """A tiny random model treated as if it solved every problem (it solves none)."""
+    """A tiny random model treated as if it solved every problem (it solves none); answers of one and two
+    digits, so every measurement runs two scoring steps."""
     model = tiny_model("llama")
     adapter = ModelAdapter(model)
-    spec = TaskSpec(operation="a+b", shots=1, n=10)
+    spec = TaskSpec(operation="a+b", shots=1, n=16)
     task = build_task(spec, tokenizer)
-    all_right = Scores(task.answer_ids_P.clone(), torch.ones(len(task)), torch.ones(len(task), dtype=torch.bool))
+    assert task.n_steps() == 2
+    all_right = Scores([list(a) for a in task.answer_tokens], torch.ones(len(task)), torch.ones(len(task)) > 0)
     lm = LoadedModel(model, tokenizer, adapter, {"spec": "tiny-llama"})
-    return experiments.Setup(lm, spec, task, all_right, task, compute_means(adapter, task))
+    return experiments.make_setup(lm, spec, task, all_right, task, cache_means=False)
 
 
 def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
@@ -45,32 +46,86 @@ def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
 
     monkeypatch.setattr(experiments, "fast_sweep_wait", counting)
     full = experiments.sweep(tiny_setup, state_path=state)
-    assert all(0 not in todo and 1 not in todo for todo in calls)  # finished cells are not recomputed
+    assert calls and all(0 not in todo and 1 not in todo for todo in calls)  # finished cells are not recomputed
     grid = full["faithfulness_wait_transfer"]
     for w in range(-1, L):
         for k in range(L + 1):
             assert (grid[w + 1, k] == grid[w + 1, k]) == (k <= L - 1 - w)
-    one = reference_logits(tiny_setup.adapter, tiny_setup.kept, AF1Config(wait=0, transfer=1), tiny_setup.means)
-    assert grid[1, 1] == Scores.from_logits(one, tiny_setup.kept.answer_ids_P).accuracy
+    # a cell is the full answer's accuracy: every step under the same intervention (reference path)
+    config = AF1Config(wait=0, transfer=1)
+    steps = [reference_logits(s.adapter, s.kept, config, s.means) for s in tiny_setup.steps]
+    one = Scores.from_steps(tiny_setup.kept, steps)
+    assert full["cells"]["0,1"] == "".join("1" if c else "0" for c in one.correct_P.tolist())
+    assert grid[1, 1] == one.accuracy and full["ci_low_wait_transfer"][1, 1] <= one.accuracy
+    assert full["executor"] == "fast" and set(full["cell_executors"].values()) == {"fast"}
+    assert full["targets"] == tiny_setup.kept.targets()
+    assert full["kept_problems"][0]["input_ids"] == tiny_setup.kept.input_ids_PT[0].tolist()
+    asked = experiments.executor(tiny_setup, config, reference=True)
+    assert asked == {"executor": "reference", "fallback_reason": "asked for (--reference)"}
+    resample = experiments.executor(tiny_setup, config.model_copy(update={"ablation": "resample"}))
+    assert resample["executor"] == "reference" and "token-local" in resample["fallback_reason"]
 
 
-def test_search_takes_largest_wait_then_smallest_transfer():
-    L = 4
-    faith = torch.full((L + 1, L + 1), float("nan"))
+def test_low_counts_of_the_means_are_named(tiny_setup):
+    """16 problems: most (position, token) means average fewer than 5 states, and the setup says where."""
+    counts = tiny_setup.means.counts_TS
+    assert counts.sum(1)[tiny_setup.kept.context_len] == len(tiny_setup.distribution)
+    note = next(w for w in tiny_setup.warnings if "fewer than 5" in w)
+    low = experiments.low_count_positions(tiny_setup.means, tiny_setup.steps[0].kept)
+    assert low and str(low) in note and all(t >= tiny_setup.kept.context_len for t in low)
+
+
+def synthetic_sweep(L: int, n: int, cells: dict[tuple[int, int], list[bool]], targets: list[str]) -> dict:
+    """A sweep result as `experiments.sweep` writes it, with chosen per-problem outcomes (the rest all wrong)."""
+    bits = {}
     for w in range(-1, L):
         for k in range(L - w):
-            faith[w + 1, k] = 0.5
-    faith[2, 2] = 0.95  # wait 1, transfer 2
-    faith[2, 1] = 0.92  # wait 1, transfer 1
-    faith[1, 1] = 0.99  # wait 0
-    sweep = {"faithfulness_wait_transfer": faith, "n_layers": L}
+            bits[f"{w},{k}"] = "".join("1" if c else "0" for c in cells.get((w, k), [False] * n))
+    return {"n_layers": L, "targets": targets, "cells": bits, "config": {}}
+
+
+def test_search_chooses_on_selection_and_confirms_on_the_rest():
+    from af1.stats import split_indices
+
+    L, n = 6, 40
+    targets = [str(i % 10) for i in range(n)]  # a constant guess scores 0.1
+    sel, conf = split_indices(n, 0.5, 0)
+    right = [True] * n
+    only_selection = [i in sel for i in range(n)]
+    cells = {
+        (1, 2): right,  # wait 1, transfer 2
+        (1, 1): right,  # wait 1, transfer 1: the smaller transfer at the same wait
+        (2, 3): right,  # wait 2 + transfer 3 reaches the last layer: no compute stage, never chosen
+        (3, 1): only_selection,  # the largest wait that passes on the selection half, poor on the other
+        (0, 4): right,
+    }
+    sweep = synthetic_sweep(L, n, cells, targets)
     found = experiments.search(sweep, 0.9)
-    assert (found["wait"], found["transfer"]) == (1, 1)
-    assert found["stages"] == {"wait": [0, 1], "transfer": [2], "compute": [3]}
-    assert experiments.search(sweep, 0.999)["found"] is False
-    assert experiments.search(sweep, 0.999)["best"] == {"wait": 0, "transfer": 1, "faithfulness": pytest.approx(0.99)}
+    assert found["found"] and (found["wait"], found["transfer"]) == (3, 1)
+    assert found["faithfulness_selection"] == 1.0 and found["faithfulness"] == 0.0  # the split shows it
+    assert found["n_selection"] == len(sel) and found["n_confirmation"] == len(conf)
+    assert found["faithfulness_ci"][1] < 0.2 and found["faithfulness_baseline"] <= 0.25
+    assert found["stages"] == {"wait": [0, 1, 2, 3], "transfer": [4], "compute": [5]}
+    assert [(f["wait"], f["transfer"]) for f in found["frontier"]] == [(0, 4), (1, 1), (3, 1)]
+    assert found["n_ineligible_no_compute"] == L + 1
+    sweep = synthetic_sweep(L, n, {k: v for k, v in cells.items() if k != (3, 1)}, targets)
+    found = experiments.search(sweep, 0.9)
+    assert (found["wait"], found["transfer"], found["faithfulness"]) == (1, 1, 1.0)
+    assert experiments.search(sweep, 1.0)["found"] is True
+    nothing = experiments.search(synthetic_sweep(L, n, {(1, 1): [i % 2 == 0 for i in range(n)]}, targets), 0.9)
+    assert nothing["found"] is False and nothing["wait"] is None
+    assert (nothing["best"]["wait"], nothing["best"]["transfer"]) == (1, 1)
     with pytest.raises(Af1Error, match=r"\[0, 1\]"):
         experiments.search(sweep, 1.5)
+
+
+def test_search_never_chooses_a_cell_no_better_than_a_constant_guess():
+    L, n = 4, 30
+    constant = ["7"] * n  # every target the same: a constant guess is right on all of them
+    sweep = synthetic_sweep(L, n, {(0, 1): [True] * n}, constant)
+    found = experiments.search(sweep, 0.9)
+    assert found["found"] is False and "best" not in found
+    assert found["faithfulness_baseline"] == 1.0 and "near constant" in found["warnings"][0]
 
 
 def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
@@ -78,13 +133,21 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     nec = experiments.necessity(tiny_setup, windows=(1, 2), found=config)
     L = tiny_setup.adapter.n_layers
     assert len(nec["windows"]["1"]) == L and len(nec["windows"]["2"]) == L - 1
+    assert all(lo <= v <= hi for v, (lo, hi) in zip(nec["windows"]["1"], nec["windows_ci"]["1"], strict=True))
     assert [s["start"] for s in nec["shifted_transfer"]["by_start"]] == [1, 2]
     alt = experiments.alternatives(tiny_setup, config)
     assert set(alt["ablations"]) == {"cama", "zero", "mean", "resample", "none"}
-    assert set(alt["abp_variants"]) == {"af1", "none", "sink", "all-peek"}
-    assert alt["ablations"]["cama"] == alt["abp_variants"]["af1"]
+    assert set(alt["abp_variants"]) == {"af1", "none", "sink", "all-peek", "zero-output"}
+    assert alt["ablations"]["cama"] == alt["abp_variants"]["af1"] == alt["configured"]["faithfulness"]
+    assert alt["ablations_detail"]["cama"]["mcnemar_vs_configured"]["p_value"] == 1.0
+    resample = alt["ablations_detail"]["resample"]
+    assert resample["seeds"] == 5 and len(resample["per_seed"]) == 5
+    assert resample["faithfulness"] == pytest.approx(sum(r["faithfulness"] for r in resample["per_seed"]) / 5)
     pruning = experiments.prune_heads(tiny_setup, config)
     assert pruning["n_transfer_heads"] == 4 and len(pruning["faithfulness_vs_pruned"]) == 5
+    assert sorted(map(tuple, pruning["prune_order"])) == [(1, h) for h in range(4)]
+    assert pruning["n_selection"] + pruning["n_confirmation"] == len(tiny_setup.kept)
+    assert set(pruning["confirmation"]) == {"unpruned", "pruned", "mcnemar"}
     with pytest.raises(Af1Error, match="transfer layers"):
         experiments.prune_heads(tiny_setup, AF1Config(wait=0))
     from af1 import pipeline
@@ -97,8 +160,26 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     pipeline.pruning_figure(pruning, tmp_path)
     html = build_report(tmp_path).read_text()
     assert "data:image/png;base64," in html and "Alternatives" in html and "Head pruning" in html
+    assert "McNemar" in html and "constant guess" in html
     with pytest.raises(Af1Error, match="no af1 results"):
         build_report(tmp_path / "empty" if (tmp_path / "empty").mkdir() is None else tmp_path)
+
+
+def test_greedy_pruning_reranks_after_every_removal(tiny_setup, monkeypatch):
+    """Each round scores every remaining head on top of the ones already removed."""
+    rounds: list[list[list[tuple[int, int]]]] = []
+    real = experiments.pruned_scores
+
+    def spy(setup, config, head_sets):
+        rounds.append(head_sets)
+        return real(setup, config, head_sets)
+
+    monkeypatch.setattr(experiments, "pruned_scores", spy)
+    result = experiments.prune_heads(tiny_setup, AF1Config(wait=0, transfer=2))
+    order = [tuple(h) for h in result["prune_order"]]
+    assert [len(r) for r in rounds] == list(range(8, 0, -1))
+    for i, sets in enumerate(rounds):
+        assert all(s[:i] == order[:i] for s in sets)  # every candidate extends the removals so far
 
 
 def test_map_config_by_relative_depth():
@@ -112,14 +193,20 @@ def test_map_config_by_relative_depth():
 
 
 @pytest.fixture(scope="module")
+def smol_first(smollm2):
+    return experiments.prepare(smollm2, TaskSpec(operation="a+b", shots=3, answer_digits="any", scoring="first"))
+
+
+@pytest.fixture(scope="module")
 def smol_setup(smollm2):
-    return experiments.prepare(smollm2, TaskSpec(operation="a+b", shots=3, answer_digits="any"))
+    return experiments.prepare(smollm2, TaskSpec(operation="a+b", style="calculate", shots=3))
 
 
-def test_smollm2_cama_and_abp_alone_match_the_spec(smol_setup):
-    """SPEC.md's facts for SmolLM2, 1-digit a+b=, 3 shots: CAMA ~0.97 at 0 and ~0.73 at 15; ABP needs > 25."""
-    parts = experiments.components(smol_setup, [0, 15, 25], transfer=2)
-    assert 0.55 < smol_setup.base.accuracy < 0.8
+def test_smollm2_cama_and_abp_alone_match_the_spec(smol_first):
+    """SPEC.md's facts for SmolLM2, 1-digit a+b=, 3 shots, first token: CAMA ~0.97 at 0 and ~0.73 at 15;
+    ABP needs > 25."""
+    parts = experiments.components(smol_first, [0, 15, 25], transfer=2)
+    assert 0.55 < smol_first.base.accuracy < 0.8
     assert parts["cama_only"][0] >= 0.93
     assert 0.55 <= parts["cama_only"][15] <= 0.85
     assert parts["abp_only"][25] >= 0.9
@@ -127,12 +214,16 @@ def test_smollm2_cama_and_abp_alone_match_the_spec(smol_setup):
 
 
 def test_smollm2_fast_equals_reference(smol_setup):
+    """Every answer step (the second one's last token is the answer's first digit), fast path = hook path."""
+    assert len(smol_setup.steps) == 2 and smol_setup.spec.scoring == "full"
     for wait, transfer in [(-1, 4), (13, 5), (20, 3), (26, 1)]:
         config = AF1Config(wait=wait, transfer=transfer)
-        ref = experiments.af1_logits(smol_setup, config, reference=True)
-        fast = experiments.af1_logits(smol_setup, config)
-        assert (ref - fast).abs().max() <= 1e-4
-        assert torch.equal(ref.argmax(-1), fast.argmax(-1))
+        for step in smol_setup.steps:
+            ref = experiments.af1_logits(step, config, reference=True)
+            fast = experiments.af1_logits(step, config)
+            assert (ref - fast).abs().max() <= 1e-4
+            assert torch.equal(ref.argmax(-1), fast.argmax(-1))
+    assert smol_setup.distribution.origin == "grid" and len(smol_setup.distribution) == 97
 
 
 def test_cli_run_json_and_errors(capsys, cli_on_smollm2, tmp_path):
@@ -157,7 +248,10 @@ def test_cli_run_json_and_errors(capsys, cli_on_smollm2, tmp_path):
     result = json.loads(out)
     for key in ("faithfulness", "n_solved", "base_accuracy", "wait", "transfer", "mean_p_correct", "problems"):
         assert key in result
-    assert result["path"] == "fast" and result["stages"]["transfer"] == list(range(16, 22))
+    assert result["executor"] == "fast" and result["fallback_reason"] is None
+    assert result["stages"]["transfer"] == list(range(16, 22)) and result["scoring"] == "full"
+    low, high = result["faithfulness_ci"]
+    assert low <= result["faithfulness"] <= high and 0 < result["faithfulness_baseline"] < 0.5
     kept = [p for p in result["problems"] if p["solved"]]
     assert len(kept) == result["n_solved"]
     assert result["faithfulness"] == pytest.approx(sum(p["right_under_intervention"] for p in kept) / len(kept))

@@ -288,7 +288,15 @@ def test_cli_ray_takes_an_optional_address(monkeypatch, tmp_path, capsys, tiny_d
 
 
 def test_tasks_that_differ_anywhere_get_their_own_units():
-    changes = {"n": 5, "n_max": 5, "seed": 1, "answer_digits": "any", "allow_negative": True, "largest_layout": True}
+    changes = {
+        "n": 5,
+        "n_max": 5,
+        "seed": 1,
+        "answer_digits": "any",
+        "allow_negative": True,
+        "largest_layout": True,
+        "scoring": "first",
+    }
     assert set(TaskSpec.model_fields) == {"operation", "style", "digits", "shots", *changes}  # the label names all
     base = TaskSpec(operation="a-b")
     variants = [base.model_copy(update={name: value}) for name, value in changes.items()]

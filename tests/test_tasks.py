@@ -11,12 +11,65 @@ from af1.tasks import OPERATIONS, STYLES, TaskSpec, build_task, enumerate_proble
 
 @pytest.mark.parametrize("op", list(OPERATIONS))
 def test_answers_are_right_and_non_negative(op):
-    _, problems = enumerate_problems(TaskSpec(operation=op))
+    _, problems = enumerate_problems(TaskSpec(operation=op, scoring="first"))
     assert problems
     for p in problems:
         assert p.answer == eval(p.prompt.rstrip("=").replace("=", ""))  # the prompt is the expression
         assert p.answer >= 0
-    assert len({len(str(p.answer)) for p in problems}) == 1  # constant answer digit count
+    assert len({len(str(p.answer)) for p in problems}) == 1  # first-token scoring: constant answer digit count
+    _, every = enumerate_problems(TaskSpec(operation=op))  # full scoring keeps answers of every digit count
+    assert len(every) >= len(problems) and {p.answer for p in every} >= {p.answer for p in problems}
+
+
+def test_full_scoring_steps_are_teacher_forced(tokenizer):
+    task = build_task(TaskSpec(operation="a+b", shots=2), tokenizer)
+    assert task.spec.scoring == "full" and {len(a) for a in task.answer_tokens} == {1, 2}
+    steps = task.steps()
+    assert [s.step for s in steps] == [0, 1]
+    assert len(steps[0]) == len(task) and len(steps[1]) == sum(p.answer >= 10 for p in task.problems)
+    for row, i in enumerate(steps[1].index_P.tolist()):
+        p = task.problems[i]
+        # step 1 reads the prompt and the answer's first digit, and must predict the second
+        assert steps[1].input_ids_PT[row].tolist() == tokenizer(p.text + str(p.answer)[0]).input_ids
+        assert tokenizer.decode([int(steps[1].answer_ids_P[row])]) == str(p.answer)[1]
+    assert steps[1].layout[-1] == "answer0" and steps[1].context_len == task.context_len
+    assert task.targets()[0] == " ".join(map(str, task.answer_tokens[0]))
+    first = build_task(TaskSpec(operation="a+b", shots=2, scoring="first"), tokenizer)
+    assert len(first.steps()) == 1 and first.targets() == [str(int(t)) for t in first.answer_ids_P]
+
+
+def test_varying_first_token_gets_a_bos_never_context(tokenizer):
+    task = build_task(TaskSpec(operation="a+b", style="original", shots=0), tokenizer)
+    assert task.bos == (tokenizer.bos_token_id, tokenizer.bos_token)
+    assert (task.input_ids_PT[:, 0] == tokenizer.bos_token_id).all() and task.context_len == 1
+    assert (task.input_ids_PT[:, 1] != task.input_ids_PT[0, 1]).any()  # the first operand is not context
+    assert task.layout[:2] == ("context", "A") and task.rows()[0]["input"].startswith(tokenizer.bos_token)
+    assert task.rows()[0]["input_ids"] == task.input_ids_PT[0].tolist()
+    with_prefix = build_task(TaskSpec(operation="a+b", style="calculate", shots=0), tokenizer)
+    assert with_prefix.bos is None and with_prefix.context_len > 1  # a constant instruction is context enough
+
+
+def test_no_bos_to_prepend_is_a_one_line_error():
+    class NoSpecials(SpaceMergingTokenizer):
+        bos_token_id = None
+
+    with pytest.raises(Af1Error, match="--shots") as info:
+        build_task(TaskSpec(operation="a+b"), NoSpecials())
+    assert "\n" not in str(info.value)
+
+
+def test_means_distribution_is_the_grid_or_a_disjoint_sample(tokenizer, monkeypatch):
+    import af1.tasks as tasks
+
+    spec = TaskSpec(operation="a+b", digits=2, n=30, shots=1)
+    task = build_task(spec, tokenizer)
+    grid = tasks.distribution_task(spec, tokenizer, task)
+    assert grid.origin == "grid" and len(grid) == 90 * 90 - 1 and grid.context_len == task.context_len
+    monkeypatch.setattr(tasks, "GRID_MAX", 1000)
+    monkeypatch.setattr(tasks, "MEANS_SAMPLE", 200)
+    sample = tasks.distribution_task(spec, tokenizer, task)
+    assert sample.origin == "disjoint sample" and len(sample) == 200
+    assert not {p.prompt for p in sample.problems} & {p.prompt for p in task.problems}
 
 
 def test_negative_results_when_asked():
@@ -78,6 +131,8 @@ def test_two_digit_answer_first_token_is_leading_digit(tokenizer):
 class SpaceMergingTokenizer:
     """A tokenizer whose numbers carry their leading space, like GPT-2's: ' 7' is one token."""
 
+    bos_token_id, bos_token = 1000, "<s>"
+
     def __call__(self, text, return_offsets_mapping=False):
         import re
 
@@ -131,7 +186,7 @@ def test_mixed_layouts_refused_or_grouped():
     with pytest.raises(Af1Error, match="different token layouts"):
         build_task(spec, OnePlusTokenizer())
     task = build_task(spec.model_copy(update={"largest_layout": True}), OnePlusTokenizer())
-    assert task.excluded_other_layouts == 9  # 1+0 .. 1+8
+    assert task.excluded_other_layouts == 10  # 1+0 .. 1+9 (full scoring keeps the two-digit answer 10)
     assert all(p.operands[0] != 1 for p in task.problems)
 
 

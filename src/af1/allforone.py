@@ -21,7 +21,7 @@ from af1.evaluation import batches, forward_last
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.masks import ABPVariant, abp_masks
 from af1.interventions.means import PositionMeans
-from af1.interventions.residual import edit_residual, record_residual, replace_positions
+from af1.interventions.residual import edit_residual, record_residual, replace_positions, zero_attention_outputs
 from af1.models.adapter import ModelAdapter
 from af1.progress import progress
 from af1.tasks import Task
@@ -90,6 +90,12 @@ def ablated_states(config: AF1Config, means: PositionMeans | None, ids_BT: torch
     return means.mean_LTD[config.wait][None].expand(ids_BT.shape[0], -1, -1)
 
 
+def ablation_start(config: AF1Config, task: Task) -> int:
+    """First position the ablation overwrites. CAMA leaves the first varying position, whose state is already its
+    conditional mean (it sees only context and itself); the other ablations replace it too."""
+    return task.context_len + 1 if config.ablation == "cama" else task.context_len
+
+
 def ablation_edit(
     config: AF1Config,
     means: PositionMeans | None,
@@ -100,7 +106,7 @@ def ablation_edit(
     """The overwrite of h[wait] for one batch: positions after the first varying one."""
     if config.wait < 0 or config.ablation == "none":
         return None
-    start = task.context_len + 1
+    start = ablation_start(config, task)
     if config.ablation == "resample":
         assert donor_BTD is not None
         return lambda h: replace_positions(h, donor_BTD, start)
@@ -127,23 +133,23 @@ def plans_for(
     return {layer: LayerPlan(allowed_BQK=m) for layer, m in masks.items()}
 
 
-def donor_states(adapter: ModelAdapter, task: Task, layer: int, perm: torch.Tensor, sl: slice) -> torch.Tensor:
-    """h[layer] of the resample donors of a batch (the problems perm[sl])."""
+def donor_states(adapter: ModelAdapter, donors: Task, layer: int, index: torch.Tensor) -> torch.Tensor:
+    """h[layer] of the resample donors of a batch (rows `index` of the donor task)."""
     store: dict[int, torch.Tensor] = {}
-    ids = task.input_ids_PT[perm[sl]].to(adapter.device)
+    ids = donors.input_ids_PT[index].to(adapter.device)
     with record_residual(adapter, [layer], store):
         adapter.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
     return store[layer]
 
 
-def resample_permutation(n: int, seed: int) -> torch.Tensor:
-    """A seeded derangement-ish pairing: each problem takes its states from another problem."""
+def resample_donors(task: Task, donors: Task, seed: int) -> torch.Tensor:
+    """For each problem, a seeded random donor from the whole distribution whose input differs from its own."""
     g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(n, generator=g)
-    if n > 1:
-        fixed = perm == torch.arange(n)
-        perm[fixed] = (perm[fixed] + 1) % n
-    return perm
+    pick = torch.randint(len(donors), (len(task),), generator=g)
+    for i in range(len(task)):
+        while len(donors) > 1 and torch.equal(donors.input_ids_PT[pick[i]], task.input_ids_PT[i]):
+            pick[i] = int(torch.randint(len(donors), (1,), generator=g))
+    return pick
 
 
 @contextlib.contextmanager
@@ -161,8 +167,21 @@ def af1_intervention(
     with (
         edit_residual(adapter, {config.wait: edit} if edit else {}),
         attention_plans(adapter, plans_for(task, config, adapter, extra_masks)),
+        zero_attention_outputs(adapter, zeroed_outputs(task, config, adapter.n_layers)),
     ):
         yield
+
+
+def zeroed_outputs(task: Task, config: AF1Config, n_layers: int) -> dict[int, list[int]]:
+    """The ABP variant zero-output: instead of masking, the attention output of every non-context position after
+    `wait` is zeroed, except the last position's in transfer layers."""
+    if config.abp != "zero-output":
+        return {}
+    n, peek = task.n_positions, set(config.peek_layers())
+    return {
+        layer: list(range(task.context_len, n - 1 if layer in peek else n))
+        for layer in range(config.wait + 1, n_layers)
+    }
 
 
 @torch.no_grad()
@@ -174,16 +193,22 @@ def reference_logits(
     batch_size: int = 32,
     extra_masks: dict[int, torch.Tensor] | None = None,
     desc: str | None = None,
+    donors: Task | None = None,
 ) -> torch.Tensor:
-    """Last-position logits [P, V] under AF1, by hooks on the full model."""
+    """Last-position logits [P, V] under AF1, by hooks on the full model.
+
+    The resample ablation takes each problem's states from a donor of `donors` (the task distribution;
+    the task itself when none is given)."""
     config.check(adapter.n_layers, adapter.n_heads)
     ids = task.input_ids_PT
     P = len(ids)
-    perm = resample_permutation(P, config.seed) if config.ablation == "resample" and config.wait >= 0 else None
+    resample = config.ablation == "resample" and config.wait >= 0
+    donors = donors if donors is not None else task
+    pick = resample_donors(task, donors, config.seed) if resample else None
     out = []
     for sl in progress(list(batches(P, batch_size)), desc=desc):
         batch = ids[sl].to(adapter.device)
-        donor = donor_states(adapter, task, config.wait, perm, sl) if perm is not None else None
+        donor = donor_states(adapter, donors, config.wait, pick[sl]) if pick is not None else None
         with af1_intervention(adapter, task, config, means, batch, donor, extra_masks):
             out.append(forward_last(adapter.model, batch))
     return torch.cat(out)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from af1.errors import Af1Error
-from af1.evaluation import evaluate
+from af1.evaluation import Scores, evaluate
 from af1.models import LoadedModel, load_model
 from af1.results import provenance
+from af1.stats import baseline_warning
 
 __all__ = ["as_loaded", "base_accuracy", "problem_rows", "provenance", "require_solved"]
 from af1.tasks import Task, TaskSpec, build_task
@@ -17,42 +18,37 @@ def as_loaded(model: str | LoadedModel, **load_kwargs: Any) -> LoadedModel:
     return model if isinstance(model, LoadedModel) else load_model(model, **load_kwargs)
 
 
-def problem_rows(task: Task, correct_full: Any, correct_intervened: Any = None) -> list[dict[str, Any]]:
-    """One row per problem: prompt, answer token, right in the full model (and under an intervention,
-    None where the full model is wrong and the intervention was not measured)."""
-    rows = []
-    for i, p in enumerate(task.problems):
-        row = {
-            "prompt": p.prompt,
-            "answer": p.answer,
-            "answer_token": int(task.answer_ids_P[i]),
-            "solved": bool(correct_full[i]),
-        }
-        if correct_intervened is not None:
-            value = correct_intervened[i]
-            row["right_under_intervention"] = None if value is None else bool(value)
-        rows.append(row)
+def problem_rows(task: Task, scores: Scores) -> list[dict[str, Any]]:
+    """One row per problem as fed to the model (text and ids), with its greedy answer tokens and whether it is right."""
+    rows = task.rows()
+    for row, predicted, right in zip(rows, scores.predicted_PK, scores.correct_P.tolist(), strict=True):
+        row.update(predicted_tokens=predicted, solved=bool(right))
     return rows
 
 
 def base_accuracy(model: str | LoadedModel, spec: TaskSpec, **load_kwargs: Any) -> dict[str, Any]:
-    """Base accuracy of a model on a task, with per-problem rows and provenance."""
+    """Base accuracy of a model on a task (n, 95 % interval, constant-guess baseline), with per-problem rows."""
     lm = as_loaded(model, **load_kwargs)
     task = build_task(spec, lm.tokenizer)
     scores = evaluate(lm.model, task)
-    n_solved = int(scores.correct_P.sum())
+    r = scores.rate(task)
+    note = baseline_warning(f"base accuracy ({spec.scoring} scoring)", r["baseline"], r["n"])
     return {
         "model": lm.info.get("spec"),
         "task": spec.operation,
         "style": spec.style,
         "shots": spec.shots,
         "digits": spec.digits,
+        "scoring": spec.scoring,
         "n": len(task),
-        "n_solved": n_solved,
-        "base_accuracy": scores.accuracy,
+        "n_solved": r["k"],
+        "base_accuracy": r["value"],
+        "base_accuracy_ci": r["ci"],
+        "base_accuracy_baseline": r["baseline"],
         "mean_p_correct": scores.mean_p_correct,
+        "warnings": [note] if note else [],
         "task_layout": task.describe(),
-        "problems": problem_rows(task, scores.correct_P),
+        "problems": problem_rows(task, scores),
         "provenance": provenance(lm.info, seed=spec.seed),
     }
 

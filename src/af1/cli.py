@@ -41,7 +41,14 @@ DeviceMapOpt = Annotated[
 ]
 LayoutOpt = Annotated[bool, typer.Option("--largest-layout", help="keep the largest group of same-layout prompts")]
 AnswersOpt = Annotated[
-    str, typer.Option("--answer-digits", help="constant (one digit count per dataset, the most common) or any")
+    str,
+    typer.Option(
+        "--answer-digits",
+        help="auto (any with full scoring, constant with first), constant (the most common digit count) or any",
+    ),
+]
+ScoringOpt = Annotated[
+    str, typer.Option("--scoring", help="full: every answer token (teacher forced); first: the first token only")
 ]
 NegativeOpt = Annotated[bool, typer.Option("--allow-negative", help="keep problems with negative results")]
 
@@ -54,8 +61,9 @@ def task_spec(
     n: int | None = None,
     seed: int = 0,
     largest_layout: bool = False,
-    answers: str = "constant",
+    answers: str = "auto",
     allow_negative: bool = False,
+    scoring: str = "full",
 ) -> TaskSpec:
     if shots < 0:
         raise Af1Error(f"--shots must be >= 0, got {shots}")
@@ -69,6 +77,7 @@ def task_spec(
         largest_layout=largest_layout,
         answer_digits=answers,
         allow_negative=allow_negative,
+        scoring=scoring,
     )
 
 
@@ -131,16 +140,20 @@ task_options = _shared(
         "n": (NOpt, None),
         "seed": (SeedOpt, 0),
         "largest_layout": (LayoutOpt, False),
-        "answers": (AnswersOpt, "constant"),
+        "answers": (AnswersOpt, "auto"),
         "allow_negative": (NegativeOpt, False),
+        "scoring": (ScoringOpt, "full"),
     },
     task_spec,
 )
 
 
 def emit(data: dict[str, Any], as_json: bool, table: Table | None = None) -> None:
+    """Print a result: one JSON object, or a table; its warnings go to stderr either way."""
     from af1.results import to_json
 
+    for note in data.get("warnings") or []:
+        sys.stderr.write(f"warning: {note}\n")
     if as_json:
         sys.stdout.write(to_json(data) + "\n")
     elif table is not None:
@@ -197,16 +210,24 @@ def eval_cmd(
         from af1.results import write_json
 
         write_json(out_file, result)
-    table = Table("task", "style", "shots", "n", "base accuracy", "solved")
+    table = Table("task", "style", "shots", "scoring", "n", "base accuracy [95 % CI]", "constant guess", "solved")
     table.add_row(
         spec.operation,
         spec.style,
         str(spec.shots),
+        spec.scoring,
         str(result["n"]),
-        f"{result['base_accuracy']:.3f}",
+        ci_text(result["base_accuracy"], result["base_accuracy_ci"]),
+        f"{result['base_accuracy_baseline']:.3f}",
         str(result["n_solved"]),
     )
     emit(result, as_json, table)
+
+
+def ci_text(value: float | None, ci: list[float] | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{value:.3f}"
 
 
 MeansOpt = Annotated[Path | None, typer.Option("--means", help="position means file to use (safetensors)")]
@@ -214,7 +235,9 @@ OutDir = Annotated[Path | None, typer.Option("--out", help="directory for result
 WaitOpt = Annotated[int, typer.Option("--wait", help="CAMA at the output of this block (-1: none)")]
 TransferOpt = Annotated[int, typer.Option("--transfer", help="layers in which the last token peeks")]
 AblationOpt = Annotated[str, typer.Option("--ablation", help="cama, zero, mean, resample or none")]
-AbpOpt = Annotated[str, typer.Option("--abp", help="af1, none, sink or all-peek")]
+AbpOpt = Annotated[str, typer.Option("--abp", help="af1, none, sink, all-peek or zero-output")]
+SelectionOpt = Annotated[float, typer.Option("--selection", help="share of solved problems the search chooses on")]
+SplitSeedOpt = Annotated[int, typer.Option("--split-seed", help="seed of the selection/confirmation split")]
 RefOpt = Annotated[bool, typer.Option("--reference", help="hook-based path instead of the fast executor")]
 ThresholdOpt = Annotated[float, typer.Option("--threshold", help="faithfulness the subgraph must keep")]
 
@@ -266,16 +289,18 @@ def run(
     config = _config(wait, transfer, ablation, abp, spec.seed, setup.adapter.n_layers)
     result = run_result(setup, config, reference)
     _write(out_dir, "run.json", result, setup)
-    table = Table("wait", "transfer", "ablation", "abp", "solved", "faithfulness", "mean p(correct)", "path")
+    table = Table(
+        "wait", "transfer", "ablation", "abp", "solved", "faithfulness [95 % CI]", "constant guess", "executor"
+    )
     table.add_row(
         str(wait),
         str(transfer),
         ablation,
         abp,
         str(result["n_solved"]),
-        f"{result['faithfulness']:.3f}",
-        f"{result['mean_p_correct']:.3f}",
-        result["path"],
+        ci_text(result["faithfulness"], result["faithfulness_ci"]),
+        f"{result['faithfulness_baseline']:.3f}",
+        result["executor"] + (f" ({result['fallback_reason']})" if result["fallback_reason"] else ""),
     )
     emit(result, as_json, table)
 
@@ -315,6 +340,8 @@ def search(
     load: ModelChoice,
     spec: TaskSpec,
     threshold: ThresholdOpt = 0.9,
+    selection: SelectionOpt = 0.5,
+    split_seed: SplitSeedOpt = 0,
     reference: RefOpt = False,
     as_json: JsonOpt = False,
     means: MeansOpt = None,
@@ -327,25 +354,40 @@ def search(
 
     if not 0 <= threshold <= 1:
         raise Af1Error(f"--threshold must be in [0, 1], got {threshold}")
+    if not 0 < selection < 1:
+        raise Af1Error(f"--selection must be in (0, 1), got {selection}")
     setup = _setup(load, spec, means)
     sweep = pipeline.sweep_to(
         setup, _config(-1, 0, "cama", "af1", spec.seed, setup.adapter.n_layers), out_dir, None, reference
     )
-    found = experiments.search(sweep, threshold)
+    found = experiments.search(sweep, threshold, selection, split_seed)
     _write(out_dir, "search.json", found, setup)
     pipeline.sweep_figure(sweep, found, out_dir)
     if as_json:
         emit(found, True)
         return
+    emit(found, False)
     if not found["found"]:
-        out.print(f"no (L_wait, L_transfer) keeps faithfulness >= {threshold} on this task")
+        best = found.get("best")
+        out.print(
+            f"no (L_wait, L_transfer) keeps faithfulness >= {threshold} on the {found['n_selection']} selection "
+            "problems"
+            + (
+                f"; best eligible cell L_wait {best['wait']}, L_transfer {best['transfer']}: "
+                f"{ci_text(best['faithfulness'], best['faithfulness_ci'])} on the {found['n_confirmation']} others"
+                if best
+                else ""
+            )
+        )
         return
     table = Table("stage", "layers")
     for stage, layers in found["stages"].items():
         table.add_row(stage, f"{layers[0]}..{layers[-1]}" if layers else "none")
     out.print(
-        f"AF1 subgraph at threshold {threshold}: L_wait = {found['wait']}, L_transfer = {found['transfer']}, "
-        f"faithfulness {found['faithfulness']:.3f}"
+        f"AF1 subgraph at threshold {threshold}: L_wait = {found['wait']}, L_transfer = {found['transfer']}; "
+        f"chosen on {found['n_selection']} problems ({found['faithfulness_selection']:.3f}), confirmed on "
+        f"{found['n_confirmation']} others: faithfulness {ci_text(found['faithfulness'], found['faithfulness_ci'])}, "
+        f"constant guess {found['faithfulness_baseline']:.3f}"
     )
     out.print(table)
 
@@ -395,11 +437,20 @@ def alternatives_cmd(
     setup = _setup(load, spec, means)
     result = experiments.alternatives(setup, _config(wait, transfer, "cama", "af1", spec.seed, setup.adapter.n_layers))
     _write(out_dir, "alternatives.json", result, setup)
-    table = Table("intervention", "faithfulness")
-    for k, v in result["ablations"].items():
-        table.add_row(f"ablation {k} + ABP af1", f"{v:.3f}")
-    for k, v in result["abp_variants"].items():
-        table.add_row(f"CAMA + ABP {k}", f"{v:.3f}")
+    table = Table("intervention", "faithfulness [95 % CI]", "McNemar p vs CAMA + ABP af1")
+    for kind, detail in (
+        ("ablation {} + ABP af1", result["ablations_detail"]),
+        ("CAMA + ABP {}", result["abp_variants_detail"]),
+    ):
+        for k, v in detail.items():
+            if "per_seed" in v:
+                p = min(s["mcnemar_vs_configured"]["p_value"] for s in v["per_seed"])
+                table.add_row(
+                    kind.format(k), f"{v['faithfulness']:.3f} ± {v['faithfulness_std']:.3f}", f"{p:.2g} (min)"
+                )
+            else:
+                p = v["mcnemar_vs_configured"]["p_value"]
+                table.add_row(kind.format(k), ci_text(v["faithfulness"], v["faithfulness_ci"]), f"{p:.2g}")
     emit(result, as_json, table)
 
 

@@ -1,8 +1,12 @@
-"""Base accuracy: does the model's greedy next token equal the answer's first token?"""
+"""Scoring: does the model's greedy prediction give the whole answer (or its first token)?
+
+A task is scored in steps (see `Task.steps`); a problem is right when every step is right,
+and its probability of the answer is the product of the steps' probabilities.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,16 +14,17 @@ import torch
 
 from af1.models.adapter import input_device
 from af1.progress import progress
+from af1.stats import rate
 from af1.tasks import Task
 
 
 @dataclass
 class Scores:
-    """Per-problem outcome of one (possibly intervened) evaluation."""
+    """Per-problem outcome of one (possibly intervened) evaluation over every scoring step."""
 
-    predicted_P: torch.Tensor  # greedy next token
-    p_correct_P: torch.Tensor  # probability of the answer token
-    correct_P: torch.Tensor  # bool
+    predicted_PK: list[list[int]]  # greedy token at each step (teacher forced)
+    p_correct_P: torch.Tensor  # probability of the whole answer (of its first token for first-token scoring)
+    correct_P: torch.Tensor  # bool: every step right
 
     @property
     def accuracy(self) -> float:
@@ -29,12 +34,36 @@ class Scores:
     def mean_p_correct(self) -> float:
         return float(self.p_correct_P.mean()) if len(self.p_correct_P) else float("nan")
 
+    def rate(self, task: Task) -> dict[str, Any]:
+        """Accuracy with its n, 95 % interval and the constant-guess baseline on the same problems."""
+        return rate(self.correct_P.tolist(), task.targets())
+
+    def subset(self, index: list[int]) -> Scores:
+        return Scores([self.predicted_PK[i] for i in index], self.p_correct_P[index], self.correct_P[index])
+
     @classmethod
     def from_logits(cls, logits_PV: torch.Tensor, answer_ids_P: torch.Tensor) -> Scores:
+        """One next-token prediction per problem."""
         logits_PV = logits_PV.float()
-        predicted = logits_PV.argmax(-1)
+        predicted = logits_PV.argmax(-1).cpu()
         p = torch.softmax(logits_PV, -1).gather(-1, answer_ids_P[:, None].to(logits_PV.device))[:, 0]
-        return cls(predicted.cpu(), p.cpu(), (predicted.cpu() == answer_ids_P.cpu()))
+        return cls([[int(t)] for t in predicted], p.cpu(), predicted == answer_ids_P.cpu())
+
+    @classmethod
+    def from_steps(cls, task: Task, step_logits: list[torch.Tensor]) -> Scores:
+        """Combine the logits of each step of `task.steps()` into per-problem scores."""
+        P = len(task)
+        correct = torch.ones(P, dtype=torch.bool)
+        p = torch.ones(P)
+        predicted: list[list[int]] = [[] for _ in range(P)]
+        for step, logits in zip(task.steps(), step_logits, strict=True):
+            s = cls.from_logits(logits, step.answer_ids_P)
+            rows = step.index_P if step.index_P is not None else torch.arange(P)
+            correct[rows] &= s.correct_P
+            p[rows] *= s.p_correct_P
+            for r, tok in zip(rows.tolist(), s.predicted_PK, strict=True):
+                predicted[r].extend(tok)
+        return cls(predicted, p, correct)
 
 
 def batches(n: int, batch_size: int) -> Iterator[slice]:
@@ -58,10 +87,14 @@ def last_logits(model: Any, input_ids_PT: torch.Tensor, batch_size: int = 64, de
     return torch.cat(out) if out else torch.empty(0)
 
 
+def score_steps(task: Task, logits_of_step: Callable[[Task], torch.Tensor]) -> Scores:
+    """Run every scoring step of a task through `logits_of_step` and combine."""
+    return Scores.from_steps(task, [logits_of_step(step) for step in task.steps()])
+
+
 def evaluate(model: Any, task: Task, batch_size: int = 64) -> Scores:
-    """Score a model on a task: greedy next token against the answer's first token."""
-    logits = last_logits(model, task.input_ids_PT, batch_size=batch_size, desc="evaluate")
-    return Scores.from_logits(logits, task.answer_ids_P)
+    """Score the unmodified model: greedy exact match of the whole answer (or of its first token)."""
+    return score_steps(task, lambda step: last_logits(model, step.input_ids_PT, batch_size, desc="evaluate"))
 
 
 def solved(task: Task, scores: Scores) -> Task:

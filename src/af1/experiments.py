@@ -1,16 +1,20 @@
-"""AF1 measurements: faithfulness, the (wait, transfer) grid, search, necessity, alternatives,
-input styles, transfer of a config, and head pruning of the transfer layers."""
+"""AF1 measurements: faithfulness, the (wait, transfer) grid, search with a confirmation split, necessity,
+alternatives, input styles, transfer of a config, and head pruning of the transfer layers.
+
+Every rate carries its n, a 95 % Wilson interval and the constant-guess baseline on the same
+problems (`af1.stats.rate`); every measurement is scored over all answer steps of the task.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from af1.allforone import ABLATIONS, AF1Config, reference_logits
-from af1.api import problem_rows, require_solved
+from af1.api import require_solved
 from af1.errors import Af1Error
 from af1.evaluation import Scores, evaluate, solved
 from af1.fast import (
@@ -18,6 +22,7 @@ from af1.fast import (
     TokenLocalKV,
     context_kv,
     fast_logits,
+    fast_pruned_logits,
     fast_sweep_wait,
     grid,
     knockout_logits,
@@ -26,24 +31,26 @@ from af1.fast import (
 )
 from af1.interventions.attention import check_maskable
 from af1.interventions.masks import ABP_VARIANTS
-from af1.interventions.means import PositionMeans, cached_means, means_key
+from af1.interventions.means import PositionMeans, cached_means, compute_means, means_key
 from af1.models import LoadedModel, ModelAdapter
 from af1.progress import progress
 from af1.results import read_json, write_json
-from af1.tasks import Task, TaskSpec, build_task
+from af1.stats import baseline_warning, mcnemar_exact, mean_std, rate, split_indices
+from af1.tasks import Task, TaskSpec, build_task, distribution_task
+
+LOW_COUNT = 5  # a conditional mean over fewer problems than this is flagged
+RESAMPLE_SEEDS = 5
 
 
 @dataclass
-class Setup:
-    """A model and a task, measured: base scores, the solved problems, the position means."""
+class StepSetup:
+    """One scoring step (answer token k): its solved problems, its CAMA means, resample donors, fast-path tables."""
 
-    lm: LoadedModel
-    spec: TaskSpec
-    task: Task
-    base: Scores
-    kept: Task
-    means: PositionMeans
-    tables: dict[Any, Any] = field(default_factory=dict, repr=False)  # fast-path caches, see `local_kv`
+    adapter: ModelAdapter
+    kept: Task  # step k of the solved problems
+    means: PositionMeans  # over step k of the task distribution
+    donors: Task  # step k of the task distribution
+    tables: dict[Any, Any] = field(default_factory=dict, repr=False)  # fast-path caches, shared by subsets
 
     def context(self) -> ProblemKV:
         """The context's keys/values, computed once per setup."""
@@ -59,73 +66,185 @@ class Setup:
             self.tables[key] = token_local_kv(self.adapter, self.kept, config, self.means, self.context())
         return self.tables[key]
 
+
+@dataclass
+class Setup:
+    """A model and a task, measured: base scores, the solved problems, per-step means and caches."""
+
+    lm: LoadedModel
+    spec: TaskSpec
+    task: Task
+    base: Scores
+    kept: Task
+    distribution: Task  # what CAMA averages over
+    steps: list[StepSetup]
+    warnings: list[str] = field(default_factory=list)
+
     @property
     def adapter(self) -> ModelAdapter:
         return self.lm.adapter
 
+    @property
+    def means(self) -> PositionMeans:
+        """The first step's means (the only step under first-token scoring)."""
+        return self.steps[0].means
+
+    def on(self, index: list[int]) -> Setup:
+        """The same setup restricted to some solved problems (a split); means and fast-path tables are shared."""
+        kept = self.kept.subset(index)
+        steps = [replace(s, kept=k) for s, k in zip(self.steps, kept.steps(), strict=False)]
+        return replace(self, kept=kept, steps=steps)
+
     def describe(self) -> dict[str, Any]:
+        base = self.base.rate(self.task)
         return {
             "model": self.lm.info.get("spec"),
             "task": self.spec.operation,
             "style": self.spec.style,
+            "shots": self.spec.shots,
+            "scoring": self.spec.scoring,
             "n": len(self.task),
             "n_solved": len(self.kept),
-            "base_accuracy": self.base.accuracy,
+            "base_accuracy": base["value"],
+            "base_accuracy_ci": base["ci"],
+            "base_accuracy_baseline": base["baseline"],
             "n_layers": self.adapter.n_layers,
             "n_heads": self.adapter.n_heads,
             "context_len": self.task.context_len,
             "n_positions": self.task.n_positions,
+            "bos_prepended": self.task.describe()["bos_prepended"],
+            "means_from": {"origin": self.distribution.origin, "n_problems": len(self.distribution)},
+            "warnings": self.warnings,
         }
 
 
+def low_count_positions(means: PositionMeans, task: Task) -> list[int]:
+    """Non-context positions where some token of the evaluated problems has a conditional mean over < LOW_COUNT."""
+    slots = means.slots(task.input_ids_PT)  # [P, T]
+    counts = means.counts_TS[torch.arange(task.n_positions)[None], slots]  # [P, T]
+    low = (counts < LOW_COUNT).any(0)
+    return [t for t in range(task.context_len, task.n_positions) if bool(low[t])]
+
+
 def prepare(lm: LoadedModel, spec: TaskSpec, means_path: str | Path | None = None) -> Setup:
-    """Build the task, keep the solved problems, and get the position means (cached).
+    """Build the task, keep the solved problems, and get each step's position means over the task distribution.
 
     Refuses attention kernels that cannot take masks before any work is done."""
     check_maskable(lm.adapter)
     task = build_task(spec, lm.tokenizer)
     base = evaluate(lm.model, task)
     require_solved(int(base.correct_P.sum()), spec)
-    if means_path is not None:
-        means = PositionMeans.load(means_path, expected_key=means_key(lm.adapter, task))
-    else:
-        means = cached_means(lm.adapter, task)
-    return Setup(lm, spec, task, base, solved(task, base), means)
+    return make_setup(lm, spec, task, base, distribution_task(spec, lm.tokenizer, task), means_path)
 
 
-def af1_logits(setup: Setup, config: AF1Config, reference: bool = False) -> torch.Tensor:
-    """Logits of the solved problems under AF1: the fast executor unless asked or unsupported."""
+def make_setup(
+    lm: LoadedModel,
+    spec: TaskSpec,
+    task: Task,
+    base: Scores,
+    distribution: Task,
+    means_path: str | Path | None = None,
+    cache_means: bool = True,
+) -> Setup:
+    """A setup from a task, its base scores and the distribution CAMA averages over: one StepSetup per answer step."""
+    kept = solved(task, base)
+    dist_steps = distribution.steps()
+    kept_steps = kept.steps()
+    if len(kept_steps) > len(dist_steps):
+        raise Af1Error("the means sample has no answer as long as some solved problems' answers")
+    if means_path is not None and len(kept_steps) > 1:
+        raise Af1Error("--means holds one scoring step's means: use it with --scoring first")
+    warnings: list[str] = []
+    note = baseline_warning(f"base accuracy ({spec.scoring} scoring)", base.rate(task)["baseline"], len(task))
+    if note:
+        warnings.append(note)
+    steps = []
+    for k, (kept_k, dist_k) in enumerate(zip(kept_steps, dist_steps, strict=False)):
+        if means_path is not None:
+            means = PositionMeans.load(means_path, expected_key=means_key(lm.adapter, dist_k))
+        else:
+            means = cached_means(lm.adapter, dist_k) if cache_means else compute_means(lm.adapter, dist_k)
+        low = low_count_positions(means, kept_k)
+        if low:
+            warnings.append(
+                f"step {k}: CAMA means over fewer than {LOW_COUNT} problems at positions {low} "
+                f"({distribution.origin} of {len(distribution)} problems)"
+            )
+        steps.append(StepSetup(lm.adapter, kept_k, means, dist_k))
+    return Setup(lm, spec, task, base, kept, distribution, steps, warnings)
+
+
+def executor(setup: Setup, config: AF1Config, reference: bool = False) -> dict[str, Any]:
+    """Which executor runs a config, and why when it is not the fast one."""
     if reference:
-        return reference_logits(setup.adapter, setup.kept, config, setup.means, desc="AF1 (reference)")
-    if supports(setup.adapter, setup.kept, config) is not None:
-        return fast_logits(setup.adapter, setup.kept, config, setup.means)  # falls back to the reference path
-    return fast_logits(setup.adapter, setup.kept, config, setup.means, kv=setup.local_kv(config))
+        return {"executor": "reference", "fallback_reason": "asked for (--reference)"}
+    reason = supports(setup.adapter, setup.kept, config)
+    return {"executor": "reference" if reason else "fast", "fallback_reason": reason}
+
+
+def af1_logits(step: StepSetup, config: AF1Config, reference: bool = False) -> torch.Tensor:
+    """Logits of one step's solved problems under AF1: the fast executor unless asked or unsupported."""
+    if reference or supports(step.adapter, step.kept, config) is not None:
+        return reference_logits(step.adapter, step.kept, config, step.means, donors=step.donors)
+    return fast_logits(step.adapter, step.kept, config, step.means, kv=step.local_kv(config))
 
 
 def faithfulness(setup: Setup, config: AF1Config, reference: bool = False) -> Scores:
-    return Scores.from_logits(af1_logits(setup, config, reference), setup.kept.answer_ids_P)
+    """Scores of the solved problems under AF1, every answer step under the same intervention."""
+    return Scores.from_steps(setup.kept, [af1_logits(step, config, reference) for step in setup.steps])
+
+
+def faith_fields(setup: Setup, scores: Scores, prefix: str = "faithfulness") -> dict[str, Any]:
+    """`<prefix>`, `<prefix>_ci`, `<prefix>_baseline` and n of a rate on the solved problems."""
+    r = scores.rate(setup.kept)
+    return {prefix: r["value"], f"{prefix}_ci": r["ci"], f"{prefix}_baseline": r["baseline"], f"{prefix}_n": r["n"]}
+
+
+def problem_rows(setup: Setup, intervened: Scores | None = None) -> list[dict[str, Any]]:
+    """Every problem as fed (text and ids), whether the full model solved it, and how it fared under AF1."""
+    rows = setup.task.rows()
+    under = {}
+    if intervened is not None:
+        under = {
+            id(p): (bool(c), pred)
+            for p, c, pred in zip(setup.kept.problems, intervened.correct_P, intervened.predicted_PK, strict=True)
+        }
+    for i, row in enumerate(rows):
+        row["solved"] = bool(setup.base.correct_P[i])
+        row["predicted_tokens"] = setup.base.predicted_PK[i]
+        if intervened is not None:
+            hit = under.get(id(setup.task.problems[i]))
+            row["right_under_intervention"] = None if hit is None else hit[0]
+            row["predicted_tokens_under_intervention"] = None if hit is None else hit[1]
+    return rows
 
 
 def run_result(setup: Setup, config: AF1Config, reference: bool = False) -> dict[str, Any]:
     """One AF1 evaluation with every problem listed."""
     config.check(setup.adapter.n_layers, setup.adapter.n_heads)
     scores = faithfulness(setup, config, reference)
-    right = dict(zip(setup.kept.problems, scores.correct_P.tolist(), strict=True))
-    problems = problem_rows(setup.task, setup.base.correct_P, [right.get(p) for p in setup.task.problems])
     return {
         **setup.describe(),
         "wait": config.wait,
         "transfer": config.transfer,
         "config": config.model_dump(),
         "stages": config.stages(setup.adapter.n_layers),
-        "faithfulness": scores.accuracy,
+        **faith_fields(setup, scores),
         "mean_p_correct": scores.mean_p_correct,
-        "path": "reference" if reference or supports(setup.adapter, setup.kept, config) else "fast",
-        "problems": problems,
+        **executor(setup, config, reference),
+        "problems": problem_rows(setup, scores),
     }
 
 
 # --- the grid ------------------------------------------------------------------------------
+
+
+def _bits(correct: torch.Tensor) -> str:
+    return "".join("1" if c else "0" for c in correct.tolist())
+
+
+def _unbits(bits: str) -> list[bool]:
+    return [c == "1" for c in bits]
 
 
 def sweep(
@@ -135,16 +254,17 @@ def sweep(
     reference: bool = False,
     state_path: Path | None = None,
 ) -> dict[str, Any]:
-    """Faithfulness of every (wait, transfer) cell; resumable through `state_path`."""
+    """Faithfulness of every (wait, transfer) cell, per problem, with intervals; resumable through `state_path`."""
     base_config = base_config or AF1Config()
     L = setup.adapter.n_layers
     cells = grid(L, max_transfer)
     key = {
-        "means": setup.means.key,
+        "means": [s.means.key for s in setup.steps],
         "config": base_config.model_dump(exclude={"wait", "transfer"}),
-        "n_solved": len(setup.kept),
+        "kept": [p.text for p in setup.kept.problems],
+        "reference": reference,
     }
-    done: dict[str, float] = {}
+    done: dict[str, dict[str, Any]] = {}
     if state_path is not None and state_path.is_file():
         state = read_json(state_path)
         if state.get("key") == key:
@@ -155,59 +275,130 @@ def sweep(
         if not todo:
             continue
         config = base_config.model_copy(update={"wait": w, "transfer": 0})
-        if reference or supports(setup.adapter, setup.kept, config):
-            logits = {
-                k: reference_logits(setup.adapter, setup.kept, config.model_copy(update={"transfer": k}), setup.means)
-                for k in todo
-            }
-        else:
-            logits = fast_sweep_wait(setup.adapter, setup.kept, config, setup.means, todo, ctx=setup.context())
-        for k, lg in logits.items():
-            done[f"{w},{k}"] = Scores.from_logits(lg, setup.kept.answer_ids_P).accuracy
+        how = executor(setup, config, reference)
+        per_step = []
+        for step in setup.steps:
+            if how["executor"] == "reference":
+                per_step.append(
+                    {
+                        k: reference_logits(
+                            step.adapter,
+                            step.kept,
+                            config.model_copy(update={"transfer": k}),
+                            step.means,
+                            donors=step.donors,
+                        )
+                        for k in todo
+                    }
+                )
+            else:
+                per_step.append(fast_sweep_wait(step.adapter, step.kept, config, step.means, todo, ctx=step.context()))
+        for k in todo:
+            scores = Scores.from_steps(setup.kept, [logits[k] for logits in per_step])
+            done[f"{w},{k}"] = {"correct": _bits(scores.correct_P), **how}
         if state_path is not None:
             write_json(state_path, {"key": key, "cells": done})
+    targets = setup.kept.targets()
     faith_WK = torch.full((L + 1, L + 1), float("nan"))
+    low_WK, high_WK = faith_WK.clone(), faith_WK.clone()
     for cell, value in done.items():
         w, k = map(int, cell.split(","))
-        faith_WK[w + 1, k] = value
+        r = rate(_unbits(value["correct"]), targets)
+        faith_WK[w + 1, k], (low_WK[w + 1, k], high_WK[w + 1, k]) = r["value"], r["ci"]
+    fallbacks = sorted({v["fallback_reason"] for v in done.values() if v["executor"] == "reference"})
+    executors = {v["executor"] for v in done.values()}
     return {
         **setup.describe(),
         "config": base_config.model_dump(),
         "waits": list(range(-1, L)),
         "transfers": list(range(L + 1)),
         "faithfulness_wait_transfer": faith_WK,
+        "ci_low_wait_transfer": low_WK,
+        "ci_high_wait_transfer": high_WK,
+        "faithfulness_baseline": rate([True] * len(targets), targets)["baseline"],
+        "targets": targets,
+        "cells": {cell: v["correct"] for cell, v in done.items()},
+        "cell_executors": {cell: v["executor"] for cell, v in done.items()},
+        "executor": executors.pop() if len(executors) == 1 else "mixed",
+        "fallback_reasons": fallbacks,
         "n_cells": len(cells),
-        "path": "reference" if reference else "fast",
+        "kept_problems": setup.kept.rows(),
     }
 
 
-def search(sweep_result: dict[str, Any], threshold: float = 0.9) -> dict[str, Any]:
-    """The AF1 subgraph: the largest wait, then the smallest transfer, with faithfulness >= threshold."""
+def has_compute_stage(wait: int, transfer: int, n_layers: int) -> bool:
+    """A cell whose transfer window (or wait) reaches the last layer leaves the last token nothing to compute."""
+    return wait + transfer < n_layers - 1
+
+
+def search(
+    sweep_result: dict[str, Any], threshold: float = 0.9, selection: float = 0.5, seed: int = 0
+) -> dict[str, Any]:
+    """The AF1 subgraph, chosen on a selection split of the solved problems and confirmed on the rest.
+
+    Choice: the largest wait, then the smallest transfer, whose selection faithfulness reaches the
+    threshold. Never chosen: cells with no compute stage, and cells whose selection interval does not
+    clear the constant-guess baseline. Also the frontier: for every wait, the smallest such transfer."""
     if not 0 <= threshold <= 1:
         raise Af1Error(f"--threshold must be in [0, 1], got {threshold}")
-    faith = sweep_result["faithfulness_wait_transfer"]
-    if not isinstance(faith, torch.Tensor):  # read back from JSON: unmeasured cells are null
-        faith = torch.tensor([[float("nan") if v is None else v for v in row] for row in faith])
+    if not 0 < selection < 1:
+        raise Af1Error(f"--selection must be in (0, 1), got {selection}")
     L = int(sweep_result["n_layers"])
-    found = None
-    for w in range(L - 1, -2, -1):
-        for k in range(0, L - w):
-            value = float(faith[w + 1, k])
-            if value == value and value >= threshold:
-                found = (w, k, value)
-                break
-        if found:
-            break
-    result: dict[str, Any] = {"threshold": threshold, "found": found is not None}
-    cells = [(float(faith[w + 1, k]), w, k) for w in range(-1, L) for k in range(L - w)]
-    cells = [c for c in cells if c[0] == c[0]]  # measured cells only
-    if cells:
-        value, w, k = max(cells, key=lambda c: (c[0], c[1], -c[2]))
-        result["best"] = {"wait": w, "transfer": k, "faithfulness": value}
-    if found:
-        w, k, value = found
+    targets = list(sweep_result["targets"])
+    sel, conf = split_indices(len(targets), selection, seed)
+    sel_targets, conf_targets = [targets[i] for i in sel], [targets[i] for i in conf]
+
+    def measure(w: int, k: int) -> dict[str, Any] | None:
+        bits = sweep_result["cells"].get(f"{w},{k}")
+        if bits is None:
+            return None
+        correct = _unbits(bits)
+        s = rate([correct[i] for i in sel], sel_targets)
+        c = rate([correct[i] for i in conf], conf_targets)
+        return {
+            "wait": w,
+            "transfer": k,
+            "faithfulness": c["value"],
+            "faithfulness_ci": c["ci"],
+            "faithfulness_selection": s["value"],
+            "faithfulness_selection_ci": s["ci"],
+            "eligible": has_compute_stage(w, k, L) and s["ci"][0] > s["baseline"],
+        }
+
+    measured = {(w, k): m for w in range(-1, L) for k in range(L - w) if (m := measure(w, k)) is not None}
+    passing = {wk: m for wk, m in measured.items() if m["eligible"] and m["faithfulness_selection"] >= threshold}
+    frontier = [passing[(w, min(k for ww, k in passing if ww == w))] for w in sorted({w for w, _ in passing})]
+    base_sel, base_conf = rate([True] * len(sel), sel_targets), rate([True] * len(conf), conf_targets)
+    result: dict[str, Any] = {
+        "threshold": threshold,
+        "found": bool(passing),
+        "selection_fraction": selection,
+        "split_seed": seed,
+        "n_selection": len(sel),
+        "n_confirmation": len(conf),
+        "faithfulness_baseline_selection": base_sel["baseline"],
+        "faithfulness_baseline": base_conf["baseline"],
+        "wait": None,
+        "transfer": None,
+        "faithfulness": None,
+        "faithfulness_ci": None,
+        "faithfulness_selection": None,
+        "frontier": frontier,
+        "n_ineligible_no_compute": sum(1 for w, k in measured if not has_compute_stage(w, k, L)),
+        "warnings": [],
+    }
+    eligible = [m for m in measured.values() if m["eligible"]]
+    if eligible:
+        result["best"] = max(eligible, key=lambda m: (m["faithfulness_selection"], m["wait"], -m["transfer"]))
+    if passing:
+        w = max(w for w, _ in passing)
+        k = min(kk for ww, kk in passing if ww == w)
+        chosen = passing[(w, k)]
         config = AF1Config(**{**sweep_result.get("config", {}), "wait": w, "transfer": k})
-        result.update(wait=w, transfer=k, faithfulness=value, stages=config.stages(L))
+        result.update({kk: v for kk, v in chosen.items() if kk != "eligible"}, stages=config.stages(L))
+    note = baseline_warning("faithfulness (confirmation split)", base_conf["baseline"], len(conf))
+    if note:
+        result["warnings"].append(note)
     return result
 
 
@@ -215,12 +406,16 @@ def components(setup: Setup, waits: list[int], transfer: int = 2) -> dict[str, A
     """CAMA alone (no attention mask) and ABP alone (no ablation, `transfer` peek layers) per L_wait."""
     L = setup.adapter.n_layers
     waits = [w for w in waits if 0 <= w < L]
-    cama = {w: faithfulness(setup, AF1Config(wait=w, abp="none")).accuracy for w in progress(waits, desc="CAMA alone")}
-    abp = {
-        w: faithfulness(setup, AF1Config(wait=w, transfer=min(transfer, L - 1 - w), ablation="none")).accuracy
-        for w in progress(waits, desc="ABP alone")
-    }
-    return {**setup.describe(), "transfer": transfer, "cama_only": cama, "abp_only": abp}
+    out: dict[str, Any] = {**setup.describe(), "transfer": transfer}
+    for name, make in (
+        ("cama_only", lambda w: AF1Config(wait=w, abp="none")),
+        ("abp_only", lambda w: AF1Config(wait=w, transfer=min(transfer, L - 1 - w), ablation="none")),
+    ):
+        rates = {w: faithfulness(setup, make(w)).rate(setup.kept) for w in progress(waits, desc=name)}
+        out[name] = {w: r["value"] for w, r in rates.items()}
+        out[f"{name}_ci"] = {w: r["ci"] for w, r in rates.items()}
+    out["faithfulness_baseline"] = rate([True] * len(setup.kept), setup.kept.targets())["baseline"]
+    return out
 
 
 # --- necessity -------------------------------------------------------------------------------
@@ -232,18 +427,27 @@ def necessity(setup: Setup, windows: tuple[int, ...] = (1, 2, 4), found: AF1Conf
     Also, inside a found AF1, the transfer window moved to every later start.
     """
     L = setup.adapter.n_layers
-    answers = setup.kept.answer_ids_P
     per_window: dict[str, list[float]] = {}
+    per_window_ci: dict[str, list[list[float]]] = {}
     for width in windows:
         sets = [list(range(s, s + width)) for s in range(L - width + 1)]
-        logits = knockout_logits(setup.adapter, setup.kept, sets)
-        per_window[str(width)] = [Scores.from_logits(lg, answers).accuracy for lg in logits]
-    result: dict[str, Any] = {**setup.describe(), "windows": per_window}
+        per_step = [knockout_logits(step.adapter, step.kept, sets) for step in setup.steps]
+        rates = [
+            Scores.from_steps(setup.kept, [logits[i] for logits in per_step]).rate(setup.kept) for i in range(len(sets))
+        ]
+        per_window[str(width)] = [r["value"] for r in rates]
+        per_window_ci[str(width)] = [r["ci"] for r in rates]
+    result: dict[str, Any] = {
+        **setup.describe(),
+        "windows": per_window,
+        "windows_ci": per_window_ci,
+        "faithfulness_baseline": rate([True] * len(setup.kept), setup.kept.targets())["baseline"],
+    }
     if found is not None and found.transfer > 0:
         shifted = []
         for start in range(found.wait + 1, L - found.transfer + 1):
             config = found.model_copy(update={"transfer_start": start})
-            shifted.append({"start": start, "faithfulness": faithfulness(setup, config).accuracy})
+            shifted.append({"start": start, **faith_fields(setup, faithfulness(setup, config))})
         result["shifted_transfer"] = {"wait": found.wait, "transfer": found.transfer, "by_start": shifted}
     return result
 
@@ -251,16 +455,40 @@ def necessity(setup: Setup, windows: tuple[int, ...] = (1, 2, 4), found: AF1Conf
 # --- alternatives ----------------------------------------------------------------------------
 
 
-def alternatives(setup: Setup, config: AF1Config) -> dict[str, Any]:
-    """At one config: each ablation with ABP as configured, and each ABP variant with CAMA."""
-    ablations = {a: faithfulness(setup, config.model_copy(update={"ablation": a})).accuracy for a in ABLATIONS}
-    variants = {v: faithfulness(setup, config.model_copy(update={"abp": v})).accuracy for v in ABP_VARIANTS}
+def alternatives(setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS) -> dict[str, Any]:
+    """At one config: each ablation with ABP as configured, and each ABP variant with CAMA; every one against
+    the configured intervention on the same problems (paired exact McNemar). Resample runs `seeds` seeds."""
+    reference_scores = faithfulness(setup, config)
+    reference_correct = reference_scores.correct_P.tolist()
+
+    def entry(scores: Scores) -> dict[str, Any]:
+        return {
+            **faith_fields(setup, scores),
+            "mcnemar_vs_configured": mcnemar_exact(scores.correct_P.tolist(), reference_correct),
+        }
+
+    ablations: dict[str, Any] = {}
+    for name in ABLATIONS:
+        if name == "resample":
+            runs = [faithfulness(setup, config.model_copy(update={"ablation": name, "seed": s})) for s in range(seeds)]
+            ablations[name] = {
+                "faithfulness": mean_std([r.accuracy for r in runs])["mean"],
+                "faithfulness_std": mean_std([r.accuracy for r in runs])["std"],
+                "per_seed": [entry(r) for r in runs],
+                "seeds": seeds,
+            }
+        else:
+            ablations[name] = entry(faithfulness(setup, config.model_copy(update={"ablation": name})))
+    variants = {v: entry(faithfulness(setup, config.model_copy(update={"abp": v}))) for v in ABP_VARIANTS}
     return {
         **setup.describe(),
         "wait": config.wait,
         "transfer": config.transfer,
-        "ablations": ablations,
-        "abp_variants": variants,
+        "configured": {"ablation": config.ablation, "abp": config.abp, **faith_fields(setup, reference_scores)},
+        "ablations": {k: v["faithfulness"] for k, v in ablations.items()},
+        "abp_variants": {k: v["faithfulness"] for k, v in variants.items()},
+        "ablations_detail": ablations,
+        "abp_variants_detail": variants,
     }
 
 
@@ -286,14 +514,12 @@ def styles_table(
                 row.update(error=str(exc))
                 rows.append(row)
                 continue
-            row.update(
-                base_accuracy=setup.base.accuracy,
-                n=len(setup.task),
-                n_solved=len(setup.kept),
-                faithfulness=faithfulness(setup, config).accuracy,
-            )
+            described = setup.describe()
+            row.update({k: described[k] for k in ("n", "n_solved", "base_accuracy", "base_accuracy_ci")})
+            row.update(base_accuracy_baseline=described["base_accuracy_baseline"])
+            row.update(faith_fields(setup, faithfulness(setup, config)))
             rows.append(row)
-    return {"wait": config.wait, "transfer": config.transfer, "rows": rows}
+    return {"wait": config.wait, "transfer": config.transfer, "scoring": base_spec.scoring, "rows": rows}
 
 
 def map_config(config: AF1Config, from_layers: int, to_layers: int, by: str) -> AF1Config:
@@ -321,7 +547,7 @@ def transfer_config(setup: Setup, config: AF1Config, from_layers: int) -> dict[s
         out[by] = {
             "wait": mapped.wait,
             "transfer": mapped.transfer,
-            "faithfulness": faithfulness(setup, mapped).accuracy,
+            **faith_fields(setup, faithfulness(setup, mapped)),
         }
     return out
 
@@ -329,27 +555,57 @@ def transfer_config(setup: Setup, config: AF1Config, from_layers: int) -> dict[s
 # --- head pruning -------------------------------------------------------------------------------
 
 
-def prune_heads(setup: Setup, config: AF1Config) -> dict[str, Any]:
-    """Rank transfer-layer heads by the faithfulness drop when each alone stops peeking; prune in that order."""
+def pruned_scores(setup: Setup, config: AF1Config, head_sets: list[list[tuple[int, int]]]) -> list[Scores]:
+    """Scores under `config` with each set of transfer heads kept from peeking; the fast path runs all sets at once."""
+    if supports(setup.adapter, setup.kept, config) is not None:
+        return [faithfulness(setup, config.model_copy(update={"pruned_heads": hs})) for hs in head_sets]
+    per_step = [
+        fast_pruned_logits(step.adapter, step.kept, config, step.local_kv(config), head_sets) for step in setup.steps
+    ]
+    return [Scores.from_steps(setup.kept, [logits[i] for logits in per_step]) for i in range(len(head_sets))]
+
+
+def prune_heads(
+    setup: Setup, config: AF1Config, keep: float = 0.95, selection: float = 0.5, seed: int = 0
+) -> dict[str, Any]:
+    """Stop transfer-layer heads peeking one at a time, greedily: each round removes the head whose removal keeps
+    the mean probability of the correct answer highest (re-ranked after every removal), on a selection split.
+    The largest pruned set keeping `keep` of the unpruned faithfulness is then checked on the confirmation split."""
     if config.transfer == 0:
         raise Af1Error("head pruning needs a config with transfer layers (--transfer > 0)")
-    full = faithfulness(setup, config).accuracy
+    sel, conf = split_indices(len(setup.kept), selection, seed)
+    on_sel, on_conf = setup.on(sel), setup.on(conf)
     heads = [(layer, h) for layer in config.peek_layers() for h in range(setup.adapter.n_heads)]
-    single = {}
-    for head in progress(heads, desc="rank heads"):
-        single[head] = faithfulness(setup, config.model_copy(update={"pruned_heads": [head]})).accuracy
-    order = sorted(heads, key=lambda hd: (-single[hd], hd))  # least important first
-    curve = [full]
-    for i in progress(range(1, len(order) + 1), desc="prune heads"):
-        curve.append(faithfulness(setup, config.model_copy(update={"pruned_heads": order[:i]})).accuracy)
+    unpruned = faithfulness(on_sel, config)
+    order: list[tuple[int, int]] = []
+    faith_curve, p_curve = [unpruned.accuracy], [unpruned.mean_p_correct]
+    remaining = list(heads)
+    for _ in progress(range(len(heads)), desc="prune heads"):
+        scores = pruned_scores(on_sel, config, [[*order, h] for h in remaining])
+        best = max(range(len(remaining)), key=lambda i: (scores[i].mean_p_correct, -i))
+        order.append(remaining.pop(best))
+        faith_curve.append(scores[best].accuracy)
+        p_curve.append(scores[best].mean_p_correct)
+    n_pruned = max(i for i, f in enumerate(faith_curve) if f >= keep * faith_curve[0])
+    pruned = config.model_copy(update={"pruned_heads": order[:n_pruned]})
+    conf_full, conf_pruned = faithfulness(on_conf, config), faithfulness(on_conf, pruned)
     return {
         **setup.describe(),
         "wait": config.wait,
         "transfer": config.transfer,
         "n_transfer_heads": len(heads),
-        "faithfulness_full": full,
-        "single_head_drop": [{"layer": hd[0], "head": hd[1], "drop": full - single[hd]} for hd in heads],
+        "measure": "mean probability of the correct answer (selection split), re-ranked after every removal",
+        "n_selection": len(sel),
+        "n_confirmation": len(conf),
+        "faithfulness_full": faith_curve[0],
         "prune_order": [list(hd) for hd in order],
-        "faithfulness_vs_pruned": curve,
-        "max_pruned_at_95pct": max(i for i, f in enumerate(curve) if f >= 0.95 * full),
+        "faithfulness_vs_pruned": faith_curve,
+        "mean_p_correct_vs_pruned": p_curve,
+        "keep": keep,
+        "max_pruned_at_95pct": n_pruned,
+        "confirmation": {
+            "unpruned": faith_fields(on_conf, conf_full),
+            "pruned": faith_fields(on_conf, conf_pruned),
+            "mcnemar": mcnemar_exact(conf_pruned.correct_P.tolist(), conf_full.correct_P.tolist()),
+        },
     }

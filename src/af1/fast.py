@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from af1.allforone import AF1Config, ablated_states, reference_logits
+from af1.allforone import AF1Config, ablated_states, ablation_start, reference_logits
 from af1.evaluation import batches
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.masks import last_token_knockout
@@ -37,8 +37,6 @@ def supports(adapter: ModelAdapter, task: Task, config: AF1Config) -> str | None
         return f"the fast executor computes ABP variant af1 only, not '{config.abp}'"
     if config.wait >= 0 and config.ablation not in ("cama", "mean", "zero"):
         return f"ablation '{config.ablation}' does not make positions token-local"
-    if not bool((task.input_ids_PT[:, -1] == task.input_ids_PT[0, -1]).all()):
-        return "the last token differs across prompts"
     window = getattr(adapter.config, "sliding_window", None)
     if window and task.n_positions > window:
         return f"prompts of {task.n_positions} tokens exceed the sliding window {window}"
@@ -139,7 +137,8 @@ def token_local_kv(
     edits = {}
     if config.wait >= 0 and config.ablation != "none":
         new = ablated_states(config, means, cover)[:, c:]
-        edits[config.wait] = lambda h: replace_positions(h, new, 1)
+        first = ablation_start(config, task) - c  # index into the suffix
+        edits[config.wait] = lambda h: replace_positions(h, new, first)
     with (
         edit_residual(adapter, edits),
         record_residual(adapter, [config.wait] if config.wait >= 0 else [], store),
@@ -202,11 +201,14 @@ def _last_token_inputs(adapter: ModelAdapter, ids_BT: torch.Tensor) -> LayerInpu
     return adapter.layer_inputs(ids_BT[:, -1:].to(adapter.device), torch.full((B, 1), T - 1, device=adapter.device))
 
 
-def _start_state(kv: TokenLocalKV, slots_BT: torch.Tensor, inputs: LayerInputs, dtype: torch.dtype) -> torch.Tensor:
-    if kv.start_TSD is None:  # wait = -1: the last token's embedding (the same in every prompt of a layout)
-        return inputs.hidden_BTD.expand(slots_BT.shape[0], -1, -1)
+def _start_state(
+    adapter: ModelAdapter, kv: TokenLocalKV, ids_BT: torch.Tensor, slots_BT: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The last token's state entering block wait+1: its ablated h[wait], or its embedding for wait = -1."""
+    if kv.start_TSD is None:  # the last token may vary (a later answer step): embed every row
+        return _last_token_inputs(adapter, ids_BT).hidden_BTD
     T = slots_BT.shape[1]
-    return kv.start_TSD[T - 1, slots_BT[:, -1]][:, None].to(inputs.hidden_BTD.device, dtype)
+    return kv.start_TSD[T - 1, slots_BT[:, -1]][:, None].to(adapter.device, dtype)
 
 
 @torch.no_grad()
@@ -230,10 +232,10 @@ def fast_logits(
     for sl in batches(len(task), batch_size):
         ids = task.input_ids_PT[sl]
         slots = kv.slots(ids)
-        inputs = _last_token_inputs(adapter, ids[:1])  # one row: every row has the same position
+        inputs = _last_token_inputs(adapter, ids[:1])  # one row: every row has the same position (kwargs only)
         plans = {layer: _plan(adapter, kv, layer, slots, layer in peek, pruned.get(layer)) for layer in layers}
         with attention_plans(adapter, plans):
-            h = adapter.run_layers(_start_state(kv, slots, inputs, dtype), inputs, config.wait + 1)
+            h = adapter.run_layers(_start_state(adapter, kv, ids, slots, dtype), inputs, config.wait + 1)
         out.append(adapter.logits(h)[:, -1].float().cpu())
     return torch.cat(out)
 
@@ -264,8 +266,8 @@ def fast_sweep_wait(
         ids = task.input_ids_PT[sl]
         B = ids.shape[0]
         slots = kv.slots(ids)
-        inputs = _last_token_inputs(adapter, ids[:1])  # one row: every row has the same position
-        h = _start_state(kv, slots, inputs, dtype)
+        inputs = _last_token_inputs(adapter, ids[:1])  # one row: every row has the same position (kwargs only)
+        h = _start_state(adapter, kv, ids, slots, dtype)
         branch_at: dict[int, torch.Tensor] = {}  # first compute layer -> state entering it
         done = 0
         for k in wanted:
@@ -287,6 +289,58 @@ def fast_sweep_wait(
         for i, k in enumerate(order):
             result[k].append(adapter.logits(wave[i * B : (i + 1) * B])[:, -1].float().cpu())
     return {k: torch.cat(v) for k, v in result.items()}
+
+
+@torch.no_grad()
+def fast_pruned_logits(
+    adapter: ModelAdapter,
+    task: Task,
+    config: AF1Config,
+    kv: TokenLocalKV,
+    head_sets: list[list[tuple[int, int]]],
+    max_rows: int = 1024,
+) -> list[torch.Tensor]:
+    """Logits [P, V] for each set of transfer heads kept from peeking (on top of config's own), all sets in one
+    batch: the path up to the first peek layer is shared, and each row carries its own per-head mask."""
+    peek = config.peek_layers()
+    first = peek[0] if peek else adapter.n_layers
+    own = config.pruned_by_layer()
+    dtype = next(adapter.model.parameters()).dtype
+    out: list[list[torch.Tensor]] = [[] for _ in head_sets]
+    for sl in batches(len(task), max(1, max_rows)):
+        ids = task.input_ids_PT[sl]
+        B = ids.shape[0]
+        slots = kv.slots(ids)
+        inputs = _last_token_inputs(adapter, ids[:1])
+        h0 = _run(
+            adapter, kv, _start_state(adapter, kv, ids, slots, dtype), inputs, slots, config.wait + 1, first, False
+        )
+        per_chunk = max(1, max_rows // B)
+        for c0 in range(0, len(head_sets), per_chunk):
+            sets = head_sets[c0 : c0 + per_chunk]
+            S = len(sets)
+            rows = slots.repeat(S, 1)
+            plans = {}
+            for layer in range(first, adapter.n_layers):
+                prefix = kv.prefix(layer, rows, layer in peek)
+                if layer not in peek:
+                    plans[layer] = LayerPlan(prefix_kv=prefix, replace_mask=True)
+                    continue
+                T = prefix[0].shape[2] + 1
+                keys = torch.arange(T)
+                allowed = torch.ones(S, adapter.n_heads, 1, T, dtype=torch.bool)
+                for i, hs in enumerate(sets):
+                    heads = own.get(layer, []) + [h for lay, h in hs if lay == layer]
+                    allowed[i, heads, 0] = (keys < kv.context_len) | (keys == T - 1)
+                plans[layer] = LayerPlan(
+                    allowed_BQK=allowed.repeat_interleave(B, 0), prefix_kv=prefix, replace_mask=True
+                )
+            with attention_plans(adapter, plans):
+                h = adapter.run_layers(h0.repeat(S, 1, 1), inputs, first)
+            logits = adapter.logits(h)[:, -1].float().cpu()
+            for i in range(S):
+                out[c0 + i].append(logits[i * B : (i + 1) * B])
+    return [torch.cat(o) for o in out]
 
 
 def grid(n_layers: int, max_transfer: int | None = None) -> list[tuple[int, int]]:

@@ -18,6 +18,11 @@ from af1.results import provenance, write_json
 from af1.tasks import STYLES, TaskSpec
 
 
+def ci(value: float, interval: list[float]) -> str:
+    """0.816 [0.69, 0.90]"""
+    return f"{value:.3f} [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
 def _with_provenance(setup: experiments.Setup, data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "provenance": provenance(setup.lm.info, task=setup.spec.model_dump())}
 
@@ -119,9 +124,10 @@ def demo(model: str, out_dir: Path, spec: TaskSpec, threshold: float = 0.9, say:
     rows = []
     for op in ("a+b", "a-b", "a+b+c", "a*b"):
         result = base_accuracy(lm, spec.model_copy(update={"operation": op, "n_max": 200}))
-        rows.append({k: result[k] for k in ("task", "style", "shots", "n", "n_solved", "base_accuracy")})
+        keys = ("task", "style", "shots", "scoring", "n", "n_solved", "base_accuracy", "base_accuracy_ci")
+        rows.append({k: result[k] for k in (*keys, "base_accuracy_baseline")})
     write_json(out_dir / "base_accuracy.json", {"rows": rows, "provenance": provenance(lm.info)})
-    say("base accuracy: " + ", ".join(f"{r['task']} {r['base_accuracy']:.2f}" for r in rows))
+    say("base accuracy: " + ", ".join(f"{r['task']} {ci(r['base_accuracy'], r['base_accuracy_ci'])}" for r in rows))
 
     setup = experiments.prepare(lm, spec)
     sweep = sweep_to(setup, AF1Config(), out_dir)
@@ -131,43 +137,68 @@ def demo(model: str, out_dir: Path, spec: TaskSpec, threshold: float = 0.9, say:
     L = setup.adapter.n_layers
     parts = experiments.components(setup, sorted({0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3}))
     write_json(out_dir / "components.json", _with_provenance(setup, parts))
+    described = setup.describe()
     notes.append(
-        f"{setup.spec.operation} ({setup.spec.style}, {setup.spec.shots} shots): base accuracy "
-        f"{setup.base.accuracy:.3f}, {len(setup.kept)} solved problems; {sweep['n_cells']} cells swept."
+        f"{setup.spec.operation} ({setup.spec.style}, {setup.spec.shots} shots, {setup.spec.scoring} answer scored): "
+        f"base accuracy {ci(described['base_accuracy'], described['base_accuracy_ci'])} on {described['n']} problems "
+        f"(constant guess {described['base_accuracy_baseline']:.3f}), {len(setup.kept)} solved; "
+        f"{sweep['n_cells']} cells swept; on the solved problems a constant guess scores "
+        f"{sweep['faithfulness_baseline']:.3f}."
     )
-    notes.append("CAMA alone: " + ", ".join(f"L_wait {w}: {v:.3f}" for w, v in parts["cama_only"].items()))
+    notes.extend(setup.warnings)
     notes.append(
-        "ABP alone (2 peek layers): " + ", ".join(f"from {w + 1}: {v:.3f}" for w, v in parts["abp_only"].items())
+        "CAMA alone: "
+        + ", ".join(f"L_wait {w}: {ci(v, parts['cama_only_ci'][w])}" for w, v in parts["cama_only"].items())
     )
+    notes.append(
+        "ABP alone (2 peek layers): "
+        + ", ".join(f"from {w + 1}: {ci(v, parts['abp_only_ci'][w])}" for w, v in parts["abp_only"].items())
+    )
+    split = f"chosen on {found['n_selection']} solved problems, confirmed on the other {found['n_confirmation']}"
     if found["found"]:
         config = AF1Config(wait=found["wait"], transfer=found["transfer"])
         notes.append(
-            f"AF1 subgraph at threshold {threshold}: L_wait {found['wait']}, L_transfer "
-            f"{found['transfer']}, faithfulness {found['faithfulness']:.3f}."
+            f"AF1 subgraph at threshold {threshold} ({split}): L_wait {found['wait']}, L_transfer "
+            f"{found['transfer']}, faithfulness {ci(found['faithfulness'], found['faithfulness_ci'])} "
+            f"(selection {found['faithfulness_selection']:.3f}; constant guess {found['faithfulness_baseline']:.3f})."
         )
         say(notes[-1])
-    else:
+    elif found.get("best"):
         best = found["best"]
         config = AF1Config(wait=best["wait"], transfer=best["transfer"])
         notes.append(
-            f"No (L_wait, L_transfer) keeps faithfulness >= {threshold}: this model has no AF1 subgraph at that "
-            f"threshold on this task. The best cell, used below, is L_wait {best['wait']}, L_transfer "
-            f"{best['transfer']} with faithfulness {best['faithfulness']:.3f}."
+            f"No (L_wait, L_transfer) keeps faithfulness >= {threshold} on the selection split: this model has no "
+            f"AF1 subgraph at that threshold on this task. The best eligible cell ({split}), used below, is "
+            f"L_wait {best['wait']}, L_transfer {best['transfer']} with faithfulness "
+            f"{ci(best['faithfulness'], best['faithfulness_ci'])} (selection {best['faithfulness_selection']:.3f})."
         )
         say(notes[-1])
+    else:
+        raise Af1Error("no cell of the grid clears the constant-guess baseline: nothing to analyse further")
 
     nec = experiments.necessity(setup, found=config)
     write_json(out_dir / "necessity.json", _with_provenance(setup, nec))
     necessity_figure(nec, out_dir)
-    one = nec["windows"]["1"]
+    one, one_ci = nec["windows"]["1"], nec["windows_ci"]["1"]
     notes.append(
         f"Necessity: blocking the last token's reads in a single layer lowers faithfulness to "
-        f"{min(one):.3f} at worst (layer {one.index(min(one))})."
+        f"{ci(min(one), one_ci[one.index(min(one))])} at worst (layer {one.index(min(one))})."
     )
 
     alt = experiments.alternatives(setup, config)
     write_json(out_dir / "alternatives.json", _with_provenance(setup, alt))
-    notes.append("Alternatives: " + ", ".join(f"{k} {v:.3f}" for k, v in alt["ablations"].items()))
+    notes.append(
+        "Alternatives (ablation + ABP af1): "
+        + ", ".join(
+            f"{k} {v['faithfulness']:.3f}"
+            + (
+                f" ± {v['faithfulness_std']:.3f}"
+                if "per_seed" in v
+                else f" (McNemar p {v['mcnemar_vs_configured']['p_value']:.2g})"
+            )
+            for k, v in alt["ablations_detail"].items()
+        )
+    )
     styles = experiments.styles_table(lm, config, spec, list(STYLES))
     write_json(out_dir / "styles.json", {**styles, "provenance": provenance(lm.info)})
     rows = []
@@ -183,9 +214,14 @@ def demo(model: str, out_dir: Path, spec: TaskSpec, threshold: float = 0.9, say:
         pruning = experiments.prune_heads(setup, config)
         write_json(out_dir / "pruning.json", _with_provenance(setup, pruning))
         pruning_figure(pruning, out_dir)
+        conf = pruning["confirmation"]
         notes.append(
             f"Head pruning: {pruning['max_pruned_at_95pct']} of {pruning['n_transfer_heads']} transfer "
-            "heads stop peeking with faithfulness >= 95 % of the unpruned."
+            f"heads stop peeking with faithfulness >= 95 % of the unpruned on {pruning['n_selection']} problems; "
+            f"on the other {pruning['n_confirmation']}: pruned "
+            f"{ci(conf['pruned']['faithfulness'], conf['pruned']['faithfulness_ci'])} vs unpruned "
+            f"{ci(conf['unpruned']['faithfulness'], conf['unpruned']['faithfulness_ci'])} "
+            f"(McNemar p {conf['mcnemar']['p_value']:.2g})."
         )
     from af1 import heads, positional
 

@@ -2,7 +2,9 @@
 
 A task is a list of problems whose prompts share one constant prefix (the context) and, at
 each position, tokens that play the same role (the token layout). The answer of a problem
-is the first token the tokenizer emits for the answer after the prompt.
+is every token the tokenizer emits for it after the prompt; it is scored whole (teacher
+forcing) or, as an option, by its first token. Context is only ever what is constant: when
+the first token varies, the tokenizer's document-start token is prepended and recorded.
 """
 
 from __future__ import annotations
@@ -90,8 +92,13 @@ def _template(operation: Operation, style: str) -> str:
     return TWO_OPERAND_STYLES[style][operation.operators[0]]
 
 
+Scoring = Literal["full", "first"]
+GRID_MAX = 20_000  # a task distribution up to this size is enumerated whole for the CAMA means
+MEANS_SAMPLE = 2_000  # a larger one is sampled, disjoint from the evaluated problems
+
+
 class TaskSpec(BaseModel):
-    """Which problems to build: operation, style, operand size, few-shot prefix, sample."""
+    """Which problems to build and how to score them: operation, style, operands, few-shot prefix, sample."""
 
     operation: str = "a+b"
     style: str = "original"
@@ -101,7 +108,8 @@ class TaskSpec(BaseModel):
     n_max: int | None = Field(None, ge=1)  # like n, but takes all problems when there are fewer
     seed: int = 0
     allow_negative: bool = False
-    answer_digits: Literal["constant", "any"] = "constant"
+    answer_digits: Literal["auto", "constant", "any"] = "auto"  # auto: any for full scoring, constant for first
+    scoring: Scoring = "full"
     largest_layout: bool = False
 
     @field_validator("operation")
@@ -124,13 +132,18 @@ class TaskSpec(BaseModel):
             return range(0, 10) if self.operation != "a*b" else range(1, 10)
         return range(10 ** (self.digits - 1), 10**self.digits)
 
+    @property
+    def constant_answer_digits(self) -> bool:
+        """Keep one answer digit count: only for first-token scoring, where the first digit must mean one thing."""
+        return self.answer_digits == "constant" or (self.answer_digits == "auto" and self.scoring == "first")
+
 
 @dataclass(frozen=True)
 class Problem:
     operands: tuple[int, ...]
     answer: int
     prompt: str  # the problem alone
-    text: str  # few-shot prefix + prompt: what the model reads
+    text: str  # few-shot prefix + prompt: what the model reads (after the prepended BOS, if any)
     answer_text: str  # what the tokenizer should emit after `text`
 
 
@@ -138,8 +151,8 @@ def format_prompt(operation: Operation, style: str, operands: tuple[int, ...]) -
     return _template(operation, style).format(**{NAMES[i]: x for i, x in enumerate(operands)})
 
 
-def enumerate_problems(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
-    """(few-shot examples, problems): every distinct problem of the spec, sampled deterministically."""
+def problem_pool(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
+    """(few-shot examples, every other distinct problem of the spec in a seeded order): the task distribution."""
     operation = OPERATIONS[spec.operation]
     _template(operation, spec.style)  # style check before enumerating
     if spec.operation == "a*b" and spec.digits != 1:
@@ -149,7 +162,7 @@ def enumerate_problems(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
         value = operation.apply(operands)
         if value >= 0 or spec.allow_negative:
             pool.append((operands, value))
-    if spec.answer_digits == "constant":
+    if spec.constant_answer_digits:
         counts = Counter(len(str(v)) for _, v in pool)
         keep = max(counts, key=lambda k: (counts[k], -k))
         pool = [p for p in pool if len(str(p[1])) == keep]
@@ -158,15 +171,6 @@ def enumerate_problems(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
     if spec.shots >= len(pool):
         raise Af1Error(f"--shots {spec.shots} leaves no problems: the task has {len(pool)} distinct problems")
     shots, rest = pool[: spec.shots], pool[spec.shots :]
-    if spec.n is not None:
-        if spec.n > len(rest):
-            raise Af1Error(
-                f"--n {spec.n} is larger than the {len(rest)} distinct problems of {spec.operation} "
-                f"(digits={spec.digits}, shots={spec.shots})"
-            )
-        rest = rest[: spec.n]
-    if spec.n_max is not None:
-        rest = rest[: spec.n_max]
     examples = [Problem(ops, v, format_prompt(operation, spec.style, ops), "", str(v)) for ops, v in shots]
     prefix = "".join(f"{e.prompt}{e.answer}\n" for e in examples)
     problems = []
@@ -176,44 +180,132 @@ def enumerate_problems(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
     return examples, problems
 
 
+def enumerate_problems(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
+    """(few-shot examples, problems): the distribution sampled deterministically to --n / n_max."""
+    examples, rest = problem_pool(spec)
+    if spec.n is not None:
+        if spec.n > len(rest):
+            raise Af1Error(
+                f"--n {spec.n} is larger than the {len(rest)} distinct problems of {spec.operation} "
+                f"(digits={spec.digits}, shots={spec.shots})"
+            )
+        rest = rest[: spec.n]
+    if spec.n_max is not None:
+        rest = rest[: spec.n_max]
+    return examples, rest
+
+
 @dataclass
 class Task:
-    """Tokenized problems of one token layout, ready for the model."""
+    """Tokenized problems of one token layout, ready for the model.
+
+    A task is scored in steps: step k reads the prompt and the first k answer tokens and must
+    predict answer token k (teacher forcing, equal to greedy exact match). First-token scoring
+    has step 0 only. `steps()` gives each step as a task of its own (`step` set), whose rows
+    are the problems whose answer has more than k tokens.
+    """
 
     spec: TaskSpec
     problems: list[Problem]
     input_ids_PT: torch.Tensor  # [problem, position]
-    answer_ids_P: torch.Tensor  # [problem]
+    answer_tokens: list[tuple[int, ...]]  # every token of each answer, as the tokenizer emits them after the prompt
     context_len: int  # positions 0..context_len-1 are the same in every prompt
-    layout: tuple[str, ...]  # role of each position: "context", "const" or an operand name
+    layout: tuple[str, ...]  # role of each position: "context", "const", an operand name or "answer<k>"
+    prompt_roles: tuple[str, ...]  # roles of the prompt's own tokens (no BOS, no context marking)
     examples: list[Problem] = field(default_factory=list)
     answer_moves_space: bool = False
     excluded_other_layouts: int = 0
+    bos: tuple[int, str] | None = None  # the special token prepended because the first token varies: (id, text)
+    step: int | None = None  # set on the tasks `steps()` returns
+    index_P: torch.Tensor | None = None  # for a step: rows of the task it came from
+    origin: str = "sample"  # "sample" (evaluated problems), "grid" or "disjoint sample" (a means distribution)
 
     @property
     def n_positions(self) -> int:
         return int(self.input_ids_PT.shape[1])
+
+    @property
+    def answer_ids_P(self) -> torch.Tensor:
+        """The next-token target of every row: answer token `step` (the first for a whole task)."""
+        k = self.step or 0
+        return torch.tensor([a[k] for a in self.answer_tokens], dtype=torch.long)
 
     def __len__(self) -> int:
         return len(self.problems)
 
     def subset(self, index: list[int] | torch.Tensor) -> Task:
         index = torch.as_tensor(index, dtype=torch.long)
+        rows = index.tolist()
         return dataclasses.replace(
             self,
-            problems=[self.problems[i] for i in index.tolist()],
+            problems=[self.problems[i] for i in rows],
             input_ids_PT=self.input_ids_PT[index],
-            answer_ids_P=self.answer_ids_P[index],
+            answer_tokens=[self.answer_tokens[i] for i in rows],
+            index_P=None if self.index_P is None else self.index_P[index],
         )
+
+    def n_steps(self) -> int:
+        if self.step is not None or self.spec.scoring == "first" or not self.answer_tokens:
+            return 1
+        return max(len(a) for a in self.answer_tokens)
+
+    def steps(self) -> list[Task]:
+        """The next-token predictions that score this task, each a task of one token layout."""
+        if self.step is not None:
+            return [self]
+        out = []
+        for k in range(self.n_steps()):
+            rows = [i for i, a in enumerate(self.answer_tokens) if len(a) > k]
+            appended = torch.tensor([list(self.answer_tokens[i][:k]) for i in rows], dtype=torch.long)
+            out.append(
+                dataclasses.replace(
+                    self,
+                    problems=[self.problems[i] for i in rows],
+                    input_ids_PT=torch.cat([self.input_ids_PT[rows], appended.view(len(rows), k)], 1),
+                    answer_tokens=[self.answer_tokens[i] for i in rows],
+                    layout=self.layout + tuple(f"answer{j}" for j in range(k)),
+                    step=k,
+                    index_P=torch.tensor(rows, dtype=torch.long),
+                )
+            )
+        return out
+
+    def targets(self) -> list[str]:
+        """What a problem must produce: the whole answer (full scoring) or its first token (first-token scoring)."""
+        if self.spec.scoring == "first" or self.step is not None:
+            k = self.step or 0
+            return [str(a[k]) for a in self.answer_tokens]
+        return [" ".join(map(str, a)) for a in self.answer_tokens]
+
+    def input_text(self, i: int) -> str:
+        """The exact text fed to the model for problem i: the prepended BOS, the few-shot prefix, the prompt."""
+        return (self.bos[1] if self.bos else "") + self.problems[i].text
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Each problem as it was fed: enough to rerun exactly that input."""
+        return [
+            {
+                "prompt": p.prompt,
+                "input": self.input_text(i),
+                "input_ids": self.input_ids_PT[i].tolist(),
+                "answer": p.answer,
+                "answer_text": p.answer_text,
+                "answer_tokens": list(self.answer_tokens[i]),
+            }
+            for i, p in enumerate(self.problems)
+        ]
 
     def describe(self) -> dict[str, Any]:
         return {
             "spec": self.spec.model_dump(),
+            "scoring": self.spec.scoring,
             "n_problems": len(self),
             "n_positions": self.n_positions,
             "context_len": self.context_len,
             "layout": list(self.layout),
-            "example_prompt": self.problems[0].text if self.problems else None,
+            "bos_prepended": None if self.bos is None else {"id": self.bos[0], "text": self.bos[1]},
+            "example_input": self.input_text(0) if self.problems else None,
+            "answer_lengths": dict(sorted(Counter(len(a) for a in self.answer_tokens).items())),
             "excluded_other_layouts": self.excluded_other_layouts,
         }
 
@@ -239,22 +331,40 @@ def _roles(tokenizer: Any, problem: Problem, operation: Operation, style: str) -
     return ids, tuple(roles)
 
 
-def answer_token(tokenizer: Any, text: str, answer: str, prompt_ids: list[int]) -> int | None:
-    """The first token the tokenizer emits for `answer` right after `text`, or None if they merge."""
+def answer_tokens(tokenizer: Any, text: str, answer: str, prompt_ids: list[int]) -> tuple[int, ...] | None:
+    """Every token the tokenizer emits for `answer` right after `text`, or None if prompt and answer merge."""
     full = tokenizer(text + answer)["input_ids"]
     if full[: len(prompt_ids)] != prompt_ids or len(full) == len(prompt_ids):
         return None
-    return int(full[len(prompt_ids)])
+    return tuple(int(t) for t in full[len(prompt_ids) :])
 
 
-def build_task(spec: TaskSpec, tokenizer: Any) -> Task:
-    """Enumerate, tokenize and check the problems of a spec: one token layout, unambiguous answers."""
-    examples, problems = enumerate_problems(spec)
+def answer_token(tokenizer: Any, text: str, answer: str, prompt_ids: list[int]) -> int | None:
+    """The first token the tokenizer emits for `answer` right after `text`, or None if they merge."""
+    tokens = answer_tokens(tokenizer, text, answer, prompt_ids)
+    return None if tokens is None else tokens[0]
+
+
+def document_start(tokenizer: Any) -> tuple[int, str] | None:
+    """The special token that starts a document for this tokenizer: its BOS; else `<|endoftext|>`, which GPT-2,
+    Pythia, GPT-J and Qwen put between training documents; else its EOS; None if it has none of them."""
+    if getattr(tokenizer, "bos_token_id", None) is not None:
+        return int(tokenizer.bos_token_id), str(tokenizer.bos_token)
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    if "<|endoftext|>" in vocab:
+        return int(vocab["<|endoftext|>"]), "<|endoftext|>"
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        return int(tokenizer.eos_token_id), str(tokenizer.eos_token)
+    return None
+
+
+def _encode(
+    spec: TaskSpec, problems: list[Problem], tokenizer: Any
+) -> tuple[list[Problem], list[tuple[list[int], tuple[str, ...]]], list[tuple[int, ...] | None], bool]:
     operation = OPERATIONS[spec.operation]
-    moved = False
     encoded = [_roles(tokenizer, p, operation, spec.style) for p in problems]
     answers = [
-        answer_token(tokenizer, p.text, p.answer_text, ids) for p, (ids, _) in zip(problems, encoded, strict=True)
+        answer_tokens(tokenizer, p.text, p.answer_text, ids) for p, (ids, _) in zip(problems, encoded, strict=True)
     ]
     if any(a is None for a in answers) and all(p.text.endswith(" ") for p in problems):
         # tokenizers that put the space inside the number's token: the prompt ends before the space
@@ -264,20 +374,32 @@ def build_task(spec: TaskSpec, tokenizer: Any) -> Task:
         ]
         encoded = [_roles(tokenizer, p, operation, spec.style) for p in problems]
         answers = [
-            answer_token(tokenizer, p.text, p.answer_text, ids) for p, (ids, _) in zip(problems, encoded, strict=True)
+            answer_tokens(tokenizer, p.text, p.answer_text, ids) for p, (ids, _) in zip(problems, encoded, strict=True)
         ]
-        moved = True
+        return problems, encoded, answers, True
+    return problems, encoded, answers, False
+
+
+def tokenize_task(
+    spec: TaskSpec, examples: list[Problem], problems: list[Problem], tokenizer: Any, like: Task | None = None
+) -> Task:
+    """Tokenize and check problems: one token layout, unambiguous answers, a context that is constant.
+
+    With `like`, the problems take that task's layout, context and prepended BOS (a means distribution)."""
+    problems, encoded, answers, moved = _encode(spec, problems, tokenizer)
     bad = [p for p, a in zip(problems, answers, strict=True) if a is None]
     if bad:
         raise Af1Error(
             "the tokenizer merges the end of the prompt with the answer "
-            f"(e.g. {bad[0].text!r} + {bad[0].answer_text!r}): the answer's first token is ambiguous"
+            f"(e.g. {bad[0].text!r} + {bad[0].answer_text!r}): the answer's tokens are ambiguous"
         )
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, (_, roles) in enumerate(encoded):
         groups.setdefault(roles, []).append(i)
     excluded = 0
-    if len(groups) > 1:
+    if like is not None:
+        keep = groups.get(like.prompt_roles, [])
+    elif len(groups) > 1:
         sizes = sorted((len(v) for v in groups.values()), reverse=True)
         if not spec.largest_layout:
             raise Af1Error(
@@ -285,27 +407,70 @@ def build_task(spec: TaskSpec, tokenizer: Any) -> Task:
                 "positions would not be comparable: use --largest-layout to keep the largest group"
             )
         keep = max(groups.values(), key=len)
-        excluded = len(problems) - len(keep)
-        problems = [problems[i] for i in keep]
-        encoded = [encoded[i] for i in keep]
-        answers = [answers[i] for i in keep]
+    else:
+        keep = list(range(len(problems)))
+    excluded = len(problems) - len(keep)
+    if not keep:
+        raise Af1Error("no problem of the task distribution has the evaluated problems' token layout")
+    problems = [problems[i] for i in keep]
+    encoded = [encoded[i] for i in keep]
+    answers = [answers[i] for i in keep]
     input_ids = torch.tensor([ids for ids, _ in encoded], dtype=torch.long)
-    varying = (input_ids != input_ids[:1]).any(0).nonzero().flatten()
-    first_varying = int(varying[0]) if len(varying) else input_ids.shape[1] - 1
-    context_len = max(1, min(first_varying, input_ids.shape[1] - 1))
-    roles = list(encoded[0][1])
+    prompt_roles = encoded[0][1]
+    bos = like.bos if like is not None else None
+    if like is None:
+        varying = (input_ids != input_ids[:1]).any(0).nonzero().flatten()
+        if len(varying) and int(varying[0]) == 0:  # no constant token to keep as context (and as attention sink)
+            bos = document_start(tokenizer)
+            if bos is None:
+                raise Af1Error(
+                    "the first token varies across problems and the tokenizer has no BOS to prepend: "
+                    "give a constant prefix (--shots 1 or more, or a style with an instruction such as calculate)"
+                )
+    if bos is not None:
+        input_ids = torch.cat([torch.full((len(input_ids), 1), bos[0], dtype=torch.long), input_ids], 1)
+    roles = (("bos",) if bos is not None else ()) + prompt_roles
+    if like is not None:
+        context_len = like.context_len
+    else:
+        varying = (input_ids != input_ids[:1]).any(0).nonzero().flatten()
+        first_varying = int(varying[0]) if len(varying) else input_ids.shape[1] - 1
+        context_len = max(1, min(first_varying, input_ids.shape[1] - 1))
     layout = tuple("context" if t < context_len else r for t, r in enumerate(roles))
     return Task(
         spec,
         problems,
         input_ids,
-        torch.tensor(answers, dtype=torch.long),
+        [tuple(a) for a in answers if a is not None],
         context_len,
         layout,
+        prompt_roles,
         examples,
         moved,
         excluded,
+        bos,
     )
+
+
+def build_task(spec: TaskSpec, tokenizer: Any) -> Task:
+    """Enumerate, tokenize and check the problems of a spec."""
+    examples, problems = enumerate_problems(spec)
+    return tokenize_task(spec, examples, problems, tokenizer)
+
+
+def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
+    """The problems CAMA averages over: the whole distribution when it has at most GRID_MAX problems,
+    else a seeded sample of MEANS_SAMPLE disjoint from the evaluated ones; the evaluated task's layout."""
+    examples, pool = problem_pool(spec)
+    origin = "grid"
+    if len(pool) > GRID_MAX:
+        seen = {p.prompt for p in evaluated.problems}
+        rest = [p for p in pool if p.prompt not in seen]
+        pool = random.Random(spec.seed + 1).sample(rest, min(MEANS_SAMPLE, len(rest)))
+        origin = "disjoint sample"
+    task = tokenize_task(spec, examples, pool, tokenizer, like=evaluated)
+    task.origin = origin
+    return task
 
 
 def example_prompt(operation: str, style: str) -> str | None:

@@ -10,8 +10,8 @@ from typing import Literal
 
 import torch
 
-ABPVariant = Literal["af1", "none", "sink", "all-peek"]
-ABP_VARIANTS: tuple[str, ...] = ("af1", "none", "sink", "all-peek")
+ABPVariant = Literal["af1", "none", "sink", "all-peek", "zero-output"]
+ABP_VARIANTS: tuple[str, ...] = ("af1", "none", "sink", "all-peek", "zero-output")
 
 
 def causal(n: int) -> torch.Tensor:
@@ -44,7 +44,7 @@ def abp_masks(
 
     Pruned heads of a peek layer behave as in a compute layer: their masks become per head.
     """
-    if variant == "none":
+    if variant in ("none", "zero-output"):  # zero-output edits attention outputs instead (allforone.zeroed_outputs)
         return {}
     restricted = self_and_context(n, context_len, mask_sink=variant == "sink")
     full = causal(n)

@@ -52,3 +52,20 @@ def replace_positions(hidden_BTD: torch.Tensor, new_BTD: torch.Tensor, start: in
     out = hidden_BTD.clone()
     out[:, start:] = new_BTD[:, start:].to(hidden_BTD.device, hidden_BTD.dtype)
     return out
+
+
+def zero_attention_outputs(
+    adapter: ModelAdapter, positions: dict[int, list[int]]
+) -> contextlib.AbstractContextManager[None]:
+    """Zero the attention module's output of block l at positions[l] (before it joins the residual stream)."""
+
+    def zero(output, rows: list[int]):
+        hidden = _get_hidden(output).clone()
+        hidden[:, rows] = 0
+        return _set_hidden(output, hidden)
+
+    return hooks_removed_after(
+        adapter.attention(layer).register_forward_hook(lambda _m, _a, output, rows=rows: zero(output, rows))
+        for layer, rows in positions.items()
+        if rows
+    )

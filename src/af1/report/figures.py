@@ -45,6 +45,25 @@ def sweep_heatmap(sweep: dict[str, Any], path: Path, found: dict[str, Any] | Non
                     fontsize=5,
                     color="white" if v < 0.6 else "black",
                 )
+    low = sweep.get("ci_low_wait_transfer")
+    threshold = (found or {}).get("threshold")
+    if low is not None and threshold is not None:  # cells whose whole 95 % interval lies above the threshold
+        low_WK = np.array(low, dtype=float)
+        rows, cols = np.nonzero(np.nan_to_num(low_WK, nan=-1) >= threshold)
+        ax.scatter(cols, rows + 0.32, marker="^", s=8, c="red", label=f"95 % interval above {threshold}")
+    frontier = (found or {}).get("frontier") or []
+    if frontier:
+        ax.plot(
+            [f["transfer"] for f in frontier],
+            [f["wait"] + 1 for f in frontier],
+            color="orange",
+            lw=1.2,
+            marker="o",
+            ms=3,
+            label="frontier: smallest L_transfer reaching the threshold (selection split)",
+        )
+    if (low is not None and threshold is not None) or frontier:
+        ax.legend(loc="upper right", fontsize=7)
     if found and found.get("found"):
         ax.add_patch(plt.Rectangle((found["transfer"] - 0.5, found["wait"] + 0.5), 1, 1, fill=False, ec="red", lw=2))
     elif found and found.get("best"):  # nothing passed the threshold: outline the best cell, dashed
@@ -54,7 +73,9 @@ def sweep_heatmap(sweep: dict[str, Any], path: Path, found: dict[str, Any] | Non
         )
     fig.colorbar(image, ax=ax, label="faithfulness")
     ax.set_title(
-        f"AF1 faithfulness: {sweep.get('model')} {sweep.get('task')} ({sweep.get('style')}), n={sweep.get('n_solved')}"
+        f"AF1 faithfulness: {sweep.get('model')} {sweep.get('task')} ({sweep.get('style')}, "
+        f"{sweep.get('scoring', 'first')} answer), n={sweep.get('n_solved')}, "
+        f"constant guess {sweep.get('faithfulness_baseline', float('nan')):.2f}"
     )
     return _save(fig, path)
 

@@ -53,6 +53,15 @@ def _stages(stages: dict[str, list[int]]) -> str:
     return table_html(["stage", "layers"], [[k, span(v)] for k, v in stages.items()])
 
 
+def with_ci(value: Any, ci: Any = None) -> str:
+    """A rate and its 95 % interval as one cell: 0.816 [0.69, 0.90]."""
+    if value is None or value == "":
+        return ""
+    if not ci or ci[0] is None:
+        return f"{value:.3f}"
+    return f"{value:.3f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
 def build_report(d: str | Path) -> Path:
     """Write DIR/report.html from the result files found in DIR."""
     d = Path(d)
@@ -67,8 +76,20 @@ def build_report(d: str | Path) -> Path:
         parts.append("<h2>Base accuracy</h2>")
         parts.append(
             table_html(
-                ["task", "style", "shots", "n", "solved", "base accuracy"],
-                [[r["task"], r["style"], r["shots"], r["n"], r["n_solved"], r["base_accuracy"]] for r in base["rows"]],
+                ["task", "style", "shots", "scoring", "n", "solved", "base accuracy [95 % CI]", "constant guess"],
+                [
+                    [
+                        r["task"],
+                        r["style"],
+                        r["shots"],
+                        r.get("scoring", "first"),
+                        r["n"],
+                        r["n_solved"],
+                        with_ci(r["base_accuracy"], r.get("base_accuracy_ci")),
+                        r.get("base_accuracy_baseline", ""),
+                    ]
+                    for r in base["rows"]
+                ],
             )
         )
 
@@ -79,24 +100,39 @@ def build_report(d: str | Path) -> Path:
         parts.append("<h2>The (L_wait, L_transfer) grid</h2>")
         parts.append(
             f"<p>{sweep['model']} on <code>{html.escape(sweep['task'])}</code> ({sweep['style']}): "
-            f"{sweep['n_solved']} solved problems of {sweep['n']} (base accuracy {sweep['base_accuracy']:.3f}); "
-            f"{sweep['n_cells']} cells, {sweep['path']} path. Faithfulness = accuracy under AF1 on the "
-            "solved problems.</p>"
+            f"{sweep['n_solved']} solved problems of {sweep['n']} (base accuracy "
+            f"{with_ci(sweep['base_accuracy'], sweep.get('base_accuracy_ci'))}, {sweep.get('scoring', 'first')} "
+            f"answer scored); {sweep['n_cells']} cells, executor {sweep.get('executor', sweep.get('path'))}. "
+            "Faithfulness = accuracy under AF1 on the solved problems; a constant guess scores "
+            f"{sweep.get('faithfulness_baseline', float('nan')):.3f} on them. Red triangles: cells whose whole "
+            "95 % interval lies above the threshold; orange: the frontier.</p>"
         )
         parts.append(image_html(d, "sweep.png"))
     if found:
         parts.append("<h2>The AF1 subgraph</h2>")
         if found["found"]:
             parts.append(
-                f"<p>Largest L_wait, then smallest L_transfer, with faithfulness &ge; {found['threshold']}: "
-                f"<b>L_wait = {found['wait']}, L_transfer = {found['transfer']}</b>, faithfulness "
-                f"{found['faithfulness']:.3f}.</p>"
+                f"<p>Chosen on {found.get('n_selection')} solved problems (the largest L_wait, then the smallest "
+                f"L_transfer, with faithfulness &ge; {found['threshold']}, a compute stage, and an interval above "
+                f"the constant guess): <b>L_wait = {found['wait']}, L_transfer = {found['transfer']}</b>. "
+                f"Confirmed on the other {found.get('n_confirmation')}: faithfulness "
+                f"<b>{with_ci(found['faithfulness'], found.get('faithfulness_ci'))}</b> (constant guess "
+                f"{found.get('faithfulness_baseline', float('nan')):.3f}; selection "
+                f"{found.get('faithfulness_selection', float('nan')):.3f}).</p>"
             )
             parts.append(_stages(found["stages"]))
         else:
+            best = found.get("best") or {}
             parts.append(
-                f"<p><b>No cell reaches faithfulness {found['threshold']}</b>: this model has no AF1 "
-                "subgraph at that threshold on this task.</p>"
+                f"<p><b>No cell reaches faithfulness {found['threshold']}</b> on the selection split: this model "
+                "has no AF1 subgraph at that threshold on this task."
+                + (
+                    f" The best eligible cell is L_wait {best['wait']}, L_transfer {best['transfer']}: "
+                    f"{with_ci(best['faithfulness'], best.get('faithfulness_ci'))} on the confirmation split."
+                    if best
+                    else ""
+                )
+                + "</p>"
             )
 
     comp = _load(d, "components.json")
@@ -107,8 +143,15 @@ def build_report(d: str | Path) -> Path:
         )
         parts.append(
             table_html(
-                ["L_wait", "CAMA alone", "ABP alone"],
-                [[w, comp["cama_only"][w], comp["abp_only"][w]] for w in comp["cama_only"]],
+                ["L_wait", "CAMA alone [95 % CI]", "ABP alone [95 % CI]"],
+                [
+                    [
+                        w,
+                        with_ci(comp["cama_only"][w], comp.get("cama_only_ci", {}).get(w)),
+                        with_ci(comp["abp_only"][w], comp.get("abp_only_ci", {}).get(w)),
+                    ]
+                    for w in comp["cama_only"]
+                ],
             )
         )
 
@@ -123,23 +166,39 @@ def build_report(d: str | Path) -> Path:
         worst = {w: min(v) for w, v in nec["windows"].items()}
         parts.append(
             table_html(
-                ["window", "lowest faithfulness", "at first layer"],
-                [[w, worst[w], nec["windows"][w].index(worst[w])] for w in nec["windows"]],
+                ["window", "lowest faithfulness [95 % CI]", "at first layer"],
+                [
+                    [
+                        w,
+                        with_ci(
+                            worst[w], nec.get("windows_ci", {}).get(w, [None] * 99)[nec["windows"][w].index(worst[w])]
+                        ),
+                        nec["windows"][w].index(worst[w]),
+                    ]
+                    for w in nec["windows"]
+                ],
             )
         )
 
     alt = _load(d, "alternatives.json")
     if alt:
         parts.append(f"<h2>Alternatives at L_wait = {alt['wait']}, L_transfer = {alt['transfer']}</h2>")
-        parts.append(
-            table_html(
-                ["ablation at L_wait (ABP af1)", "faithfulness"],
-                [[k, v] for k, v in alt["ablations"].items()],
-            )
-        )
-        parts.append(
-            table_html(["ABP variant (CAMA)", "faithfulness"], [[k, v] for k, v in alt["abp_variants"].items()])
-        )
+
+        def alt_rows(detail: dict[str, Any]) -> list[list[Any]]:
+            rows = []
+            for k, v in detail.items():
+                if "per_seed" in v:  # resample: mean and spread over seeds
+                    cell = f"{v['faithfulness']:.3f} ± {v['faithfulness_std']:.3f} ({v['seeds']} seeds)"
+                    p = min(s["mcnemar_vs_configured"]["p_value"] for s in v["per_seed"])
+                    rows.append([k, cell, f"min over seeds {p:.2g}"])
+                else:
+                    cell = with_ci(v["faithfulness"], v["faithfulness_ci"])
+                    rows.append([k, cell, f"{v['mcnemar_vs_configured']['p_value']:.2g}"])
+            return rows
+
+        header = ["faithfulness [95 % CI]", "McNemar p vs CAMA + ABP"]
+        parts.append(table_html(["ablation at L_wait (ABP af1)", *header], alt_rows(alt["ablations_detail"])))
+        parts.append(table_html(["ABP variant (CAMA)", *header], alt_rows(alt["abp_variants_detail"])))
 
     styles = _load(d, "styles.json")
     if styles:
@@ -149,12 +208,18 @@ def build_report(d: str | Path) -> Path:
                 r["style"],
                 r["operation"],
                 r.get("n", ""),
-                r.get("base_accuracy", r.get("error", "")),
-                r.get("faithfulness", ""),
+                with_ci(r["base_accuracy"], r.get("base_accuracy_ci")) if "base_accuracy" in r else r.get("error", ""),
+                r.get("n_solved", ""),
+                with_ci(r.get("faithfulness"), r.get("faithfulness_ci")),
+                r.get("faithfulness_baseline", ""),
             ]
             for r in styles["rows"]
         ]
-        parts.append(table_html(["style", "operation", "n", "base accuracy", "AF1 faithfulness"], rows))
+        parts.append(
+            table_html(
+                ["style", "operation", "n", "base accuracy", "solved", "AF1 faithfulness", "constant guess"], rows
+            )
+        )
 
     transfer = _load(d, "transfer.json")
     if transfer:
@@ -166,8 +231,9 @@ def build_report(d: str | Path) -> Path:
                 r["n_solved"],
                 r["absolute"]["wait"],
                 r["absolute"]["transfer"],
-                r["absolute"]["faithfulness"],
-                r["relative"]["faithfulness"],
+                with_ci(r["absolute"]["faithfulness"], r["absolute"].get("faithfulness_ci")),
+                with_ci(r["relative"]["faithfulness"], r["relative"].get("faithfulness_ci")),
+                r["absolute"].get("faithfulness_baseline", ""),
             ]
             for r in transfer["rows"]
         ]
@@ -181,6 +247,7 @@ def build_report(d: str | Path) -> Path:
                     "transfer",
                     "faithfulness (absolute)",
                     "faithfulness (relative)",
+                    "constant guess",
                 ],
                 rows,
             )
@@ -188,10 +255,21 @@ def build_report(d: str | Path) -> Path:
 
     pruning = _load(d, "pruning.json")
     if pruning:
+        confirmed = ""
+        if "confirmation" in pruning:
+            c = pruning["confirmation"]
+            confirmed = (
+                f" On the other {pruning['n_confirmation']}: pruned "
+                f"{with_ci(c['pruned']['faithfulness'], c['pruned']['faithfulness_ci'])} vs unpruned "
+                f"{with_ci(c['unpruned']['faithfulness'], c['unpruned']['faithfulness_ci'])} "
+                f"(McNemar p {c['mcnemar']['p_value']:.2g})."
+            )
         parts.append(
             f"<h2>Head pruning in the transfer layers</h2><p>{pruning['n_transfer_heads']} heads; "
+            f"ranked greedily by {html.escape(pruning.get('measure', 'single-head accuracy'))}: "
             f"up to {pruning['max_pruned_at_95pct']} of them stop peeking with faithfulness &ge; 95 % of "
-            f"the unpruned {pruning['faithfulness_full']:.3f}.</p>"
+            f"the unpruned {pruning['faithfulness_full']:.3f} on {pruning.get('n_selection', '')} selection problems."
+            f"{confirmed}</p>"
         )
         parts.append(image_html(d, "pruning.png"))
 

@@ -163,7 +163,8 @@ def task_label(spec: TaskSpec) -> str:
         "n": f"n{spec.n}",
         "n_max": f"max{spec.n_max}",
         "seed": f"s{spec.seed}",
-        "answer_digits": "anydigits",
+        "answer_digits": f"{spec.answer_digits}digits",
+        "scoring": f"{spec.scoring}token" if spec.scoring == "first" else "fullanswer",
         "allow_negative": "neg",
         "largest_layout": "largest",
     }

@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from af1.report.html import image_html, page, table_html
+from af1.report.html import image_html, page, table_html, with_ci
 from af1.results import write_atomic, write_json
 from af1.study.plan import StudyPlan, Unit, task_label
 from af1.study.store import Store
@@ -51,6 +51,10 @@ def study_tables(store: Store, units: list[Unit]) -> dict[str, Any]:
                     "wait": cell.get("wait"),
                     "transfer": cell.get("transfer"),
                     "faithfulness": cell.get("faithfulness"),
+                    "faithfulness_ci": cell.get("faithfulness_ci"),
+                    "faithfulness_baseline": result.get("faithfulness_baseline"),
+                    "n_confirmation": result.get("n_confirmation"),
+                    "base_accuracy_ci": sweep.get("base_accuracy_ci"),
                 }
             )
         if unit.experiment == "heads":
@@ -105,24 +109,40 @@ def build_study_report(store: Store, plan: StudyPlan, units: list[Unit]) -> Path
     ]
     if data["faithfulness"]:
         parts.append(
-            "<h2>AF1 per model and task</h2><p>The subgraph the search found (largest L_wait, then smallest "
-            "L_transfer, faithfulness at or above the threshold); where none was found, the best cell, marked "
-            "<i>best</i>.</p>"
+            "<h2>AF1 per model and task</h2><p>The subgraph the search found on a selection half of the solved "
+            "problems (largest L_wait, then smallest L_transfer, faithfulness at or above the threshold, a "
+            "compute stage, an interval above the constant guess); where none was found, the best eligible cell, "
+            "marked <i>best</i>. Faithfulness is measured on the other half (the confirmation split), with its "
+            "95 % interval, beside what a constant guess scores there.</p>"
         )
         parts.append(
             table_html(
-                ["model", "task", "layers", "base accuracy", "solved", "AF1", "wait", "transfer", "faithfulness"],
+                [
+                    "model",
+                    "task",
+                    "layers",
+                    "base accuracy",
+                    "solved",
+                    "AF1",
+                    "wait",
+                    "transfer",
+                    "faithfulness (confirmation)",
+                    "n",
+                    "constant guess",
+                ],
                 [
                     [
                         r["model"],
                         r["task"],
                         r["n_layers"],
-                        r["base_accuracy"],
+                        with_ci(r["base_accuracy"], r.get("base_accuracy_ci")),
                         r["n_solved"],
                         "found" if r["found"] else f"best (< {r['threshold']})",
                         r["wait"],
                         r["transfer"],
-                        r["faithfulness"],
+                        with_ci(r["faithfulness"], r.get("faithfulness_ci")),
+                        r.get("n_confirmation"),
+                        r.get("faithfulness_baseline"),
                     ]
                     for r in data["faithfulness"]
                 ],

@@ -1,0 +1,94 @@
+"""Numbers a reviewer accepts: Wilson intervals, constant-guess baselines, paired exact McNemar tests.
+
+Every rate af1 reports goes through `rate`, so it carries its n, its 95 % interval and the
+score of the best constant guess on the same problems.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+Z95 = 1.959963984540054
+BASELINE_WARNING = 0.5
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """95 % Wilson score interval of k successes in n trials; (nan, nan) when n = 0."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def constant_baseline(targets: Sequence[Hashable]) -> float:
+    """Share of problems whose target is the most common one: what a constant guess scores."""
+    if not targets:
+        return float("nan")
+    return Counter(targets).most_common(1)[0][1] / len(targets)
+
+
+def rate(correct: Sequence[bool], targets: Sequence[Hashable]) -> dict[str, Any]:
+    """A rate with its n, 95 % Wilson interval and constant-guess baseline (same problems)."""
+    if len(correct) != len(targets):
+        raise ValueError(f"{len(correct)} outcomes for {len(targets)} targets")
+    k, n = sum(bool(c) for c in correct), len(correct)
+    low, high = wilson(k, n)
+    baseline = constant_baseline(targets)
+    return {
+        "value": k / n if n else float("nan"),
+        "k": k,
+        "n": n,
+        "ci": [low, high],
+        "baseline": baseline,
+        "near_constant": bool(baseline >= BASELINE_WARNING),
+    }
+
+
+def baseline_warning(what: str, baseline: float, n: int) -> str | None:
+    """One line when a constant guess already scores half or more."""
+    if n and baseline >= BASELINE_WARNING:
+        return (
+            f"{what}: the target is near constant (a constant guess scores {baseline:.2f} on these {n} problems); "
+            "rates on it say little"
+        )
+    return None
+
+
+def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> dict[str, Any]:
+    """Paired exact McNemar test of two configurations on the same problems (two-sided binomial on discordant pairs)."""
+    if len(a) != len(b):
+        raise ValueError("McNemar needs the same problems on both sides")
+    only_a = sum(1 for x, y in zip(a, b, strict=True) if x and not y)
+    only_b = sum(1 for x, y in zip(a, b, strict=True) if y and not x)
+    m = only_a + only_b
+    if m == 0:
+        p = 1.0
+    else:
+        tail = sum(math.comb(m, i) for i in range(min(only_a, only_b) + 1)) / 2**m
+        p = min(1.0, 2 * tail)
+    return {"only_first": only_a, "only_second": only_b, "p_value": p}
+
+
+def split_indices(n: int, fraction: float = 0.5, seed: int = 0) -> tuple[list[int], list[int]]:
+    """A seeded split of range(n) into (selection, confirmation), the selection taking `fraction`."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"the selection fraction must be in (0, 1), got {fraction}")
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    cut = round(n * fraction)
+    return sorted(order[:cut]), sorted(order[cut:])
+
+
+def mean_std(values: Sequence[float]) -> dict[str, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return {"mean": mean, "std": std, "n": n}

@@ -1,0 +1,44 @@
+"""Intervals, baselines and paired tests: the numbers every rate af1 reports carries."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from af1.stats import baseline_warning, constant_baseline, mcnemar_exact, mean_std, rate, split_indices, wilson
+
+
+def test_wilson_interval_known_values():
+    low, high = wilson(40, 49)  # the old demo's best cell: 0.816 = 40/49
+    assert (round(low, 2), round(high, 2)) == (0.69, 0.90)
+    assert wilson(0, 10)[0] == pytest.approx(0.0, abs=1e-12) and wilson(10, 10)[1] == pytest.approx(1.0)
+    assert wilson(0, 10)[1] == pytest.approx(0.2775, abs=1e-4)  # 3.84 / 13.84
+    assert all(math.isnan(x) for x in wilson(0, 0))
+
+
+def test_constant_baseline_and_rate():
+    assert constant_baseline(["1", "1", "1", "2"]) == 0.75
+    r = rate([True, False, True, True], ["a", "b", "a", "c"])
+    assert (r["value"], r["k"], r["n"], r["baseline"], r["near_constant"]) == (0.75, 3, 4, 0.5, True)
+    assert r["ci"] == list(wilson(3, 4))
+    assert baseline_warning("x", 0.49, 10) is None and "near constant" in baseline_warning("x", 0.5, 10)
+    with pytest.raises(ValueError):
+        rate([True], ["a", "b"])
+
+
+def test_mcnemar_exact_two_sided():
+    a = [True] * 10 + [False] * 5
+    b = [False] * 10 + [False] * 5  # 10 discordant pairs, all one way: p = 2 / 2**10
+    assert mcnemar_exact(a, b)["p_value"] == pytest.approx(2 / 1024)
+    assert mcnemar_exact(a, a)["p_value"] == 1.0
+    c = [True, False, True, False]
+    d = [False, True, False, True]  # 2 each way: p = 1
+    assert mcnemar_exact(c, d) == {"only_first": 2, "only_second": 2, "p_value": 1.0}
+
+
+def test_split_is_seeded_disjoint_and_complete():
+    sel, conf = split_indices(11, 0.5, seed=3)
+    assert sorted(sel + conf) == list(range(11)) and not set(sel) & set(conf) and len(sel) == 6
+    assert split_indices(11, 0.5, seed=3) == (sel, conf) and split_indices(11, 0.5, seed=4) != (sel, conf)
+    assert mean_std([1.0, 3.0]) == {"mean": 2.0, "std": pytest.approx(math.sqrt(2)), "n": 2}
