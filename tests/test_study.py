@@ -317,3 +317,29 @@ def test_an_unreachable_ray_cluster_is_a_one_line_error(tmp_path, capsys, tiny_d
     code, out, err = run_cli(capsys, "study", str(plan), "--out", str(tmp_path / "out"), "--ray", "127.0.0.1:1")
     assert code == 2 and err.startswith("af1: error: cannot reach the Ray cluster at 127.0.0.1:1") and out == ""
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_demo_sets_two_models_side_by_side(tiny_dirs, tmp_path):
+    """The main job's shape on two tiny models: both grids and searches, each config on the other, the analyses
+    of the one with a subgraph, heads placed against its stages, a report per model and one contrast report."""
+    from af1 import pipeline
+
+    out = tmp_path / "demo"
+    said: list[str] = []
+    report = pipeline.demo([str(tiny_dirs["llama"]), str(tiny_dirs["qwen2"])], out, TASKS[0], 0.5, said.append)
+    data = json.loads((out / "contrast.json").read_text())
+    assert data["models"] == ["llama", "qwen2"] and len(data["verdicts"]) == 2
+    assert all(("AF1 subgraph" in v or "no AF1 subgraph" in v) and "[" in v for v in data["verdicts"])
+    assert {(r["source"]["model"], r["target"]) for r in data["cross"]} == {("llama", "qwen2"), ("qwen2", "llama")}
+    for row in data["cross"]:
+        assert row["absolute"]["faithfulness_ci"] and row["relative"]["faithfulness_ci"]
+    analysed = data["analysed"]
+    assert data["searches"][analysed]["found"]
+    assert {p["stage"] for p in data["heads_placement"]} <= {"wait", "transfer", "compute"}
+    for name in data["models"]:
+        assert (out / name / "sweep.png").is_file() and (out / name / "report.html").is_file()
+    for name in ("components", "necessity", "alternatives", "heads"):
+        assert (out / analysed / f"{name}.json").is_file()
+    html = report.read_text()
+    assert html.count("data:image/png;base64,") == 2 and "on the other" in html and "Wall time" in html
+    assert data["timings_seconds"]["total"] > 0 and said[-1].startswith("demo time")

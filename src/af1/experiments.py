@@ -429,7 +429,7 @@ def necessity(setup: Setup, windows: tuple[int, ...] = (1, 2, 4), found: AF1Conf
     L = setup.adapter.n_layers
     per_window: dict[str, list[float]] = {}
     per_window_ci: dict[str, list[list[float]]] = {}
-    for width in windows:
+    for width in [w for w in windows if w <= L]:
         sets = [list(range(s, s + width)) for s in range(L - width + 1)]
         per_step = [knockout_logits(step.adapter, step.kept, sets) for step in setup.steps]
         rates = [

