@@ -19,7 +19,6 @@ from af1 import experiments
 from af1.allforone import AF1Config, reference_logits
 from af1.evaluation import Scores, last_logits
 from af1.fast import grid
-from af1.interventions.means import compute_means
 
 from common import best_of, setup, write
 
@@ -30,9 +29,9 @@ def main() -> None:
     args = parser.parse_args()
     lm, task = setup()
     adapter = lm.adapter
-    means = compute_means(adapter, task)
-    scores = Scores(task.answer_ids_P.clone(), torch.ones(len(task)), torch.ones(len(task), dtype=torch.bool))
-    s = experiments.Setup(lm, task.spec, task, scores, task, means)  # every problem, solved or not
+    scores = Scores([[int(t)] for t in task.answer_ids_P], torch.ones(len(task)), torch.ones(len(task)) > 0)
+    s = experiments.make_setup(lm, task.spec, task, scores, task, cache_means=False)  # every problem, solved or not
+    means = s.means
     L = adapter.n_layers
     cells = grid(L)
     t_forward, _ = best_of(lambda: last_logits(lm.model, task.input_ids_PT, batch_size=64))

@@ -29,7 +29,7 @@ def searched_config(search: dict[str, Any]) -> AF1Config:
     """The AF1 config a search unit settled on: the subgraph it found, else its best cell."""
     cell = search if search["found"] else search.get("best")
     if cell is None:
-        raise Af1Error(f"the search on {search.get('model')} measured no cell")
+        raise Af1Error(f"the search on {search.get('model')} found no cell above the constant-guess baseline")
     return AF1Config(**{**search["config"], "wait": cell["wait"], "transfer": cell["transfer"]})
 
 
