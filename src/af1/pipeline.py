@@ -197,8 +197,8 @@ def analyse(
         + ", ".join(f"L_wait {w}: {ci(v, parts['cama_only_ci'][w])}" for w, v in parts["cama_only"].items())
     )
     notes.append(
-        "ABP alone (2 peek layers): "
-        + ", ".join(f"from {w + 1}: {ci(v, parts['abp_only_ci'][w])}" for w, v in parts["abp_only"].items())
+        "ABP alone (no ablation; the last token reads freely up to L_wait, peeks in 2 layers, then self peek): "
+        + ", ".join(f"peek from {w + 1}: {ci(v, parts['abp_only_ci'][w])}" for w, v in parts["abp_only"].items())
     )
     nec = timed("necessity", lambda: experiments.necessity(setup, found=config))
     write_json(out_dir / "necessity.json", _with_provenance(setup, nec))
@@ -327,7 +327,7 @@ def demo(
         notes.append(f"Analyses of {chosen} at L_wait {config.wait}, L_transfer {config.transfer}:")
         heads_result = analyse(setups[chosen], config, out_dir / chosen, notes, full, timings)
     for name in models:
-        own = [lines[models.index(name)], *setups[name].warnings, *(notes[len(lines) :] if name == chosen else [])]
+        own = [lines[models.index(name)], *(notes[len(lines) :] if name == chosen else setups[name].warnings)]
         write_json(out_dir / name / "notes.json", {"notes": own})
         build_report(out_dir / name)
     timings["total"] = time.perf_counter() - t_start
