@@ -88,3 +88,27 @@ def test_cli_lists_models_and_tasks(capsys):
     assert code == 0 and "gpt_neox" in out and "gemma3_text" in out
     code, out, _ = run_cli(capsys, "tasks")
     assert code == 0 and "John has 3 cookies" in out and "a*b" in out
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "search", "necessity", "alternatives", "prune", "heads", "demo"])
+def test_cli_out_naming_a_file_is_one_line(capsys, tmp_path, command):
+    """--out that names an existing file fails at parse time, before a model is loaded, and leaves it alone."""
+    existing = tmp_path / "taken.txt"
+    existing.write_text("mine")
+    code, out, err = run_cli(capsys, command, "--out", str(existing))
+    assert code == 2 and f"--out {existing} is a file, not a directory" in err
+    assert "Traceback" not in err and out == "" and existing.read_text() == "mine"
+
+
+def test_cli_eval_out_naming_a_directory_is_one_line(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "eval", "--out", str(tmp_path))
+    assert code == 2 and "is a directory, not a file" in err
+
+
+def test_cli_study_out_naming_a_file_is_one_line(capsys, tmp_path):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("models: [smollm2]\n")
+    existing = tmp_path / "store"
+    existing.write_text("")
+    code, _, err = run_cli(capsys, "study", str(plan), "--out", str(existing))
+    assert code == 2 and "is a file, not a directory" in err

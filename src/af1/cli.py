@@ -55,6 +55,20 @@ ScoringOpt = Annotated[
 NegativeOpt = Annotated[bool, typer.Option("--allow-negative", help="keep problems with negative results")]
 
 
+def out_directory(path: Path | None) -> Path | None:
+    """--out names a directory: an existing file there is a one-line error before any work."""
+    if path is not None and path.exists() and not path.is_dir():
+        raise Af1Error(f"--out {path} is a file, not a directory")
+    return path
+
+
+def out_json_file(path: Path | None) -> Path | None:
+    """--out names a JSON file: an existing directory there is a one-line error before any work."""
+    if path is not None and path.is_dir():
+        raise Af1Error(f"--out {path} is a directory, not a file")
+    return path
+
+
 def task_spec(
     task: str = "a+b",
     style: str = "original",
@@ -215,7 +229,9 @@ def eval_cmd(
     load: ModelChoice,
     spec: TaskSpec,
     as_json: JsonOpt = False,
-    out_file: Annotated[Path | None, typer.Option("--out", help="also write the JSON result here")] = None,
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="also write the JSON result here", callback=out_json_file)
+    ] = None,
 ) -> None:
     """Base accuracy of a model on a task: greedy next token vs the answer's first token."""
     from af1 import api
@@ -246,7 +262,7 @@ def ci_text(value: float | None, ci: list[float] | None) -> str:
 
 
 MeansOpt = Annotated[Path | None, typer.Option("--means", help="position means file to use (safetensors)")]
-OutDir = Annotated[Path | None, typer.Option("--out", help="directory for results and figures")]
+OutDir = Annotated[Path | None, typer.Option("--out", help="directory for results and figures", callback=out_directory)]
 WaitOpt = Annotated[int, typer.Option("--wait", help="CAMA at the output of this block (-1: none)")]
 TransferOpt = Annotated[int, typer.Option("--transfer", help="layers in which the last token peeks")]
 AblationOpt = Annotated[str, typer.Option("--ablation", help="cama, zero, mean, resample or none")]
@@ -332,9 +348,9 @@ def sweep_cmd(
     reference: RefOpt = False,
     as_json: JsonOpt = False,
     means: MeansOpt = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="directory for sweep.json and sweep.png")] = Path(
-        "results/sweep"
-    ),
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="directory for sweep.json and sweep.png", callback=out_directory)
+    ] = Path("results/sweep"),
 ) -> None:
     """Faithfulness over the whole (L_wait, L_transfer) grid, with a heatmap; resumable."""
     from af1 import pipeline
@@ -360,9 +376,9 @@ def search(
     reference: RefOpt = False,
     as_json: JsonOpt = False,
     means: MeansOpt = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="directory for the sweep and search.json")] = Path(
-        "results/sweep"
-    ),
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="directory for the sweep and search.json", callback=out_directory)
+    ] = Path("results/sweep"),
 ) -> None:
     """The AF1 subgraph: the largest L_wait, then the smallest L_transfer, keeping faithfulness >= threshold."""
     from af1 import experiments, pipeline
@@ -625,9 +641,9 @@ def _optional_values(argv: list[str]) -> list[str]:
 @app.command()
 def study(
     plan: Annotated[Path, typer.Argument(help="a study plan, .yaml or .toml")],
-    out_dir: Annotated[Path, typer.Option("--out", help="the results store; run again to resume")] = Path(
-        "results/study"
-    ),
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="the results store; run again to resume", callback=out_directory)
+    ] = Path("results/study"),
     ray: Annotated[
         str | None,
         typer.Option(
@@ -669,7 +685,9 @@ def demo(
     models: Annotated[
         list[str] | None, typer.Option("--model", "-m", help="a model to study (repeat; default: smollm2, qwen0.5b)")
     ] = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="where to write results")] = Path("results/demo"),
+    out_dir: Annotated[Path, typer.Option("--out", help="where to write results", callback=out_directory)] = Path(
+        "results/demo"
+    ),
     shots: ShotsOpt = 3,
     style: StyleOpt = "calculate",
     threshold: ThresholdOpt = 0.9,
@@ -678,8 +696,6 @@ def demo(
     """The main job: the AF1 study of 1-digit a+b on the bundled models, side by side, in one HTML report."""
     from af1 import pipeline
 
-    if out_dir.exists() and not out_dir.is_dir():
-        raise Af1Error(f"--out {out_dir} is a file, not a directory")
     chosen = list(models or pipeline.DEMO_MODELS)
     report_path = pipeline.demo(chosen, out_dir, task_spec("a+b", style, shots), threshold, out.print, full)
     out.print(f"wrote {report_path}")
