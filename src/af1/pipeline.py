@@ -12,6 +12,7 @@ from af1.allforone import AF1Config
 from af1.api import as_loaded, base_accuracy
 from af1.errors import Af1Error
 from af1.models import LoadedModel
+from af1.progress import stage
 from af1.report import figures
 from af1.report.html import build_contrast_report, build_report
 from af1.results import provenance, write_json
@@ -183,10 +184,8 @@ def analyse(
     lm, spec, L = setup.lm, setup.spec, setup.adapter.n_layers
 
     def timed(name: str, fn: Callable[[], Any]) -> Any:
-        t0 = time.perf_counter()
-        value = fn()
-        timings[name] = time.perf_counter() - t0
-        return value
+        with stage(name, timings):
+            return fn()
 
     parts = timed(
         "CAMA / ABP alone", lambda: experiments.components(setup, sorted({0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3}))
@@ -301,12 +300,10 @@ def demo(
     found: dict[str, dict[str, Any]] = {}
     lines: list[str] = []
     for name in models:
-        t0 = time.perf_counter()
-        setups[name] = experiments.prepare(as_loaded(specs[name]), spec)
-        timings[f"{name}: evaluation and means"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        _, found[name] = search_to(setups[name], out_dir / name, threshold)
-        timings[f"{name}: grid and search"] = time.perf_counter() - t0
+        with stage(f"{name}: evaluation and means", timings):
+            setups[name] = experiments.prepare(as_loaded(specs[name]), spec)
+        with stage(f"{name}: grid and search", timings):
+            _, found[name] = search_to(setups[name], out_dir / name, threshold)
         lines.append(verdict(name, setups[name], found[name]))
         say(lines[-1])
     cross = []

@@ -1,0 +1,33 @@
+"""Progress in a log: plain timed lines when stderr is not a terminal; nothing when switched off."""
+
+from __future__ import annotations
+
+from af1 import progress
+
+
+def test_progress_logs_counts_and_time_when_stderr_is_not_a_terminal(capsys, monkeypatch):
+    monkeypatch.delenv("AF1_NO_PROGRESS", raising=False)
+    monkeypatch.setattr(progress, "LOG_EVERY_SECONDS", 0.0)
+    assert list(progress.progress(range(3), desc="grid")) == [0, 1, 2]
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "af1: grid: started (3 items)"
+    assert lines[1].startswith("af1: grid: 1/3 after") and lines[3].startswith("af1: grid: 3/3 after")
+    assert lines[-1].startswith("af1: grid: 3/3 done in") and lines[-1].endswith(" s")
+
+
+def test_stage_records_its_time_and_logs_two_lines(capsys, monkeypatch):
+    monkeypatch.delenv("AF1_NO_PROGRESS", raising=False)
+    timings: dict[str, float] = {}
+    with progress.stage("necessity", timings):
+        pass
+    assert set(timings) == {"necessity"} and timings["necessity"] >= 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "af1: necessity: started" and err[1].startswith("af1: necessity: done in")
+
+
+def test_progress_off_is_silent_and_still_yields_everything(capsys, monkeypatch):
+    monkeypatch.setenv("AF1_NO_PROGRESS", "1")
+    assert list(progress.progress(iter([1, 2]), desc="x")) == [1, 2]
+    with progress.stage("y", None):
+        pass
+    assert capsys.readouterr().err == ""
