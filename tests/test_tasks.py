@@ -195,3 +195,34 @@ def test_subset_keeps_alignment(tokenizer):
     sub = task.subset(torch.tensor([3, 5]))
     assert sub.problems == [task.problems[3], task.problems[5]]
     assert torch.equal(sub.answer_ids_P, task.answer_ids_P[[3, 5]])
+
+
+def test_large_tasks_are_sampled_to_the_papers_size_and_say_so(tokenizer):
+    """Without --n a task of more than DEFAULT_N distinct problems is sampled (seeded) and the task says so."""
+    from af1.tasks import DEFAULT_N
+
+    task = build_task(TaskSpec(operation="a+b", digits=2), tokenizer)
+    assert len(task) == DEFAULT_N and task.n_distinct == 8100
+    assert "8100 distinct problems" in task.sampling_note and "--n" in task.sampling_note
+    again = build_task(TaskSpec(operation="a+b", digits=2), tokenizer)
+    assert [p.prompt for p in again.problems] == [p.prompt for p in task.problems]
+    assert build_task(TaskSpec(operation="a+b", digits=2, n=1500), tokenizer).sampling_note is None
+    small = build_task(TaskSpec(operation="a+b"), tokenizer)
+    assert len(small) == 100 and small.sampling_note is None
+
+
+def test_huge_operand_spaces_are_sampled_not_enumerated():
+    """3-digit a+b+c has 729 million operand tuples: the pool is a seeded sample of distinct ones."""
+    from af1.tasks import POOL_SAMPLE
+
+    spec = TaskSpec(operation="a+b+c", digits=3)
+    _, problems = enumerate_problems(spec)
+    assert len(problems) == 1000
+    assert all(100 <= x <= 999 for p in problems for x in p.operands)
+    assert all(p.answer == sum(p.operands) for p in problems)
+    _, again = enumerate_problems(spec)
+    assert [p.operands for p in again] == [p.operands for p in problems]
+    from af1.tasks import problem_pool
+
+    _, pool = problem_pool(spec)
+    assert len({p.operands for p in pool}) == len(pool) == POOL_SAMPLE

@@ -46,7 +46,7 @@ def base_accuracy(model: str | LoadedModel, spec: TaskSpec, **load_kwargs: Any) 
         "base_accuracy_ci": r["ci"],
         "base_accuracy_baseline": r["baseline"],
         "mean_p_correct": scores.mean_p_correct,
-        "warnings": [note] if note else [],
+        "warnings": [w for w in (task.sampling_note, note) if w],
         "task_layout": task.describe(),
         "problems": problem_rows(task, scores),
         "provenance": provenance(lm.info, seed=spec.seed),

@@ -30,7 +30,7 @@ TaskOpt = Annotated[str, typer.Option("--task", "-t", help="a+b, a-b, a+b+c, a+b
 StyleOpt = Annotated[str, typer.Option(help="original, calculate, verbal, question, instruction, word, code")]
 ShotsOpt = Annotated[int, typer.Option(help="worked examples in the constant prefix")]
 DigitsOpt = Annotated[int, typer.Option(help="digits per operand")]
-NOpt = Annotated[int | None, typer.Option("--n", help="problems to sample (default: all distinct)")]
+NOpt = Annotated[int | None, typer.Option("--n", help="problems to sample (default: all, at most a seeded 1000)")]
 SeedOpt = Annotated[int, typer.Option(help="sampling seed")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object")]
 DtypeOpt = Annotated[str, typer.Option(help="float32, bfloat16 or float16")]

@@ -154,7 +154,7 @@ def make_setup(
         raise Af1Error("the means sample has no answer as long as some solved problems' answers")
     if means_path is not None and len(kept_steps) > 1:
         raise Af1Error("--means holds one scoring step's means: use it with --scoring first")
-    warnings: list[str] = []
+    warnings: list[str] = [task.sampling_note] if task.sampling_note else []
     note = baseline_warning(f"base accuracy ({spec.scoring} scoring)", base.rate(task)["baseline"], len(task))
     if note:
         warnings.append(note)

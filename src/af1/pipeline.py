@@ -96,7 +96,9 @@ def finetune_study(
     from af1.tasks import build_task
 
     lm = as_loaded(model)
-    everything = build_task(spec.model_copy(update={"n": None, "answer_digits": "any"}), lm.tokenizer)
+    everything = build_task(
+        spec.model_copy(update={"n": None, "n_max": n_train + n_eval, "answer_digits": "any"}), lm.tokenizer
+    )
     if n_train + n_eval > len(everything):
         raise Af1Error(f"{n_train} + {n_eval} problems asked, the task has {len(everything)}: use more --digits")
     eval_task = everything.subset(list(range(n_eval)))

@@ -14,6 +14,7 @@ import itertools
 import random
 import string
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -95,6 +96,9 @@ def _template(operation: Operation, style: str) -> str:
 Scoring = Literal["full", "first"]
 GRID_MAX = 20_000  # a task distribution up to this size is enumerated whole for the CAMA means
 MEANS_SAMPLE = 2_000  # a larger one is sampled, disjoint from the evaluated problems
+DEFAULT_N = 1_000  # without --n, a task of more distinct problems is sampled to this size (the paper's)
+ENUMERATE_MAX = 1_000_000  # operand tuples beyond this are sampled (seeded, distinct), not enumerated
+POOL_SAMPLE = 100_000  # how many then
 
 
 class TaskSpec(BaseModel):
@@ -158,7 +162,7 @@ def problem_pool(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
     if spec.operation == "a*b" and spec.digits != 1:
         raise Af1Error("a*b uses single-digit factors: use --digits 1")
     pool: list[tuple[tuple[int, ...], int]] = []
-    for operands in itertools.product(spec.operand_range, repeat=operation.n_operands):
+    for operands in operand_tuples(spec.operand_range, operation.n_operands, spec.seed):
         value = operation.apply(operands)
         if value >= 0 or spec.allow_negative:
             pool.append((operands, value))
@@ -180,9 +184,27 @@ def problem_pool(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
     return examples, problems
 
 
+def operand_tuples(values: range, n_operands: int, seed: int) -> Iterable[tuple[int, ...]]:
+    """Every operand tuple, or a seeded sample of POOL_SAMPLE distinct ones when there are more than
+    ENUMERATE_MAX (3-digit a+b+c has 729 million)."""
+    total = len(values) ** n_operands
+    if total <= ENUMERATE_MAX:
+        return itertools.product(values, repeat=n_operands)
+    picks = sorted(random.Random(seed).sample(range(total), POOL_SAMPLE))
+    return [tuple(values[(i // len(values) ** k) % len(values)] for k in reversed(range(n_operands))) for i in picks]
+
+
 def enumerate_problems(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
-    """(few-shot examples, problems): the distribution sampled deterministically to --n / n_max."""
-    examples, rest = problem_pool(spec)
+    """(few-shot examples, problems): the distribution sampled deterministically (see `sample_problems`)."""
+    examples, pool = problem_pool(spec)
+    return examples, sample_problems(spec, pool)
+
+
+def sample_problems(spec: TaskSpec, pool: list[Problem]) -> list[Problem]:
+    """The first --n / n_max problems of the seeded pool; DEFAULT_N when neither is given."""
+    rest = pool
+    if spec.n is None and spec.n_max is None:
+        rest = rest[:DEFAULT_N]
     if spec.n is not None:
         if spec.n > len(rest):
             raise Af1Error(
@@ -192,7 +214,7 @@ def enumerate_problems(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
         rest = rest[: spec.n]
     if spec.n_max is not None:
         rest = rest[: spec.n_max]
-    return examples, rest
+    return rest
 
 
 @dataclass
@@ -219,6 +241,18 @@ class Task:
     step: int | None = None  # set on the tasks `steps()` returns
     index_P: torch.Tensor | None = None  # for a step: rows of the task it came from
     origin: str = "sample"  # "sample" (evaluated problems), "grid" or "disjoint sample" (a means distribution)
+    n_distinct: int | None = None  # distinct problems of the spec (besides the few-shot ones), when known
+
+    @property
+    def sampling_note(self) -> str | None:
+        """Says that a task was sampled to DEFAULT_N because no --n was given; None otherwise."""
+        spec = self.spec
+        if spec.n is not None or spec.n_max is not None or self.n_distinct is None or self.n_distinct <= DEFAULT_N:
+            return None
+        return (
+            f"{spec.operation} has {self.n_distinct} distinct problems; a seeded sample of {DEFAULT_N} is used "
+            f"(seed {spec.seed}; --n sets another size)"
+        )
 
     @property
     def n_positions(self) -> int:
@@ -307,6 +341,7 @@ class Task:
             "example_input": self.input_text(0) if self.problems else None,
             "answer_lengths": dict(sorted(Counter(len(a) for a in self.answer_tokens).items())),
             "excluded_other_layouts": self.excluded_other_layouts,
+            "n_distinct": self.n_distinct,
         }
 
 
@@ -454,8 +489,10 @@ def tokenize_task(
 
 def build_task(spec: TaskSpec, tokenizer: Any) -> Task:
     """Enumerate, tokenize and check the problems of a spec."""
-    examples, problems = enumerate_problems(spec)
-    return tokenize_task(spec, examples, problems, tokenizer)
+    examples, pool = problem_pool(spec)
+    task = tokenize_task(spec, examples, sample_problems(spec, pool), tokenizer)
+    task.n_distinct = len(pool)
+    return task
 
 
 def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
