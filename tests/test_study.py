@@ -333,6 +333,11 @@ def test_demo_sets_two_models_side_by_side(tiny_dirs, tmp_path):
     assert {(r["source"]["model"], r["target"]) for r in data["cross"]} == {("llama", "qwen2"), ("qwen2", "llama")}
     for row in data["cross"]:
         assert row["absolute"]["faithfulness_ci"] and row["relative"]["faithfulness_ci"]
+        if data["searches"][row["target"]]["wait"] is not None or data["searches"][row["target"]]["best"]:
+            assert row["own"]["faithfulness_n"] == row["absolute"]["faithfulness_n"] == row["n_solved"]
+            assert 0 <= row["relative"]["mcnemar_vs_own"]["p_value"] <= 1
+    paired = data["base_accuracy_paired"]["llama vs qwen2"]  # same tokenizer, same problems
+    assert paired["n"] == data["cross"][0]["n"] and 0 <= paired["p_value"] <= 1
     analysed = data["analysed"]
     assert data["searches"][analysed]["found"]
     assert {p["stage"] for p in data["heads_placement"]} <= {"wait", "transfer", "compute"}

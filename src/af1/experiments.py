@@ -536,20 +536,31 @@ def map_config(config: AF1Config, from_layers: int, to_layers: int, by: str) -> 
     return config.model_copy(update={"wait": wait, "transfer": transfer, "transfer_start": None, "pruned_heads": []})
 
 
-def transfer_config(setup: Setup, config: AF1Config, from_layers: int) -> dict[str, Any]:
-    """Faithfulness on this setup of a config found elsewhere, by absolute layers and by relative depth."""
+def transfer_config(setup: Setup, config: AF1Config, from_layers: int, own: AF1Config | None = None) -> dict[str, Any]:
+    """Faithfulness on this setup of a config found elsewhere, by absolute layers and by relative depth; with
+    `own` (this model's config) also that one and a paired McNemar test of each mapping against it."""
     out = {
         **setup.describe(),
         "source": {"wait": config.wait, "transfer": config.transfer, "n_layers": from_layers},
     }
+    own_scores = None
+    if own is not None:
+        own_scores = faithfulness(setup, own)
+        out["own"] = {"wait": own.wait, "transfer": own.transfer, **faith_fields(setup, own_scores)}
     for by in ("absolute", "relative"):
         mapped = map_config(config, from_layers, setup.adapter.n_layers, by)
-        out[by] = {
-            "wait": mapped.wait,
-            "transfer": mapped.transfer,
-            **faith_fields(setup, faithfulness(setup, mapped)),
-        }
+        scores = faithfulness(setup, mapped)
+        out[by] = {"wait": mapped.wait, "transfer": mapped.transfer, **faith_fields(setup, scores)}
+        if own_scores is not None:
+            out[by]["mcnemar_vs_own"] = mcnemar_exact(scores.correct_P.tolist(), own_scores.correct_P.tolist())
     return out
+
+
+def compare_base(a: Setup, b: Setup) -> dict[str, Any] | None:
+    """Two models' base accuracy on the same problems, paired (exact McNemar); None when their problems differ."""
+    if [p.text for p in a.task.problems] != [p.text for p in b.task.problems]:
+        return None
+    return {"n": len(a.task), **mcnemar_exact(a.base.correct_P.tolist(), b.base.correct_P.tolist())}
 
 
 # --- head pruning -------------------------------------------------------------------------------

@@ -314,7 +314,9 @@ def demo(
         for target in models:
             if target == source or config is None:
                 continue
-            row = experiments.transfer_config(setups[target], config, setups[source].adapter.n_layers)
+            row = experiments.transfer_config(
+                setups[target], config, setups[source].adapter.n_layers, own=searched(found[target])
+            )
             row["source"].update(model=source, found=found[source]["found"])
             row["target"] = target
             cross.append(row)
@@ -339,6 +341,11 @@ def demo(
             "verdicts": lines,
             "searches": {m: found[m] for m in models},
             "cross": cross,
+            "base_accuracy_paired": {
+                f"{a} vs {b}": experiments.compare_base(setups[a], setups[b])
+                for i, a in enumerate(models)
+                for b in models[i + 1 :]
+            },
             "analysed": chosen,
             "notes": notes,
             "heads_placement": heads_result["placement"] if heads_result else None,

@@ -422,6 +422,7 @@ def build_contrast_report(d: str | Path) -> Path:
                 f"{r['relative']['wait']} / {r['relative']['transfer']}",
                 with_ci(r["relative"]["faithfulness"], r["relative"]["faithfulness_ci"]),
                 r["absolute"]["faithfulness_baseline"],
+                _own_text(r),
             ]
         )
     if rows:
@@ -437,10 +438,17 @@ def build_contrast_report(d: str | Path) -> Path:
                     "same relative depth",
                     "faithfulness",
                     "constant guess",
+                    "its own config (McNemar p: same layers, same depth)",
                 ],
                 rows,
             )
         )
+    for pair, test in (data.get("base_accuracy_paired") or {}).items():
+        if test is not None:
+            parts.append(
+                f"<p>Base accuracy, {html.escape(pair)} on the same {test['n']} problems: solved by the first only "
+                f"{test['only_first']}, by the second only {test['only_second']}, McNemar p {test['p_value']:.2g}.</p>"
+            )
     if data.get("heads_placement"):
         parts.append(
             f"<h2>Arithmetic heads of {html.escape(data['analysed'])} against its stages</h2>"
@@ -460,6 +468,18 @@ def build_contrast_report(d: str | Path) -> Path:
     )
     parts.append("<h2>Provenance</h2><pre>" + html.escape(json.dumps(data["provenance"], indent=2)) + "</pre>")
     return write_atomic(d / "report.html", page("af1: where models do mental arithmetic", parts))
+
+
+def _own_text(row: dict[str, Any]) -> str:
+    """The target model's own config on the same problems, and how each mapped config differs from it."""
+    own = row.get("own")
+    if not own:
+        return "-"
+    p = [row[by]["mcnemar_vs_own"]["p_value"] for by in ("absolute", "relative")]
+    return (
+        f"{own['wait']} / {own['transfer']}: {with_ci(own['faithfulness'], own['faithfulness_ci'])} "
+        f"(p {p[0]:.2g}, {p[1]:.2g})"
+    )
 
 
 def page(title: str, parts: list[str]) -> str:
