@@ -28,6 +28,7 @@ bench: setup
 	$(BIN)/python benchmarks/af1_sweep.py
 	$(BIN)/python benchmarks/cama_means.py
 	$(BIN)/python benchmarks/path_patching.py
+	$(BIN)/python benchmarks/shared_context.py
 	$(BIN)/python benchmarks/study_backends.py
 
 clean:

@@ -126,6 +126,50 @@ def test_fast_pruned_sets_equal_reference(tiny, task):
         assert (ref - fast).abs().max() <= TOL
 
 
+SHARED_CASES = [
+    AF1Config(abp="none"),  # the unmodified model
+    AF1Config(wait=0, abp="none"),  # CAMA alone
+    AF1Config(wait=1, transfer=1, ablation="none"),  # ABP alone
+    AF1Config(wait=0, transfer=1, ablation="resample", seed=2),
+    AF1Config(wait=1, transfer=1, ablation="zero", abp="sink"),
+    AF1Config(wait=0, transfer=1, ablation="mean", abp="all-peek"),
+    AF1Config(wait=0, transfer=1, abp="zero-output"),
+    AF1Config(wait=0, transfer=2, pruned_heads=[(1, 0), (2, 1)]),
+]
+
+
+@pytest.mark.parametrize("config", SHARED_CASES, ids=lambda c: f"{c.wait}-{c.transfer}-{c.ablation}-{c.abp}")
+def test_shared_context_equals_reference(tiny, task, config):
+    """The context run once and each problem's suffix on its keys/values = the hook path on whole prompts, for
+    every ablation and ABP variant (and the necessity knock-out ANDed in)."""
+    from af1.shared_context import shared_context_logits, supports_shared
+
+    adapter, means = tiny
+    if supports_shared(adapter, task) is not None:
+        assert adapter.family.name == "gptj"
+        return
+    donors = task.subset(list(range(len(task) - 1, -1, -1)))
+    ref = reference_logits(adapter, task, config, means, donors=donors)
+    shared = shared_context_logits(adapter, task, config, means, batch_size=5, donors=donors)
+    assert (ref - shared).abs().max() <= TOL
+    extra = last_token_knockout(task.n_positions, task.context_len, [1])
+    ref = reference_logits(adapter, task, config, means, extra_masks=extra, donors=donors)
+    shared = shared_context_logits(adapter, task, config, means, extra_masks=extra, donors=donors)
+    assert (ref - shared).abs().max() <= TOL
+
+
+def test_executor_choice_names_why_it_is_not_faster(task):
+    from af1.experiments import choose_executor
+
+    llama = ModelAdapter(tiny_model("llama"))
+    assert choose_executor(llama, task, AF1Config(wait=0, transfer=1))["executor"] == "fast"
+    how = choose_executor(llama, task, AF1Config(wait=0, transfer=1, abp="sink"))
+    assert how["executor"] == "shared-context" and "ABP variant" in how["fallback_reason"]
+    how = choose_executor(ModelAdapter(tiny_model("gptj")), task, AF1Config(wait=0, transfer=1))
+    assert how["executor"] == "reference" and "attention interface" in how["fallback_reason"]
+    assert choose_executor(llama, task, AF1Config(), reference=True)["executor"] == "reference"
+
+
 def test_zero_output_variant_zeroes_what_abp_would_mask(task):
     from af1.allforone import zeroed_outputs
 

@@ -35,6 +35,7 @@ from af1.interventions.means import PositionMeans, cached_means, compute_means, 
 from af1.models import LoadedModel, ModelAdapter
 from af1.progress import progress
 from af1.results import read_json, write_json
+from af1.shared_context import shared_context_logits, supports_shared
 from af1.stats import baseline_warning, mcnemar_exact, mean_std, rate, split_indices
 from af1.tasks import Task, TaskSpec, build_task, distribution_task
 
@@ -174,19 +175,34 @@ def make_setup(
     return Setup(lm, spec, task, base, kept, distribution, steps, warnings)
 
 
-def executor(setup: Setup, config: AF1Config, reference: bool = False) -> dict[str, Any]:
-    """Which executor runs a config, and why when it is not the fast one."""
+def choose_executor(adapter: ModelAdapter, task: Task, config: AF1Config, reference: bool = False) -> dict[str, Any]:
+    """The fast executor where it applies, else the shared-context one, else the hook path; and why not faster."""
     if reference:
         return {"executor": "reference", "fallback_reason": "asked for (--reference)"}
-    reason = supports(setup.adapter, setup.kept, config)
-    return {"executor": "reference" if reason else "fast", "fallback_reason": reason}
+    reason = supports(adapter, task, config)
+    if reason is None:
+        return {"executor": "fast", "fallback_reason": None}
+    shared = supports_shared(adapter, task)
+    if shared is None:
+        return {"executor": "shared-context", "fallback_reason": reason}
+    return {"executor": "reference", "fallback_reason": f"{reason}; {shared}"}
+
+
+def executor(setup: Setup, config: AF1Config, reference: bool = False) -> dict[str, Any]:
+    """Which executor runs a config on a setup, and why when it is not the fast one."""
+    return choose_executor(setup.adapter, setup.kept, config, reference)
 
 
 def af1_logits(step: StepSetup, config: AF1Config, reference: bool = False) -> torch.Tensor:
-    """Logits of one step's solved problems under AF1: the fast executor unless asked or unsupported."""
-    if reference or supports(step.adapter, step.kept, config) is not None:
-        return reference_logits(step.adapter, step.kept, config, step.means, donors=step.donors)
-    return fast_logits(step.adapter, step.kept, config, step.means, kv=step.local_kv(config))
+    """Logits of one step's solved problems under AF1, by the executor `choose_executor` names."""
+    how = choose_executor(step.adapter, step.kept, config, reference)["executor"]
+    if how == "fast":
+        return fast_logits(step.adapter, step.kept, config, step.means, kv=step.local_kv(config))
+    if how == "shared-context":
+        return shared_context_logits(
+            step.adapter, step.kept, config, step.means, donors=step.donors, ctx=step.context()
+        )
+    return reference_logits(step.adapter, step.kept, config, step.means, donors=step.donors)
 
 
 def faithfulness(setup: Setup, config: AF1Config, reference: bool = False) -> Scores:
@@ -278,18 +294,9 @@ def sweep(
         how = executor(setup, config, reference)
         per_step = []
         for step in setup.steps:
-            if how["executor"] == "reference":
+            if how["executor"] != "fast":
                 per_step.append(
-                    {
-                        k: reference_logits(
-                            step.adapter,
-                            step.kept,
-                            config.model_copy(update={"transfer": k}),
-                            step.means,
-                            donors=step.donors,
-                        )
-                        for k in todo
-                    }
+                    {k: af1_logits(step, config.model_copy(update={"transfer": k}), reference) for k in todo}
                 )
             else:
                 per_step.append(fast_sweep_wait(step.adapter, step.kept, config, step.means, todo, ctx=step.context()))
@@ -305,7 +312,7 @@ def sweep(
         w, k = map(int, cell.split(","))
         r = rate(_unbits(value["correct"]), targets)
         faith_WK[w + 1, k], (low_WK[w + 1, k], high_WK[w + 1, k]) = r["value"], r["ci"]
-    fallbacks = sorted({v["fallback_reason"] for v in done.values() if v["executor"] == "reference"})
+    fallbacks = sorted({v["fallback_reason"] for v in done.values() if v["executor"] != "fast"})
     executors = {v["executor"] for v in done.values()}
     return {
         **setup.describe(),

@@ -1,0 +1,112 @@
+"""AF1 and its variants with the constant context run once: every problem runs only its varying suffix.
+
+No intervention of af1 touches the context (the positions before the first varying token):
+ablations overwrite later positions, masks restrict later queries. So the context's keys and
+values in every layer are the same for every problem and every configuration; computed once,
+they enter each layer through the attention plan, and the model's own decoder layers run the
+suffix (about a fifth of a few-shot prompt). This covers what the fast executor does not
+(resample and no-CAMA ablations, the ABP variants); equal to the hook path up to float rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from af1.allforone import AF1Config, ablated_states, ablation_start, plans_for, resample_donors, zeroed_outputs
+from af1.evaluation import batches
+from af1.fast import ProblemKV, context_kv
+from af1.interventions.attention import LayerPlan, attention_plans
+from af1.interventions.means import PositionMeans
+from af1.interventions.residual import edit_residual, replace_positions, zero_attention_outputs
+from af1.models.adapter import LayerInputs, ModelAdapter
+from af1.tasks import Task
+
+
+def supports_shared(adapter: ModelAdapter, task: Task) -> str | None:
+    """None if the context can be shared for this model and task, else why not."""
+    if not adapter.family.uses_attention_interface:
+        return f"the {adapter.family.name} family does not use transformers' attention interface"
+    if task.context_len == 0:
+        return "the task has no constant context"
+    window = getattr(adapter.config, "sliding_window", None)
+    if window and task.n_positions > window:
+        return f"prompts of {task.n_positions} tokens exceed the sliding window {window}"
+    return None
+
+
+def _suffix_inputs(adapter: ModelAdapter, task: Task, ids_BT: torch.Tensor) -> LayerInputs:
+    c, n = task.context_len, task.n_positions
+    suffix = ids_BT[:, c:].to(adapter.device)
+    return adapter.layer_inputs(suffix, torch.arange(c, n, device=adapter.device).expand(len(suffix), n - c))
+
+
+def _plans(
+    adapter: ModelAdapter, task: Task, ctx: ProblemKV, batch: int, masks: dict[int, LayerPlan], stop: int
+) -> dict[int, LayerPlan]:
+    """Layers 0..stop-1: the context's keys/values prepended, the suffix rows of each layer's mask (causal when
+    the config leaves the layer alone)."""
+    c, n = task.context_len, task.n_positions
+    q = torch.arange(c, n)[:, None]
+    causal = (torch.arange(n)[None] <= q)[None]  # [1, n-c, n]
+    plans = {}
+    for layer in range(stop):
+        k = ctx.keys[layer].expand(batch, -1, -1, -1)
+        v = ctx.values[layer].expand(batch, -1, -1, -1)
+        allowed = causal if layer not in masks else masks[layer].allowed_BQK[..., c:, :]  # already causal
+        plans[layer] = LayerPlan(allowed_BQK=allowed, prefix_kv=(k, v), replace_mask=True)
+    return plans
+
+
+@torch.no_grad()
+def suffix_states(adapter: ModelAdapter, task: Task, ctx: ProblemKV, layer: int, index: torch.Tensor) -> torch.Tensor:
+    """h[layer] of the suffix positions of rows `index` of an unmodified run: [B, n-c, D]."""
+    ids = task.input_ids_PT[index]
+    inputs = _suffix_inputs(adapter, task, ids)
+    with attention_plans(adapter, _plans(adapter, task, ctx, len(ids), {}, layer + 1)):
+        return adapter.run_layers(inputs.hidden_BTD, inputs, 0, layer + 1)
+
+
+@torch.no_grad()
+def shared_context_logits(
+    adapter: ModelAdapter,
+    task: Task,
+    config: AF1Config,
+    means: PositionMeans | None,
+    batch_size: int = 64,
+    extra_masks: dict[int, torch.Tensor] | None = None,
+    donors: Task | None = None,
+    ctx: ProblemKV | None = None,
+) -> torch.Tensor:
+    """Last-position logits [P, V] under AF1 (any ablation and ABP variant), equal to `reference_logits` up to
+    float rounding; the resample donors come from `donors` (the task itself when None)."""
+    config.check(adapter.n_layers, adapter.n_heads)
+    reason = supports_shared(adapter, task)
+    if reason is not None:
+        raise ValueError(f"shared context unsupported: {reason}")
+    c = task.context_len
+    ctx = ctx or context_kv(adapter, task)
+    masks = plans_for(task, config, adapter, extra_masks)
+    zero = {layer: [p - c for p in rows] for layer, rows in zeroed_outputs(task, config, adapter.n_layers).items()}
+    ablate = config.wait >= 0 and config.ablation != "none"
+    start = ablation_start(config, task) - c  # index into the suffix
+    donors = donors if donors is not None else task
+    pick = resample_donors(task, donors, config.seed) if ablate and config.ablation == "resample" else None
+    out = []
+    for sl in batches(len(task), batch_size):
+        ids = task.input_ids_PT[sl]
+        edits = {}
+        if ablate:
+            if pick is not None:
+                new = suffix_states(adapter, donors, ctx, config.wait, pick[sl])
+            else:
+                new = ablated_states(config, means, ids)[:, c:]
+            edits[config.wait] = lambda h, new=new: replace_positions(h, new, start)
+        inputs = _suffix_inputs(adapter, task, ids)
+        with (
+            edit_residual(adapter, edits),
+            attention_plans(adapter, _plans(adapter, task, ctx, len(ids), masks, adapter.n_layers)),
+            zero_attention_outputs(adapter, zero),
+        ):
+            h = adapter.run_layers(inputs.hidden_BTD, inputs)
+        out.append(adapter.logits(h[:, -1:])[:, -1].float().cpu())
+    return torch.cat(out)
