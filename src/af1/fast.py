@@ -355,8 +355,11 @@ def grid(n_layers: int, max_transfer: int | None = None) -> list[tuple[int, int]
 
 
 @torch.no_grad()
-def capture_problem_kv(adapter: ModelAdapter, ids_BT: torch.Tensor, context_len: int) -> ProblemKV:
-    """One plain forward that keeps every layer's keys/values of positions 0..n-2."""
+def capture_problem_kv(
+    adapter: ModelAdapter, ids_BT: torch.Tensor, context_len: int, states: dict[int, torch.Tensor] | None = None
+) -> ProblemKV:
+    """One plain forward that keeps every layer's keys/values of positions 0..n-2 (and, given `states`, every
+    block's output h[l] there)."""
     keys: dict[int, torch.Tensor] = {}
     values: dict[int, torch.Tensor] = {}
 
@@ -368,7 +371,11 @@ def capture_problem_kv(adapter: ModelAdapter, ids_BT: torch.Tensor, context_len:
 
     plans = {layer: LayerPlan(capture=capture(layer)) for layer in range(adapter.n_layers)}
     ids = ids_BT.to(adapter.device)
-    with attention_plans(adapter, plans):
+    recorded = range(adapter.n_layers) if states is not None else []
+    with (
+        attention_plans(adapter, plans),
+        record_residual(adapter, list(recorded), states if states is not None else {}),
+    ):
         adapter.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
     return ProblemKV(keys, values, context_len)
 
@@ -394,16 +401,18 @@ def knockout_logits(
             for layers in blocked
         ]
     out: list[list[torch.Tensor]] = [[] for _ in blocked]
+    L = adapter.n_layers
     for sl in batches(len(task), batch_size):
         ids = task.input_ids_PT[sl]
-        kv = capture_problem_kv(adapter, ids, task.context_len)
+        states: dict[int, torch.Tensor] = {}
+        kv = capture_problem_kv(adapter, ids, task.context_len, states)
         inputs = _last_token_inputs(adapter, ids)
         rows = torch.arange(ids.shape[0])
         for i, layers in enumerate(blocked):
-            plans = {
-                layer: _plan(adapter, kv, layer, rows, peek=layer not in layers) for layer in range(adapter.n_layers)
-            }
+            first = min(layers, default=L)  # below it the last token runs as in the plain forward: start there
+            h = inputs.hidden_BTD if first == 0 else states[first - 1][:, -1:]
+            plans = {layer: _plan(adapter, kv, layer, rows, peek=layer not in layers) for layer in range(first, L)}
             with attention_plans(adapter, plans):
-                h = adapter.run_layers(inputs.hidden_BTD, inputs)
+                h = adapter.run_layers(h, inputs, first)
             out[i].append(adapter.logits(h)[:, -1].float().cpu())
     return [torch.cat(o) for o in out]
