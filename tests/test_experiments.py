@@ -63,7 +63,7 @@ def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
     asked = experiments.executor(tiny_setup, config, reference=True)
     assert asked == {"executor": "reference", "fallback_reason": "asked for (--reference)"}
     resample = experiments.executor(tiny_setup, config.model_copy(update={"ablation": "resample"}))
-    assert resample["executor"] == "reference" and "token-local" in resample["fallback_reason"]
+    assert resample["executor"] == "shared-context" and "token-local" in resample["fallback_reason"]
 
 
 def test_low_counts_of_the_means_are_named(tiny_setup):
