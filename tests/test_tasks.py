@@ -226,3 +226,18 @@ def test_huge_operand_spaces_are_sampled_not_enumerated():
 
     _, pool = problem_pool(spec)
     assert len({p.operands for p in pool}) == len(pool) == POOL_SAMPLE
+
+
+def test_an_operand_held_constant_by_a_small_sample_is_not_context(tokenizer):
+    """Every sampled problem has a = 3: the token of a is still an operand, so context ends before it."""
+    from af1.tasks import problem_pool, tokenize_task
+
+    spec = TaskSpec(operation="a+b", shots=1)
+    examples, pool = problem_pool(spec)
+    same_a = [p for p in pool if p.operands[0] == 3][:5]
+    task = tokenize_task(spec, examples, same_a, tokenizer)
+    first_operand = task.layout.index("A")
+    assert task.context_len == first_operand and task.layout[: task.context_len] == ("context",) * first_operand
+    bare = TaskSpec(operation="a+b")  # no prefix: the first token is an operand, so a BOS is prepended
+    task = tokenize_task(bare, [], [p for p in problem_pool(bare)[1] if p.operands[0] == 3][:5], tokenizer)
+    assert task.bos is not None and task.context_len == 1

@@ -493,15 +493,19 @@ def prune(
     spec: TaskSpec,
     wait: WaitOpt = -1,
     transfer: TransferOpt = 1,
+    selection: SelectionOpt = 0.5,
+    split_seed: SplitSeedOpt = 0,
     as_json: JsonOpt = False,
     means: MeansOpt = None,
     out_dir: OutDir = None,
 ) -> None:
-    """Rank the transfer layers' heads and stop them peeking one by one: faithfulness vs heads removed."""
+    """Rank the transfer layers' heads and stop them peeking one by one: faithfulness vs heads removed.
+    Give the --selection/--split-seed of the search that chose the config, so its confirmation half stays unseen."""
     from af1 import experiments, pipeline
 
     setup = _setup(load, spec, means)
-    result = experiments.prune_heads(setup, _config(wait, transfer, "cama", "af1", spec.seed, setup.adapter.n_layers))
+    config = _config(wait, transfer, "cama", "af1", spec.seed, setup.adapter.n_layers)
+    result = experiments.prune_heads(setup, config, selection=selection, seed=split_seed)
     _write(out_dir, "pruning.json", result, setup)
     if out_dir:
         pipeline.pruning_figure(result, out_dir)

@@ -333,6 +333,13 @@ def sweep(
     }
 
 
+def confirmation(setup: Setup, found: dict[str, Any]) -> Setup:
+    """The setup restricted to the problems a search did not choose on (its confirmation split): where its
+    config's later analyses are measured, so that nothing is scored on the problems that chose it."""
+    _, conf = split_indices(len(setup.kept), found.get("selection_fraction", 0.5), found.get("split_seed", 0))
+    return setup.on(conf)
+
+
 def has_compute_stage(wait: int, transfer: int, n_layers: int) -> bool:
     """A cell whose transfer window (or wait) reaches the last layer leaves the last token nothing to compute."""
     return wait + transfer < n_layers - 1
@@ -428,10 +435,16 @@ def components(setup: Setup, waits: list[int], transfer: int = 2) -> dict[str, A
 # --- necessity -------------------------------------------------------------------------------
 
 
-def necessity(setup: Setup, windows: tuple[int, ...] = (1, 2, 4), found: AF1Config | None = None) -> dict[str, Any]:
+def necessity(
+    setup: Setup,
+    windows: tuple[int, ...] = (1, 2, 4),
+    found: AF1Config | None = None,
+    found_on: Setup | None = None,
+) -> dict[str, Any]:
     """Faithfulness when the last token cannot read the operands in one layer (or a window).
 
-    Also, inside a found AF1, the transfer window moved to every later start.
+    Also, inside a found AF1, the transfer window moved to every later start, measured on `found_on` (the
+    search's confirmation split) when given.
     """
     L = setup.adapter.n_layers
     per_window: dict[str, list[float]] = {}
@@ -451,11 +464,17 @@ def necessity(setup: Setup, windows: tuple[int, ...] = (1, 2, 4), found: AF1Conf
         "faithfulness_baseline": rate([True] * len(setup.kept), setup.kept.targets())["baseline"],
     }
     if found is not None and found.transfer > 0:
+        on = found_on or setup
         shifted = []
         for start in range(found.wait + 1, L - found.transfer + 1):
             config = found.model_copy(update={"transfer_start": start})
-            shifted.append({"start": start, **faith_fields(setup, faithfulness(setup, config))})
-        result["shifted_transfer"] = {"wait": found.wait, "transfer": found.transfer, "by_start": shifted}
+            shifted.append({"start": start, **faith_fields(on, faithfulness(on, config))})
+        result["shifted_transfer"] = {
+            "wait": found.wait,
+            "transfer": found.transfer,
+            "n": len(on.kept),
+            "by_start": shifted,
+        }
     return result
 
 

@@ -71,7 +71,11 @@ class TokenLocalKV:
     context_len: int
 
     def slots(self, ids_BT: torch.Tensor) -> torch.Tensor:
-        return (self.slot_tokens_TS[None] == ids_BT[..., None].cpu()).float().argmax(-1)
+        """The slot of each (position, token); a token the table has not seen at its position is an error."""
+        hit_BTS = self.slot_tokens_TS[None] == ids_BT[..., None].cpu()
+        if not bool(hit_BTS.any(-1).all()):
+            raise ValueError("a token at some position has no slot in the token-local table (means of another task?)")
+        return hit_BTS.float().argmax(-1)
 
     def prefix(self, layer: int, slots_BT: torch.Tensor, peek: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, kv_heads, m, head_dim] keys/values the last query reads: all earlier positions, or the context."""

@@ -149,6 +149,8 @@ def search_to(setup: experiments.Setup, out_dir: Path, threshold: float) -> tupl
 def verdict(name: str, setup: experiments.Setup, found: dict[str, Any]) -> str:
     """One line per model: where it waits, transfers and computes, or that it has no AF1 subgraph, with numbers."""
     d = setup.describe()
+    what = setup.lm.info.get("description")  # a bundled model: which weights exactly (quantisation included)
+    name = f"{name} [{what.split(', ')[0]}, {what.split(', ')[1]}]" if what and what.count(", ") >= 1 else name
     base = (
         f"base accuracy {ci(d['base_accuracy'], d['base_accuracy_ci'])} on {d['n']} problems ({d['n_solved']} solved)"
     )
@@ -176,14 +178,23 @@ def searched(found: dict[str, Any]) -> AF1Config | None:
 
 
 def analyse(
-    setup: experiments.Setup, config: AF1Config, out_dir: Path, notes: list[str], full: bool, timings: dict[str, float]
+    setup: experiments.Setup,
+    found: dict[str, Any],
+    out_dir: Path,
+    notes: list[str],
+    full: bool,
+    timings: dict[str, float],
 ) -> dict[str, Any]:
-    """The analyses of one AF1 configuration on one model: CAMA and ABP alone, necessity, alternatives, head
-    pruning, the arithmetic heads placed against the stages; with `full` also the input styles, the config on
-    other tasks, base accuracy of four tasks and the position+meaning study."""
+    """The analyses of a searched AF1 configuration on one model: CAMA and ABP alone, necessity, alternatives,
+    head pruning, the arithmetic heads placed against the stages; with `full` also the input styles, the config
+    on other tasks, base accuracy of four tasks and the position+meaning study. What depends on the chosen
+    config (alternatives, moved transfer windows) is measured on the search's confirmation split only."""
     from af1 import heads, positional
 
     lm, spec, L = setup.lm, setup.spec, setup.adapter.n_layers
+    config = searched(found)
+    assert config is not None
+    confirm = experiments.confirmation(setup, found)
 
     def timed(name: str, fn: Callable[[], Any]) -> Any:
         with stage(name, timings):
@@ -201,7 +212,7 @@ def analyse(
         "ABP alone (no ablation; the last token reads freely up to L_wait, peeks in 2 layers, then self peek): "
         + ", ".join(f"peek from {w + 1}: {ci(v, parts['abp_only_ci'][w])}" for w, v in parts["abp_only"].items())
     )
-    nec = timed("necessity", lambda: experiments.necessity(setup, found=config))
+    nec = timed("necessity", lambda: experiments.necessity(setup, found=config, found_on=confirm))
     write_json(out_dir / "necessity.json", _with_provenance(setup, nec))
     necessity_figure(nec, out_dir)
     one, one_ci = nec["windows"]["1"], nec["windows_ci"]["1"]
@@ -209,10 +220,10 @@ def analyse(
         f"Necessity: blocking the last token's reads in a single layer lowers faithfulness to "
         f"{ci(min(one), one_ci[one.index(min(one))])} at worst (layer {one.index(min(one))})."
     )
-    alt = timed("alternatives", lambda: experiments.alternatives(setup, config))
+    alt = timed("alternatives", lambda: experiments.alternatives(confirm, config))
     write_json(out_dir / "alternatives.json", _with_provenance(setup, alt))
     notes.append(
-        "Alternatives (ablation + ABP af1): "
+        f"Alternatives on the {len(confirm.kept)} confirmation problems (ablation + ABP af1): "
         + ", ".join(
             f"{k} {v['faithfulness']:.3f}"
             + (
@@ -224,7 +235,12 @@ def analyse(
         )
     )
     if config.transfer > 0:
-        pruning = timed("head pruning", lambda: experiments.prune_heads(setup, config))
+        pruning = timed(
+            "head pruning",
+            lambda: experiments.prune_heads(
+                setup, config, selection=found.get("selection_fraction", 0.5), seed=found.get("split_seed", 0)
+            ),
+        )
         write_json(out_dir / "pruning.json", _with_provenance(setup, pruning))
         pruning_figure(pruning, out_dir)
         conf = pruning["confirmation"]
@@ -314,9 +330,8 @@ def demo(
         for target in models:
             if target == source or config is None:
                 continue
-            row = experiments.transfer_config(
-                setups[target], config, setups[source].adapter.n_layers, own=searched(found[target])
-            )
+            on = experiments.confirmation(setups[target], found[target])  # where the target's own config is fair
+            row = experiments.transfer_config(on, config, setups[source].adapter.n_layers, own=searched(found[target]))
             row["source"].update(model=source, found=found[source]["found"])
             row["target"] = target
             cross.append(row)
@@ -326,7 +341,7 @@ def demo(
     heads_result = None
     if config is not None:
         notes.append(f"Analyses of {chosen} at L_wait {config.wait}, L_transfer {config.transfer}:")
-        heads_result = analyse(setups[chosen], config, out_dir / chosen, notes, full, timings)
+        heads_result = analyse(setups[chosen], found[chosen], out_dir / chosen, notes, full, timings)
     for name in models:
         own = [lines[models.index(name)], *(notes[len(lines) :] if name == chosen else setups[name].warnings)]
         write_json(out_dir / name / "notes.json", {"notes": own})

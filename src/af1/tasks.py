@@ -453,9 +453,11 @@ def tokenize_task(
     input_ids = torch.tensor([ids for ids, _ in encoded], dtype=torch.long)
     prompt_roles = encoded[0][1]
     bos = like.bos if like is not None else None
+    # an operand's token is never context, even when a small sample happens to hold it constant
+    first_operand = next((t for t, r in enumerate(prompt_roles) if r != "const"), len(prompt_roles))
     if like is None:
         varying = (input_ids != input_ids[:1]).any(0).nonzero().flatten()
-        if len(varying) and int(varying[0]) == 0:  # no constant token to keep as context (and as attention sink)
+        if first_operand == 0 or (len(varying) and int(varying[0]) == 0):  # no constant token to keep as context
             bos = document_start(tokenizer)
             if bos is None:
                 raise Af1Error(
@@ -470,6 +472,7 @@ def tokenize_task(
     else:
         varying = (input_ids != input_ids[:1]).any(0).nonzero().flatten()
         first_varying = int(varying[0]) if len(varying) else input_ids.shape[1] - 1
+        first_varying = min(first_varying, first_operand + (1 if bos is not None else 0))
         context_len = max(1, min(first_varying, input_ids.shape[1] - 1))
     layout = tuple("context" if t < context_len else r for t, r in enumerate(roles))
     return Task(

@@ -77,7 +77,7 @@ def _resolve(spec: str) -> tuple[Path | str, dict[str, Any]]:
         gguf, digest = bundled_file(spec)
         row = BY_NAME[spec]
         info = {"source": "bundled", "file": str(gguf), "sha256": digest, "packages": list(row.requirements)}
-        return _gguf_to_safetensors(gguf, digest), {**info, "licence": row.licence}
+        return _gguf_to_safetensors(gguf, digest), {**info, "licence": row.licence, "description": row.description}
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         if not path.is_file():
