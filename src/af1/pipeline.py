@@ -150,7 +150,7 @@ def verdict(name: str, setup: experiments.Setup, found: dict[str, Any]) -> str:
     """One line per model: where it waits, transfers and computes, or that it has no AF1 subgraph, with numbers."""
     d = setup.describe()
     what = setup.lm.info.get("description")  # a bundled model: which weights exactly (quantisation included)
-    name = f"{name} [{what.split(', ')[0]}, {what.split(', ')[1]}]" if what and what.count(", ") >= 1 else name
+    name = f"{name} [{', '.join(what.split(', ')[:2])}]" if what else name
     base = (
         f"base accuracy {ci(d['base_accuracy'], d['base_accuracy_ci'])} on {d['n']} problems ({d['n_solved']} solved)"
     )
