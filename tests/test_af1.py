@@ -20,12 +20,17 @@ from conftest import TINY_FAMILIES, tiny_model
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module", params=["prefix", "bos", "step1"])
+@pytest.fixture(scope="module", params=["prefix", "instruction", "bos", "step1"])
 def task(request, tokenizer):
-    """A constant few-shot prefix; no prefix, so a BOS is prepended as the only context; and the second answer
-    step of full scoring, whose last token (the answer's first digit) and one more position vary."""
+    """A constant few-shot prefix; no shots but a style whose constant instruction is the context (no BOS); no
+    prefix at all, so a BOS is prepended as the only context; and the second answer step of full scoring, whose
+    last token (the answer's first digit) and one more position vary."""
     if request.param == "prefix":
         return build_task(TaskSpec(operation="a+b", shots=1, n=12, seed=3), tokenizer)
+    if request.param == "instruction":
+        task = build_task(TaskSpec(operation="a+b", style="calculate", shots=0, n=12, seed=3), tokenizer)
+        assert task.bos is None and task.context_len > 1
+        return task
     if request.param == "bos":
         task = build_task(TaskSpec(operation="a+b", shots=0, n=12, seed=3), tokenizer)
         assert task.bos is not None and task.context_len == 1

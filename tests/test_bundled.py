@@ -71,11 +71,48 @@ def test_a_missing_chunk_package_names_the_pip_command(fake):
     assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))
 
 
-def test_an_assembled_file_changed_in_the_cache_is_refused(fake):
+def test_an_assembled_file_changed_in_the_cache_is_rebuilt_from_the_parts(fake):
     path, _ = bundled.bundled_file("fake")
     path.write_bytes(b"GGUF changed after assembly")
-    with pytest.raises(Af1Error, match="sha256"):
+    again, _ = bundled.bundled_file("fake")
+    assert again == path and path.read_bytes() == b"".join(CHUNKS)
+
+
+def test_a_changed_cache_file_with_corrupted_parts_is_removed_and_refused(fake):
+    _, site, _ = fake
+    path, _ = bundled.bundled_file("fake")
+    path.write_bytes(b"GGUF changed after assembly")
+    (site / "fake_chunks_part1" / "data" / "part01.bin").write_bytes(b"tampered")
+    with pytest.raises(Af1Error, match="corrupted"):
         bundled.bundled_file("fake")
+    assert not path.exists()  # the bad file is never left for a later run to trip on
+
+
+def test_a_whole_chunk_package_absent_is_one_line(fake):
+    import shutil
+
+    _, site, _ = fake
+    shutil.rmtree(site / "fake_chunks_part2")
+    importlib.invalidate_caches()
+    with pytest.raises(Af1Error, match=r"fake_chunks_part2.*not installed") as info:
+        bundled.bundled_file("fake")
+    assert "\n" not in str(info.value)
+
+
+def test_an_unwritable_cache_is_one_line(fake, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("AF1_CACHE_DIR", str(blocker))
+    with pytest.raises(Af1Error, match="cannot assemble"):
+        bundled.bundled_file("fake")
+
+
+def test_an_unknown_model_name_is_one_line_on_the_cli(capsys, tmp_path):
+    from cli_helpers import run_cli
+
+    code, _, err = run_cli(capsys, "eval", "--model", "no-such-model", "--out", str(tmp_path / "r.json"))
+    assert code == 2 and err.count("\n") == 1 and "no-such-model" in err
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_the_cli_lists_bundled_models(capsys, fake):

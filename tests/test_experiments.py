@@ -187,6 +187,31 @@ def test_map_config_by_relative_depth():
     assert experiments.map_config(config, 32, 30, "absolute").wait == 14
     mapped = experiments.map_config(config, 32, 64, "relative")
     assert (mapped.wait, mapped.transfer) == (29, 4)
+    # SmolLM2's (19, 5) on Qwen's 24 layers: cut so that the last token still computes alone
+    cut = experiments.map_config(AF1Config(wait=19, transfer=5), 30, 24, "absolute")
+    assert (cut.wait, cut.transfer) == (19, 3) and experiments.has_compute_stage(cut.wait, cut.transfer, 24)
+    late = experiments.map_config(AF1Config(wait=28, transfer=1), 30, 24, "absolute")
+    assert (late.wait, late.transfer) == (22, 0) and experiments.has_compute_stage(late.wait, late.transfer, 24)
+
+
+def test_heatmap_marks_the_cells_whose_interval_clears_the_threshold():
+    from af1.report.figures import confident_cells
+
+    low = torch.full((5, 5), float("nan"))
+    low[0, 2], low[3, 1], low[2, 2] = 0.9375, 0.90625, 0.875  # L_wait -1 / transfer 2, 2 / 1, 1 / 2
+    assert confident_cells({"ci_low_wait_transfer": low}, 0.9) == [(-1, 2), (2, 1)]
+    assert confident_cells({"ci_low_wait_transfer": low}, 0.92) == [(-1, 2)]
+    assert confident_cells({}, 0.9) == []
+
+
+def test_a_near_constant_target_among_the_solved_problems_is_warned(tiny_setup):
+    from dataclasses import replace
+
+    one = [tiny_setup.task.answer_tokens[0]] * len(tiny_setup.task)  # every problem made to share one answer
+    task = replace(tiny_setup.task, answer_tokens=one)
+    setup = experiments.make_setup(tiny_setup.lm, tiny_setup.spec, task, tiny_setup.base, task, cache_means=False)
+    assert any(w.startswith("faithfulness on the solved problems: the target is near constant") for w in setup.warnings)
+    assert not any(w.startswith("faithfulness on the solved") for w in tiny_setup.warnings)
 
 
 # --- the real model ---------------------------------------------------------------------------

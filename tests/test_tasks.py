@@ -58,10 +58,11 @@ def test_no_bos_to_prepend_is_a_one_line_error():
     assert "\n" not in str(info.value)
 
 
-def test_means_distribution_is_the_grid_or_a_disjoint_sample(tokenizer, monkeypatch):
+@pytest.mark.parametrize("style", ["original", "verbal"])  # verbal ends in a space some tokenizers move
+def test_means_distribution_is_the_grid_or_a_disjoint_sample(tokenizer, monkeypatch, style):
     import af1.tasks as tasks
 
-    spec = TaskSpec(operation="a+b", digits=2, n=30, shots=1)
+    spec = TaskSpec(operation="a+b", digits=2, n=30, shots=1, style=style)
     task = build_task(spec, tokenizer)
     grid = tasks.distribution_task(spec, tokenizer, task)
     assert grid.origin == "grid" and len(grid) == 90 * 90 - 1 and grid.context_len == task.context_len
@@ -69,7 +70,23 @@ def test_means_distribution_is_the_grid_or_a_disjoint_sample(tokenizer, monkeypa
     monkeypatch.setattr(tasks, "MEANS_SAMPLE", 200)
     sample = tasks.distribution_task(spec, tokenizer, task)
     assert sample.origin == "disjoint sample" and len(sample) == 200
-    assert not {p.prompt for p in sample.problems} & {p.prompt for p in task.problems}
+    assert not {p.operands for p in sample.problems} & {p.operands for p in task.problems}
+
+
+def test_means_sample_is_disjoint_when_the_prompts_lost_their_trailing_space(tokenizer, monkeypatch):
+    """Tokenizers that put the space inside the number's token strip it from the evaluated prompts."""
+    import dataclasses
+
+    import af1.tasks as tasks
+
+    spec = TaskSpec(operation="a+b", digits=2, n=30, shots=1, style="verbal")
+    task = build_task(spec, tokenizer)
+    stripped = [dataclasses.replace(p, prompt=p.prompt.rstrip(" ")) for p in task.problems]
+    evaluated = dataclasses.replace(task, problems=stripped)
+    monkeypatch.setattr(tasks, "GRID_MAX", 1000)
+    monkeypatch.setattr(tasks, "MEANS_SAMPLE", 8000)  # nearly the whole pool: a leak would show
+    sample = tasks.distribution_task(spec, tokenizer, evaluated)
+    assert not {p.operands for p in sample.problems} & {p.operands for p in task.problems}
 
 
 def test_negative_results_when_asked():

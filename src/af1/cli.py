@@ -475,9 +475,9 @@ def alternatives_cmd(
     ):
         for k, v in detail.items():
             if "per_seed" in v:
-                p = min(s["mcnemar_vs_configured"]["p_value"] for s in v["per_seed"])
+                p = v["mcnemar_p_median"]
                 table.add_row(
-                    kind.format(k), f"{v['faithfulness']:.3f} ± {v['faithfulness_std']:.3f}", f"{p:.2g} (min)"
+                    kind.format(k), f"{v['faithfulness']:.3f} ± {v['faithfulness_std']:.3f}", f"{p:.2g} (median)"
                 )
             else:
                 p = v["mcnemar_vs_configured"]["p_value"]
@@ -550,7 +550,10 @@ def heads_cmd(
         "heads past the threshold",
         f"{len(result['key_heads'])} of {result['n_heads']} ({result['key_head_share']:.1%})",
     )
-    table.add_row(f"accuracy, top {k} heads mean-ablated", f"{ko['accuracy_top_k']:.3f}")
+    table.add_row(
+        f"first-token accuracy, top {k} heads mean-ablated (n {ko['n']}, constant guess {ko['accuracy_baseline']:.2f})",
+        ci_text(ko["accuracy_top_k"], ko["accuracy_top_k_ci"]),
+    )
     table.add_row(
         f"accuracy, {k} random heads (mean ± std)",
         f"{ko['accuracy_random_k_mean']:.3f} ± {ko['accuracy_random_k_std']:.3f}",

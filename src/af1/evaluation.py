@@ -25,6 +25,7 @@ class Scores:
     predicted_PK: list[list[int]]  # greedy token at each step (teacher forced)
     p_correct_P: torch.Tensor  # probability of the whole answer (of its first token for first-token scoring)
     correct_P: torch.Tensor  # bool: every step right
+    executor: dict[str, Any] | None = None  # under an intervention: which executor ran it and, on a fallback, why
 
     @property
     def accuracy(self) -> float:
@@ -39,7 +40,9 @@ class Scores:
         return rate(self.correct_P.tolist(), task.targets())
 
     def subset(self, index: list[int]) -> Scores:
-        return Scores([self.predicted_PK[i] for i in index], self.p_correct_P[index], self.correct_P[index])
+        return Scores(
+            [self.predicted_PK[i] for i in index], self.p_correct_P[index], self.correct_P[index], self.executor
+        )
 
     @classmethod
     def from_logits(cls, logits_PV: torch.Tensor, answer_ids_P: torch.Tensor) -> Scores:

@@ -36,7 +36,7 @@ from af1.models import LoadedModel, ModelAdapter
 from af1.progress import progress
 from af1.results import read_json, write_json
 from af1.shared_context import shared_context_logits, supports_shared
-from af1.stats import baseline_warning, mcnemar_exact, mean_std, rate, split_indices
+from af1.stats import baseline_warning, constant_baseline, mcnemar_exact, mean_std, rate, split_indices
 from af1.tasks import Task, TaskSpec, build_task, distribution_task
 
 LOW_COUNT = 5  # a conditional mean over fewer problems than this is flagged
@@ -156,9 +156,10 @@ def make_setup(
     if means_path is not None and len(kept_steps) > 1:
         raise Af1Error("--means holds one scoring step's means: use it with --scoring first")
     warnings: list[str] = [task.sampling_note] if task.sampling_note else []
-    note = baseline_warning(f"base accuracy ({spec.scoring} scoring)", base.rate(task)["baseline"], len(task))
-    if note:
-        warnings.append(note)
+    for what, on in ((f"base accuracy ({spec.scoring} scoring)", task), ("faithfulness on the solved problems", kept)):
+        note = baseline_warning(what, constant_baseline(on.targets()), len(on))
+        if note:
+            warnings.append(note)
     steps = []
     for k, (kept_k, dist_k) in enumerate(zip(kept_steps, dist_steps, strict=False)):
         if means_path is not None:
@@ -207,13 +208,16 @@ def af1_logits(step: StepSetup, config: AF1Config, reference: bool = False) -> t
 
 def faithfulness(setup: Setup, config: AF1Config, reference: bool = False) -> Scores:
     """Scores of the solved problems under AF1, every answer step under the same intervention."""
-    return Scores.from_steps(setup.kept, [af1_logits(step, config, reference) for step in setup.steps])
+    scores = Scores.from_steps(setup.kept, [af1_logits(step, config, reference) for step in setup.steps])
+    scores.executor = executor(setup, config, reference)
+    return scores
 
 
 def faith_fields(setup: Setup, scores: Scores, prefix: str = "faithfulness") -> dict[str, Any]:
     """`<prefix>`, `<prefix>_ci`, `<prefix>_baseline` and n of a rate on the solved problems."""
     r = scores.rate(setup.kept)
-    return {prefix: r["value"], f"{prefix}_ci": r["ci"], f"{prefix}_baseline": r["baseline"], f"{prefix}_n": r["n"]}
+    fields = {prefix: r["value"], f"{prefix}_ci": r["ci"], f"{prefix}_baseline": r["baseline"], f"{prefix}_n": r["n"]}
+    return {**fields, **(scores.executor or {})}
 
 
 def problem_rows(setup: Setup, intervened: Scores | None = None) -> list[dict[str, Any]]:
@@ -326,6 +330,7 @@ def sweep(
         "targets": targets,
         "cells": {cell: v["correct"] for cell, v in done.items()},
         "cell_executors": {cell: v["executor"] for cell, v in done.items()},
+        "cell_fallback_reasons": {cell: v["fallback_reason"] for cell, v in done.items() if v["fallback_reason"]},
         "executor": executors.pop() if len(executors) == 1 else "mixed",
         "fallback_reasons": fallbacks,
         "n_cells": len(cells),
@@ -428,6 +433,7 @@ def components(setup: Setup, waits: list[int], transfer: int = 2) -> dict[str, A
         rates = {w: faithfulness(setup, make(w)).rate(setup.kept) for w in progress(waits, desc=name)}
         out[name] = {w: r["value"] for w, r in rates.items()}
         out[f"{name}_ci"] = {w: r["ci"] for w, r in rates.items()}
+        out[f"{name}_executor"] = {w: executor(setup, make(w)) for w in waits}
     out["faithfulness_baseline"] = rate([True] * len(setup.kept), setup.kept.targets())["baseline"]
     return out
 
@@ -497,11 +503,15 @@ def alternatives(setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS) -
     for name in ABLATIONS:
         if name == "resample":
             runs = [faithfulness(setup, config.model_copy(update={"ablation": name, "seed": s})) for s in range(seeds)]
+            per_seed = [entry(r) for r in runs]
+            p_values = sorted(e["mcnemar_vs_configured"]["p_value"] for e in per_seed)
             ablations[name] = {
                 "faithfulness": mean_std([r.accuracy for r in runs])["mean"],
                 "faithfulness_std": mean_std([r.accuracy for r in runs])["std"],
-                "per_seed": [entry(r) for r in runs],
+                "per_seed": per_seed,
                 "seeds": seeds,
+                "mcnemar_p_median": p_values[len(p_values) // 2],  # a typical seed, never the most favourable
+                "mcnemar_p_max": p_values[-1],
             }
         else:
             ablations[name] = entry(faithfulness(setup, config.model_copy(update={"ablation": name})))
@@ -557,8 +567,8 @@ def map_config(config: AF1Config, from_layers: int, to_layers: int, by: str) -> 
         transfer = max(1, round(config.transfer * to_layers / from_layers)) if config.transfer else 0
     else:
         raise Af1Error(f"unknown mapping '{by}': absolute or relative")
-    wait = min(wait, to_layers - 1)
-    transfer = min(transfer, to_layers - 1 - wait)
+    wait = min(wait, to_layers - 2)  # a mapped config keeps at least one compute layer
+    transfer = max(0, min(transfer, to_layers - 2 - wait))
     return config.model_copy(update={"wait": wait, "transfer": transfer, "transfer_start": None, "pruned_heads": []})
 
 

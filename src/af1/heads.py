@@ -21,6 +21,7 @@ from af1.errors import Af1Error
 from af1.evaluation import Scores, batches, forward_last
 from af1.interventions.hooks import hooks_removed_after
 from af1.models.adapter import ModelAdapter, execution_device
+from af1.stats import constant_baseline, rate
 from af1.tasks import NAMES, OPERATIONS, Task, _template
 
 # Where the operation is named in each style, and the null replacements tried (same token count).
@@ -251,7 +252,19 @@ def knockout_accuracy(
     means: dict[int, torch.Tensor],
     batch_size: int = 32,
 ) -> float:
-    """Accuracy with the listed heads mean-ablated at every position."""
+    """First-token accuracy with the listed heads mean-ablated at every position."""
+    correct = knockout_correct(adapter, task, heads, means, batch_size)
+    return sum(correct) / len(correct)
+
+
+def knockout_correct(
+    adapter: ModelAdapter,
+    task: Task,
+    heads: list[tuple[int, int]],
+    means: dict[int, torch.Tensor],
+    batch_size: int = 32,
+) -> list[bool]:
+    """Per problem: is the first answer token still predicted with the listed heads mean-ablated everywhere."""
     d = adapter.head_dim
     by_layer: dict[int, list[int]] = {}
     for layer, h in heads:
@@ -272,7 +285,7 @@ def knockout_accuracy(
         for sl in batches(len(task), batch_size):
             ids = task.input_ids_PT[sl].to(adapter.device)
             out.append(forward_last(adapter.model, ids))
-    return Scores.from_logits(torch.cat(out), task.answer_ids_P).accuracy
+    return Scores.from_logits(torch.cat(out), task.answer_ids_P).correct_P.tolist()
 
 
 @torch.no_grad()
@@ -427,8 +440,16 @@ def study(
     keys = key_heads(effect, threshold)
     top = top_heads(effect, k)
     means = head_means(adapter, task)
-    randoms = [knockout_accuracy(adapter, kept, random_heads(adapter, k, seed, top), means) for seed in range(draws)]
+    first_targets = [str(a[0]) for a in kept.answer_tokens]  # knockout scores the first answer token (issue 14)
+
+    def knocked(heads_: list[tuple[int, int]]) -> dict[str, Any]:
+        r = rate(knockout_correct(adapter, kept, heads_, means), first_targets)
+        return {"accuracy": r["value"], "accuracy_ci": r["ci"], "n": r["n"]}
+
+    randoms_detail = [knocked(random_heads(adapter, k, seed, top)) for seed in range(draws)]
+    randoms = [r["accuracy"] for r in randoms_detail]
     rand = torch.tensor(randoms)
+    top_knocked = knocked(top)
     n_heads = adapter.n_layers * adapter.n_heads
     result: dict[str, Any] = {
         "model": lm.info.get("spec"),
@@ -436,6 +457,7 @@ def study(
         "style": spec.style,
         "n": len(task),
         "n_solved": len(kept),
+        "scoring": spec.scoring,  # of base accuracy and the solved set; patching and knockout read the first token
         "base_accuracy_all": base.accuracy,
         "counterfactual": cf.replacement,
         "n_heads": n_heads,
@@ -447,10 +469,15 @@ def study(
         "knockout": {
             "k": k,
             "heads": [list(h) for h in top],
-            "accuracy_top_k": knockout_accuracy(adapter, kept, top, means),
+            "scoring": "first",
+            "n": len(kept),
+            "accuracy_top_k": top_knocked["accuracy"],
+            "accuracy_top_k_ci": top_knocked["accuracy_ci"],
             "accuracy_random_k_mean": float(rand.mean()),
             "accuracy_random_k_std": float(rand.std()) if draws > 1 else 0.0,
             "accuracy_random_k": randoms,
+            "accuracy_random_k_ci": [r["accuracy_ci"] for r in randoms_detail],
+            "accuracy_baseline": constant_baseline(first_targets),
             "base_accuracy": 1.0,
         },
         "attention_of_top_heads": last_query_attention(adapter, kept, top[: min(k, 5)]),

@@ -462,7 +462,7 @@ def tokenize_task(
             if bos is None:
                 raise Af1Error(
                     "the first token varies across problems and the tokenizer has no BOS to prepend: "
-                    "give a constant prefix (--shots 1 or more, or a style with an instruction such as calculate)"
+                    "give a constant prefix (--shots 1 or more, or --style with an instruction such as calculate)"
                 )
     if bos is not None:
         input_ids = torch.cat([torch.full((len(input_ids), 1), bos[0], dtype=torch.long), input_ids], 1)
@@ -504,8 +504,8 @@ def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
     examples, pool = problem_pool(spec)
     origin = "grid"
     if len(pool) > GRID_MAX:
-        seen = {p.prompt for p in evaluated.problems}
-        rest = [p for p in pool if p.prompt not in seen]
+        seen = {p.operands for p in evaluated.problems}  # operands, not prompts: a prompt may have lost its space
+        rest = [p for p in pool if p.operands not in seen]
         pool = random.Random(spec.seed + 1).sample(rest, min(MEANS_SAMPLE, len(rest)))
         origin = "disjoint sample"
     task = tokenize_task(spec, examples, pool, tokenizer, like=evaluated)

@@ -127,6 +127,16 @@ def _mark_verified(path: Path, sha256: str) -> None:
     write_atomic(marks, json.dumps(seen, indent=1))
 
 
+def _matches(row: BundledModel, path: Path) -> bool:
+    """True when the file hashes to the row's sha256 (remembered per size and mtime)."""
+    if _verified(path, row.sha256):
+        return True
+    if _sha256(path) != row.sha256:
+        return False
+    _mark_verified(path, row.sha256)
+    return True
+
+
 def _check(row: BundledModel, path: Path) -> None:
     if _verified(path, row.sha256):
         return
@@ -177,10 +187,14 @@ def bundled_file(name: str) -> tuple[Path, str]:
         _check(row, paths[0])
         return paths[0], row.sha256
     target = assembled_path(row)
-    if target.is_file():
-        _check(row, target)
-    else:
-        _assemble(row, paths, target)
+    try:
+        if target.is_file() and not _matches(row, target):
+            target.unlink()  # changed since assembly: rebuilt from the parts, never used
+        if not target.is_file():
+            _assemble(row, paths, target)
+    except OSError as exc:
+        why = exc.strerror or exc
+        raise Af1Error(f"cannot assemble the bundled model '{name}' into {target.parent}: {why}") from exc
     return target, row.sha256
 
 

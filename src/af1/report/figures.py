@@ -23,8 +23,20 @@ def _save(fig: Any, path: Path) -> Path:
     return write_atomic(path, buf.getvalue())
 
 
-def sweep_heatmap(sweep: dict[str, Any], path: Path, found: dict[str, Any] | None = None) -> Path:
-    """Faithfulness over (L_wait rows, L_transfer columns), annotated where cells are large enough."""
+def confident_cells(sweep: dict[str, Any], threshold: float) -> list[tuple[int, int]]:
+    """(L_wait, L_transfer) of the cells whose whole 95 % interval lies at or above the threshold."""
+    low = sweep.get("ci_low_wait_transfer")
+    if low is None:
+        return []
+    rows, cols = np.nonzero(np.nan_to_num(np.array(low, dtype=float), nan=-1) >= threshold)
+    return [(int(r) - 1, int(c)) for r, c in zip(rows, cols, strict=True)]  # row 0 is L_wait -1
+
+
+def sweep_heatmap(
+    sweep: dict[str, Any], path: Path, found: dict[str, Any] | None = None, threshold: float = 0.9
+) -> Path:
+    """Faithfulness over (L_wait rows, L_transfer columns), annotated where cells are large enough; cells whose
+    whole 95 % interval lies above the threshold (the search's, else `threshold`) are marked."""
     faith = np.array(sweep["faithfulness_wait_transfer"], dtype=float)
     L = int(sweep["n_layers"])
     fig, ax = plt.subplots(figsize=(min(14, 3 + 0.4 * L), min(12, 2.5 + 0.35 * L)))
@@ -46,11 +58,17 @@ def sweep_heatmap(sweep: dict[str, Any], path: Path, found: dict[str, Any] | Non
                     color="white" if v < 0.6 else "black",
                 )
     low = sweep.get("ci_low_wait_transfer")
-    threshold = (found or {}).get("threshold")
-    if low is not None and threshold is not None:  # cells whose whole 95 % interval lies above the threshold
-        low_WK = np.array(low, dtype=float)
-        rows, cols = np.nonzero(np.nan_to_num(low_WK, nan=-1) >= threshold)
-        ax.scatter(cols, rows + 0.32, marker="^", s=8, c="red", label=f"95 % interval above {threshold}")
+    threshold = (found or {}).get("threshold", threshold)
+    if low is not None:
+        marked = confident_cells(sweep, threshold)
+        ax.scatter(
+            [k for _, k in marked],
+            [w + 1.32 for w, _ in marked],
+            marker="^",
+            s=8,
+            c="red",
+            label=f"95 % interval above {threshold}",
+        )
     frontier = (found or {}).get("frontier") or []
     if frontier:
         ax.plot(
@@ -62,7 +80,7 @@ def sweep_heatmap(sweep: dict[str, Any], path: Path, found: dict[str, Any] | Non
             ms=3,
             label="frontier: smallest L_transfer reaching the threshold (selection split)",
         )
-    if (low is not None and threshold is not None) or frontier:
+    if low is not None or frontier:
         ax.legend(loc="upper right", fontsize=7)
     if found and found.get("found"):
         ax.add_patch(plt.Rectangle((found["transfer"] - 0.5, found["wait"] + 0.5), 1, 1, fill=False, ec="red", lw=2))
