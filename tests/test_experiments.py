@@ -145,6 +145,10 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     assert resample["faithfulness"] == pytest.approx(sum(r["faithfulness"] for r in resample["per_seed"]) / 5)
     pruning = experiments.prune_heads(tiny_setup, config)
     assert pruning["n_transfer_heads"] == 4 and len(pruning["faithfulness_vs_pruned"]) == 5
+    assert (
+        len(pruning["faithfulness_vs_pruned_ci"]) == 5
+        and pruning["faithfulness_full_ci"][1] >= pruning["faithfulness_full"]
+    )
     assert sorted(map(tuple, pruning["prune_order"])) == [(1, h) for h in range(4)]
     assert pruning["n_selection"] + pruning["n_confirmation"] == len(tiny_setup.kept)
     assert set(pruning["confirmation"]) == {"unpruned", "pruned", "mcnemar"}

@@ -12,7 +12,7 @@ from af1.stats import baseline_warning, constant_baseline, mcnemar_exact, mean_s
 def test_wilson_interval_known_values():
     low, high = wilson(40, 49)  # the old demo's best cell: 0.816 = 40/49
     assert (round(low, 2), round(high, 2)) == (0.69, 0.90)
-    assert wilson(0, 10)[0] == pytest.approx(0.0, abs=1e-12) and wilson(10, 10)[1] == pytest.approx(1.0)
+    assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0 and wilson(35, 35) == (wilson(35, 35)[0], 1.0)
     assert wilson(0, 10)[1] == pytest.approx(0.2775, abs=1e-4)  # 3.84 / 13.84
     assert all(math.isnan(x) for x in wilson(0, 0))
 

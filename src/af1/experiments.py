@@ -390,6 +390,7 @@ def search(
     base_sel, base_conf = rate([True] * len(sel), sel_targets), rate([True] * len(conf), conf_targets)
     result: dict[str, Any] = {
         "threshold": threshold,
+        "scoring": sweep_result.get("scoring"),
         "found": bool(passing),
         "selection_fraction": selection,
         "split_seed": seed,
@@ -625,13 +626,14 @@ def prune_heads(
     heads = [(layer, h) for layer in config.peek_layers() for h in range(setup.adapter.n_heads)]
     unpruned = faithfulness(on_sel, config)
     order: list[tuple[int, int]] = []
-    faith_curve, p_curve = [unpruned.accuracy], [unpruned.mean_p_correct]
+    faith_curve, p_curve, ci_curve = [unpruned.accuracy], [unpruned.mean_p_correct], [unpruned.rate(on_sel.kept)["ci"]]
     remaining = list(heads)
     for _ in progress(range(len(heads)), desc="prune heads"):
         scores = pruned_scores(on_sel, config, [[*order, h] for h in remaining])
         best = max(range(len(remaining)), key=lambda i: (scores[i].mean_p_correct, -i))
         order.append(remaining.pop(best))
         faith_curve.append(scores[best].accuracy)
+        ci_curve.append(scores[best].rate(on_sel.kept)["ci"])
         p_curve.append(scores[best].mean_p_correct)
     n_pruned = max(i for i, f in enumerate(faith_curve) if f >= keep * faith_curve[0])
     pruned = config.model_copy(update={"pruned_heads": order[:n_pruned]})
@@ -645,8 +647,10 @@ def prune_heads(
         "n_selection": len(sel),
         "n_confirmation": len(conf),
         "faithfulness_full": faith_curve[0],
+        "faithfulness_full_ci": ci_curve[0],
         "prune_order": [list(hd) for hd in order],
         "faithfulness_vs_pruned": faith_curve,
+        "faithfulness_vs_pruned_ci": ci_curve,
         "mean_p_correct_vs_pruned": p_curve,
         "keep": keep,
         "max_pruned_at_95pct": n_pruned,

@@ -24,7 +24,9 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    low = 0.0 if k == 0 else max(0.0, centre - half)  # exact ends: rounding must not move them off 0 and 1
+    high = 1.0 if k == n else min(1.0, centre + half)
+    return low, high
 
 
 def constant_baseline(targets: Sequence[Hashable]) -> float:
