@@ -21,6 +21,8 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pyright
 	$(BIN)/pytest -q
 
 bench: setup

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ def tiny_config(family: str):
         Qwen3Config,
     )
 
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
@@ -61,7 +62,6 @@ def tiny_config(family: str):
             num_hidden_layers=3,
             num_attention_heads=4,
             intermediate_size=128,
-            rotary_pct=0.25,
             use_parallel_residual=True,
             max_position_embeddings=256,
         )
@@ -122,8 +122,8 @@ def fitted_tiny_model(family: str, specs: list, tokenizer, n_layers: int = 3, se
 
     config = tiny_config(family)
     config.num_hidden_layers = n_layers
-    if hasattr(config, "layer_types"):
-        config.layer_types = config.layer_types[:1] * n_layers
+    if layer_types := getattr(config, "layer_types", None):
+        config.layer_types = layer_types[:1] * n_layers
     pairs = []  # (problems of a step, the distribution's same step)
     for spec in specs:
         task = build_task(spec, tokenizer)

@@ -126,7 +126,7 @@ def test_execution_devices_come_from_the_hooks():
     """A multi-GPU map read without GPUs: each part's device is its hook's execution device."""
     layers = [torch.nn.Linear(2, 2) for _ in range(3)]
     for layer, device in zip(layers, [0, 1, "cpu"], strict=True):
-        layer._hf_hook = SimpleNamespace(execution_device=device)
+        layer._hf_hook = SimpleNamespace(execution_device=device)  # pyright: ignore
     assert [execution_device(m) for m in layers] == [
         torch.device("cuda:0"),
         torch.device("cuda:1"),

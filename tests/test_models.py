@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from af1 import Af1Error, ModelAdapter, load_model
+from af1.models.adapter import weight_of
 
 from conftest import TINY_FAMILIES, tiny_model
 
@@ -31,7 +32,8 @@ def test_adapter_finds_parts(family):
         assert isinstance(a.o_proj(layer), torch.nn.Module)
         assert isinstance(a.mlp(layer), torch.nn.Module)
         assert getattr(a.attention(layer), "layer_idx", layer) == layer
-    assert a.n_heads * a.head_dim == (a.o_proj(0).weight.shape[1] if family != "gpt2" else a.o_proj(0).weight.shape[0])
+    o_weight = weight_of(a.o_proj(0))
+    assert a.n_heads * a.head_dim == (o_weight.shape[1] if family != "gpt2" else o_weight.shape[0])
     assert a.n_heads % a.n_kv_heads == 0
     assert a.parallel_residual == (family in ("gpt_neox", "gptj"))
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,7 +61,7 @@ def write_plan(path: Path, dirs: dict[str, Path], extra_models: str = "", experi
     return path
 
 
-def results(out: Path) -> dict[str, object]:
+def results(out: Path) -> dict[str, Any]:
     return Store(out).results()
 
 
@@ -300,7 +301,9 @@ def test_tasks_that_differ_anywhere_get_their_own_units():
     assert set(TaskSpec.model_fields) == {"operation", "style", "digits", "shots", *changes}  # the label names all
     base = TaskSpec(operation="a-b")
     variants = [base.model_copy(update={name: value}) for name, value in changes.items()]
-    plan = StudyPlan(models=[{"spec": "x"}], tasks=[base, *variants], experiments={"eval": {}})
+    plan = StudyPlan.model_validate(
+        {"models": [{"spec": "x"}], "tasks": [base, *variants], "experiments": {"eval": {}}}
+    )
     assert len({u.id for u in expand(plan)}) == 1 + len(changes)
 
 

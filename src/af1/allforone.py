@@ -33,8 +33,8 @@ ABLATIONS: tuple[str, ...] = ("cama", "zero", "mean", "resample", "none")
 class AF1Config(BaseModel):
     """One AF1 subgraph: where waiting ends, how long the last token peeks, and with what."""
 
-    wait: int = Field(-1, ge=-1)
-    transfer: int = Field(0, ge=0)
+    wait: int = Field(default=-1, ge=-1)
+    transfer: int = Field(default=0, ge=0)
     ablation: Ablation = "cama"
     abp: ABPVariant = "af1"
     transfer_start: int | None = None  # first peek layer; default wait + 1 (moved by the necessity study)

@@ -83,17 +83,19 @@ def task_spec(
 ) -> TaskSpec:
     if shots < 0:
         raise Af1Error(f"--shots must be >= 0, got {shots}")
-    return TaskSpec(
-        operation=task,
-        style=style,
-        digits=digits,
-        shots=shots,
-        n=n,
-        seed=seed,
-        largest_layout=largest_layout,
-        answer_digits=answers,
-        allow_negative=allow_negative,
-        scoring=scoring,
+    return TaskSpec.model_validate(
+        {
+            "operation": task,
+            "style": style,
+            "digits": digits,
+            "shots": shots,
+            "n": n,
+            "seed": seed,
+            "largest_layout": largest_layout,
+            "answer_digits": answers,
+            "allow_negative": allow_negative,
+            "scoring": scoring,
+        }
     )
 
 
@@ -283,7 +285,9 @@ def _setup(load: ModelChoice, spec: TaskSpec, means: Path | None) -> Any:
 def _config(wait: int, transfer: int, ablation: str, abp: str, seed: int, n_layers: int):
     from af1.allforone import AF1Config
 
-    config = AF1Config(wait=wait, transfer=transfer, ablation=ablation, abp=abp, seed=seed)
+    config = AF1Config.model_validate(
+        {"wait": wait, "transfer": transfer, "ablation": ablation, "abp": abp, "seed": seed}
+    )
     config.check(n_layers)
     return config
 
@@ -726,8 +730,9 @@ def main() -> None:
         print("af1: interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as exc:
-        if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # click's usage errors
-            exc.show()
+        show = getattr(exc, "show", None)
+        if callable(show) and hasattr(exc, "exit_code"):  # click's usage errors (typer vendors its own click)
+            show()
             sys.exit(2)
         raise
     if isinstance(code, int) and code:  # typer.Exit(code) in a command

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from af1.errors import Af1Error
 from af1.evaluation import Scores, batches, last_logits
-from af1.models.adapter import ModelAdapter
+from af1.models.adapter import ModelAdapter, weight_of
 from af1.tasks import Task
 
 GQA_CHOICE = "the key/value rows of each chosen query head's KV group are trained (shared with its sibling heads)"
@@ -28,9 +28,9 @@ PROJECTIONS = {"q": ("q_proj",), "k": ("k_proj",), "v": ("v_proj",)}
 
 
 class FinetuneConfig(BaseModel):
-    steps: int = Field(200, ge=1)
-    lr: float = Field(1e-4, gt=0)
-    batch_size: int = Field(16, ge=1)
+    steps: int = Field(default=200, ge=1)
+    lr: float = Field(default=1e-4, gt=0)
+    batch_size: int = Field(default=16, ge=1)
     seed: int = 0
 
 
@@ -50,7 +50,8 @@ def head_slices(adapter: ModelAdapter, heads: list[tuple[int, int]]) -> dict[str
                 m = masks.setdefault(names[id(p)], torch.zeros_like(p, dtype=torch.bool))
                 m[rows * d : (rows + 1) * d] = True
         o = adapter.o_proj(layer)
-        m = masks.setdefault(names[id(o.weight)], torch.zeros_like(o.weight, dtype=torch.bool))
+        w = weight_of(o)
+        m = masks.setdefault(names[id(w)], torch.zeros_like(w, dtype=torch.bool))
         m[:, h * d : (h + 1) * d] = True
     return masks
 

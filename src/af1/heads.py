@@ -12,15 +12,17 @@ from __future__ import annotations
 import contextlib
 import random
 import string
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from af1.errors import Af1Error
 from af1.evaluation import Scores, batches, forward_last
 from af1.interventions.hooks import hooks_removed_after
-from af1.models.adapter import ModelAdapter, execution_device
+from af1.models.adapter import ModelAdapter, execution_device, weight_of
 from af1.stats import constant_baseline, rate
 from af1.tasks import NAMES, OPERATIONS, Task, _template
 
@@ -95,22 +97,29 @@ def counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
 # --- capture of head and MLP outputs -------------------------------------------------------------
 
 
-def _record_last(adapter: ModelAdapter, store: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+def _record_last(adapter: ModelAdapter, store: dict[Any, Any]) -> contextlib.AbstractContextManager[None]:
     """Record, at the last position: o_proj inputs per layer [B, H*d], MLP outputs [B, D], final residual [B, D]."""
 
     def put(key: Any, x: torch.Tensor) -> None:
         store[key] = x[:, -1].detach().clone()
 
-    handles = [adapter.final_norm.register_forward_pre_hook(lambda _m, args: put("final", args[0]))]
+    def before(key: Any) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        return lambda _m, args: put(key, args[0])
+
+    def after(key: Any) -> Callable[[nn.Module, tuple[Any, ...], torch.Tensor], None]:
+        return lambda _m, _args, output: put(key, output)
+
+    handles = [adapter.final_norm.register_forward_pre_hook(before("final"))]
     for layer in range(adapter.n_layers):
-        handles.append(adapter.o_proj(layer).register_forward_pre_hook(lambda _m, a, k=("z", layer): put(k, a[0])))
-        handles.append(adapter.mlp(layer).register_forward_hook(lambda _m, _a, o, k=("mlp", layer): put(k, o)))
+        handles.append(adapter.o_proj(layer).register_forward_pre_hook(before(("z", layer))))
+        handles.append(adapter.mlp(layer).register_forward_hook(after(("mlp", layer))))
     return hooks_removed_after(handles)
 
 
 @torch.no_grad()
-def _run_record(adapter: ModelAdapter, ids_BT: torch.Tensor) -> dict[str, Any]:
-    store: dict[str, Any] = {}
+def _run_record(adapter: ModelAdapter, ids_BT: torch.Tensor) -> dict[Any, Any]:
+    """The last position's head inputs to o_proj ("z", l), MLP outputs ("mlp", l), final-norm input and logits."""
+    store: dict[Any, Any] = {}
     with _record_last(adapter, store):
         store["logits"] = forward_last(adapter.model, ids_BT).to(adapter.device)
     return store
@@ -119,7 +128,7 @@ def _run_record(adapter: ModelAdapter, ids_BT: torch.Tensor) -> dict[str, Any]:
 def o_proj_weight(adapter: ModelAdapter, layer: int) -> torch.Tensor:
     """[D, H*d]: the output projection as a matrix acting on the concatenated heads (GPT-2's Conv1D transposed)."""
     proj = adapter.o_proj(layer)
-    return proj.weight.T if type(proj).__name__ == "Conv1D" else proj.weight
+    return weight_of(proj).T if type(proj).__name__ == "Conv1D" else weight_of(proj)
 
 
 @dataclass
@@ -133,7 +142,7 @@ class AnswerRows:
     def read(cls, adapter: ModelAdapter, pair_B2: torch.Tensor) -> AnswerRows:
         """Gathered once per batch, so an offloaded unembedding is brought in once, not per layer."""
         with adapter.onloaded(adapter.lm_head):
-            W_U, bias = adapter.lm_head.weight, getattr(adapter.lm_head, "bias", None)
+            W_U, bias = weight_of(adapter.lm_head), getattr(adapter.lm_head, "bias", None)
             pair = pair_B2.to(W_U.device)
             return cls(W_U[pair], bias[pair] if bias is not None else None)
 
@@ -218,9 +227,12 @@ def path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_s
 
 def replace_heads(adapter: ModelAdapter, per_layer: dict[int, Any]) -> contextlib.AbstractContextManager[None]:
     """per_layer[l](z [B, T, H*d]) -> z: rewrite the concatenated head outputs before o_proj."""
+
+    def rewrite(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[nn.Module, tuple[Any, ...]], tuple[Any, ...]]:
+        return lambda _m, args: (fn(args[0]), *args[1:])
+
     return hooks_removed_after(
-        adapter.o_proj(layer).register_forward_pre_hook(lambda _m, args, fn=fn: (fn(args[0]), *args[1:]))
-        for layer, fn in per_layer.items()
+        adapter.o_proj(layer).register_forward_pre_hook(rewrite(fn)) for layer, fn in per_layer.items()
     )
 
 
@@ -300,11 +312,12 @@ def activation_patching(
     (effects flow through later layers): [head, problem]. Many heads share a forward: row r patches head r."""
     d = adapter.head_dim
     z_cf: dict[int, torch.Tensor] = {}
+
+    def keep(layer: int) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        return lambda _m, args: z_cf.__setitem__(layer, args[0].detach().clone())
+
     with hooks_removed_after(
-        adapter.o_proj(layer).register_forward_pre_hook(
-            lambda _m, args, layer=layer: z_cf.__setitem__(layer, args[0].detach().clone())
-        )
-        for layer in range(adapter.n_layers)
+        adapter.o_proj(layer).register_forward_pre_hook(keep(layer)) for layer in range(adapter.n_layers)
     ):
         forward_last(adapter.model, cf.input_ids_PT)
     P = len(task)
@@ -380,7 +393,7 @@ def mlp_logit_lens(adapter: ModelAdapter, task: Task) -> torch.Tensor:
     """Per layer: mean over problems of the MLP output at the last position read by the answer's unembedding."""
     store = _run_record(adapter, task.input_ids_PT)
     with adapter.onloaded(adapter.lm_head):
-        W_U = adapter.lm_head.weight
+        W_U = weight_of(adapter.lm_head)
         answer_rows = W_U[task.answer_ids_P.to(W_U.device)]  # [P, D]
         return torch.stack(
             [
@@ -396,7 +409,7 @@ def key_heads(effect_LH: torch.Tensor, threshold: float = -0.05) -> list[tuple[i
     return [(layer, h) for _, layer, h in sorted(found)]
 
 
-def overlap(a: list[tuple[int, int]], b: list[tuple[int, int]], k: int | None = None) -> dict[str, float | None]:
+def overlap(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], k: int | None = None) -> dict[str, float | None]:
     """Jaccard of two head sets (None when both are empty) and the overlap of their top-k."""
     sa, sb = set(map(tuple, a)), set(map(tuple, b))
     jac = len(sa & sb) / len(sa | sb) if sa | sb else None
@@ -406,11 +419,10 @@ def overlap(a: list[tuple[int, int]], b: list[tuple[int, int]], k: int | None = 
 
 
 def random_heads(
-    adapter: ModelAdapter, k: int, seed: int, exclude: list[tuple[int, int]] = ()
+    adapter: ModelAdapter, k: int, seed: int, exclude: list[tuple[int, int]] | None = None
 ) -> list[tuple[int, int]]:
-    pool = [
-        (layer, h) for layer in range(adapter.n_layers) for h in range(adapter.n_heads) if (layer, h) not in exclude
-    ]
+    skip = set(exclude or [])
+    pool = [(layer, h) for layer in range(adapter.n_layers) for h in range(adapter.n_heads) if (layer, h) not in skip]
     return random.Random(seed).sample(pool, k)
 
 

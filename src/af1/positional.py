@@ -30,7 +30,7 @@ SWAP_FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)
 def load_corpus(path: str | Path | None = None) -> str:
     """The shipped public-domain sample, or a user's text file."""
     if path is None:
-        text = resources.files("af1").joinpath("data", CORPUS_NAME).read_text()
+        text = resources.files("af1").joinpath("data").joinpath(CORPUS_NAME).read_text()
     else:
         path = Path(path)
         if not path.is_file():

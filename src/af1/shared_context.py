@@ -52,7 +52,8 @@ def _plans(
     for layer in range(stop):
         k = ctx.keys[layer].expand(batch, -1, -1, -1)
         v = ctx.values[layer].expand(batch, -1, -1, -1)
-        allowed = causal if layer not in masks else masks[layer].allowed_BQK[..., c:, :]  # already causal
+        given = masks[layer].allowed_BQK if layer in masks else None
+        allowed = causal if given is None else given[..., c:, :]  # already causal
         plans[layer] = LayerPlan(allowed_BQK=allowed, prefix_kv=(k, v), replace_mask=True)
     return plans
 

@@ -106,10 +106,10 @@ class TaskSpec(BaseModel):
 
     operation: str = "a+b"
     style: str = "original"
-    digits: int = Field(1, ge=1, le=3)
-    shots: int = Field(0, ge=0)
-    n: int | None = Field(None, ge=1)
-    n_max: int | None = Field(None, ge=1)  # like n, but takes all problems when there are fewer
+    digits: int = Field(default=1, ge=1, le=3)
+    shots: int = Field(default=0, ge=0)
+    n: int | None = Field(default=None, ge=1)
+    n_max: int | None = Field(default=None, ge=1)  # like n, but takes all problems when there are fewer
     seed: int = 0
     allow_negative: bool = False
     answer_digits: Literal["auto", "constant", "any"] = "auto"  # auto: any for full scoring, constant for first

@@ -138,7 +138,8 @@ def attention_plans(adapter: ModelAdapter, plans: dict[int, LayerPlan]) -> Itera
         else:
             handles = [adapter.attention(i).register_forward_pre_hook(_gptj_pre_hook, with_kwargs=True) for i in plans]
         for layer, plan in plans.items():
-            adapter.attention(layer)._af1_plan = plan
+            # our mark on the module, read by the registered attention function (torch types it Tensor | Module)
+            adapter.attention(layer)._af1_plan = plan  # pyright: ignore
         yield
     finally:
         for layer in plans:

@@ -11,13 +11,24 @@ import contextlib
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from af1.errors import Af1Error
 from af1.models.families import BY_MODEL_TYPE, Family, supported_model_types
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+def weight_of(module: nn.Module) -> torch.Tensor:
+    """A linear (or Conv1D) module's weight, typed: torch types module attributes as `Tensor | Module`."""
+    weight = module.weight
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{type(module).__name__} has no weight tensor")
+    return weight
 
 
 def execution_device(module: nn.Module) -> torch.device:
@@ -32,14 +43,14 @@ def execution_device(module: nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
-def input_device(model: nn.Module) -> torch.device:
+def input_device(model: PreTrainedModel) -> torch.device:
     """Where input ids go: the token embedding's device."""
     return execution_device(model.get_input_embeddings())
 
 
-def family_of(model: nn.Module) -> Family:
+def family_of(model: PreTrainedModel) -> Family:
     model_type = getattr(model.config, "model_type", None)
-    family = BY_MODEL_TYPE.get(model_type)
+    family = BY_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
     if family is None:
         raise Af1Error(f"unsupported architecture '{model_type}'; supported: {', '.join(supported_model_types())}")
     return family
@@ -58,7 +69,7 @@ class LayerInputs:
 class ModelAdapter:
     """A causal LM seen through its family table."""
 
-    model: nn.Module
+    model: PreTrainedModel
     family: Family = field(init=False)
 
     def __post_init__(self) -> None:

@@ -8,13 +8,16 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from af1.errors import Af1Error
 from af1.models.adapter import ModelAdapter, family_of
 from af1.models.bundled import BY_NAME, bundled_file
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -129,7 +132,7 @@ def load_model(
         common["local_files_only"] = bool(os.environ.get("HF_HUB_OFFLINE")) or _hub_cached(spec)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **common)
-        model = AutoModelForCausalLM.from_pretrained(
+        model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(  # pyright: ignore[reportAssignmentType]
             where,
             dtype=DTYPES[dtype],
             attn_implementation=attn_implementation,
@@ -145,7 +148,7 @@ def load_model(
         raise Af1Error(f"cannot load model '{spec}': {first}{hint}") from exc
     family_of(model)
     if device_map is None:
-        model.to(device)
+        model.to(device)  # pyright: ignore  (transformers types its decorated `to` oddly)
     model.eval()
     model.requires_grad_(False)
     info.update(
@@ -155,8 +158,8 @@ def load_model(
         attn_implementation=model.config._attn_implementation,
         n_layers=model.config.num_hidden_layers,
     )
-    if getattr(model, "hf_device_map", None) is not None:
-        info["device_map"] = {name: str(device) for name, device in model.hf_device_map.items()}
+    if (device_map_used := getattr(model, "hf_device_map", None)) is not None:
+        info["device_map"] = {name: str(device) for name, device in device_map_used.items()}
     return LoadedModel(model, tokenizer, ModelAdapter(model), info)
 
 

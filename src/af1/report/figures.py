@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Rectangle
 
 from af1.results import write_atomic
 
@@ -83,12 +84,10 @@ def sweep_heatmap(
     if low is not None or frontier:
         ax.legend(loc="upper right", fontsize=7)
     if found and found.get("found"):
-        ax.add_patch(plt.Rectangle((found["transfer"] - 0.5, found["wait"] + 0.5), 1, 1, fill=False, ec="red", lw=2))
+        ax.add_patch(Rectangle((found["transfer"] - 0.5, found["wait"] + 0.5), 1, 1, fill=False, ec="red", lw=2))
     elif found and found.get("best"):  # nothing passed the threshold: outline the best cell, dashed
         best = found["best"]
-        ax.add_patch(
-            plt.Rectangle((best["transfer"] - 0.5, best["wait"] + 0.5), 1, 1, fill=False, ec="red", lw=2, ls="--")
-        )
+        ax.add_patch(Rectangle((best["transfer"] - 0.5, best["wait"] + 0.5), 1, 1, fill=False, ec="red", lw=2, ls="--"))
     fig.colorbar(image, ax=ax, label="faithfulness")
     ax.set_title(
         f"AF1 faithfulness: {sweep.get('model')} {sweep.get('task')} ({sweep.get('style')}, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -27,16 +28,16 @@ class ModelEntry(_Strict):
     """One model of the study, how to load it, and what a worker holding it needs."""
 
     spec: str = Field(description="smollm2, a model directory, a .gguf file or a hub id")
-    name: str | None = Field(None, description="label in paths and tables (default: from spec)")
+    name: str | None = Field(default=None, description="label in paths and tables (default: from spec)")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     attn: Literal["sdpa", "eager"] | None = None
     device_map: Literal["auto", "balanced", "balanced_low_0", "sequential"] | None = Field(
-        None, description="auto shards the model over the worker's devices"
+        default=None, description="auto shards the model over the worker's devices"
     )
     trust_remote_code: bool = False
-    gpus: float = Field(0, ge=0, description="GPUs per worker (Ray)")
-    cpus: float = Field(1, gt=0, description="CPUs per worker (Ray)")
-    memory_gb: float | None = Field(None, gt=0, description="memory a worker reserves (Ray)")
+    gpus: float = Field(default=0, ge=0, description="GPUs per worker (Ray)")
+    cpus: float = Field(default=1, gt=0, description="CPUs per worker (Ray)")
+    memory_gb: float | None = Field(default=None, gt=0, description="memory a worker reserves (Ray)")
 
     @model_validator(mode="after")
     def _name(self) -> ModelEntry:
@@ -57,14 +58,14 @@ class EvalOptions(_Strict):
 
 
 class SweepOptions(_Strict):
-    max_transfer: int | None = Field(None, ge=0)
+    max_transfer: int | None = Field(default=None, ge=0)
     ablation: Ablation = "cama"
     abp: ABPVariant = "af1"
     reference: bool = False
 
 
 class SearchOptions(_Strict):
-    threshold: float = Field(0.9, ge=0, le=1)
+    threshold: float = Field(default=0.9, ge=0, le=1)
 
 
 class NecessityOptions(_Strict):
@@ -80,8 +81,8 @@ class NecessityOptions(_Strict):
 
 class StylesOptions(_Strict):
     styles: list[str] = Field(default_factory=lambda: list(STYLES))
-    operations: list[str] | None = Field(None, description="default: the unit's own operation")
-    wait: int | None = Field(None, description="a fixed config instead of the search's (with transfer)")
+    operations: list[str] | None = Field(default=None, description="default: the unit's own operation")
+    wait: int | None = Field(default=None, description="a fixed config instead of the search's (with transfer)")
     transfer: int | None = None
 
     @model_validator(mode="after")
@@ -96,13 +97,13 @@ class StylesOptions(_Strict):
 
 class HeadsOptions(_Strict):
     threshold: float = -0.05
-    k: int = Field(10, ge=1)
-    draws: int = Field(5, ge=1)
+    k: int = Field(default=10, ge=1)
+    draws: int = Field(default=5, ge=1)
 
 
 class PositionalOptions(_Strict):
-    window: int = Field(128, ge=8)
-    n_windows: int = Field(4, ge=1)
+    window: int = Field(default=128, ge=8)
+    n_windows: int = Field(default=4, ge=1)
     seed: int = 0
 
 
@@ -118,7 +119,7 @@ class Experiments(_Strict):
     styles: StylesOptions | None = None
     heads: HeadsOptions | None = None
     positional: PositionalOptions | None = None
-    transfer: TransferOptions | None = Field(None, description="every model's AF1 config on every other model")
+    transfer: TransferOptions | None = Field(default=None, description="every model's AF1 config on every other model")
 
 
 # The order a model's units run in: later ones may read earlier ones' results.
@@ -130,7 +131,7 @@ class StudyPlan(_Strict):
     name: str = "study"
     models: list[ModelEntry] = Field(min_length=1)
     tasks: list[TaskSpec] = Field(default_factory=lambda: [TaskSpec()])
-    styles: list[str] | None = Field(None, description="cross every task with these styles")
+    styles: list[str] | None = Field(default=None, description="cross every task with these styles")
     experiments: Experiments
 
     @model_validator(mode="after")
@@ -269,9 +270,9 @@ def load_plan(path: str | Path) -> StudyPlan:
 
             data = yaml.safe_load(text)
         elif path.suffix == ".toml":
-            try:
+            if sys.version_info >= (3, 11):
                 import tomllib
-            except ImportError:  # Python 3.10
+            else:  # Python 3.10
                 import tomli as tomllib
 
             data = tomllib.loads(text)

@@ -107,14 +107,15 @@ def _run_on_ray(
     try:
         for unit in todo:
             entry = unit.model
-            if entry.name not in actors:
+            name = entry.name or entry.spec  # plans fill the name in; a label, never None here
+            if name not in actors:
                 resources: dict[str, Any] = {"num_cpus": entry.cpus, "num_gpus": entry.gpus}
                 if entry.memory_gb:
                     resources["memory"] = int(entry.memory_gb * 2**30)
-                actors[entry.name] = remote_worker.options(**resources).remote(entry, threads=max(1, int(entry.cpus)))
+                actors[name] = remote_worker.options(**resources).remote(entry, threads=max(1, int(entry.cpus)))
             deps = [refs.get(d, outcomes.get(d)) for d in unit.deps]
             store.started(unit)
-            refs[unit.id] = actors[entry.name].run.remote(unit, *deps)
+            refs[unit.id] = actors[name].run.remote(unit, *deps)
             pending[refs[unit.id]] = unit
         while pending:
             (ready,), _ = ray.wait(list(pending), num_returns=1)
