@@ -33,9 +33,30 @@ def test_adapter_finds_parts(family):
         assert isinstance(a.mlp(layer), torch.nn.Module)
         assert getattr(a.attention(layer), "layer_idx", layer) == layer
     o_weight = weight_of(a.o_proj(0))
-    assert a.n_heads * a.head_dim == (o_weight.shape[1] if family != "gpt2" else o_weight.shape[0])
+    assert a.n_heads * a.head_dim == (o_weight.shape[0] if a.family.conv1d else o_weight.shape[1])
     assert a.n_heads % a.n_kv_heads == 0
     assert a.parallel_residual == (family in ("gpt_neox", "gptj"))
+
+
+def test_every_family_row_has_a_tiny_model():
+    from af1.models.families import FAMILIES
+
+    assert sorted(f.name for f in FAMILIES) == sorted(TINY_FAMILIES)
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_family_columns_describe_the_model(family):
+    """Each quirk column of the family table is what the family's real modules show."""
+    a = ModelAdapter(tiny_model(family))
+    attention, layer = a.attention(0), a.layers[0]
+    assert a.family.conv1d == (type(a.o_proj(0)).__name__ == "Conv1D")
+    assert a.family.fused_qkv == (not hasattr(attention, "q_proj") and not hasattr(attention, "k_proj"))
+    assert a.family.post_norms == hasattr(layer, "post_feedforward_layernorm")
+    base = getattr(a.model, a.model.base_model_prefix)
+    has_rotary = hasattr(base, "rotary_emb") or hasattr(attention, "rotary_emb") or family == "gptj"
+    assert a.family.rope == has_rotary
+    partial = a.config.rope_parameters.get("partial_rotary_factor", 1.0) if has_rotary and family != "gptj" else 1.0
+    assert (a.family.rotary == "partial") == (partial < 1.0)
 
 
 def test_layer_loop_runs_a_range():

@@ -36,7 +36,7 @@ class FinetuneConfig(BaseModel):
 
 def head_slices(adapter: ModelAdapter, heads: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
     """Boolean masks over the attention parameters that belong to the chosen heads."""
-    if adapter.family.name in ("gpt2", "gpt_neox"):
+    if adapter.family.fused_qkv:
         raise Af1Error(f"precise fine-tuning does not support the fused QKV projection of {adapter.family.name}")
     d, group = adapter.head_dim, adapter.n_heads // adapter.n_kv_heads
     masks: dict[str, torch.Tensor] = {}

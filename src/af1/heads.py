@@ -128,7 +128,7 @@ def _run_record(adapter: ModelAdapter, ids_BT: torch.Tensor) -> dict[Any, Any]:
 def o_proj_weight(adapter: ModelAdapter, layer: int) -> torch.Tensor:
     """[D, H*d]: the output projection as a matrix acting on the concatenated heads (GPT-2's Conv1D transposed)."""
     proj = adapter.o_proj(layer)
-    return weight_of(proj).T if type(proj).__name__ == "Conv1D" else weight_of(proj)
+    return weight_of(proj).T if adapter.family.conv1d else weight_of(proj)
 
 
 @dataclass
@@ -175,7 +175,7 @@ def head_deltas(adapter: ModelAdapter, layer: int, z_clean_BE: torch.Tensor, z_n
 
 
 def check_direct_paths(adapter: ModelAdapter) -> None:
-    if adapter.family.name in ("gemma2", "gemma3"):
+    if adapter.family.post_norms:
         raise Af1Error(
             f"{adapter.family.name} normalises attention and MLP outputs before the residual stream: "
             "their direct paths to the logits are not linear, so path patching is not offered for it"

@@ -19,8 +19,15 @@ class Family:
     mlp: str  # attribute of a decoder layer
     layer_returns_tuple: bool = False
     uses_attention_interface: bool = True  # False: masks go through a pre-hook (GPT-J)
-    rope: bool = True
+    rotary: str | None = "plain"  # plain | partial (first dims only) | interleaved | per-layer (local/global); None
     parallel_residual: bool = False  # fixed value; GPT-NeoX reads its config
+    fused_qkv: bool = False  # one projection makes q, k and v (head slices are not separate matrices)
+    conv1d: bool = False  # projections are GPT-2 Conv1D modules: weight [in, out], the transpose of nn.Linear
+    post_norms: bool = False  # attention and MLP outputs are normalised before the residual sum (Gemma-2/3)
+
+    @property
+    def rope(self) -> bool:
+        return self.rotary is not None
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -28,9 +35,34 @@ FAMILIES: tuple[Family, ...] = (
     Family("mistral", ("mistral",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp"),
     Family("qwen2", ("qwen2",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp"),
     Family("qwen3", ("qwen3",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp"),
-    Family("gemma2", ("gemma2",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp"),
-    Family("gemma3", ("gemma3_text",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp"),
-    Family("gpt2", ("gpt2",), "transformer.h", "transformer.ln_f", "lm_head", "attn", "c_proj", "mlp", rope=False),
+    Family(
+        "gemma2", ("gemma2",), "model.layers", "model.norm", "lm_head", "self_attn", "o_proj", "mlp", post_norms=True
+    ),
+    Family(
+        "gemma3",
+        ("gemma3_text",),
+        "model.layers",
+        "model.norm",
+        "lm_head",
+        "self_attn",
+        "o_proj",
+        "mlp",
+        rotary="per-layer",
+        post_norms=True,
+    ),
+    Family(
+        "gpt2",
+        ("gpt2",),
+        "transformer.h",
+        "transformer.ln_f",
+        "lm_head",
+        "attn",
+        "c_proj",
+        "mlp",
+        rotary=None,
+        fused_qkv=True,
+        conv1d=True,
+    ),
     Family(
         "gpt_neox",
         ("gpt_neox",),
@@ -40,6 +72,8 @@ FAMILIES: tuple[Family, ...] = (
         "attention",
         "dense",
         "mlp",
+        rotary="partial",
+        fused_qkv=True,
     ),
     Family(
         "gptj",
@@ -52,6 +86,7 @@ FAMILIES: tuple[Family, ...] = (
         "mlp",
         layer_returns_tuple=True,
         uses_attention_interface=False,
+        rotary="interleaved",
         parallel_residual=True,
     ),
 )
