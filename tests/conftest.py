@@ -148,10 +148,10 @@ def fitted_tiny_model(family: str, specs: list, tokenizer, n_layers: int = 3, se
     finally:
         hook.remove()
     hidden = torch.cat(captured)  # [rows, D], after the final norm
-    answers_R = torch.cat(answers)
+    answers_P = torch.cat(answers)
     assert hidden.shape[0] <= hidden.shape[1], "more rows than features: the fit would not be exact"
-    classes = sorted(set(answers_R.tolist()))
-    target = 10.0 * (answers_R[:, None] == torch.tensor(classes)[None]).float()  # [rows, C]
+    classes = sorted(set(answers_P.tolist()))
+    target = 10.0 * (answers_P[:, None] == torch.tensor(classes)[None]).float()  # [rows, C]
     weight = model.lm_head.weight
     weight.zero_()
     weight[classes] = (torch.linalg.pinv(hidden.double()) @ target.double()).T.float()

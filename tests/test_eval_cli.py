@@ -24,7 +24,7 @@ def test_evaluate_matches_a_manual_forward(tokenizer):
         logits = model(torch.tensor([ids]), use_cache=False).logits[0]  # teacher-forced, all steps at once
         n, k = task.n_positions, len(task.answer_tokens[i])
         steps = logits[n - 1 : n - 1 + k]
-        assert scores.predicted_PK[i] == steps.argmax(-1).tolist()
+        assert scores.predicted_PA[i] == steps.argmax(-1).tolist()
         assert bool(scores.correct_P[i]) == (steps.argmax(-1).tolist() == list(task.answer_tokens[i]))
         p = steps.softmax(-1).gather(1, torch.tensor(task.answer_tokens[i])[:, None]).prod()
         assert torch.allclose(scores.p_correct_P[i], p, rtol=1e-4)

@@ -21,7 +21,7 @@ def as_loaded(model: str | LoadedModel, **load_kwargs: Any) -> LoadedModel:
 def problem_rows(task: Task, scores: Scores) -> list[dict[str, Any]]:
     """One row per problem as fed to the model (text and ids), with its greedy answer tokens and whether it is right."""
     rows = task.rows()
-    for row, predicted, right in zip(rows, scores.predicted_PK, scores.correct_P.tolist(), strict=True):
+    for row, predicted, right in zip(rows, scores.predicted_PA, scores.correct_P.tolist(), strict=True):
         row.update(predicted_tokens=predicted, solved=bool(right))
     return rows
 

@@ -22,7 +22,7 @@ from af1.tasks import Task
 class Scores:
     """Per-problem outcome of one (possibly intervened) evaluation over every scoring step."""
 
-    predicted_PK: list[list[int]]  # greedy token at each step (teacher forced)
+    predicted_PA: list[list[int]]  # greedy token at each step (teacher forced)
     p_correct_P: torch.Tensor  # probability of the whole answer (of its first token for first-token scoring)
     correct_P: torch.Tensor  # bool: every step right
     executor: dict[str, Any] | None = None  # under an intervention: which executor ran it and, on a fallback, why
@@ -41,7 +41,7 @@ class Scores:
 
     def subset(self, index: list[int]) -> Scores:
         return Scores(
-            [self.predicted_PK[i] for i in index], self.p_correct_P[index], self.correct_P[index], self.executor
+            [self.predicted_PA[i] for i in index], self.p_correct_P[index], self.correct_P[index], self.executor
         )
 
     @classmethod
@@ -64,7 +64,7 @@ class Scores:
             rows = step.index_P if step.index_P is not None else torch.arange(P)
             correct[rows] &= s.correct_P
             p[rows] *= s.p_correct_P
-            for r, tok in zip(rows.tolist(), s.predicted_PK, strict=True):
+            for r, tok in zip(rows.tolist(), s.predicted_PA, strict=True):
                 predicted[r].extend(tok)
         return cls(predicted, p, correct)
 

@@ -227,11 +227,11 @@ def problem_rows(setup: Setup, intervened: Scores | None = None) -> list[dict[st
     if intervened is not None:
         under = {
             id(p): (bool(c), pred)
-            for p, c, pred in zip(setup.kept.problems, intervened.correct_P, intervened.predicted_PK, strict=True)
+            for p, c, pred in zip(setup.kept.problems, intervened.correct_P, intervened.predicted_PA, strict=True)
         }
     for i, row in enumerate(rows):
         row["solved"] = bool(setup.base.correct_P[i])
-        row["predicted_tokens"] = setup.base.predicted_PK[i]
+        row["predicted_tokens"] = setup.base.predicted_PA[i]
         if intervened is not None:
             hit = under.get(id(setup.task.problems[i]))
             row["right_under_intervention"] = None if hit is None else hit[0]
@@ -310,12 +310,12 @@ def sweep(
         if state_path is not None:
             write_json(state_path, {"key": key, "cells": done})
     targets = setup.kept.targets()
-    faith_WK = torch.full((L + 1, L + 1), float("nan"))
-    low_WK, high_WK = faith_WK.clone(), faith_WK.clone()
+    faith_WX = torch.full((L + 1, L + 1), float("nan"))
+    low_WX, high_WX = faith_WX.clone(), faith_WX.clone()
     for cell, value in done.items():
         w, k = map(int, cell.split(","))
         r = rate(_unbits(value["correct"]), targets)
-        faith_WK[w + 1, k], (low_WK[w + 1, k], high_WK[w + 1, k]) = r["value"], r["ci"]
+        faith_WX[w + 1, k], (low_WX[w + 1, k], high_WX[w + 1, k]) = r["value"], r["ci"]
     fallbacks = sorted({v["fallback_reason"] for v in done.values() if v["executor"] != "fast"})
     executors = {v["executor"] for v in done.values()}
     return {
@@ -323,9 +323,9 @@ def sweep(
         "config": base_config.model_dump(),
         "waits": list(range(-1, L)),
         "transfers": list(range(L + 1)),
-        "faithfulness_wait_transfer": faith_WK,
-        "ci_low_wait_transfer": low_WK,
-        "ci_high_wait_transfer": high_WK,
+        "faithfulness_wait_transfer": faith_WX,
+        "ci_low_wait_transfer": low_WX,
+        "ci_high_wait_transfer": high_WX,
         "faithfulness_baseline": rate([True] * len(targets), targets)["baseline"],
         "targets": targets,
         "cells": {cell: v["correct"] for cell, v in done.items()},

@@ -160,11 +160,11 @@ def token_local_kv(
     return TokenLocalKV(config.wait, keys, values, start, table, c)
 
 
-def _table(context_1HCD: torch.Tensor, suffix_SHUD: torch.Tensor) -> torch.Tensor:
+def _table(context_1HCd: torch.Tensor, suffix_SHUd: torch.Tensor) -> torch.Tensor:
     """[position 0..n-2, slot, kv_heads, d] from the context's and the cover suffixes' keys (or values)."""
-    S = suffix_SHUD.shape[0]
-    ctx = context_1HCD[0].permute(1, 0, 2)[:, None].expand(-1, S, -1, -1)
-    return torch.cat([ctx, suffix_SHUD.permute(2, 0, 1, 3)], 0)[:-1]
+    S = suffix_SHUd.shape[0]
+    ctx = context_1HCd[0].permute(1, 0, 2)[:, None].expand(-1, S, -1, -1)
+    return torch.cat([ctx, suffix_SHUd.permute(2, 0, 1, 3)], 0)[:-1]
 
 
 def _plan(

@@ -109,11 +109,11 @@ def train(
 
 
 @torch.no_grad()
-def text_measures(adapter: ModelAdapter, windows_WT: torch.Tensor) -> dict[str, float]:
+def text_measures(adapter: ModelAdapter, windows_NT: torch.Tensor) -> dict[str, float]:
     """Perplexity and next-token accuracy on general text (the non-math measure)."""
     nll, right, count = 0.0, 0, 0
-    for sl in batches(len(windows_WT), 4):
-        ids = windows_WT[sl].to(adapter.device)
+    for sl in batches(len(windows_NT), 4):
+        ids = windows_NT[sl].to(adapter.device)
         logits = adapter.model(input_ids=ids, use_cache=False).logits[:, :-1].float()
         target = ids[:, 1:]
         nll += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum"))
@@ -153,7 +153,7 @@ def compare(
     adapter: ModelAdapter,
     train_task: Task,
     eval_task: Task,
-    text_WT: torch.Tensor,
+    text_NT: torch.Tensor,
     heads: list[tuple[int, int]],
     config: FinetuneConfig,
     out_dir: Path | None = None,
@@ -164,7 +164,7 @@ def compare(
 
     def measure() -> dict[str, Any]:
         acc = Scores.from_logits(last_logits(adapter.model, eval_task.input_ids_PT), eval_task.answer_ids_P).accuracy
-        return {"arithmetic_accuracy": acc, **text_measures(adapter, text_WT)}
+        return {"arithmetic_accuracy": acc, **text_measures(adapter, text_NT)}
 
     result: dict[str, Any] = {
         "heads": [list(h) for h in heads],

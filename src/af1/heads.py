@@ -135,8 +135,8 @@ def o_proj_weight(adapter: ModelAdapter, layer: int) -> torch.Tensor:
 class AnswerRows:
     """The unembedding rows [B, 2, D] (and bias [B, 2]) of each problem's correct and top wrong token."""
 
-    rows_BKD: torch.Tensor
-    bias_BK: torch.Tensor | None
+    rows_BRD: torch.Tensor
+    bias_BR: torch.Tensor | None
 
     @classmethod
     def read(cls, adapter: ModelAdapter, pair_B2: torch.Tensor) -> AnswerRows:
@@ -146,20 +146,20 @@ class AnswerRows:
             pair = pair_B2.to(W_U.device)
             return cls(W_U[pair], bias[pair] if bias is not None else None)
 
-    def logits(self, adapter: ModelAdapter, final_NBD: torch.Tensor) -> torch.Tensor:
+    def logits(self, adapter: ModelAdapter, final_ZBD: torch.Tensor) -> torch.Tensor:
         """Logits [N, B, 2]: the final norm, then these rows."""
-        normed = adapter.final_norm(final_NBD.to(execution_device(adapter.final_norm)))
-        logits = torch.einsum("nbd,bkd->nbk", normed.to(self.rows_BKD.device), self.rows_BKD).float()
-        return logits if self.bias_BK is None else logits + self.bias_BK
+        normed = adapter.final_norm(final_ZBD.to(execution_device(adapter.final_norm)))
+        logits = torch.einsum("zbd,brd->zbr", normed.to(self.rows_BRD.device), self.rows_BRD).float()
+        return logits if self.bias_BR is None else logits + self.bias_BR
 
 
 def _direct_effects(
-    adapter: ModelAdapter, final_BD: torch.Tensor, deltas_NBD: torch.Tensor, answer: AnswerRows
+    adapter: ModelAdapter, final_BD: torch.Tensor, deltas_ZBD: torch.Tensor, answer: AnswerRows
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """For N residual deltas, summed over problems: the relative change of the correct logit and the change of
     (correct - top wrong). The clean reference goes through the same arithmetic, so a zero delta gives zero."""
-    deltas_NBD = deltas_NBD.to(final_BD.device)
-    both = torch.cat([torch.zeros_like(deltas_NBD[:1]), deltas_NBD])
+    deltas_ZBD = deltas_ZBD.to(final_BD.device)
+    both = torch.cat([torch.zeros_like(deltas_ZBD[:1]), deltas_ZBD])
     logits = answer.logits(adapter, final_BD[None] + both)
     (c0, w0), (c1, w1) = logits[0].unbind(-1), logits[1:].unbind(-1)
     rel = ((c1 - c0) / c0.abs().clamp(min=1e-6)).sum(-1)

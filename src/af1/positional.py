@@ -58,12 +58,12 @@ def corpus_windows(adapter: ModelAdapter, tokenizer: Any, text: str, length: int
 
 
 @torch.no_grad()
-def capture_logits(adapter: ModelAdapter, ids_WT: torch.Tensor, batch_size: int = 4) -> torch.Tensor:
+def capture_logits(adapter: ModelAdapter, ids_NT: torch.Tensor, batch_size: int = 4) -> torch.Tensor:
     """Pre-softmax logits [layer, head, window, query, key] from post-RoPE q and k (GQA: head h reads h // group)."""
-    L, H, T = adapter.n_layers, adapter.n_heads, ids_WT.shape[1]
-    out = torch.zeros(L, H, ids_WT.shape[0], T, T)
+    L, H, T = adapter.n_layers, adapter.n_heads, ids_NT.shape[1]
+    out = torch.zeros(L, H, ids_NT.shape[0], T, T)
     group = H // adapter.n_kv_heads
-    for sl in batches(ids_WT.shape[0], batch_size):
+    for sl in batches(ids_NT.shape[0], batch_size):
 
         def capture(layer: int, sl: slice = sl):
             def fn(module, q, k, _v):
@@ -73,7 +73,7 @@ def capture_logits(adapter: ModelAdapter, ids_WT: torch.Tensor, batch_size: int 
 
             return fn
 
-        ids = ids_WT[sl].to(adapter.device)
+        ids = ids_NT[sl].to(adapter.device)
         with attention_plans(adapter, {layer: LayerPlan(capture=capture(layer)) for layer in range(L)}):
             adapter.model(input_ids=ids, use_cache=False, logits_to_keep=1)
     return out
@@ -82,10 +82,10 @@ def capture_logits(adapter: ModelAdapter, ids_WT: torch.Tensor, batch_size: int 
 # --- the additive fit ----------------------------------------------------------------------
 
 
-def _group_mean(values_NTT: torch.Tensor, index_TT: torch.Tensor, mask_TT: torch.Tensor, size: int) -> torch.Tensor:
+def _group_mean(values_FTT: torch.Tensor, index_TT: torch.Tensor, mask_TT: torch.Tensor, size: int) -> torch.Tensor:
     """Mean of values over the masked entries sharing an index: [N, size]."""
     idx = index_TT[mask_TT]
-    sums = torch.zeros(values_NTT.shape[0], size).index_add_(1, idx, values_NTT[:, mask_TT])
+    sums = torch.zeros(values_FTT.shape[0], size).index_add_(1, idx, values_FTT[:, mask_TT])
     counts = torch.zeros(size).index_add_(0, idx, torch.ones(len(idx))).clamp(min=1)
     return sums / counts
 
@@ -136,11 +136,11 @@ def fit_quality(W_NTT: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def head_fit(logits_LHWTT: torch.Tensor) -> dict[str, torch.Tensor]:
+def head_fit(logits_LHNTT: torch.Tensor) -> dict[str, torch.Tensor]:
     """fit_quality per (layer, head), averaged over windows: tensors [layer, head]."""
-    L, H, Wn, T, _ = logits_LHWTT.shape
-    q = fit_quality(logits_LHWTT.reshape(L * H * Wn, T, T))
-    return {k: v.view(L, H, Wn).mean(-1) for k, v in q.items()}
+    L, H, N, T, _ = logits_LHNTT.shape
+    q = fit_quality(logits_LHNTT.reshape(L * H * N, T, T))
+    return {k: v.view(L, H, N).mean(-1) for k, v in q.items()}
 
 
 def summary(r_LH: torch.Tensor) -> dict[str, float]:
@@ -190,13 +190,13 @@ def capture_qk(adapter: ModelAdapter, ids_1T: torch.Tensor) -> dict[int, tuple[t
     return store
 
 
-def dummy_distance_r2(q_pre_HTD, k_pre_HTD, cos, sin, queries: list[int], distances: list[int]) -> torch.Tensor:
+def dummy_distance_r2(q_pre_HTd, k_pre_HTd, cos, sin, queries: list[int], distances: list[int]) -> torch.Tensor:
     """Per head and query: R^2 of a two-way additive fit (distance, key) of logits with a substituted distance."""
     r2 = []
     for i in queries:
-        q = q_pre_HTD[:, i][:, None]  # [H, 1, d]
+        q = q_pre_HTd[:, i][:, None]  # [H, 1, d]
         qd = q * cos[distances] + _rotate_half(q) * sin[distances]  # [H, D, d]: the query placed at distance d
-        k = k_pre_HTD[:, : i + 1] * cos[0] + _rotate_half(k_pre_HTD[:, : i + 1]) * sin[0]  # keys at position 0
+        k = k_pre_HTd[:, : i + 1] * cos[0] + _rotate_half(k_pre_HTd[:, : i + 1]) * sin[0]  # keys at position 0
         M = qd @ k.transpose(-1, -2)  # [H, D, keys]
         fit = M.mean(-1, keepdim=True) + M.mean(-2, keepdim=True) - M.mean((-1, -2), keepdim=True)
         ss_tot = ((M - M.mean((-1, -2), keepdim=True)) ** 2).sum((-1, -2))
@@ -204,23 +204,23 @@ def dummy_distance_r2(q_pre_HTD, k_pre_HTD, cos, sin, queries: list[int], distan
     return torch.stack(r2, -1)  # [H, queries]
 
 
-def band_analysis(q_post_HTD, k_post_HTD, cos, sin, n_bands: int = 8) -> dict[str, torch.Tensor]:
+def band_analysis(q_post_HTd, k_post_HTd, cos, sin, n_bands: int = 8) -> dict[str, torch.Tensor]:
     """Per head and RoPE frequency band: key energy in the token-independent mean vs the rest, and each band's
     share of the logit variance over the causal triangle."""
-    _, T, d = k_post_HTD.shape
+    _, T, d = k_post_HTd.shape
     half = d // 2
-    k_pre = unrotate(k_post_HTD, cos[:T], sin[:T])
+    k_pre = unrotate(k_post_HTd, cos[:T], sin[:T])
     mean = k_pre.mean(1, keepdim=True)
     pair_energy_mean = (mean**2)[..., :half] + (mean**2)[..., half:]  # [H, 1, half]
     resid = k_pre - mean
     pair_energy_rest = ((resid**2)[..., :half] + (resid**2)[..., half:]).mean(1, keepdim=True)
     bands = torch.arange(half) * n_bands // half
     mask = torch.ones(T, T, dtype=torch.bool).tril()
-    total = (q_post_HTD @ k_post_HTD.transpose(-1, -2))[:, mask]
+    total = (q_post_HTd @ k_post_HTd.transpose(-1, -2))[:, mask]
     shares, e_mean, e_rest = [], [], []
     for b in range(n_bands):
         dims = torch.cat([(bands == b).nonzero().flatten(), (bands == b).nonzero().flatten() + half])
-        part = (q_post_HTD[..., dims] @ k_post_HTD[..., dims].transpose(-1, -2))[:, mask]
+        part = (q_post_HTd[..., dims] @ k_post_HTd[..., dims].transpose(-1, -2))[:, mask]
         shares.append(part.var(-1) / total.var(-1).clamp(min=1e-12))
         e_mean.append(pair_energy_mean[..., bands == b].sum((-1, -2)))
         e_rest.append(pair_energy_rest[..., bands == b].sum((-1, -2)))
@@ -253,24 +253,24 @@ def swap_adjacent(n: int, fraction: float, rng: random.Random) -> list[int]:
 
 
 @torch.no_grad()
-def perplexity(adapter: ModelAdapter, ids_WT: torch.Tensor, position_ids_WT: torch.Tensor | None = None) -> float:
+def perplexity(adapter: ModelAdapter, ids_NT: torch.Tensor, position_ids_NT: torch.Tensor | None = None) -> float:
     model = adapter.model
-    ids = ids_WT.to(adapter.device)
-    kwargs = {"position_ids": position_ids_WT.to(adapter.device)} if position_ids_WT is not None else {}
+    ids = ids_NT.to(adapter.device)
+    kwargs = {"position_ids": position_ids_NT.to(adapter.device)} if position_ids_NT is not None else {}
     logits = model(input_ids=ids, use_cache=False, **kwargs).logits.float()
     nll = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
     return float(nll.exp())
 
 
-def perturbation_curve(adapter: ModelAdapter, ids_WT: torch.Tensor, seed: int = 0) -> dict[str, dict[str, float]]:
+def perturbation_curve(adapter: ModelAdapter, ids_NT: torch.Tensor, seed: int = 0) -> dict[str, dict[str, float]]:
     """Perplexity vs the fraction of swapped adjacent tokens, and vs the same swaps of position ids alone."""
-    T = ids_WT.shape[1]
+    T = ids_NT.shape[1]
     tokens, positions = {}, {}
     for fraction in SWAP_FRACTIONS:
-        orders = [swap_adjacent(T, fraction, random.Random(seed * 1000 + w)) for w in range(ids_WT.shape[0])]
+        orders = [swap_adjacent(T, fraction, random.Random(seed * 1000 + w)) for w in range(ids_NT.shape[0])]
         order = torch.tensor(orders)
-        tokens[str(fraction)] = perplexity(adapter, ids_WT.gather(1, order))
-        positions[str(fraction)] = perplexity(adapter, ids_WT, order)
+        tokens[str(fraction)] = perplexity(adapter, ids_NT.gather(1, order))
+        positions[str(fraction)] = perplexity(adapter, ids_NT, order)
     return {"tokens": tokens, "position_ids": positions}
 
 

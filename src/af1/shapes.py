@@ -1,0 +1,31 @@
+"""The one legend of shape letters in tensor names: `ids_BT` is [batch, positions], `faith_WX` [wait, transfer].
+
+A name ends in `_` and one capital per dimension, in order (a digit for a fixed size, `1` for a broadcast
+one). Each letter means one thing everywhere in af1; the test suite checks every name against this table.
+"""
+
+from __future__ import annotations
+
+LEGEND: dict[str, str] = {
+    "A": "answer steps (the tokens of an answer, scored one after another)",
+    "B": "a batch: problems or text windows run together",
+    "C": "context positions (the constant prefix)",
+    "D": "model width (hidden size)",
+    "E": "concatenated head outputs, heads x head dimension (the input of o_proj)",
+    "F": "flattened (layer, head, window) fits of the positional study",
+    "H": "attention heads (query heads; key-value heads where a comment says so)",
+    "K": "key positions of attention",
+    "L": "decoder layers",
+    "N": "windows of natural text (positional study)",
+    "P": "problems of a task",
+    "Q": "query positions of attention",
+    "R": "readout rows: the correct answer token and the clean run's best wrong token",
+    "S": "slots of a token-local table: one (position, token) pair each",
+    "T": "positions of a sequence",
+    "U": "suffix positions: the ones after the context",
+    "V": "vocabulary",
+    "W": "L_wait values (-1 .. L-1)",
+    "X": "L_transfer values (0 .. L)",
+    "Z": "senders: the heads and MLPs whose output is patched",
+    "d": "head dimension",
+}
