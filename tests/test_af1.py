@@ -12,7 +12,7 @@ from af1.fast import fast_logits, fast_pruned_logits, fast_sweep_wait, knockout_
 from af1.interventions.attention import attention_plans, check_maskable
 from af1.interventions.masks import abp_masks, last_token_knockout
 from af1.interventions.means import PositionMeans, compute_means, means_key
-from af1.interventions.residual import record_residual
+from af1.interventions.sites import record, residual
 from af1.tasks import TaskSpec, build_task
 
 from conftest import TINY_FAMILIES, tiny_model
@@ -238,10 +238,9 @@ def test_means_are_streamed_exactly(tokenizer):
     task = build_task(TaskSpec(operation="a+b", n=20), tokenizer)
     adapter = ModelAdapter(tiny_model("qwen2"))
     means = compute_means(adapter, task, batch_size=3)
-    store: dict[int, torch.Tensor] = {}
-    with record_residual(adapter, [1], store):
+    with record(adapter, [residual(1)]) as cache:
         adapter.model(task.input_ids_PT, use_cache=False)
-    h = store[1]
+    h = cache[residual(1)]
     t = task.context_len + 2  # B's position
     for token in task.input_ids_PT[:, t].unique():
         rows = task.input_ids_PT[:, t] == token
@@ -289,3 +288,29 @@ def test_flash_attention_is_refused():
     adapter.model.config._attn_implementation_internal = "flash_attention_2"
     with pytest.raises(Af1Error, match="cannot take arbitrary masks"):
         check_maskable(adapter)
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_nested_attention_plans_restore_the_outer_plan(family, tokenizer):
+    from af1.interventions.attention import LayerPlan, attention_plans
+    from af1.interventions.masks import self_and_context
+
+    task = build_task(TaskSpec(operation="a+b", shots=1, n=6, seed=3), tokenizer)
+    adapter = ModelAdapter(tiny_model(family))
+    n, c = task.n_positions, task.context_len
+    only_self = LayerPlan(allowed_BQK=self_and_context(n, c)[None])
+    only_first = LayerPlan(allowed_BQK=torch.tril(torch.ones(n, n, dtype=torch.bool))[None] & (torch.arange(n) < c + 1))
+
+    def logits() -> torch.Tensor:
+        return last_logits(adapter.model, task.input_ids_PT)
+
+    plain = logits()
+    with attention_plans(adapter, {1: only_self}):
+        outer = logits()
+        with attention_plans(adapter, {1: only_first, 2: only_self}):
+            inner = logits()
+        assert torch.equal(logits(), outer)  # the outer plan is back on layer 1, layer 2 is plain again
+    assert torch.equal(logits(), plain)
+    with attention_plans(adapter, {1: only_first, 2: only_self}):
+        assert torch.equal(logits(), inner)  # the inner block alone: the same plans, the same logits
+    assert not torch.equal(outer, plain) and not torch.equal(inner, outer)

@@ -7,6 +7,7 @@ import torch
 
 from af1 import Af1Error, ModelAdapter, finetune, heads
 from af1.evaluation import last_logits
+from af1.interventions.sites import head_inputs
 from af1.tasks import TaskSpec, build_task
 
 from conftest import tiny_model
@@ -45,12 +46,12 @@ def test_patching_with_itself_changes_nothing(task):
 def test_all_heads_of_a_layer_equal_the_attention_output(family, task, tokenizer):
     adapter = ModelAdapter(tiny_model(family))
     cf = heads.Counterfactual(task.input_ids_PT.flip(0), "", [])
-    clean = heads._run_record(adapter, task.input_ids_PT)
-    other = heads._run_record(adapter, cf.input_ids_PT)
+    clean, _ = heads.run_last(adapter, task.input_ids_PT)
+    other, _ = heads.run_last(adapter, cf.input_ids_PT)
     for layer in range(adapter.n_layers):
-        deltas = heads.head_deltas(adapter, layer, clean[("z", layer)], other[("z", layer)])
+        deltas = heads.head_deltas(adapter, layer, clean[head_inputs(layer)], other[head_inputs(layer)])
         o = adapter.o_proj(layer)
-        whole = o(other[("z", layer)]) - o(clean[("z", layer)])
+        whole = o(other[head_inputs(layer)]) - o(clean[head_inputs(layer)])
         assert torch.allclose(deltas.sum(0), whole, atol=1e-5)
     pp = heads.path_patching(adapter, task, cf)
     assert pp["relative_logit_change_layer_head"].abs().sum() > 0

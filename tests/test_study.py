@@ -351,3 +351,43 @@ def test_demo_sets_two_models_side_by_side(tiny_dirs, tmp_path):
     html = report.read_text()
     assert html.count("data:image/png;base64,") == 2 and "on the other" in html and "Wall time" in html
     assert data["timings_seconds"]["total"] > 0 and said[-1].startswith("demo time")
+
+
+def test_a_study_evaluates_each_model_and_task_once(tiny_dirs, tmp_path, monkeypatch):
+    """eval, the sweep's setup and the heads study read one evaluation of the task (issue 15, item 2)."""
+    import af1.evaluation
+
+    calls: list[str] = []
+    real = af1.evaluation.evaluate
+
+    def counting(model, task, *args, **kwargs):
+        calls.append(task.spec.model_dump_json())
+        return real(model, task, *args, **kwargs)
+
+    monkeypatch.setattr(af1.evaluation, "evaluate", counting)
+    one = {"llama": tiny_dirs["llama"]}
+    plan = write_plan(
+        tmp_path / "plan.yaml", one, experiments="experiments:\n  eval: {}\n  sweep: {}\n  heads: {k: 2}\n"
+    )
+    summary = run_study(load_plan(plan), tmp_path / "out")
+    assert not summary.failed
+    assert sorted(calls) == sorted(t.model_dump_json() for t in TASKS)  # one evaluation per task, no more
+
+
+def test_a_search_with_no_eligible_cell_is_a_finding_not_a_failure(tiny_dirs, tmp_path):
+    """necessity still measures the unmodified model; transfer lists the source without a config."""
+    from af1.study.units import NO_CELL, Worker, run_unit
+
+    one = {"llama": tiny_dirs["llama"]}
+    plan = load_plan(
+        write_plan(
+            tmp_path / "plan.yaml", one, experiments="experiments:\n  necessity: {windows: [1]}\n  transfer: {}\n"
+        )
+    )
+    units = {u.experiment: u for u in expand(plan) if u.task == plan.task_specs()[0]}
+    nothing = {"found": False, "model": "tiny-llama", "config": {}, "n_layers": 3, "threshold": 0.9}
+    worker = Worker(units["necessity"].model)
+    nec = run_unit(worker, units["necessity"], {units["necessity"].deps[0]: nothing}, None)
+    assert nec["no_config"].endswith(NO_CELL) and len(nec["windows"]["1"]) == 3
+    transfer = run_unit(worker, units["transfer"], {units["transfer"].deps[0]: nothing}, None)
+    assert transfer["rows"] == [] and transfer["sources_without_config"] == {"tiny-llama": NO_CELL}

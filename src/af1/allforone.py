@@ -21,7 +21,8 @@ from af1.evaluation import batches, forward_last
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.masks import ABPVariant, abp_masks
 from af1.interventions.means import PositionMeans
-from af1.interventions.residual import edit_residual, record_residual, replace_positions, zero_attention_outputs
+from af1.interventions.residual import edit_residual, replace_positions, zero_attention_outputs
+from af1.interventions.sites import record, residual
 from af1.models.adapter import ModelAdapter
 from af1.progress import progress
 from af1.tasks import Task
@@ -135,11 +136,10 @@ def plans_for(
 
 def donor_states(adapter: ModelAdapter, donors: Task, layer: int, index: torch.Tensor) -> torch.Tensor:
     """h[layer] of the resample donors of a batch (rows `index` of the donor task)."""
-    store: dict[int, torch.Tensor] = {}
     ids = donors.input_ids_PT[index].to(adapter.device)
-    with record_residual(adapter, [layer], store):
+    with record(adapter, [residual(layer)]) as cache:
         adapter.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
-    return store[layer]
+    return cache[residual(layer)]
 
 
 def resample_donors(task: Task, donors: Task, seed: int) -> torch.Tensor:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from af1.errors import Af1Error
-from af1.evaluation import Scores, evaluate
+from af1.evaluation import Evaluated, Scores, evaluated
 from af1.models import LoadedModel, load_model
 from af1.results import provenance
 from af1.stats import baseline_warning
 
 __all__ = ["as_loaded", "base_accuracy", "problem_rows", "provenance", "require_solved"]
-from af1.tasks import Task, TaskSpec, build_task
+from af1.tasks import Task, TaskSpec
 
 
 def as_loaded(model: str | LoadedModel, **load_kwargs: Any) -> LoadedModel:
@@ -26,11 +26,14 @@ def problem_rows(task: Task, scores: Scores) -> list[dict[str, Any]]:
     return rows
 
 
-def base_accuracy(model: str | LoadedModel, spec: TaskSpec, **load_kwargs: Any) -> dict[str, Any]:
-    """Base accuracy of a model on a task (n, 95 % interval, constant-guess baseline), with per-problem rows."""
+def base_accuracy(
+    model: str | LoadedModel, spec: TaskSpec, done: Evaluated | None = None, **load_kwargs: Any
+) -> dict[str, Any]:
+    """Base accuracy of a model on a task (n, 95 % interval, constant-guess baseline), with per-problem rows;
+    `done` is an evaluation of the same spec already made (never evaluated twice)."""
     lm = as_loaded(model, **load_kwargs)
-    task = build_task(spec, lm.tokenizer)
-    scores = evaluate(lm.model, task)
+    done = done or evaluated(lm.model, lm.tokenizer, spec)
+    task, scores = done.task, done.base
     r = scores.rate(task)
     note = baseline_warning(f"base accuracy ({spec.scoring} scoring)", r["baseline"], r["n"])
     return {

@@ -100,6 +100,22 @@ def evaluate(model: Any, task: Task, batch_size: int = 64) -> Scores:
     return score_steps(task, lambda step: last_logits(model, step.input_ids_PT, batch_size, desc="evaluate"))
 
 
+@dataclass(frozen=True)
+class Evaluated:
+    """A task and the unmodified model's scores on it: computed once per model and task, read by every study."""
+
+    task: Task
+    base: Scores
+
+
+def evaluated(model: Any, tokenizer: Any, spec: Any) -> Evaluated:
+    """Build a spec's task and score the unmodified model on it."""
+    from af1.tasks import build_task
+
+    task = build_task(spec, tokenizer)
+    return Evaluated(task, evaluate(model, task))
+
+
 def solved(task: Task, scores: Scores) -> Task:
     """The problems the model answers correctly: the set every AF1 measurement is taken on."""
     return task.subset(scores.correct_P.nonzero().flatten())

@@ -16,7 +16,7 @@ import torch
 from af1.allforone import ABLATIONS, AF1Config, reference_logits
 from af1.api import require_solved
 from af1.errors import Af1Error
-from af1.evaluation import Scores, evaluate, solved
+from af1.evaluation import Evaluated, Scores, evaluated, solved
 from af1.fast import (
     ProblemKV,
     TokenLocalKV,
@@ -37,7 +37,7 @@ from af1.progress import progress
 from af1.results import read_json, write_json
 from af1.shared_context import shared_context_logits, supports_shared
 from af1.stats import baseline_warning, constant_baseline, mcnemar_exact, mean_std, rate, split_indices
-from af1.tasks import Task, TaskSpec, build_task, distribution_task
+from af1.tasks import Task, TaskSpec, distribution_task
 
 LOW_COUNT = 5  # a conditional mean over fewer problems than this is flagged
 RESAMPLE_SEEDS = 5
@@ -127,13 +127,14 @@ def low_count_positions(means: PositionMeans, task: Task) -> list[int]:
     return [t for t in range(task.context_len, task.n_positions) if bool(low[t])]
 
 
-def prepare(lm: LoadedModel, spec: TaskSpec, means_path: str | Path | None = None) -> Setup:
-    """Build the task, keep the solved problems, and get each step's position means over the task distribution.
-
-    Refuses attention kernels that cannot take masks before any work is done."""
+def prepare(
+    lm: LoadedModel, spec: TaskSpec, means_path: str | Path | None = None, done: Evaluated | None = None
+) -> Setup:
+    """Build the task, keep the solved problems, and get each step's position means over the task distribution;
+    `done` is an evaluation of the same spec already made. Refuses kernels that cannot take masks first."""
     check_maskable(lm.adapter)
-    task = build_task(spec, lm.tokenizer)
-    base = evaluate(lm.model, task)
+    done = done or evaluated(lm.model, lm.tokenizer, spec)
+    task, base = done.task, done.base
     require_solved(int(base.correct_P.sum()), spec)
     return make_setup(lm, spec, task, base, distribution_task(spec, lm.tokenizer, task), means_path)
 
@@ -538,15 +539,17 @@ def styles_table(
     base_spec: TaskSpec,
     styles: list[str],
     operations: tuple[str, ...] = ("a+b", "a-b"),
+    known: Setup | None = None,
 ) -> dict[str, Any]:
-    """The Table-4 analogue: per style and operation, base accuracy and faithfulness at one config."""
+    """The Table-4 analogue: per style and operation, base accuracy and faithfulness at one config; `known` is a
+    setup already made for one of the cells (its spec's), reused instead of prepared again."""
     rows = []
     for style in progress(styles, desc="styles"):
         for op in operations:
             spec = base_spec.model_copy(update={"operation": op, "style": style})
             row: dict[str, Any] = {"style": style, "operation": op}
             try:
-                setup = prepare(lm, spec)
+                setup = known if known is not None and known.spec == spec else prepare(lm, spec)
             except Af1Error as exc:
                 row.update(error=str(exc))
                 rows.append(row)

@@ -15,7 +15,7 @@ transformers' interface. Everything else falls back to the reference path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,7 +24,8 @@ from af1.evaluation import batches
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.masks import last_token_knockout
 from af1.interventions.means import PositionMeans, slot_table
-from af1.interventions.residual import edit_residual, record_residual, replace_positions
+from af1.interventions.residual import edit_residual, replace_positions
+from af1.interventions.sites import record, residual
 from af1.models.adapter import LayerInputs, ModelAdapter
 from af1.tasks import Task
 
@@ -50,6 +51,7 @@ class ProblemKV:
     keys: dict[int, torch.Tensor]
     values: dict[int, torch.Tensor]
     context_len: int
+    states: dict[int, torch.Tensor] = field(default_factory=dict)  # h[l] [B, T, D], when asked for
 
     def prefix(self, layer: int, rows: torch.Tensor, peek: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """All earlier positions of each prompt, or only the context (`rows` is unused: one batch)."""
@@ -137,15 +139,14 @@ def token_local_kv(
         plans[layer] = LayerPlan(
             _suffix_mask(T, c, local), (k, v), replace_mask=True, capture=capture(layer) if local else None
         )
-    store: dict[int, torch.Tensor] = {}
     edits = {}
     if config.wait >= 0 and config.ablation != "none":
         new = ablated_states(config, means, cover)[:, c:]
         first = ablation_start(config, task) - c  # index into the suffix
         edits[config.wait] = lambda h: replace_positions(h, new, first)
     with (
-        edit_residual(adapter, edits),
-        record_residual(adapter, [config.wait] if config.wait >= 0 else [], store),
+        edit_residual(adapter, edits),  # before the record: the record sees the edited state
+        record(adapter, [residual(config.wait)] if config.wait >= 0 else []) as cache,
         attention_plans(adapter, plans),
     ):
         adapter.run_layers(inputs.hidden_BTD, inputs)
@@ -156,7 +157,7 @@ def token_local_kv(
     start = None
     if config.wait >= 0:
         start = torch.zeros(T, S, adapter.hidden_size)
-        start[c:] = store[config.wait].transpose(0, 1).float().cpu()
+        start[c:] = cache[residual(config.wait)].transpose(0, 1).float().cpu()
     return TokenLocalKV(config.wait, keys, values, start, table, c)
 
 
@@ -360,10 +361,10 @@ def grid(n_layers: int, max_transfer: int | None = None) -> list[tuple[int, int]
 
 @torch.no_grad()
 def capture_problem_kv(
-    adapter: ModelAdapter, ids_BT: torch.Tensor, context_len: int, states: dict[int, torch.Tensor] | None = None
+    adapter: ModelAdapter, ids_BT: torch.Tensor, context_len: int, with_states: bool = False
 ) -> ProblemKV:
-    """One plain forward that keeps every layer's keys/values of positions 0..n-2 (and, given `states`, every
-    block's output h[l] there)."""
+    """One plain forward that keeps every layer's keys/values of positions 0..n-2 (and, `with_states`, every
+    block's output h[l])."""
     keys: dict[int, torch.Tensor] = {}
     values: dict[int, torch.Tensor] = {}
 
@@ -375,13 +376,11 @@ def capture_problem_kv(
 
     plans = {layer: LayerPlan(capture=capture(layer)) for layer in range(adapter.n_layers)}
     ids = ids_BT.to(adapter.device)
-    recorded = range(adapter.n_layers) if states is not None else []
-    with (
-        attention_plans(adapter, plans),
-        record_residual(adapter, list(recorded), states if states is not None else {}),
-    ):
+    recorded = range(adapter.n_layers) if with_states else range(0)
+    with attention_plans(adapter, plans), record(adapter, [residual(layer) for layer in recorded]) as cache:
         adapter.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
-    return ProblemKV(keys, values, context_len)
+    states = {layer: cache[residual(layer)] for layer in recorded}
+    return ProblemKV(keys, values, context_len, states)
 
 
 @torch.no_grad()
@@ -408,13 +407,12 @@ def knockout_logits(
     L = adapter.n_layers
     for sl in batches(len(task), batch_size):
         ids = task.input_ids_PT[sl]
-        states: dict[int, torch.Tensor] = {}
-        kv = capture_problem_kv(adapter, ids, task.context_len, states)
+        kv = capture_problem_kv(adapter, ids, task.context_len, with_states=True)
         inputs = _last_token_inputs(adapter, ids)
         rows = torch.arange(ids.shape[0])
         for i, layers in enumerate(blocked):
             first = min(layers, default=L)  # below it the last token runs as in the plain forward: start there
-            h = inputs.hidden_BTD if first == 0 else states[first - 1][:, -1:]
+            h = inputs.hidden_BTD if first == 0 else kv.states[first - 1][:, -1:]
             plans = {layer: _plan(adapter, kv, layer, rows, peek=layer not in layers) for layer in range(first, L)}
             with attention_plans(adapter, plans):
                 h = adapter.run_layers(h, inputs, first)

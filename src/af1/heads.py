@@ -9,19 +9,18 @@ patching (the change also flows through later layers) batches many heads per for
 
 from __future__ import annotations
 
-import contextlib
 import random
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from af1.errors import Af1Error
-from af1.evaluation import Scores, batches, forward_last
-from af1.interventions.hooks import hooks_removed_after
+from af1.evaluation import Evaluated, Scores, batches, evaluate, evaluated, forward_last, solved
+from af1.interventions.heads import head_means, replace_heads
+from af1.interventions.sites import FINAL, Site, head_inputs, mlp_output, record
 from af1.models.adapter import ModelAdapter, execution_device, weight_of
 from af1.stats import constant_baseline, rate
 from af1.tasks import NAMES, OPERATIONS, Task, _template
@@ -97,32 +96,14 @@ def counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
 # --- capture of head and MLP outputs -------------------------------------------------------------
 
 
-def _record_last(adapter: ModelAdapter, store: dict[Any, Any]) -> contextlib.AbstractContextManager[None]:
-    """Record, at the last position: o_proj inputs per layer [B, H*d], MLP outputs [B, D], final residual [B, D]."""
-
-    def put(key: Any, x: torch.Tensor) -> None:
-        store[key] = x[:, -1].detach().clone()
-
-    def before(key: Any) -> Callable[[nn.Module, tuple[Any, ...]], None]:
-        return lambda _m, args: put(key, args[0])
-
-    def after(key: Any) -> Callable[[nn.Module, tuple[Any, ...], torch.Tensor], None]:
-        return lambda _m, _args, output: put(key, output)
-
-    handles = [adapter.final_norm.register_forward_pre_hook(before("final"))]
-    for layer in range(adapter.n_layers):
-        handles.append(adapter.o_proj(layer).register_forward_pre_hook(before(("z", layer))))
-        handles.append(adapter.mlp(layer).register_forward_hook(after(("mlp", layer))))
-    return hooks_removed_after(handles)
-
-
 @torch.no_grad()
-def _run_record(adapter: ModelAdapter, ids_BT: torch.Tensor) -> dict[Any, Any]:
-    """The last position's head inputs to o_proj ("z", l), MLP outputs ("mlp", l), final-norm input and logits."""
-    store: dict[Any, Any] = {}
-    with _record_last(adapter, store):
-        store["logits"] = forward_last(adapter.model, ids_BT).to(adapter.device)
-    return store
+def run_last(adapter: ModelAdapter, ids_BT: torch.Tensor) -> tuple[dict[Site, torch.Tensor], torch.Tensor]:
+    """One forward; at the last position every layer's head inputs [B, E] and MLP output [B, D], the final norm's
+    input [B, D]; and the last logits [B, V]."""
+    sites = [FINAL, *(s for layer in range(adapter.n_layers) for s in (head_inputs(layer), mlp_output(layer)))]
+    with record(adapter, sites, last_only=True) as cache:
+        logits = forward_last(adapter.model, ids_BT).to(adapter.device)
+    return cache, logits
 
 
 def o_proj_weight(adapter: ModelAdapter, layer: int) -> torch.Tensor:
@@ -195,23 +176,22 @@ def path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_s
     rel_mlp, diff_mlp = torch.zeros(L), torch.zeros(L)
     P = len(task)
     for sl in batches(P, batch_size):
-        clean = _run_record(adapter, task.input_ids_PT[sl])
-        corrupt = _run_record(adapter, cf.input_ids_PT[sl])
-        answer = task.answer_ids_P[sl].to(clean["logits"].device)
+        clean, base = run_last(adapter, task.input_ids_PT[sl])
+        corrupt, _ = run_last(adapter, cf.input_ids_PT[sl])
+        answer = task.answer_ids_P[sl].to(base.device)
         rows = torch.arange(len(answer))
-        base = clean["logits"]
         wrong = base.clone()
         wrong[rows, answer] = -float("inf")
         wrong_id = wrong.argmax(-1)
 
         unembed = AnswerRows.read(adapter, torch.stack([answer, wrong_id], -1))
         for layer in range(L):
-            deltas = head_deltas(adapter, layer, clean[("z", layer)], corrupt[("z", layer)])
-            r, g = _direct_effects(adapter, clean["final"], deltas, unembed)
+            deltas = head_deltas(adapter, layer, clean[head_inputs(layer)], corrupt[head_inputs(layer)])
+            r, g = _direct_effects(adapter, clean[FINAL], deltas, unembed)
             rel_heads[layer] += r
             diff_heads[layer] += g
-            dm = (corrupt[("mlp", layer)] - clean[("mlp", layer)])[None]
-            r, g = _direct_effects(adapter, clean["final"], dm, unembed)
+            dm = (corrupt[mlp_output(layer)] - clean[mlp_output(layer)])[None]
+            r, g = _direct_effects(adapter, clean[FINAL], dm, unembed)
             rel_mlp[layer] += r[0]
             diff_mlp[layer] += g[0]
     return {
@@ -223,37 +203,6 @@ def path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_s
 
 
 # --- activation patching and mean ablation of heads ------------------------------------------------
-
-
-def replace_heads(adapter: ModelAdapter, per_layer: dict[int, Any]) -> contextlib.AbstractContextManager[None]:
-    """per_layer[l](z [B, T, H*d]) -> z: rewrite the concatenated head outputs before o_proj."""
-
-    def rewrite(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[nn.Module, tuple[Any, ...]], tuple[Any, ...]]:
-        return lambda _m, args: (fn(args[0]), *args[1:])
-
-    return hooks_removed_after(
-        adapter.o_proj(layer).register_forward_pre_hook(rewrite(fn)) for layer, fn in per_layer.items()
-    )
-
-
-@torch.no_grad()
-def head_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> dict[int, torch.Tensor]:
-    """Mean o_proj input per layer and position over the task: {layer: [T, H*d]}."""
-    sums: dict[int, torch.Tensor] = {}
-
-    def hook(layer: int):
-        def fn(_m, args):
-            z = args[0].float().sum(0).cpu()
-            sums[layer] = sums.get(layer, 0) + z
-
-        return fn
-
-    with hooks_removed_after(
-        adapter.o_proj(layer).register_forward_pre_hook(hook(layer)) for layer in range(adapter.n_layers)
-    ):
-        for sl in batches(len(task), batch_size):
-            forward_last(adapter.model, task.input_ids_PT[sl])
-    return {layer: s / len(task) for layer, s in sums.items()}
 
 
 @torch.no_grad()
@@ -311,15 +260,9 @@ def activation_patching(
     """Last-position logits of the correct answer with one head at a time patched from the counterfactual run
     (effects flow through later layers): [head, problem]. Many heads share a forward: row r patches head r."""
     d = adapter.head_dim
-    z_cf: dict[int, torch.Tensor] = {}
-
-    def keep(layer: int) -> Callable[[nn.Module, tuple[Any, ...]], None]:
-        return lambda _m, args: z_cf.__setitem__(layer, args[0].detach().clone())
-
-    with hooks_removed_after(
-        adapter.o_proj(layer).register_forward_pre_hook(keep(layer)) for layer in range(adapter.n_layers)
-    ):
+    with record(adapter, [head_inputs(layer) for layer in range(adapter.n_layers)]) as cache:
         forward_last(adapter.model, cf.input_ids_PT)
+    z_cf = {layer: cache[head_inputs(layer)].detach() for layer in range(adapter.n_layers)}  # [P, T, E]
     P = len(task)
     pairs = [(hi, p) for hi in range(len(heads)) for p in range(P)]
     result = torch.zeros(len(heads), P)
@@ -391,13 +334,13 @@ def last_query_attention(
 @torch.no_grad()
 def mlp_logit_lens(adapter: ModelAdapter, task: Task) -> torch.Tensor:
     """Per layer: mean over problems of the MLP output at the last position read by the answer's unembedding."""
-    store = _run_record(adapter, task.input_ids_PT)
+    cache, _ = run_last(adapter, task.input_ids_PT)
     with adapter.onloaded(adapter.lm_head):
         W_U = weight_of(adapter.lm_head)
         answer_rows = W_U[task.answer_ids_P.to(W_U.device)]  # [P, D]
         return torch.stack(
             [
-                (store[("mlp", layer)].to(W_U.device) * answer_rows).sum(-1).mean().cpu()
+                (cache[mlp_output(layer)].to(W_U.device) * answer_rows).sum(-1).mean().cpu()
                 for layer in range(adapter.n_layers)
             ]
         )
@@ -434,16 +377,22 @@ def top_heads(effect_LH: torch.Tensor, k: int) -> list[tuple[int, int]]:
 
 
 def study(
-    lm: Any, spec: Any, threshold: float = -0.05, k: int = 10, draws: int = 5, compare_specs: list[Any] | None = None
+    lm: Any,
+    spec: Any,
+    threshold: float = -0.05,
+    k: int = 10,
+    draws: int = 5,
+    compare_specs: list[Any] | None = None,
+    done: Evaluated | None = None,
 ) -> dict[str, Any]:
-    """Path patching, key heads, knockout of top-k vs random-k, where key heads look, MLP logit lens, overlap."""
+    """Path patching, key heads, knockout of top-k vs random-k, where key heads look, MLP logit lens, overlap;
+    `done` is an evaluation of the same spec already made."""
     from af1.api import require_solved
-    from af1.evaluation import evaluate, solved
     from af1.tasks import build_task
 
     adapter = lm.adapter
-    task = build_task(spec, lm.tokenizer)
-    base = evaluate(lm.model, task)
+    done = done or evaluated(lm.model, lm.tokenizer, spec)
+    task, base = done.task, done.base
     require_solved(int(base.correct_P.sum()), spec)
     kept = solved(task, base)
     cf = counterfactual(kept, lm.tokenizer)

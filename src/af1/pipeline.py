@@ -11,6 +11,7 @@ from af1 import experiments
 from af1.allforone import AF1Config
 from af1.api import as_loaded, base_accuracy
 from af1.errors import Af1Error
+from af1.evaluation import Evaluated, evaluated
 from af1.models import LoadedModel
 from af1.progress import stage
 from af1.report import figures
@@ -254,7 +255,8 @@ def analyse(
         )
     compare = [spec.model_copy(update={"operation": op}) for op in ("a-b", "a+b+c")] if full else []
     k = min(10, L * setup.adapter.n_heads // 4)  # random draws need other heads to draw from
-    head_result = timed("arithmetic heads", lambda: heads.study(lm, spec, k=k, compare_specs=compare))
+    done = Evaluated(setup.task, setup.base)  # the setup's evaluation: never evaluated twice
+    head_result = timed("arithmetic heads", lambda: heads.study(lm, spec, k=k, compare_specs=compare, done=done))
     stages = config.stages(L)
     head_result["placement"] = [
         {"layer": h[0], "head": h[1], "stage": next(s for s, layers in stages.items() if h[0] in layers)}
@@ -273,17 +275,19 @@ def analyse(
     if not full:
         return head_result
     rows = []
-    for op in ("a+b", "a-b", "a+b+c", "a*b"):
-        result = base_accuracy(lm, spec.model_copy(update={"operation": op, "n_max": 200}))
+    specs = {op: spec.model_copy(update={"operation": op, "n_max": 200}) for op in ("a+b", "a-b", "a+b+c", "a*b")}
+    evaluations = {op: evaluated(lm.model, lm.tokenizer, s) for op, s in specs.items()}  # each task once
+    for op in specs:
+        result = base_accuracy(lm, specs[op], done=evaluations[op])
         keys = ("task", "style", "shots", "scoring", "n", "n_solved", "base_accuracy", "base_accuracy_ci")
         rows.append({k: result[k] for k in (*keys, "base_accuracy_baseline")})
     write_json(out_dir / "base_accuracy.json", {"rows": rows, "provenance": provenance(lm.info)})
-    styles = timed("input styles", lambda: experiments.styles_table(lm, config, spec, list(STYLES)))
+    styles = timed("input styles", lambda: experiments.styles_table(lm, config, spec, list(STYLES), known=setup))
     write_json(out_dir / "styles.json", {**styles, "provenance": provenance(lm.info)})
     transfer_rows = []
     for op in ("a-b", "a+b+c", "a*b"):
         try:
-            other = experiments.prepare(lm, spec.model_copy(update={"operation": op, "n_max": 200}))
+            other = experiments.prepare(lm, specs[op], done=evaluations[op])
         except Af1Error as exc:  # a task the model solves nothing of is reported, not fatal
             notes.append(f"transfer to {op} skipped: {exc}")
             continue

@@ -125,26 +125,37 @@ def check_maskable(adapter: ModelAdapter) -> str:
 
 @contextlib.contextmanager
 def attention_plans(adapter: ModelAdapter, plans: dict[int, LayerPlan]) -> Iterator[None]:
-    """Apply per-layer plans for the duration of the block; restore the model afterwards."""
+    """Apply per-layer plans for the duration of the block; restore the model afterwards. Nested blocks
+    compose: an inner plan replaces an outer one on the same layer, and the outer one is back on exit."""
     kernel = check_maskable(adapter)
     for layer in plans:
         adapter.check_layer(layer)
     model = adapter.model
     previous = model.config._attn_implementation
+    outer: dict[int, LayerPlan | None] = {
+        layer: getattr(adapter.attention(layer), "_af1_plan", None) for layer in plans
+    }
     handles = []
     try:
         if adapter.family.uses_attention_interface:
             model.config._attn_implementation = PREFIX + kernel
-        else:
-            handles = [adapter.attention(i).register_forward_pre_hook(_gptj_pre_hook, with_kwargs=True) for i in plans]
+        else:  # one pre-hook per module: an outer block's hook already reads the module's current plan
+            handles = [
+                adapter.attention(i).register_forward_pre_hook(_gptj_pre_hook, with_kwargs=True)
+                for i in plans
+                if outer[i] is None
+            ]
         for layer, plan in plans.items():
             # our mark on the module, read by the registered attention function (torch types it Tensor | Module)
             adapter.attention(layer)._af1_plan = plan  # pyright: ignore
         yield
     finally:
-        for layer in plans:
-            with contextlib.suppress(AttributeError):
-                del adapter.attention(layer)._af1_plan
+        for layer, plan in outer.items():
+            if plan is not None:
+                adapter.attention(layer)._af1_plan = plan  # pyright: ignore
+            else:
+                with contextlib.suppress(AttributeError):
+                    del adapter.attention(layer)._af1_plan
         for h in handles:
             h.remove()
         model.config._attn_implementation = previous

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from af1.errors import Af1Error
 from af1.evaluation import batches
-from af1.interventions.residual import record_residual
+from af1.interventions.sites import record, residual
 from af1.models.adapter import ModelAdapter
 from af1.progress import progress
 from af1.results import write_atomic
@@ -127,13 +127,12 @@ def compute_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> Po
     counts = torch.zeros(T * S, dtype=torch.float32)
     device = adapter.device
     for sl in progress(list(batches(P, batch_size)), desc="position means"):
-        store: dict[int, torch.Tensor] = {}
-        with record_residual(adapter, list(range(L)), store):
+        with record(adapter, [residual(layer) for layer in range(L)]) as cache:
             batch = ids[sl].to(device)
             adapter.model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False, logits_to_keep=1)
         index = flat_PT[sl].flatten()
         for layer in range(L):
-            sums[layer].index_add_(0, index, store[layer].reshape(-1, D).float().cpu())
+            sums[layer].index_add_(0, index, cache[residual(layer)].reshape(-1, D).float().cpu())
         counts.index_add_(0, index, torch.ones(len(index)))
     counts_TS = counts.view(T, S)
     cond = (sums / counts.clamp(min=1)[None, :, None]).view(L, T, S, D)

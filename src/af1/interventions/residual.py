@@ -1,4 +1,4 @@
-"""Residual-stream interventions: read or overwrite the output of a decoder layer."""
+"""Residual-stream interventions: overwrite the output of a decoder layer (recording is `sites.record`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from af1.interventions.hooks import hooks_removed_after
+from af1.interventions.sites import output_hidden
 from af1.models.adapter import ModelAdapter
 
 Edit = Callable[[torch.Tensor], torch.Tensor]  # [B, T, D] -> [B, T, D]
@@ -17,33 +18,15 @@ def _set_hidden(output, hidden: torch.Tensor):
     return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
 
-def _get_hidden(output) -> torch.Tensor:
-    return output[0] if isinstance(output, tuple) else output
-
-
 def edit_residual(adapter: ModelAdapter, edits: dict[int, Edit]) -> contextlib.AbstractContextManager[None]:
     """Replace the output of block l by edits[l](output) (h[l] in SPEC.md's notation)."""
     for layer in edits:
         adapter.check_layer(layer)
     return hooks_removed_after(
         adapter.layers[layer].register_forward_hook(
-            lambda _m, _a, output, edit=edit: _set_hidden(output, edit(_get_hidden(output)))
+            lambda _m, _a, output, edit=edit: _set_hidden(output, edit(output_hidden(output)))
         )
         for layer, edit in edits.items()
-    )
-
-
-def record_residual(
-    adapter: ModelAdapter, layers: list[int], store: dict[int, torch.Tensor]
-) -> contextlib.AbstractContextManager[None]:
-    """Store the output of each listed block in `store[layer]` ([B, T, D])."""
-    for layer in layers:
-        adapter.check_layer(layer)
-    return hooks_removed_after(
-        adapter.layers[layer].register_forward_hook(
-            lambda _m, _a, output, layer=layer: store.__setitem__(layer, _get_hidden(output))
-        )
-        for layer in layers
     )
 
 
@@ -60,7 +43,7 @@ def zero_attention_outputs(
     """Zero the attention module's output of block l at positions[l] (before it joins the residual stream)."""
 
     def zero(output, rows: list[int]):
-        hidden = _get_hidden(output).clone()
+        hidden = output_hidden(output).clone()
         hidden[:, rows] = 0
         return _set_hidden(output, hidden)
 

@@ -12,7 +12,9 @@ from af1.study.plan import StudyPlan, Unit, task_label
 from af1.study.store import Store
 
 
-def _cell(part: dict[str, Any]) -> str:
+def _cell(part: dict[str, Any] | None) -> str:
+    if part is None:
+        return "no config (no eligible cell)"
     return f"{part['faithfulness']:.3f} (wait {part['wait']}, transfer {part['transfer']})"
 
 
@@ -70,6 +72,16 @@ def study_tables(store: Store, units: list[Unit]) -> dict[str, Any]:
                         "source_transfer": row["source"]["transfer"],
                         "absolute": row["absolute"],
                         "relative": row["relative"],
+                    }
+                )
+            for source in result.get("sources_without_config", {}):
+                transfer.setdefault(task_label(unit.task), []).append(  # type: ignore[arg-type]
+                    {
+                        "source": source,
+                        "target": unit.model.name,
+                        "source_found": False,
+                        "absolute": None,
+                        "relative": None,
                     }
                 )
     states = [r["state"] for r in rows]

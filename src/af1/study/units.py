@@ -25,11 +25,15 @@ def one_line(exc: BaseException) -> str:
     return first if isinstance(exc, Af1Error) else f"{type(exc).__name__}: {first}"
 
 
-def searched_config(search: dict[str, Any]) -> AF1Config:
-    """The AF1 config a search unit settled on: the subgraph it found, else its best cell."""
+NO_CELL = "its search found no cell whose interval clears the constant-guess baseline"
+
+
+def searched_config(search: dict[str, Any]) -> AF1Config | None:
+    """The AF1 config a search unit settled on: the subgraph it found, else its best eligible cell; None when
+    no cell is eligible (a finding, not a failure: the units that read it say so)."""
     cell = search if search["found"] else search.get("best")
     if cell is None:
-        raise Af1Error(f"the search on {search.get('model')} found no cell above the constant-guess baseline")
+        return None
     return AF1Config(**{**search["config"], "wait": cell["wait"], "transfer": cell["transfer"]})
 
 
@@ -41,6 +45,7 @@ class Worker:
         self._lm: LoadedModel | None = None
         self._load_error: str | None = None
         self._setups: dict[str, Any] = {}
+        self._evaluated: dict[str, Any] = {}
         self.loads = 0
         if threads:
             torch.set_num_threads(threads)
@@ -67,13 +72,24 @@ class Worker:
                 raise
         return self._lm
 
+    def evaluated(self, spec: TaskSpec) -> Any:
+        """The task and the model's base scores on it: one evaluation per task, shared by every unit."""
+        from af1.evaluation import evaluated
+
+        key = spec.model_dump_json()
+        if key not in self._evaluated:
+            self._evaluated.clear()  # units come task by task
+            lm = self.lm()
+            self._evaluated[key] = evaluated(lm.model, lm.tokenizer, spec)
+        return self._evaluated[key]
+
     def setup(self, spec: TaskSpec) -> Any:
         from af1 import experiments
 
         key = spec.model_dump_json()
         if key not in self._setups:
             self._setups.clear()  # units come task by task: one task's setup (means, caches) at a time
-            self._setups[key] = experiments.prepare(self.lm(), spec)
+            self._setups[key] = experiments.prepare(self.lm(), spec, done=self.evaluated(spec))
         return self._setups[key]
 
     def run(self, unit: Unit, *deps: dict[str, Any], state_dir: str | None = None) -> dict[str, Any]:
@@ -127,13 +143,13 @@ def run_unit(worker: Worker, unit: Unit, deps: dict[str, dict[str, Any]], state_
     if exp == "eval":
         from af1.api import base_accuracy
 
-        result = base_accuracy(worker.lm(), spec)
+        result = base_accuracy(worker.lm(), spec, done=worker.evaluated(spec))
         result.pop("provenance")
         return result
     if exp == "heads":
         from af1 import heads
 
-        return heads.study(worker.lm(), spec, opts["threshold"], opts["k"], opts["draws"])
+        return heads.study(worker.lm(), spec, opts["threshold"], opts["k"], opts["draws"], done=worker.evaluated(spec))
     setup = worker.setup(spec)
     if exp == "sweep":
         config = AF1Config(ablation=opts["ablation"], abp=opts["abp"])
@@ -144,23 +160,34 @@ def run_unit(worker: Worker, unit: Unit, deps: dict[str, dict[str, Any]], state_
         if deps:
             (search,) = deps.values()
             found = searched_config(search)
-        return experiments.necessity(setup, tuple(opts["windows"]), found)
+        result = experiments.necessity(setup, tuple(opts["windows"]), found)
+        if deps and found is None:  # the unmodified model's windows still say where the last token reads
+            result["no_config"] = f"the transfer window is not moved: {NO_CELL}"
+        return result
     if exp == "styles":
         if opts["wait"] is not None:
             config = AF1Config(wait=opts["wait"], transfer=opts["transfer"])
         else:
             (search,) = deps.values()
             config = searched_config(search)
+            if config is None:
+                raise Af1Error(f"no config to apply to the styles: {NO_CELL} (give styles a wait and transfer)")
         config.check(setup.adapter.n_layers)
         return experiments.styles_table(
             setup.lm, config, spec, opts["styles"], tuple(opts["operations"] or [spec.operation])
         )
     if exp == "transfer":
-        rows = []
+        rows, without = [], []
         for search in deps.values():
             config = searched_config(search)
+            if config is None:
+                without.append(search["model"])
+                continue
             row = experiments.transfer_config(setup, config, search["n_layers"])
             row["source"].update(model=search["model"], found=search["found"], threshold=search["threshold"])
             rows.append(row)
-        return {**setup.describe(), "target": unit.model.name, "rows": rows}
+        result = {**setup.describe(), "target": unit.model.name, "rows": rows}
+        if without:
+            result["sources_without_config"] = {model: NO_CELL for model in without}
+        return result
     raise Af1Error(f"unknown experiment {exp}")

@@ -1,0 +1,45 @@
+"""Head-level interventions: rewrite the concatenated head outputs entering o_proj, and their means over a task."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from af1.evaluation import batches, forward_last
+from af1.interventions.hooks import hooks_removed_after
+from af1.interventions.sites import head_inputs, record
+from af1.models.adapter import ModelAdapter
+from af1.tasks import Task
+
+HeadEdit = Callable[[torch.Tensor], torch.Tensor]  # z [B, T, E] -> z [B, T, E]
+
+
+def replace_heads(adapter: ModelAdapter, per_layer: dict[int, HeadEdit]) -> contextlib.AbstractContextManager[None]:
+    """per_layer[l](z [B, T, E]) -> z: rewrite the concatenated head outputs of block l before o_proj."""
+
+    def rewrite(fn: HeadEdit) -> Callable[[nn.Module, tuple[Any, ...]], tuple[Any, ...]]:
+        return lambda _m, args: (fn(args[0]), *args[1:])
+
+    for layer in per_layer:
+        adapter.check_layer(layer)
+    return hooks_removed_after(
+        adapter.o_proj(layer).register_forward_pre_hook(rewrite(fn)) for layer, fn in per_layer.items()
+    )
+
+
+@torch.no_grad()
+def head_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> dict[int, torch.Tensor]:
+    """Mean o_proj input per layer and position over the task: {layer: [T, E]} (fp32, on the CPU)."""
+    sums: dict[int, torch.Tensor] = {}
+    sites = [head_inputs(layer) for layer in range(adapter.n_layers)]
+    for sl in batches(len(task), batch_size):
+        with record(adapter, sites) as cache:
+            forward_last(adapter.model, task.input_ids_PT[sl])
+        for layer in range(adapter.n_layers):
+            z_TE = cache[head_inputs(layer)].float().sum(0).cpu()
+            sums[layer] = sums[layer] + z_TE if layer in sums else z_TE
+    return {layer: s / len(task) for layer, s in sums.items()}

@@ -1,0 +1,85 @@
+"""Named sites of a model's forward pass, and the one way to record them: a context manager that yields a cache.
+
+    with record(adapter, [residual(3), head_inputs(3), FINAL], last_only=True) as cache:
+        adapter.model(ids)
+    cache[residual(3)]  # [B, D]: the output of block 3 at the last position
+
+Sites: `residual(l)` the output of decoder block l ([B, T, D], h[l] in SPEC.md); `head_inputs(l)` the
+concatenated head outputs entering o_proj ([B, T, E]); `mlp_output(l)` the MLP's output ([B, T, D]);
+`FINAL` the input of the final norm ([B, T, D]).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from af1.interventions.hooks import hooks_removed_after
+from af1.models.adapter import ModelAdapter
+
+
+@dataclass(frozen=True)
+class Site:
+    kind: str  # residual | head_inputs | mlp_output | final
+    layer: int | None = None
+
+
+def residual(layer: int) -> Site:
+    return Site("residual", layer)
+
+
+def head_inputs(layer: int) -> Site:
+    return Site("head_inputs", layer)
+
+
+def mlp_output(layer: int) -> Site:
+    return Site("mlp_output", layer)
+
+
+FINAL = Site("final")
+
+
+def output_hidden(output: Any) -> torch.Tensor:
+    """The hidden states of a module's output (decoder layers of some families return a tuple)."""
+    return output[0] if isinstance(output, tuple) else output
+
+
+def _register(adapter: ModelAdapter, site: Site, put: Callable[[torch.Tensor], None]) -> Any:
+    def before(_m: nn.Module, args: tuple[Any, ...]) -> None:
+        put(args[0])
+
+    def after(_m: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
+        put(output_hidden(output))
+
+    if site.kind == "final":
+        return adapter.final_norm.register_forward_pre_hook(before)
+    assert site.layer is not None, f"the site {site.kind} needs a layer"
+    adapter.check_layer(site.layer)
+    if site.kind == "residual":
+        return adapter.layers[site.layer].register_forward_hook(after)
+    if site.kind == "head_inputs":
+        return adapter.o_proj(site.layer).register_forward_pre_hook(before)
+    if site.kind == "mlp_output":
+        return adapter.mlp(site.layer).register_forward_hook(after)
+    raise ValueError(f"unknown site {site.kind}")
+
+
+@contextlib.contextmanager
+def record(adapter: ModelAdapter, sites: Iterable[Site], last_only: bool = False) -> Iterator[dict[Site, torch.Tensor]]:
+    """Record each site during the block into the yielded cache (the last forward's value per site).
+
+    `last_only` keeps only the last position, detached and copied ([B, ...]): what path patching needs."""
+    cache: dict[Site, torch.Tensor] = {}
+
+    def putter(site: Site) -> Callable[[torch.Tensor], None]:
+        if last_only:
+            return lambda x: cache.__setitem__(site, x[:, -1].detach().clone())
+        return lambda x: cache.__setitem__(site, x)
+
+    with hooks_removed_after(_register(adapter, site, putter(site)) for site in sites):
+        yield cache
