@@ -264,6 +264,19 @@ def test_means_roundtrip_and_key_check(tmp_path, tokenizer):
         PositionMeans.load(tmp_path / "missing.safetensors")
 
 
+def test_the_means_key_sees_every_weight(tokenizer):
+    """A model changed far inside one tensor (as fine-tuning a few heads does) gets another means key."""
+    task = build_task(TaskSpec(operation="a+b", n=10), tokenizer)
+    adapter = ModelAdapter(tiny_model("llama"))
+    before = means_key(adapter, task)
+    assert means_key(ModelAdapter(tiny_model("llama")), task) == before  # same weights, same key
+    weight = adapter.o_proj(2).weight
+    assert weight.numel() > 1000
+    with torch.no_grad():
+        weight.view(-1)[-1] += 1e-3  # the last entry of one layer's o_proj
+    assert means_key(adapter, task) != before
+
+
 def test_resample_is_seeded_and_intervenes(task):
     adapter = ModelAdapter(tiny_model("llama"))
     a = reference_logits(adapter, task, AF1Config(wait=0, ablation="resample", abp="none", seed=1), None)

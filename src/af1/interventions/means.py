@@ -26,11 +26,12 @@ from af1.tasks import Task
 
 
 def model_fingerprint(adapter: ModelAdapter) -> str:
-    """A cheap identity of a model: its config and a sample of every parameter."""
+    """The identity of a model's numbers: its config and every byte of every parameter (in its own dtype), so
+    that a model changed anywhere (fine-tuned, edited) never reads another's cached means."""
     digest = hashlib.sha256(adapter.config.to_json_string(use_diff=False).encode())
     for name, p in adapter.named_weights():
-        digest.update(name.encode())
-        digest.update(p.detach().flatten()[:256].float().cpu().numpy().tobytes())
+        digest.update(f"{name}:{p.dtype}:{tuple(p.shape)}".encode())
+        digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().data)
     return digest.hexdigest()[:32]
 
 
