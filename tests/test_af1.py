@@ -13,6 +13,7 @@ from af1.interventions.attention import attention_plans, check_maskable
 from af1.interventions.masks import abp_masks, last_token_knockout
 from af1.interventions.means import PositionMeans, compute_means, means_key
 from af1.interventions.sites import record, residual
+from af1.models.adapter import weight_of
 from af1.tasks import TaskSpec, build_task
 
 from conftest import TINY_FAMILIES, tiny_model
@@ -270,7 +271,7 @@ def test_the_means_key_sees_every_weight(tokenizer):
     adapter = ModelAdapter(tiny_model("llama"))
     before = means_key(adapter, task)
     assert means_key(ModelAdapter(tiny_model("llama")), task) == before  # same weights, same key
-    weight = adapter.o_proj(2).weight
+    weight = weight_of(adapter.o_proj(2))
     assert weight.numel() > 1000
     with torch.no_grad():
         weight.view(-1)[-1] += 1e-3  # the last entry of one layer's o_proj
