@@ -32,7 +32,7 @@ def base_accuracy(
     """Base accuracy of a model on a task (n, 95 % interval, constant-guess baseline), with per-problem rows;
     `done` is an evaluation of the same spec already made (never evaluated twice)."""
     lm = as_loaded(model, **load_kwargs)
-    done = done or evaluated(lm.model, lm.tokenizer, spec)
+    done = evaluated(lm.model, lm.tokenizer, spec, done)
     task, scores = done.task, done.base
     r = scores.rate(task)
     note = baseline_warning(f"base accuracy ({spec.scoring} scoring)", r["baseline"], r["n"])

@@ -106,14 +106,24 @@ class Evaluated:
 
     task: Task
     base: Scores
+    model_id: int  # id() of the model that was scored
+
+    def check(self, model: Any, spec: Any) -> Evaluated:
+        """Itself, when it is this model's evaluation of this spec; reusing another's would be a silent error."""
+        if self.model_id != id(model) or self.task.spec != spec:
+            raise ValueError("an evaluation of another model or task was passed for reuse")
+        return self
 
 
-def evaluated(model: Any, tokenizer: Any, spec: Any) -> Evaluated:
-    """Build a spec's task and score the unmodified model on it."""
+def evaluated(model: Any, tokenizer: Any, spec: Any, done: Evaluated | None = None) -> Evaluated:
+    """Build a spec's task and score the unmodified model on it; `done`, an evaluation already made of the
+    same model and spec, is checked and returned instead."""
+    if done is not None:
+        return done.check(model, spec)
     from af1.tasks import build_task
 
     task = build_task(spec, tokenizer)
-    return Evaluated(task, evaluate(model, task))
+    return Evaluated(task, evaluate(model, task), id(model))
 
 
 def solved(task: Task, scores: Scores) -> Task:

@@ -133,7 +133,7 @@ def prepare(
     """Build the task, keep the solved problems, and get each step's position means over the task distribution;
     `done` is an evaluation of the same spec already made. Refuses kernels that cannot take masks first."""
     check_maskable(lm.adapter)
-    done = done or evaluated(lm.model, lm.tokenizer, spec)
+    done = evaluated(lm.model, lm.tokenizer, spec, done)
     task, base = done.task, done.base
     require_solved(int(base.correct_P.sum()), spec)
     return make_setup(lm, spec, task, base, distribution_task(spec, lm.tokenizer, task), means_path)

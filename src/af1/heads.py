@@ -218,6 +218,7 @@ def knockout_accuracy(
     return sum(correct) / len(correct)
 
 
+@torch.no_grad()
 def knockout_correct(
     adapter: ModelAdapter,
     task: Task,
@@ -391,7 +392,7 @@ def study(
     from af1.tasks import build_task
 
     adapter = lm.adapter
-    done = done or evaluated(lm.model, lm.tokenizer, spec)
+    done = evaluated(lm.model, lm.tokenizer, spec, done)
     task, base = done.task, done.base
     require_solved(int(base.correct_P.sum()), spec)
     kept = solved(task, base)

@@ -255,7 +255,7 @@ def analyse(
         )
     compare = [spec.model_copy(update={"operation": op}) for op in ("a-b", "a+b+c")] if full else []
     k = min(10, L * setup.adapter.n_heads // 4)  # random draws need other heads to draw from
-    done = Evaluated(setup.task, setup.base)  # the setup's evaluation: never evaluated twice
+    done = Evaluated(setup.task, setup.base, id(lm.model))  # the setup's evaluation: never evaluated twice
     head_result = timed("arithmetic heads", lambda: heads.study(lm, spec, k=k, compare_specs=compare, done=done))
     stages = config.stages(L)
     head_result["placement"] = [

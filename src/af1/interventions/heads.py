@@ -34,12 +34,13 @@ def replace_heads(adapter: ModelAdapter, per_layer: dict[int, HeadEdit]) -> cont
 @torch.no_grad()
 def head_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> dict[int, torch.Tensor]:
     """Mean o_proj input per layer and position over the task: {layer: [T, E]} (fp32, on the CPU)."""
-    sums: dict[int, torch.Tensor] = {}
+
+    def add(kept_TE: torch.Tensor | None, z_BTE: torch.Tensor) -> torch.Tensor:
+        z_TE = z_BTE.float().sum(0).cpu()  # reduced during the forward: memory stays one [T, E] per layer
+        return z_TE if kept_TE is None else kept_TE + z_TE
+
     sites = [head_inputs(layer) for layer in range(adapter.n_layers)]
-    for sl in batches(len(task), batch_size):
-        with record(adapter, sites) as cache:
+    with record(adapter, sites, reduce=add) as sums:
+        for sl in batches(len(task), batch_size):
             forward_last(adapter.model, task.input_ids_PT[sl])
-        for layer in range(adapter.n_layers):
-            z_TE = cache[head_inputs(layer)].float().sum(0).cpu()
-            sums[layer] = sums[layer] + z_TE if layer in sums else z_TE
-    return {layer: s / len(task) for layer, s in sums.items()}
+    return {layer: sums[head_inputs(layer)] / len(task) for layer in range(adapter.n_layers)}

@@ -31,7 +31,7 @@ def model_fingerprint(adapter: ModelAdapter) -> str:
     digest = hashlib.sha256(adapter.config.to_json_string(use_diff=False).encode())
     for name, p in adapter.named_weights():
         digest.update(f"{name}:{p.dtype}:{tuple(p.shape)}".encode())
-        digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().data)
+        digest.update(p.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().data)
     return digest.hexdigest()[:32]
 
 

@@ -49,6 +49,18 @@ def output_hidden(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
+KINDS = ("residual", "head_inputs", "mlp_output", "final")
+
+
+def _check(adapter: ModelAdapter, site: Site) -> None:
+    if site.kind not in KINDS:
+        raise ValueError(f"unknown site {site.kind}; one of {', '.join(KINDS)}")
+    if site.kind != "final":
+        if site.layer is None:
+            raise ValueError(f"the site {site.kind} needs a layer")
+        adapter.check_layer(site.layer)
+
+
 def _register(adapter: ModelAdapter, site: Site, put: Callable[[torch.Tensor], None]) -> Any:
     def before(_m: nn.Module, args: tuple[Any, ...]) -> None:
         put(args[0])
@@ -58,8 +70,7 @@ def _register(adapter: ModelAdapter, site: Site, put: Callable[[torch.Tensor], N
 
     if site.kind == "final":
         return adapter.final_norm.register_forward_pre_hook(before)
-    assert site.layer is not None, f"the site {site.kind} needs a layer"
-    adapter.check_layer(site.layer)
+    assert site.layer is not None
     if site.kind == "residual":
         return adapter.layers[site.layer].register_forward_hook(after)
     if site.kind == "head_inputs":
@@ -69,17 +80,28 @@ def _register(adapter: ModelAdapter, site: Site, put: Callable[[torch.Tensor], N
     raise ValueError(f"unknown site {site.kind}")
 
 
+Reduce = Callable[[torch.Tensor | None, torch.Tensor], torch.Tensor]  # (kept so far or None, new value) -> kept
+
+
 @contextlib.contextmanager
-def record(adapter: ModelAdapter, sites: Iterable[Site], last_only: bool = False) -> Iterator[dict[Site, torch.Tensor]]:
-    """Record each site during the block into the yielded cache (the last forward's value per site).
+def record(
+    adapter: ModelAdapter, sites: Iterable[Site], last_only: bool = False, reduce: Reduce | None = None
+) -> Iterator[dict[Site, torch.Tensor]]:
+    """Record each site during the block into the yielded cache: the last forward's value per site, or with
+    `reduce` a running reduction over every forward of the block (a sum over batches keeps memory flat).
 
     `last_only` keeps only the last position, detached and copied ([B, ...]): what path patching needs."""
+    sites = list(sites)
+    for site in sites:  # every site checked before any hook is registered: a bad one leaves none behind
+        _check(adapter, site)
     cache: dict[Site, torch.Tensor] = {}
 
     def putter(site: Site) -> Callable[[torch.Tensor], None]:
-        if last_only:
-            return lambda x: cache.__setitem__(site, x[:, -1].detach().clone())
-        return lambda x: cache.__setitem__(site, x)
+        def put(x: torch.Tensor) -> None:
+            x = x[:, -1].detach().clone() if last_only else x
+            cache[site] = reduce(cache.get(site), x) if reduce is not None else x
 
-    with hooks_removed_after(_register(adapter, site, putter(site)) for site in sites):
+        return put
+
+    with hooks_removed_after([_register(adapter, site, putter(site)) for site in sites]):
         yield cache

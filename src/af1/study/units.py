@@ -14,6 +14,7 @@ import torch
 
 from af1.allforone import AF1Config
 from af1.errors import Af1Error
+from af1.interventions.attention import check_maskable
 from af1.models import LoadedModel
 from af1.results import provenance, to_json
 from af1.study.plan import ModelEntry, Unit
@@ -89,6 +90,7 @@ class Worker:
         key = spec.model_dump_json()
         if key not in self._setups:
             self._setups.clear()  # units come task by task: one task's setup (means, caches) at a time
+            check_maskable(self.lm().adapter)  # refused before any evaluation is spent
             self._setups[key] = experiments.prepare(self.lm(), spec, done=self.evaluated(spec))
         return self._setups[key]
 
@@ -160,7 +162,8 @@ def run_unit(worker: Worker, unit: Unit, deps: dict[str, dict[str, Any]], state_
         if deps:
             (search,) = deps.values()
             found = searched_config(search)
-        result = experiments.necessity(setup, tuple(opts["windows"]), found)
+        found_on = experiments.confirmation(setup, search) if deps and found is not None else None
+        result = experiments.necessity(setup, tuple(opts["windows"]), found, found_on)
         if deps and found is None:  # the unmodified model's windows still say where the last token reads
             result["no_config"] = f"the transfer window is not moved: {NO_CELL}"
         return result
