@@ -160,6 +160,7 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
     assert record["state"] == "done" and len(record["key"]) == 64
     assert record["provenance"]["model"]["source"] == "directory" and record["provenance"]["task"]["n"] == 30
     assert (out / "units/tiny-llama/a+b.original.1d.1shot.n30/sweep/sweep.png").is_file()
+    assert (out / "units/tiny-llama/a+b.original.1d.1shot.n30/search/search.png").is_file()  # at its threshold
     overlap = {(r["model"], r["task_a"], r["task_b"]): r for r in report["heads_overlap"]}
     assert set(overlap) == {
         (f"tiny-{m}", "a+b.original.1d.1shot.n30", "a-b.original.1d.1shot.n30") for m in ("llama", "qwen2")

@@ -69,7 +69,7 @@ def run_study(
     ran: list[str] = []
     for unit, outcome in progress(backend, total=len(todo), desc="study"):
         outcome = {**outcome, "id": unit.id}
-        _draw(store, unit, outcome)
+        _draw(store, unit, outcome, outcomes)
         outcomes[unit.id] = store.finished(unit, outcome)
         ran.append(unit.id)
     failed = [u.id for u in units if outcomes.get(u.id, {}).get("state") != "done"]
@@ -147,8 +147,17 @@ def _require_ray(address: str | None) -> Any:
     return ray
 
 
-def _draw(store: Store, unit: Unit, outcome: Outcome) -> None:
-    """The unit's figure beside its record; a figure that fails is noted, the result stands."""
+def _draw(store: Store, unit: Unit, outcome: Outcome, outcomes: dict[str, Outcome]) -> None:
+    """The unit's figure beside its record; a figure that fails is noted, the result stands. A search draws its
+    sweep again with its threshold's confident cells, its frontier and its choice."""
+    if unit.experiment == "search" and outcome.get("state") == "done":
+        sweep = outcomes.get(unit.deps[0], {}).get("result") if unit.deps else None
+        if sweep is not None:
+            try:
+                figures.sweep_heatmap(sweep, store.unit_dir(unit) / "search.png", outcome["result"])
+            except Exception as exc:
+                outcome["figure_error"] = one_line(exc)
+        return
     draw = {
         "sweep": figures.sweep_heatmap,
         "necessity": figures.necessity_plot,
