@@ -65,10 +65,8 @@ def test_gemma_is_refused_for_path_patching(task):
 def test_knockout_and_key_heads(task):
     adapter = ModelAdapter(tiny_model("llama"))
     means = heads.head_means(adapter, task)
-    base = heads.knockout_accuracy(adapter, task, [], means)
-    assert base == pytest.approx(
-        float((last_logits(adapter.model, task.input_ids_PT).argmax(-1) == task.answer_ids_P).float().mean())
-    )
+    base = heads.knockout_correct(adapter, task, [], means)  # nothing ablated: the plain model's first tokens
+    assert base == (last_logits(adapter.model, task.input_ids_PT).argmax(-1) == task.answer_ids_P).tolist()
     effect = torch.tensor([[0.0, -0.2, -0.01, -0.06], [0.1, -0.5, 0.0, 0.0]])
     assert heads.key_heads(effect) == [(1, 1), (0, 1), (0, 3)]
     assert heads.overlap([(1, 1), (0, 1)], [(0, 1), (2, 2)]) == {"jaccard": 1 / 3, "top_k_overlap": 0.5, "k": 2}

@@ -206,19 +206,6 @@ def path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_s
 
 
 @torch.no_grad()
-def knockout_accuracy(
-    adapter: ModelAdapter,
-    task: Task,
-    heads: list[tuple[int, int]],
-    means: dict[int, torch.Tensor],
-    batch_size: int = 32,
-) -> float:
-    """First-token accuracy with the listed heads mean-ablated at every position."""
-    correct = knockout_correct(adapter, task, heads, means, batch_size)
-    return sum(correct) / len(correct)
-
-
-@torch.no_grad()
 def knockout_correct(
     adapter: ModelAdapter,
     task: Task,
