@@ -357,7 +357,6 @@ def test_demo_sets_two_models_side_by_side(tiny_dirs, tmp_path):
 def test_a_study_evaluates_each_model_and_task_once(tiny_dirs, tmp_path, monkeypatch):
     """eval, the sweep's setup and the heads study read one evaluation of the task (issue 15, item 2)."""
     import af1.evaluation
-    import af1.heads
 
     calls: list[str] = []
     real = af1.evaluation.evaluate
@@ -366,8 +365,7 @@ def test_a_study_evaluates_each_model_and_task_once(tiny_dirs, tmp_path, monkeyp
         calls.append(task.spec.model_dump_json())
         return real(model, task, *args, **kwargs)
 
-    monkeypatch.setattr(af1.evaluation, "evaluate", counting)
-    monkeypatch.setattr(af1.heads, "evaluate", counting)  # the heads study's own route to it
+    monkeypatch.setattr(af1.evaluation, "evaluate", counting)  # every evaluation goes through this one
     one = {"llama": tiny_dirs["llama"]}
     plan = write_plan(
         tmp_path / "plan.yaml", one, experiments="experiments:\n  eval: {}\n  sweep: {}\n  heads: {k: 2}\n"

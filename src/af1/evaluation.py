@@ -15,7 +15,7 @@ import torch
 from af1.models.adapter import input_device
 from af1.progress import progress
 from af1.stats import rate
-from af1.tasks import Task
+from af1.tasks import Task, build_task
 
 
 @dataclass
@@ -120,8 +120,6 @@ def evaluated(model: Any, tokenizer: Any, spec: Any, done: Evaluated | None = No
     same model and spec, is checked and returned instead."""
     if done is not None:
         return done.check(model, spec)
-    from af1.tasks import build_task
-
     task = build_task(spec, tokenizer)
     return Evaluated(task, evaluate(model, task), id(model))
 

@@ -90,6 +90,11 @@ class Setup:
         """The first step's means (the only step under first-token scoring)."""
         return self.steps[0].means
 
+    @property
+    def evaluated(self) -> Evaluated:
+        """The task and base scores this setup was made from, for experiments that need no more."""
+        return Evaluated(self.task, self.base, id(self.lm.model))
+
     def on(self, index: list[int]) -> Setup:
         """The same setup restricted to some solved problems (a split); means and fast-path tables are shared."""
         kept = self.kept.subset(index)
@@ -250,9 +255,8 @@ def run_result(setup: Setup, config: AF1Config, reference: bool = False) -> dict
         "transfer": config.transfer,
         "config": config.model_dump(),
         "stages": config.stages(setup.adapter.n_layers),
-        **faith_fields(setup, scores),
+        **faith_fields(setup, scores),  # with the executor that ran it
         "mean_p_correct": scores.mean_p_correct,
-        **executor(setup, config, reference),
         "problems": problem_rows(setup, scores),
     }
 
@@ -432,10 +436,11 @@ def components(setup: Setup, waits: list[int], transfer: int = 2) -> dict[str, A
         ("cama_only", lambda w: AF1Config(wait=w, abp="none")),
         ("abp_only", lambda w: AF1Config(wait=w, transfer=min(transfer, L - 1 - w), ablation="none")),
     ):
-        rates = {w: faithfulness(setup, make(w)).rate(setup.kept) for w in progress(waits, desc=name)}
+        scores = {w: faithfulness(setup, make(w)) for w in progress(waits, desc=name)}
+        rates = {w: s.rate(setup.kept) for w, s in scores.items()}
         out[name] = {w: r["value"] for w, r in rates.items()}
         out[f"{name}_ci"] = {w: r["ci"] for w, r in rates.items()}
-        out[f"{name}_executor"] = {w: executor(setup, make(w)) for w in waits}
+        out[f"{name}_executor"] = {w: s.executor for w, s in scores.items()}
     out["faithfulness_baseline"] = rate([True] * len(setup.kept), setup.kept.targets())["baseline"]
     return out
 

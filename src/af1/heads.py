@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from af1.errors import Af1Error
-from af1.evaluation import Evaluated, Scores, batches, evaluate, evaluated, forward_last, solved
+from af1.evaluation import Evaluated, Scores, batches, evaluated, forward_last, solved
 from af1.interventions.heads import head_means, replace_heads
 from af1.interventions.sites import FINAL, Site, head_inputs, mlp_output, record
 from af1.models.adapter import ModelAdapter, execution_device, weight_of
@@ -376,7 +376,6 @@ def study(
     """Path patching, key heads, knockout of top-k vs random-k, where key heads look, MLP logit lens, overlap;
     `done` is an evaluation of the same spec already made."""
     from af1.api import require_solved
-    from af1.tasks import build_task
 
     adapter = lm.adapter
     done = evaluated(lm.model, lm.tokenizer, spec, done)
@@ -435,8 +434,8 @@ def study(
     overlaps = []
     for other in compare_specs or []:
         try:
-            o_task = build_task(other, lm.tokenizer)
-            o_kept = solved(o_task, evaluate(lm.model, o_task))
+            o = evaluated(lm.model, lm.tokenizer, other)
+            o_kept = solved(o.task, o.base)
             require_solved(len(o_kept), other)
             o_effect = path_patching(adapter, o_kept, counterfactual(o_kept, lm.tokenizer))[
                 "relative_logit_change_layer_head"

@@ -11,7 +11,7 @@ from af1 import experiments
 from af1.allforone import AF1Config
 from af1.api import as_loaded, base_accuracy
 from af1.errors import Af1Error
-from af1.evaluation import Evaluated, evaluated
+from af1.evaluation import evaluated
 from af1.models import LoadedModel
 from af1.progress import stage
 from af1.report import figures
@@ -255,8 +255,9 @@ def analyse(
         )
     compare = [spec.model_copy(update={"operation": op}) for op in ("a-b", "a+b+c")] if full else []
     k = min(10, L * setup.adapter.n_heads // 4)  # random draws need other heads to draw from
-    done = Evaluated(setup.task, setup.base, id(lm.model))  # the setup's evaluation: never evaluated twice
-    head_result = timed("arithmetic heads", lambda: heads.study(lm, spec, k=k, compare_specs=compare, done=done))
+    head_result = timed(
+        "arithmetic heads", lambda: heads.study(lm, spec, k=k, compare_specs=compare, done=setup.evaluated)
+    )
     stages = config.stages(L)
     head_result["placement"] = [
         {"layer": h[0], "head": h[1], "stage": next(s for s, layers in stages.items() if h[0] in layers)}

@@ -127,21 +127,20 @@ def _mark_verified(path: Path, sha256: str) -> None:
     write_atomic(marks, json.dumps(seen, indent=1))
 
 
-def _matches(row: BundledModel, path: Path) -> bool:
-    """True when the file hashes to the row's sha256 (remembered per size and mtime)."""
+def _mismatch(row: BundledModel, path: Path) -> str | None:
+    """None when the file hashes to the row's sha256 (remembered per size and mtime), else the file's sha256."""
     if _verified(path, row.sha256):
-        return True
-    if _sha256(path) != row.sha256:
-        return False
+        return None
+    digest = _sha256(path)
+    if digest != row.sha256:
+        return digest
     _mark_verified(path, row.sha256)
-    return True
+    return None
 
 
 def _check(row: BundledModel, path: Path) -> None:
-    if _verified(path, row.sha256):
-        return
-    digest = _sha256(path)
-    if digest != row.sha256:
+    digest = _mismatch(row, path)
+    if digest is not None:
         raise Af1Error(
             f"the bundled model '{row.name}' file {path} has sha256 {digest[:16]}..., expected {row.sha256[:16]}...: "
             f"reinstall it ({row.install} --force-reinstall)"
@@ -188,7 +187,7 @@ def bundled_file(name: str) -> tuple[Path, str]:
         return paths[0], row.sha256
     target = assembled_path(row)
     try:
-        if target.is_file() and not _matches(row, target):
+        if target.is_file() and _mismatch(row, target) is not None:
             target.unlink()  # changed since assembly: rebuilt from the parts, never used
         if not target.is_file():
             _assemble(row, paths, target)

@@ -14,6 +14,7 @@ import torch
 
 from af1.allforone import AF1Config
 from af1.errors import Af1Error
+from af1.evaluation import Evaluated, evaluated
 from af1.interventions.attention import check_maskable
 from af1.models import LoadedModel
 from af1.results import provenance, to_json
@@ -73,10 +74,8 @@ class Worker:
                 raise
         return self._lm
 
-    def evaluated(self, spec: TaskSpec) -> Any:
+    def evaluated(self, spec: TaskSpec) -> Evaluated:
         """The task and the model's base scores on it: one evaluation per task, shared by every unit."""
-        from af1.evaluation import evaluated
-
         key = spec.model_dump_json()
         if key not in self._evaluated:
             self._evaluated.clear()  # units come task by task
