@@ -15,7 +15,7 @@ os.environ.setdefault("AF1_NO_PROGRESS", "1")
 
 import torch
 
-from af1 import experiments
+from af1 import measures
 from af1.allforone import AF1Config, reference_logits
 from af1.evaluation import Scores, last_logits
 from af1.fast import grid
@@ -30,13 +30,13 @@ def main() -> None:
     lm, task = setup()
     adapter = lm.adapter
     scores = Scores([[int(t)] for t in task.answer_ids_P], torch.ones(len(task)), torch.ones(len(task)) > 0)
-    s = experiments.make_setup(lm, task.spec, task, scores, task, cache_means=False)  # every problem, solved or not
+    s = measures.make_setup(lm, task.spec, task, scores, task, cache_means=False)  # every problem, solved or not
     means = s.means
     L = adapter.n_layers
     cells = grid(L)
     t_forward, _ = best_of(lambda: last_logits(lm.model, task.input_ids_PT, batch_size=64))
     t0 = time.perf_counter()
-    fast = experiments.sweep(s)["faithfulness_wait_transfer"]
+    fast = measures.sweep(s)["faithfulness_wait_transfer"]
     t_fast = time.perf_counter() - t0
     waits = list(range(-1, L)) if args.reference_cells == "all" else [-1, L // 2, L - 2]
     ref_cells = [(w, k) for w, k in cells if w in waits]

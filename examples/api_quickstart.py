@@ -12,35 +12,30 @@ import argparse
 import json
 from typing import Any
 
-import af1
-from af1 import experiments
-from af1.allforone import AF1Config
-from af1.tasks import TaskSpec
+import af1.api as af1
 
 
 def quickstart(lm: af1.LoadedModel, n: int = 40, max_transfer: int = 2) -> dict[str, Any]:
     """Measure 1-digit a+b (calculate style, 3 shots) on a loaded model and return the numbers."""
-    spec = TaskSpec(operation="a+b", style="calculate", shots=3, n=n)
-    setup = experiments.prepare(lm, spec)  # base scores, solved problems, CAMA means per answer step
-    described = setup.describe()  # base_accuracy, base_accuracy_ci, base_accuracy_baseline, n, n_solved, ...
-    L = setup.adapter.n_layers
-    config = AF1Config(wait=L // 2, transfer=2)  # CAMA at block L/2, the last token peeks in the next two
-    run = experiments.run_result(setup, config)  # faithfulness with its CI and baseline, every problem's row
-    grid = experiments.sweep(setup, max_transfer=max_transfer)  # every (wait, transfer <= max_transfer) cell
-    found = experiments.search(grid, threshold=0.9)  # chosen on a seeded half, confirmed on the other
+    task = af1.TaskSpec(operation="a+b", style="calculate", shots=3, n=n)
+    held = af1.session(lm)  # the task is evaluated once and its CAMA means made once, for every run below
+    base = af1.run("eval", held, task)  # base accuracy with n, interval, constant guess, every problem
+    L = lm.adapter.n_layers
+    run = af1.run("run", held, task, wait=L // 2, transfer=2)  # CAMA at block L/2, the last token peeks in two more
+    found = af1.run("search", held, task, threshold=0.9, upstream={"sweep": {"max_transfer": max_transfer}})
     return {
-        "base_accuracy": [described["base_accuracy"], described["base_accuracy_ci"]],
-        "base_accuracy_baseline": described["base_accuracy_baseline"],
-        "n": described["n"],
-        "n_solved": described["n_solved"],
-        "config": [config.wait, config.transfer],
-        "stages": config.stages(L),
-        "faithfulness": [run["faithfulness"], run["faithfulness_ci"]],
-        "faithfulness_baseline": run["faithfulness_baseline"],
-        "executor": run["executor"],
-        "first_problem_input": run["problems"][0]["input"],
-        "search": {k: found[k] for k in ("found", "wait", "transfer", "faithfulness", "faithfulness_ci")},
-        "best_eligible_cell": found.get("best"),
+        "base_accuracy": [base.base_accuracy, base.base_accuracy_ci],
+        "base_accuracy_baseline": base.base_accuracy_baseline,
+        "n": base.n,
+        "n_solved": base.n_solved,
+        "config": [run.wait, run.transfer],
+        "stages": run.stages,
+        "faithfulness": [run.faithfulness, run.faithfulness_ci],
+        "faithfulness_baseline": run.faithfulness_baseline,
+        "executor": run.executor,
+        "first_problem_input": base.problems[0]["input"],
+        "search": {k: getattr(found, k) for k in ("found", "wait", "transfer", "faithfulness", "faithfulness_ci")},
+        "best_eligible_cell": found.best,
     }
 
 

@@ -165,7 +165,7 @@ def test_shared_context_equals_reference(tiny, task, config):
 
 
 def test_executor_choice_names_why_it_is_not_faster(task):
-    from af1.experiments import choose_executor
+    from af1.measures import choose_executor
 
     llama = ModelAdapter(tiny_model("llama"))
     assert choose_executor(llama, task, AF1Config(wait=0, transfer=1))["executor"] == "fast"

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from af1 import experiments, heads
+from af1 import heads, measures
 from af1.allforone import AF1Config, reference_logits
 from af1.errors import Af1Error
 from af1.fast import fast_logits
@@ -93,10 +93,10 @@ def test_every_intervention_matches_the_whole_model(pair, tokenizer):
     a, b = heads.path_patching(whole.adapter, task, cf), heads.path_patching(placed.adapter, task, cf)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert torch.equal(heads.mlp_logit_lens(placed.adapter, task), heads.mlp_logit_lens(whole.adapter, task))
-    setup = experiments.prepare(placed, SPEC)
+    setup = measures.prepare(placed, SPEC)
     assert setup.base.accuracy == 1.0
-    sweep = experiments.sweep(setup, max_transfer=1)
-    whole_sweep = experiments.sweep(experiments.prepare(whole, SPEC), max_transfer=1)
+    sweep = measures.sweep(setup, max_transfer=1)
+    whole_sweep = measures.sweep(measures.prepare(whole, SPEC), max_transfer=1)
     assert torch.equal(
         sweep["faithfulness_wait_transfer"].nan_to_num(-1), whole_sweep["faithfulness_wait_transfer"].nan_to_num(-1)
     )
@@ -113,7 +113,7 @@ def test_bfloat16_placed_and_whole_agree(pair, tokenizer):
     expected = reference_logits(whole.adapter, task, config, means)
     assert torch.equal(reference_logits(placed.adapter, task, config, means), expected)
     assert torch.equal(fast_logits(placed.adapter, task, config, means).argmax(-1), expected.argmax(-1))
-    assert experiments.prepare(placed, SPEC).base.accuracy == experiments.prepare(whole, SPEC).base.accuracy > 0.3
+    assert measures.prepare(placed, SPEC).base.accuracy == measures.prepare(whole, SPEC).base.accuracy > 0.3
 
 
 def test_fine_tuning_refuses_offloaded_weights(pair, tokenizer):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from af1.evaluation import Scores, evaluate, solved
+from af1.experiments import REGISTRY
 from af1.tasks import TaskSpec, build_task
 
 from cli_helpers import run_cli
@@ -90,7 +91,7 @@ def test_cli_lists_models_and_tasks(capsys):
     assert code == 0 and "John has 3 cookies" in out and "a*b" in out
 
 
-@pytest.mark.parametrize("command", ["run", "sweep", "search", "necessity", "alternatives", "prune", "heads", "demo"])
+@pytest.mark.parametrize("command", [*REGISTRY, "demo"])
 def test_cli_out_naming_a_file_is_one_line(capsys, tmp_path, command):
     """--out that names an existing file fails at parse time, before a model is loaded, and leaves it alone."""
     existing = tmp_path / "taken.txt"
@@ -100,9 +101,11 @@ def test_cli_out_naming_a_file_is_one_line(capsys, tmp_path, command):
     assert "Traceback" not in err and out == "" and existing.read_text() == "mine"
 
 
-def test_cli_eval_out_naming_a_directory_is_one_line(capsys, tmp_path):
-    code, _, err = run_cli(capsys, "eval", "--out", str(tmp_path))
-    assert code == 2 and "is a directory, not a file" in err
+def test_cli_eval_out_is_a_directory_like_every_command(capsys, cli_on_smollm2, tmp_path):
+    code, out, _ = run_cli(capsys, "eval", "--shots", "3", "--n", "20", "--out", str(tmp_path / "o"))
+    assert code == 0 and "wrote" in out
+    written = json.loads((tmp_path / "o" / "eval.json").read_text())
+    assert written["n"] == 20 and written["provenance"]["model"]["sha256"] and len(written["problems"]) == 20
 
 
 def test_cli_study_out_naming_a_file_is_one_line(capsys, tmp_path):

@@ -102,7 +102,10 @@ def test_plan_files_validate_and_expand(tmp_path, tiny_dirs):
     changed.experiments.sweep = SweepOptions(max_transfer=1)
     new = {u.id: u.key for u in expand(changed)}
     moved = {i for i in ids if new[i] != by_id[i].key}
-    assert moved == {i for i in ids if i.endswith(("/sweep", "/search", "/necessity", "/styles", "/transfer"))}
+    # (heads reads the search to place its top heads among the AF1 stages)
+    assert moved == {
+        i for i in ids if i.endswith(("/sweep", "/search", "/necessity", "/styles", "/heads", "/transfer"))
+    }
     # resources do not change results, so they do not change keys
     more = yaml_plan.model_copy(deep=True)
     more.models[0].gpus = 1
@@ -182,7 +185,7 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
     states = {r["id"]: r["state"] for r in tables["units"]}
     assert states["tiny-llama/a+b.original.1d.1shot.n30/sweep"] == "stale"
     assert states["tiny-llama/a+b.original.1d.1shot.n30/eval"] == "done"
-    assert tables["faithfulness"] == [] and tables["transfer"] == {} and tables["n_done"] == 30 - 20
+    assert tables["faithfulness"] == [] and tables["transfer"] == {} and tables["n_done"] == 30 - 24  # heads too
 
 
 def test_ray_gives_the_same_results_as_local(local_run, tmp_path):
@@ -323,35 +326,47 @@ def test_an_unreachable_ray_cluster_is_a_one_line_error(tmp_path, capsys, tiny_d
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
-def test_demo_sets_two_models_side_by_side(tiny_dirs, tmp_path):
-    """The main job's shape on two tiny models: both grids and searches, each config on the other, the analyses
-    of the one with a subgraph, heads placed against its stages, a report per model and one contrast report."""
-    from af1 import pipeline
+def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp_path, capsys):
+    """The main job's shape on two tiny models: both grids and searches, each config on the other (on the target's
+    confirmation split, beside its own), the analyses only where a search found a subgraph, heads placed against
+    its stages, paired base accuracy, one report with every section and the wall times; a rerun resumes."""
+    from af1.study import demo
 
     out = tmp_path / "demo"
     said: list[str] = []
-    report = pipeline.demo([str(tiny_dirs["llama"]), str(tiny_dirs["qwen2"])], out, TASKS[0], 0.5, said.append)
-    data = json.loads((out / "contrast.json").read_text())
-    assert data["models"] == ["llama", "qwen2"] and len(data["verdicts"]) == 2
-    assert all(("AF1 subgraph" in v or "no AF1 subgraph" in v) and "[" in v for v in data["verdicts"])
-    assert {(r["source"]["model"], r["target"]) for r in data["cross"]} == {("llama", "qwen2"), ("qwen2", "llama")}
-    for row in data["cross"]:
-        assert row["absolute"]["faithfulness_ci"] and row["relative"]["faithfulness_ci"]
-        if data["searches"][row["target"]]["wait"] is not None or data["searches"][row["target"]]["best"]:
-            assert row["own"]["faithfulness_n"] == row["absolute"]["faithfulness_n"] == row["n_solved"]
+    plan = demo.demo_plan([str(tiny_dirs["llama"]), str(tiny_dirs["qwen2"])], TASKS[0], 0.5)
+    summary = demo.run_demo(plan, out, said.append)
+    assert summary.failed == []
+    report = json.loads((out / "report.json").read_text())
+    assert len(report["verdicts"]) == 2 and said[:2] == report["verdicts"] and said[-1].startswith("demo time")
+    assert all(("AF1 subgraph" in v or "no AF1 subgraph" in v) and "[" in v for v in report["verdicts"])
+    rows = report["transfer"]["a+b.original.1d.1shot.n30"]
+    assert {(r["source"], r["target"]) for r in rows if r["absolute"]} <= {
+        (s, t) for s in ("llama", "qwen2") for t in ("llama", "qwen2")
+    }
+    found = {r["model"]: r["found"] for r in report["faithfulness"]}
+    states = {r["id"]: r["state"] for r in report["units"]}
+    for model, has in found.items():
+        for name in ("components", "necessity", "alternatives", "prune", "heads"):
+            assert states[f"{model}/a+b.original.1d.1shot.n30/{name}"] == ("done" if has else "not_applicable")
+    assert any(found.values()), "a tiny model fitted to the task has a subgraph at threshold 0.5"
+    results = Store(out).results()
+    for row in rows:
+        if row["own"] is not None and row["absolute"]:
             assert 0 <= row["relative"]["mcnemar_vs_own"]["p_value"] <= 1
-    paired = data["base_accuracy_paired"]["llama vs qwen2"]  # same tokenizer, same problems
-    assert paired["n"] == data["cross"][0]["n"] and 0 <= paired["p_value"] <= 1
-    analysed = data["analysed"]
-    assert data["searches"][analysed]["found"]
-    assert {p["stage"] for p in data["heads_placement"]} <= {"wait", "transfer", "compute"}
-    for name in data["models"]:
-        assert (out / name / "sweep.png").is_file() and (out / name / "report.html").is_file()
-    for name in ("components", "necessity", "alternatives", "heads"):
-        assert (out / analysed / f"{name}.json").is_file()
-    html = report.read_text()
-    assert html.count("data:image/png;base64,") == 2 and "on the other" in html and "Wall time" in html
-    assert data["timings_seconds"]["total"] > 0 and said[-1].startswith("demo time")
+    (pair,) = report["base_accuracy_paired"]  # same tokenizer, same problems
+    assert pair["models"] == ["llama", "qwen2"] and pair["n"] == 30 and 0 <= pair["p_value"] <= 1
+    analysed = next(m for m, has in found.items() if has)
+    heads = results[f"{analysed}/a+b.original.1d.1shot.n30/heads"]
+    assert heads["placement"] and {p["stage"] for p in heads["placement"]} <= {"wait", "transfer", "compute"}
+    html = (out / "report.html").read_text()
+    for heading in ("Where each model waits", "CAMA alone", "Necessity", "Alternatives", "Head pruning"):
+        assert heading in html
+    assert "Arithmetic heads" in html and "wall time" in html and html.count("data:image/png;base64,") >= 4
+    again = demo.run_demo(plan, out, said.append)
+    assert again.ran == [] and len(again.skipped) == len(summary.units)
+    code, text, _ = run_cli(capsys, "demo", "--model", str(tiny_dirs["llama"]), "--show-plan")
+    assert code == 0 and "require_found: true" in text and "transfer: {}" in text
 
 
 def test_a_study_evaluates_each_model_and_task_once(tiny_dirs, tmp_path, monkeypatch):

@@ -127,3 +127,19 @@ def evaluated(model: Any, tokenizer: Any, spec: Any, done: Evaluated | None = No
 def solved(task: Task, scores: Scores) -> Task:
     """The problems the model answers correctly: the set every AF1 measurement is taken on."""
     return task.subset(scores.correct_P.nonzero().flatten())
+
+
+def require_solved(n_solved: int, spec: Any) -> None:
+    """Interventions are measured on the solved problems: none solved is a one-line error."""
+    if n_solved == 0:
+        from af1.errors import Af1Error
+
+        raise Af1Error(f"the model solves none of the {spec.operation} problems ({spec.style}, {spec.shots} shots)")
+
+
+def problem_rows(task: Task, scores: Scores) -> list[dict[str, Any]]:
+    """One row per problem as fed to the model (text and ids), with its greedy answer tokens and whether it is right."""
+    rows = task.rows()
+    for row, predicted, right in zip(rows, scores.predicted_PA, scores.correct_P.tolist(), strict=True):
+        row.update(predicted_tokens=predicted, solved=bool(right))
+    return rows

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from af1.errors import Af1Error
-from af1.evaluation import Evaluated, Scores, batches, evaluated, forward_last, solved
+from af1.evaluation import Evaluated, Scores, batches, evaluated, forward_last, require_solved, solved
 from af1.interventions.heads import head_means, replace_heads
 from af1.interventions.sites import FINAL, Site, head_inputs, mlp_output, record
 from af1.models.adapter import ModelAdapter, execution_device, weight_of
@@ -375,8 +375,6 @@ def study(
 ) -> dict[str, Any]:
     """Path patching, key heads, knockout of top-k vs random-k, where key heads look, MLP logit lens, overlap;
     `done` is an evaluation of the same spec already made."""
-    from af1.api import require_solved
-
     adapter = lm.adapter
     done = evaluated(lm.model, lm.tokenizer, spec, done)
     task, base = done.task, done.base

@@ -10,12 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from af1.allforone import Ablation
 from af1.errors import Af1Error
-from af1.interventions.masks import ABPVariant
+from af1.experiments import REGISTRY
+from af1.experiments.search import Options as SearchOptions
+from af1.experiments.sweep import Options as SweepOptions
 from af1.tasks import STYLES, TaskSpec
+
+__all__ = ["ORDER", "ModelEntry", "SearchOptions", "StudyPlan", "SweepOptions", "Unit", "expand", "load_plan"]
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -53,78 +56,16 @@ class ModelEntry(_Strict):
         return self.model_dump(include={"spec", "dtype", "attn", "device_map", "trust_remote_code"})
 
 
-class EvalOptions(_Strict):
-    pass
+def _experiments_model() -> type[BaseModel]:
+    """The plan's `experiments:` table, one optional entry per registered experiment with its own options."""
+    fields: dict[str, Any] = {
+        name: (exp.Options | None, Field(default=None, description=exp.help)) for name, exp in REGISTRY.items()
+    }
+    return create_model("Experiments", __config__=ConfigDict(extra="forbid"), **fields)
 
 
-class SweepOptions(_Strict):
-    max_transfer: int | None = Field(default=None, ge=0)
-    ablation: Ablation = "cama"
-    abp: ABPVariant = "af1"
-    reference: bool = False
-
-
-class SearchOptions(_Strict):
-    threshold: float = Field(default=0.9, ge=0, le=1)
-
-
-class NecessityOptions(_Strict):
-    windows: list[int] = Field(default_factory=lambda: [1, 2, 4])
-
-    @field_validator("windows")
-    @classmethod
-    def _positive(cls, v: list[int]) -> list[int]:
-        if not v or min(v) < 1:
-            raise ValueError("windows must be a non-empty list of widths >= 1")
-        return v
-
-
-class StylesOptions(_Strict):
-    styles: list[str] = Field(default_factory=lambda: list(STYLES))
-    operations: list[str] | None = Field(default=None, description="default: the unit's own operation")
-    wait: int | None = Field(default=None, description="a fixed config instead of the search's (with transfer)")
-    transfer: int | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> StylesOptions:
-        unknown = sorted(set(self.styles) - set(STYLES))
-        if unknown:
-            raise ValueError(f"unknown styles {unknown}; choose from {', '.join(STYLES)}")
-        if (self.wait is None) != (self.transfer is None):
-            raise ValueError("give both wait and transfer, or neither (then the search's config is used)")
-        return self
-
-
-class HeadsOptions(_Strict):
-    threshold: float = -0.05
-    k: int = Field(default=10, ge=1)
-    draws: int = Field(default=5, ge=1)
-
-
-class PositionalOptions(_Strict):
-    window: int = Field(default=128, ge=8)
-    n_windows: int = Field(default=4, ge=1)
-    seed: int = 0
-
-
-class TransferOptions(_Strict):
-    pass
-
-
-class Experiments(_Strict):
-    eval: EvalOptions | None = None
-    sweep: SweepOptions | None = None
-    search: SearchOptions | None = None
-    necessity: NecessityOptions | None = None
-    styles: StylesOptions | None = None
-    heads: HeadsOptions | None = None
-    positional: PositionalOptions | None = None
-    transfer: TransferOptions | None = Field(default=None, description="every model's AF1 config on every other model")
-
-
-# The order a model's units run in: later ones may read earlier ones' results.
-ORDER = ("eval", "sweep", "search", "necessity", "styles", "heads", "positional", "transfer")
-PER_MODEL = ("positional",)  # experiments of a model alone, not of a task
+Experiments = _experiments_model()
+ORDER = tuple(REGISTRY)  # the order a model's units run in: later ones may read earlier ones' results
 
 
 class StudyPlan(_Strict):
@@ -132,7 +73,7 @@ class StudyPlan(_Strict):
     models: list[ModelEntry] = Field(min_length=1)
     tasks: list[TaskSpec] = Field(default_factory=lambda: [TaskSpec()])
     styles: list[str] | None = Field(default=None, description="cross every task with these styles")
-    experiments: Experiments
+    experiments: Experiments  # pyright: ignore[reportInvalidTypeForm]
 
     @model_validator(mode="after")
     def _check(self) -> StudyPlan:
@@ -206,20 +147,28 @@ def content_key(data: dict[str, Any]) -> str:
 def expand(plan: StudyPlan) -> list[Unit]:
     """The plan's units in an order where every unit comes after the units it reads.
 
-    search needs sweep; necessity uses the search's config when the plan has one; styles and
-    transfer need a config (the search's, or a fixed one for styles). Implied units are added.
+    What an experiment needs is added with default options (search needs sweep; a config experiment without a
+    fixed config needs search); what it uses is read when the plan has it. Task experiments run model by model
+    and task by task; per-model ones after a model's tasks; cross-model ones last, the last model first (it is
+    still loaded when its chain ends).
     """
     from af1 import __version__
 
-    exps = {e: getattr(plan.experiments, e) for e in ORDER if getattr(plan.experiments, e) is not None}
-    needs_search = exps.get("transfer") is not None or (
-        "styles" in exps and exps["styles"].wait is None  # type: ignore[union-attr]
-    )
-    if needs_search:
-        exps.setdefault("search", SearchOptions())
-    if "search" in exps:
-        exps.setdefault("sweep", SweepOptions())
+    exps: dict[str, Any] = {e: getattr(plan.experiments, e) for e in ORDER if getattr(plan.experiments, e) is not None}
+    added = True
+    while added:  # what the named experiments need, and what that needs
+        added = False
+        for name, opts in list(exps.items()):
+            for need in REGISTRY[name].needs(opts):
+                if need not in exps:
+                    exps[need] = REGISTRY[need].Options()
+                    added = True
+    exps = {e: exps[e] for e in ORDER if e in exps}
     units: dict[str, Unit] = {}
+
+    def reads(name: str) -> list[str]:
+        exp = REGISTRY[name]
+        return [d for d in ORDER if d in (*exp.needs(exps[name]), *exp.uses()) and d in exps]
 
     def add(model: ModelEntry, task: TaskSpec | None, experiment: str, deps: list[str]) -> None:
         options = exps[experiment].model_dump()
@@ -237,24 +186,19 @@ def expand(plan: StudyPlan) -> list[Unit]:
         units[unit.id] = unit
 
     specs = plan.task_specs()
-    per_task = [e for e in ORDER if e in exps and e not in PER_MODEL and e != "transfer"]
+    scope = {name: REGISTRY[name].scope for name in exps}
     for model in plan.models:
         for spec in specs:  # task by task, so a worker holds one task's setup at a time
             label = f"{model.name}/{task_label(spec)}"
-            for exp in per_task:
-                deps: list[str] = []
-                if exp == "search":
-                    deps = [f"{label}/sweep"]
-                elif (exp == "necessity" and "search" in exps) or (exp == "styles" and exps["styles"].wait is None):
-                    deps = [f"{label}/search"]
-                add(model, spec, exp, deps)
-        for exp in PER_MODEL:
-            if exp in exps:
-                add(model, None, exp, [])
-    if "transfer" in exps:  # the last model first: run here, it is still loaded when its chain ends
+            for exp in (e for e in exps if scope[e] == "task"):
+                add(model, spec, exp, [f"{label}/{d}" for d in reads(exp)])
+        for exp in (e for e in exps if scope[e] == "model"):
+            add(model, None, exp, [])
+    for exp in (e for e in exps if scope[e] == "models"):
         for model in reversed(plan.models):
             for spec in specs:
-                add(model, spec, "transfer", [f"{m.name}/{task_label(spec)}/search" for m in plan.models])
+                label = task_label(spec)
+                add(model, spec, exp, [f"{m.name}/{label}/{d}" for d in reads(exp) for m in plan.models])
     return list(units.values())
 
 

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from af1.errors import Af1Error
+from af1.experiments import REGISTRY
+from af1.experiments.session import Session
 from af1.progress import progress
-from af1.report import figures
 from af1.results import write_json
 from af1.study.plan import StudyPlan, Unit, expand
 from af1.study.report import build_study_report
-from af1.study.store import Store
-from af1.study.units import Worker, one_line
+from af1.study.store import FINISHED, Store
+from af1.study.units import Worker, one_line, unit_inputs
 
 Outcome = dict[str, Any]
 
@@ -72,7 +73,7 @@ def run_study(
         _draw(store, unit, outcome, outcomes)
         outcomes[unit.id] = store.finished(unit, outcome)
         ran.append(unit.id)
-    failed = [u.id for u in units if outcomes.get(u.id, {}).get("state") != "done"]
+    failed = [u.id for u in units if outcomes.get(u.id, {}).get("state") not in FINISHED]
     report = build_study_report(store, plan, units)
     return StudySummary(units, ran, skipped, failed, report)
 
@@ -148,25 +149,15 @@ def _require_ray(address: str | None) -> Any:
 
 
 def _draw(store: Store, unit: Unit, outcome: Outcome, outcomes: dict[str, Outcome]) -> None:
-    """The unit's figure beside its record; a figure that fails is noted, the result stands. A search draws its
-    sweep again with its threshold's confident cells, its frontier and its choice."""
-    if unit.experiment == "search" and outcome.get("state") == "done":
-        sweep = outcomes.get(unit.deps[0], {}).get("result") if unit.deps else None
-        if sweep is not None:
-            try:
-                figures.sweep_heatmap(sweep, store.unit_dir(unit) / "search.png", outcome["result"])
-            except Exception as exc:
-                outcome["figure_error"] = one_line(exc)
+    """The unit's figure beside its record; a figure that fails is noted, the result stands."""
+    experiment = REGISTRY[unit.experiment]
+    if experiment.figure is None or outcome.get("state") != "done":
         return
-    draw = {
-        "sweep": figures.sweep_heatmap,
-        "necessity": figures.necessity_plot,
-        "heads": figures.heads_figures,
-        "positional": figures.positional_figures,
-    }.get(unit.experiment)
-    if draw is None or outcome.get("state") != "done":
-        return
+    deps = {d: outcomes[d]["result"] for d in unit.deps if outcomes.get(d, {}).get("state") == "done"}
     try:
-        draw(outcome["result"], store.unit_dir(unit) / f"{unit.experiment}.png")
+        worker = Session(lambda: None)  # type: ignore[arg-type,return-value]  # drawing reads results only
+        inputs = unit_inputs(worker, unit, deps, None)
+        result = experiment.Result.model_validate(outcome["result"])
+        experiment.draw(result, store.unit_dir(unit), inputs)
     except Exception as exc:
         outcome["figure_error"] = one_line(exc)

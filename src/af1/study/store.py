@@ -1,6 +1,6 @@
 """The study's results store: one atomically written record per unit, keyed by the unit's inputs.
 
-DIR/units/<model>/<task>/<experiment>/unit.json holds the unit's state (running, done, failed),
+DIR/units/<model>/<task>/<experiment>/unit.json holds the unit's state (running, done, not_applicable, failed),
 its content key, its result or error, and its provenance. A rerun skips a unit whose record is
 done with the same key and redoes everything else (failed, interrupted, or changed inputs).
 """
@@ -14,6 +14,8 @@ from typing import Any
 
 from af1.results import read_json, write_json
 from af1.study.plan import Unit
+
+FINISHED = ("done", "not_applicable")  # a unit that does not apply is a finding, not a failure to redo
 
 
 def now() -> str:
@@ -37,9 +39,9 @@ class Store:
             return None
 
     def done(self, unit: Unit) -> dict[str, Any] | None:
-        """The unit's record if it finished with its current inputs (same key), else None."""
+        """The unit's record if it finished (done, or not applicable) with its current inputs, else None."""
         record = self.record(unit)
-        if record is None or record.get("key") != unit.key or record.get("state") != "done":
+        if record is None or record.get("key") != unit.key or record.get("state") not in FINISHED:
             return None
         return record
 

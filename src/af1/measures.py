@@ -14,9 +14,8 @@ from typing import Any
 import torch
 
 from af1.allforone import ABLATIONS, AF1Config, reference_logits
-from af1.api import require_solved
 from af1.errors import Af1Error
-from af1.evaluation import Evaluated, Scores, evaluated, solved
+from af1.evaluation import Evaluated, Scores, evaluated, require_solved, solved
 from af1.fast import (
     ProblemKV,
     TokenLocalKV,

@@ -1,0 +1,50 @@
+"""Every experiment af1 runs, one module each, in the order a model's units run (what an experiment reads comes
+before it). The command line, plan files, the study runner, the HTML report and `af1.api` are derived from this
+registry: adding an experiment is one module and one line here."""
+
+from __future__ import annotations
+
+from af1.experiments.alternatives import Alternatives
+from af1.experiments.base import Experiment, Inputs, NotApplicable
+from af1.experiments.base_accuracy import BaseAccuracy
+from af1.experiments.components import Components
+from af1.experiments.finetune import Finetune
+from af1.experiments.heads import Heads
+from af1.experiments.necessity import Necessity
+from af1.experiments.positional import Positional
+from af1.experiments.prune import Prune
+from af1.experiments.run import Run
+from af1.experiments.search import Search
+from af1.experiments.styles import Styles
+from af1.experiments.sweep import Sweep
+from af1.experiments.transfer import Transfer
+
+REGISTRY: dict[str, Experiment] = {
+    e.name: e
+    for e in (
+        BaseAccuracy(),
+        Sweep(),
+        Search(),
+        Run(),
+        Components(),
+        Necessity(),
+        Alternatives(),
+        Prune(),
+        Styles(),
+        Heads(),
+        Finetune(),
+        Positional(),
+        Transfer(),
+    )
+}
+
+
+def get(name: str) -> Experiment:
+    from af1.errors import Af1Error
+
+    if name not in REGISTRY:
+        raise Af1Error(f"unknown experiment {name!r}: choose from {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+__all__ = ["REGISTRY", "Experiment", "Inputs", "NotApplicable", "get"]

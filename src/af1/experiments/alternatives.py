@@ -1,0 +1,78 @@
+"""alternatives: at one config, CAMA against zero, mean, resample and no ablation, and ABP against its variants,
+each paired with the configured intervention on the same problems (exact McNemar)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from af1 import measures
+from af1.experiments import base
+from af1.report.markup import ci_text, table_html
+
+
+class Options(base.ConfigOptions):
+    pass
+
+
+class Result(base.Result):
+    wait: int
+    transfer: int
+    n_solved: int
+    ablations_detail: dict[str, dict[str, Any]]
+    abp_variants_detail: dict[str, dict[str, Any]]
+    measured_on: str = "solved problems"
+
+
+def rows(detail: dict[str, Any]) -> list[list[str]]:
+    """One row per intervention: faithfulness with its interval (resample: mean ± std over seeds), McNemar p."""
+    out = []
+    for k, v in detail.items():
+        if "per_seed" in v:  # resample: the median seed's p, never the most favourable one
+            ps = sorted(s["mcnemar_vs_configured"]["p_value"] for s in v["per_seed"])
+            cell = f"{v['faithfulness']:.3f} ± {v['faithfulness_std']:.3f} ({v['seeds']} seeds)"
+            out.append([k, cell, f"median over seeds {ps[len(ps) // 2]:.2g} (largest {ps[-1]:.2g})"])
+        else:
+            out.append(
+                [k, ci_text(v["faithfulness"], v["faithfulness_ci"]), f"{v['mcnemar_vs_configured']['p_value']:.2g}"]
+            )
+    return out
+
+
+class Alternatives(base.Experiment):
+    name = "alternatives"
+    help = "At one config: CAMA vs zero, mean, resample and no ablation; ABP vs its variants (McNemar)."
+    Options = Options
+    Result = Result
+
+    def needs(self, options: Options) -> tuple[str, ...]:
+        return base.config_needs(options)
+
+    def run(self, inputs: base.Inputs, options: Options) -> Result:
+        setup = inputs.resources.setup(inputs.spec)
+        config = base.config_of(inputs, options, setup.adapter.n_layers)
+        on, where = setup, "solved problems"
+        if options.wait is None:  # the search's config: measured where it was not chosen
+            on, where = measures.confirmation(setup, inputs.one("search").data()), "the search's confirmation split"
+        return Result(**measures.alternatives(on, config), measured_on=where)
+
+    def section(self, result: Result, out_dir: Path) -> list[str]:
+        header = ["faithfulness [95 % CI]", "McNemar p vs CAMA + ABP"]
+        return [
+            f"<h2>Alternatives at L_wait = {result.wait}, L_transfer = {result.transfer}</h2>"
+            f"<p>On {result.n_solved} problems ({result.measured_on}).</p>",
+            table_html(["ablation at L_wait (ABP af1)", *header], rows(result.ablations_detail)),
+            table_html(["ABP variant (CAMA)", *header], rows(result.abp_variants_detail)),
+        ]
+
+    def show(self, result: Result) -> list[Table | str]:
+        table = Table("intervention", "faithfulness [95 % CI]", "McNemar p vs CAMA + ABP af1")
+        for kind, detail in (
+            ("ablation {} + ABP af1", result.ablations_detail),
+            ("CAMA + ABP {}", result.abp_variants_detail),
+        ):
+            for name, cell, p in rows(detail):
+                table.add_row(kind.format(name), cell, p)
+        return [table]

@@ -1,0 +1,185 @@
+"""The shape of every experiment: its options, its typed result, what it reads, how it runs, its figure and its
+report section. The CLI, plan files, the study runner, the HTML report and the Python API are derived from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from rich.table import Table
+
+from af1.allforone import AF1Config
+from af1.errors import Af1Error
+from af1.evaluation import Evaluated
+from af1.models import LoadedModel
+from af1.tasks import TaskSpec
+
+NO_CELL = "its search found no cell whose interval clears the constant-guess baseline"
+
+
+class Options(BaseModel):
+    """An experiment's options: the only place their defaults live. Unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Result(BaseModel):
+    """An experiment's result. The fields it declares are what figures, reports and other experiments read;
+    every other measured field passes through to the JSON as it is."""
+
+    model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True)
+
+    def data(self) -> dict[str, Any]:
+        """Every field, declared or not: what the JSON holds."""
+        return self.model_dump()
+
+
+class NotApplicable(Exception):
+    """The unit does not apply (for example: analyses asked only where the search found a subgraph)."""
+
+
+class Resources(Protocol):
+    """What a unit's body can ask for: the model, and one evaluation and one setup per task (shared)."""
+
+    def lm(self) -> LoadedModel: ...
+
+    def evaluated(self, spec: TaskSpec) -> Evaluated: ...
+
+    def setup(self, spec: TaskSpec) -> Any: ...
+
+
+@dataclass
+class Inputs:
+    """Everything a unit runs on: resources, its task (None for per-model experiments), the results it reads
+    by experiment name (one per model for cross-model experiments), and a directory for resumable state."""
+
+    resources: Resources
+    task: TaskSpec | None
+    model_name: str
+    deps: dict[str, list[Result]] = field(default_factory=dict)
+    state_dir: Path | None = None
+
+    @property
+    def spec(self) -> TaskSpec:
+        if self.task is None:
+            raise Af1Error("this experiment needs a task")
+        return self.task
+
+    def every(self, name: str) -> list[Any]:
+        """The results of experiment `name` on every model of the plan (cross-model experiments)."""
+        return list(self.deps.get(name) or [])
+
+    def one(self, name: str) -> Any:
+        """The result of experiment `name` on this model and task, or None when the plan has none."""
+        found = self.deps.get(name) or []
+        return found[0] if found else None
+
+
+class ConfigOptions(Options):
+    """Options of an experiment that runs at one AF1 configuration: fixed, or the model's search's."""
+
+    wait: int | None = Field(default=None, description="CAMA at the output of this block (default: the search's)")
+    transfer: int | None = Field(
+        default=None, description="layers in which the last token peeks (with --wait; default 0)"
+    )
+    require_found: bool = Field(
+        default=False,
+        description="do not run (recorded as not applicable, not failed) when the search found no AF1 subgraph",
+    )
+
+    @model_validator(mode="after")
+    def _wait_first(self) -> ConfigOptions:
+        if self.wait is None and self.transfer is not None:
+            raise ValueError("transfer is given with wait (without both, the search's config is used)")
+        return self
+
+
+class GatedOptions(Options):
+    """Options of an experiment that can be asked only where the model's search found a subgraph."""
+
+    require_found: bool = Field(
+        default=False,
+        description="do not run (recorded as not applicable, not failed) when the search found no AF1 subgraph",
+    )
+
+
+def searched_config(search: Any) -> AF1Config | None:
+    """The AF1 config a search settled on: the subgraph it found, else its best eligible cell; None when no cell
+    is eligible (a finding: the units that read it say so)."""
+    cell = search.model_dump() if search.found else search.best
+    if cell is None:
+        return None
+    return AF1Config(**{**(search.config or {}), "wait": cell["wait"], "transfer": cell["transfer"]})
+
+
+def check_found(inputs: Inputs, options: Options) -> None:
+    """Skip the unit when it is asked only where the search found a subgraph and it did not."""
+    if getattr(options, "require_found", False):
+        search = inputs.one("search")
+        if search is not None and not search.found:
+            raise NotApplicable(f"no AF1 subgraph at faithfulness >= {search.threshold} (require_found)")
+
+
+def config_of(inputs: Inputs, options: ConfigOptions, n_layers: int) -> AF1Config:
+    """The configuration an experiment runs at: the options' fixed one, else the search's."""
+    check_found(inputs, options)
+    if options.wait is not None:
+        config = AF1Config(wait=options.wait, transfer=options.transfer or 0, seed=inputs.spec.seed)
+    else:
+        search = inputs.one("search")
+        config = searched_config(search) if search is not None else None
+        if config is None:
+            raise Af1Error(f"no configuration to run at: {NO_CELL} (give --wait and --transfer)")
+    config.check(n_layers)
+    return config
+
+
+def config_needs(options: Any) -> tuple[str, ...]:
+    """A config experiment reads the search unless both wait and transfer are given (or it is gated on it)."""
+    return ("search",) if getattr(options, "wait", None) is None or options.require_found else ()
+
+
+AnyOptions = Options
+AnyResult = Result
+
+
+class Experiment:
+    """One experiment. A module defines a subclass and registers an instance in `af1.experiments.REGISTRY`."""
+
+    name: ClassVar[str]
+    help: ClassVar[str]
+    Options: ClassVar[type[AnyOptions]] = AnyOptions
+    Result: ClassVar[type[AnyResult]] = AnyResult
+    # task: one unit per model and task; model: per model alone; models: per task, reading every model's results
+    scope: ClassVar[Literal["task", "model", "models"]] = "task"
+    figure: ClassVar[str | None] = None  # the PNG it draws beside its JSON
+    task_defaults: ClassVar[dict[str, Any]] = {}  # task options that differ from TaskSpec's on the command line
+
+    def needs(self, options: Any) -> tuple[str, ...]:
+        """Experiments this one reads and that a plan gets implicitly (with default options)."""
+        return ()
+
+    def uses(self) -> tuple[str, ...]:
+        """Experiments this one reads when the plan has them."""
+        return ()
+
+    def run(self, inputs: Inputs, options: Any) -> Result:
+        raise NotImplementedError
+
+    def draw(self, result: Any, out_dir: Path, inputs: Inputs) -> Path | None:
+        """Its figure in out_dir (None when it has none)."""
+        return None
+
+    def section(self, result: Any, out_dir: Path) -> list[str]:
+        """Its part of the HTML report: headings, paragraphs, tables, figures from out_dir."""
+        return []
+
+    def show(self, result: Any) -> list[Table | str]:
+        """What the command line prints: tables and lines."""
+        return []
+
+    @property
+    def file(self) -> str:
+        return f"{self.name}.json"

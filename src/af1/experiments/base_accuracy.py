@@ -1,0 +1,114 @@
+"""eval: base accuracy of a model on a task, with n, 95 % interval, constant-guess baseline and every problem."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from af1.evaluation import problem_rows
+from af1.experiments import base
+from af1.report.markup import ci_text, table_html, with_ci
+from af1.stats import baseline_warning
+
+
+class Options(base.Options):
+    pass
+
+
+class Result(base.Result):
+    model: str | None = None
+    task: str
+    style: str
+    shots: int
+    digits: int = 1
+    scoring: str = "first"
+    n: int
+    n_solved: int
+    base_accuracy: float
+    base_accuracy_ci: list[float] | None = None
+    base_accuracy_baseline: float | None = None
+    mean_p_correct: float | None = None
+    task_layout: dict[str, Any] = {}
+    warnings: list[str] = []
+    problems: list[dict[str, Any]] = []
+
+
+class BaseAccuracy(base.Experiment):
+    name = "eval"
+    help = "Base accuracy of a model on a task: every answer token (or the first), with its interval and baseline."
+    Options = Options
+    Result = Result
+
+    def run(self, inputs: base.Inputs, options: Options) -> Result:
+        spec = inputs.spec
+        lm = inputs.resources.lm()
+        done = inputs.resources.evaluated(spec)
+        task, scores = done.task, done.base
+        r = scores.rate(task)
+        note = baseline_warning(f"base accuracy ({spec.scoring} scoring)", r["baseline"], r["n"])
+        return Result(
+            model=lm.info.get("spec"),
+            task=spec.operation,
+            style=spec.style,
+            shots=spec.shots,
+            digits=spec.digits,
+            scoring=spec.scoring,
+            n=len(task),
+            n_solved=r["k"],
+            base_accuracy=r["value"],
+            base_accuracy_ci=r["ci"],
+            base_accuracy_baseline=r["baseline"],
+            mean_p_correct=scores.mean_p_correct,
+            warnings=[w for w in (task.sampling_note, note) if w],
+            task_layout=task.describe(),
+            problems=problem_rows(task, scores),
+        )
+
+    def section(self, result: Result, out_dir: Path) -> list[str]:
+        return [
+            f"<h2>Base accuracy on <code>{html.escape(result.task)}</code></h2>",
+            table_html(
+                ["task", "style", "shots", "scoring", "n", "solved", "base accuracy [95 % CI]", "constant guess"],
+                [
+                    [
+                        result.task,
+                        result.style,
+                        result.shots,
+                        result.scoring,
+                        result.n,
+                        result.n_solved,
+                        with_ci(result.base_accuracy, result.base_accuracy_ci),
+                        result.base_accuracy_baseline,
+                    ]
+                ],
+            ),
+        ]
+
+    def show(self, result: Result) -> list[Table | str]:
+        table = Table("task", "style", "shots", "scoring", "n", "base accuracy [95 % CI]", "constant guess", "solved")
+        table.add_row(
+            result.task,
+            result.style,
+            str(result.shots),
+            result.scoring,
+            str(result.n),
+            ci_text(result.base_accuracy, result.base_accuracy_ci),
+            f"{result.base_accuracy_baseline:.3f}",
+            str(result.n_solved),
+        )
+        return [table]
+
+
+def paired(a: Result, b: Result) -> dict[str, Any] | None:
+    """Two models' base accuracy on the same problems, paired (exact McNemar); None when their problems differ."""
+    from af1.stats import mcnemar_exact
+
+    if [(p["prompt"], p["answer"]) for p in a.problems] != [(p["prompt"], p["answer"]) for p in b.problems]:
+        return None
+    return {
+        "n": len(a.problems),
+        **mcnemar_exact([p["solved"] for p in a.problems], [p["solved"] for p in b.problems]),
+    }

@@ -1,0 +1,64 @@
+"""components: CAMA alone (no attention mask) and ABP alone (no ablation) at several L_wait."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from rich.table import Table
+
+from af1 import measures
+from af1.experiments import base
+from af1.report.markup import ci_text, table_html, with_ci
+
+
+class Options(base.GatedOptions):
+    waits: list[int] | None = Field(default=None, description="L_wait values (default: 0, L/3, L/2, 2L/3, L-5 and L-3)")
+    transfer: int = Field(default=2, ge=0, description="peek layers of ABP alone")
+
+
+class Result(base.Result):
+    transfer: int
+    cama_only: dict[int, float]
+    cama_only_ci: dict[int, list[float]]
+    abp_only: dict[int, float]
+    abp_only_ci: dict[int, list[float]]
+    faithfulness_baseline: float | None = None
+
+
+class Components(base.Experiment):
+    name = "components"
+    help = "CAMA alone and ABP alone per L_wait: does either part of AF1 keep the answer by itself?"
+    Options = Options
+    Result = Result
+
+    def needs(self, options: Options) -> tuple[str, ...]:
+        return ("search",) if options.require_found else ()
+
+    def run(self, inputs: base.Inputs, options: Options) -> Result:
+        base.check_found(inputs, options)
+        setup = inputs.resources.setup(inputs.spec)
+        L = setup.adapter.n_layers
+        waits = options.waits or sorted({0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3})
+        return Result(**measures.components(setup, waits, options.transfer))
+
+    def section(self, result: Result, out_dir: Path) -> list[str]:
+        return [
+            "<h2>CAMA alone and ABP alone</h2><p>CAMA alone: the ablation at L_wait with no attention mask. "
+            f"ABP alone: no ablation, the mask from L_wait+1 with {result.transfer} peek layers.</p>",
+            table_html(
+                ["L_wait", "CAMA alone [95 % CI]", "ABP alone [95 % CI]"],
+                [
+                    [w, with_ci(v, result.cama_only_ci.get(w)), with_ci(result.abp_only[w], result.abp_only_ci.get(w))]
+                    for w, v in result.cama_only.items()
+                ],
+            ),
+        ]
+
+    def show(self, result: Result) -> list[Table | str]:
+        table = Table("L_wait", "CAMA alone [95 % CI]", "ABP alone [95 % CI]")
+        for w, v in result.cama_only.items():
+            table.add_row(
+                str(w), ci_text(v, result.cama_only_ci[w]), ci_text(result.abp_only[w], result.abp_only_ci[w])
+            )
+        return [table]

@@ -1,0 +1,99 @@
+"""necessity: faithfulness when the last token cannot read the operands in one layer or a window of layers;
+inside a found AF1 also the transfer window moved later (on the search's confirmation split)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+from rich.table import Table
+
+from af1 import measures
+from af1.allforone import AF1Config
+from af1.experiments import base
+from af1.report import figures
+from af1.report.markup import image_html, table_html, with_ci
+
+
+class Options(base.ConfigOptions):
+    windows: list[int] = Field(default_factory=lambda: [1, 2, 4], description="widths of the blocked windows")
+
+    @field_validator("windows")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if not v or min(v) < 1:
+            raise ValueError("windows must be a non-empty list of widths >= 1")
+        return v
+
+
+class Result(base.Result):
+    n_layers: int
+    windows: dict[str, list[float]]
+    windows_ci: dict[str, list[list[float]]] = {}
+    faithfulness_baseline: float | None = None
+    shifted_transfer: dict[str, Any] | None = None
+    no_config: str | None = None
+
+
+class Necessity(base.Experiment):
+    name = "necessity"
+    help = "Faithfulness when the last token cannot read the operands, layer by layer and in windows."
+    Options = Options
+    Result = Result
+    figure = "necessity.png"
+
+    def needs(self, options: Options) -> tuple[str, ...]:
+        return ("search",) if options.require_found else ()
+
+    def uses(self) -> tuple[str, ...]:
+        return ("search",)
+
+    def run(self, inputs: base.Inputs, options: Options) -> Result:
+        base.check_found(inputs, options)
+        setup = inputs.resources.setup(inputs.spec)
+        search = inputs.one("search")
+        found: AF1Config | None = None
+        found_on = None
+        note = None
+        if options.wait is not None:
+            found = base.config_of(inputs, options, setup.adapter.n_layers)
+        elif search is not None:
+            found = base.searched_config(search)
+            if found is None:  # the unmodified model's windows still say where the last token reads
+                note = f"the transfer window is not moved: {base.NO_CELL}"
+            else:
+                found_on = measures.confirmation(setup, search.data())
+        result = measures.necessity(setup, tuple(options.windows), found, found_on)
+        return Result(**result, no_config=note)
+
+    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
+        return figures.necessity_plot(result.data(), out_dir / "necessity.png")
+
+    def section(self, result: Result, out_dir: Path) -> list[str]:
+        worst = {w: min(v) for w, v in result.windows.items()}
+        return [
+            "<h2>Necessity</h2><p>In the unmodified model the last token is kept from reading every non-context "
+            "position in one layer or a window of layers; right: inside the found AF1 the transfer window is moved "
+            "later.</p>",
+            image_html(out_dir, "necessity.png"),
+            table_html(
+                ["window", "lowest faithfulness [95 % CI]", "at first layer"],
+                [
+                    [
+                        w,
+                        with_ci(
+                            worst[w], (result.windows_ci.get(w) or [None] * 999)[result.windows[w].index(worst[w])]
+                        ),
+                        result.windows[w].index(worst[w]),
+                    ]
+                    for w in result.windows
+                ],
+            ),
+        ]
+
+    def show(self, result: Result) -> list[Table | str]:
+        table = Table("first blocked layer", *[f"window {w}" for w in result.windows])
+        for i in range(result.n_layers):
+            table.add_row(str(i), *[f"{v[i]:.3f}" if i < len(v) else "" for v in result.windows.values()])
+        return [table]

@@ -1,0 +1,94 @@
+"""prune: stop the transfer layers' heads peeking one by one (greedy, on a selection split); the largest set that
+keeps 95 % of the faithfulness is checked on the confirmation split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from rich.table import Table
+
+from af1 import measures
+from af1.experiments import base
+from af1.report import figures
+from af1.report.markup import ci_text, image_html, with_ci
+
+
+class Options(base.ConfigOptions):
+    selection: float = Field(
+        default=0.5,
+        gt=0,
+        lt=1,
+        description="share of solved problems pruning ranks on (with --wait; else the search's)",
+    )
+    split_seed: int = Field(default=0, description="seed of the split (with --wait; else the search's)")
+
+
+class Result(base.Result):
+    wait: int
+    transfer: int
+    n_transfer_heads: int
+    n_selection: int
+    n_confirmation: int
+    faithfulness_full: float
+    faithfulness_vs_pruned: list[float]
+    max_pruned_at_95pct: int
+    measure: str = ""
+    confirmation: dict[str, dict] = {}
+
+
+class Prune(base.Experiment):
+    name = "prune"
+    help = (
+        "Rank the transfer layers' heads and stop them peeking one by one: faithfulness vs heads removed. With --wait, "
+        "give the --selection/--split-seed of the search that chose the config, so its confirmation half stays unseen."
+    )
+    Options = Options
+    Result = Result
+    figure = "pruning.png"
+
+    def needs(self, options: Options) -> tuple[str, ...]:
+        return base.config_needs(options)
+
+    def run(self, inputs: base.Inputs, options: Options) -> Result:
+        setup = inputs.resources.setup(inputs.spec)
+        config = base.config_of(inputs, options, setup.adapter.n_layers)
+        selection, seed = options.selection, options.split_seed
+        if options.wait is None:  # the search's split, so its confirmation half stays unseen
+            search = inputs.one("search")
+            selection, seed = search.selection_fraction, search.split_seed
+        return Result(**measures.prune_heads(setup, config, selection=selection, seed=seed))
+
+    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
+        return figures.pruning_plot(result.data(), out_dir / "pruning.png")
+
+    def section(self, result: Result, out_dir: Path) -> list[str]:
+        confirmed = ""
+        if result.confirmation:
+            c = result.confirmation
+            confirmed = (
+                f" On the other {result.n_confirmation}: pruned "
+                f"{with_ci(c['pruned']['faithfulness'], c['pruned']['faithfulness_ci'])} vs unpruned "
+                f"{with_ci(c['unpruned']['faithfulness'], c['unpruned']['faithfulness_ci'])} "
+                f"(McNemar p {c['mcnemar']['p_value']:.2g})."
+            )
+        return [
+            f"<h2>Head pruning in the transfer layers</h2><p>{result.n_transfer_heads} heads; ranked greedily by "
+            f"{result.measure}: up to {result.max_pruned_at_95pct} of them stop peeking with faithfulness &ge; 95 % "
+            f"of the unpruned {result.faithfulness_full:.3f} on {result.n_selection} selection problems."
+            f"{confirmed}</p>",
+            image_html(out_dir, "pruning.png"),
+        ]
+
+    def show(self, result: Result) -> list[Table | str]:
+        table = Table("heads removed", "faithfulness")
+        for i, f in enumerate(result.faithfulness_vs_pruned):
+            table.add_row(str(i), f"{f:.3f}")
+        c = result.confirmation
+        return [
+            table,
+            f"{result.max_pruned_at_95pct} of {result.n_transfer_heads} heads pruned at >= 95 %; on the "
+            f"{result.n_confirmation} confirmation problems: pruned "
+            f"{ci_text(c['pruned']['faithfulness'], c['pruned']['faithfulness_ci'])} vs unpruned "
+            f"{ci_text(c['unpruned']['faithfulness'], c['unpruned']['faithfulness_ci'])}",
+        ]

@@ -1,0 +1,85 @@
+"""run: faithfulness of one AF1(L_wait, L_transfer) configuration, every problem listed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from rich.table import Table
+
+from af1 import measures
+from af1.allforone import Ablation
+from af1.experiments import base
+from af1.interventions.masks import ABPVariant
+from af1.report.markup import ci_text, stages_table, table_html, with_ci
+
+
+class Options(base.ConfigOptions):
+    ablation: Ablation = Field(default="cama", description="cama, zero, mean, resample or none")
+    abp: ABPVariant = Field(default="af1", description="af1, none, sink, all-peek or zero-output")
+    reference: bool = Field(default=False, description="the hook-based path instead of the fast executor")
+
+
+class Result(base.Result):
+    wait: int
+    transfer: int
+    n_solved: int
+    faithfulness: float
+    faithfulness_ci: list[float]
+    faithfulness_baseline: float
+    executor: str
+    fallback_reason: str | None = None
+    stages: dict[str, list[int]]
+    config: dict[str, Any]
+
+
+class Run(base.Experiment):
+    name = "run"
+    help = "Faithfulness of one AF1(wait, transfer) configuration on the problems the model solves."
+    Options = Options
+    Result = Result
+
+    def needs(self, options: Options) -> tuple[str, ...]:
+        return base.config_needs(options)
+
+    def run(self, inputs: base.Inputs, options: Options) -> Result:
+        setup = inputs.resources.setup(inputs.spec)
+        config = base.config_of(inputs, options, setup.adapter.n_layers)
+        config = config.model_copy(update={"ablation": options.ablation, "abp": options.abp})
+        return Result(**measures.run_result(setup, config, options.reference))
+
+    def section(self, result: Result, out_dir: Path) -> list[str]:
+        return [
+            f"<h2>AF1 at L_wait = {result.wait}, L_transfer = {result.transfer}</h2>",
+            table_html(
+                ["ablation", "ABP", "solved", "faithfulness [95 % CI]", "constant guess", "executor"],
+                [
+                    [
+                        result.config["ablation"],
+                        result.config["abp"],
+                        result.n_solved,
+                        with_ci(result.faithfulness, result.faithfulness_ci),
+                        result.faithfulness_baseline,
+                        result.executor,
+                    ]
+                ],
+            ),
+            stages_table(result.stages),
+        ]
+
+    def show(self, result: Result) -> list[Table | str]:
+        table = Table(
+            "wait", "transfer", "ablation", "abp", "solved", "faithfulness [95 % CI]", "constant guess", "executor"
+        )
+        table.add_row(
+            str(result.wait),
+            str(result.transfer),
+            result.config["ablation"],
+            result.config["abp"],
+            str(result.n_solved),
+            ci_text(result.faithfulness, result.faithfulness_ci),
+            f"{result.faithfulness_baseline:.3f}",
+            result.executor + (f" ({result.fallback_reason})" if result.fallback_reason else ""),
+        )
+        return [table]

@@ -1,0 +1,164 @@
+"""search: the AF1 subgraph, chosen on a selection split of the solved problems and confirmed on the other."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+from rich.table import Table
+
+from af1 import measures
+from af1.experiments import base
+from af1.report import figures
+from af1.report.markup import ci_text, stages_table, with_ci
+
+
+class Options(base.Options):
+    threshold: float = Field(default=0.9, description="faithfulness the subgraph must keep")
+    selection: float = Field(default=0.5, description="share of solved problems the search chooses on")
+    split_seed: int = Field(default=0, description="seed of the selection/confirmation split")
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold(cls, v: float) -> float:
+        if not 0 <= v <= 1:
+            raise ValueError(f"threshold must be in [0, 1], got {v}")
+        return v
+
+    @field_validator("selection")
+    @classmethod
+    def _selection(cls, v: float) -> float:
+        if not 0 < v < 1:
+            raise ValueError(f"selection must be in (0, 1), got {v}")
+        return v
+
+
+class Result(base.Result):
+    found: bool
+    threshold: float
+    model: str | None = None
+    n_layers: int
+    config: dict[str, Any] = {}
+    scoring: str | None = None
+    wait: int | None = None
+    transfer: int | None = None
+    faithfulness: float | None = None
+    faithfulness_ci: list[float] | None = None
+    faithfulness_selection: float | None = None
+    faithfulness_baseline: float | None = None
+    n_selection: int | None = None
+    n_confirmation: int | None = None
+    selection_fraction: float = 0.5
+    split_seed: int = 0
+    stages: dict[str, list[int]] | None = None
+    best: dict[str, Any] | None = None
+
+
+class Search(base.Experiment):
+    name = "search"
+    help = "The AF1 subgraph: the largest L_wait, then the smallest L_transfer, keeping faithfulness >= threshold."
+    Options = Options
+    Result = Result
+    figure = "search.png"
+
+    def needs(self, options: Options) -> tuple[str, ...]:
+        return ("sweep",)
+
+    def run(self, inputs: base.Inputs, options: Options) -> Result:
+        sweep = inputs.one("sweep")
+        found = measures.search(sweep.data(), options.threshold, options.selection, options.split_seed)
+        return Result(**found, model=inputs.model_name, n_layers=sweep.n_layers, config=sweep.config)
+
+    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
+        """The sweep again, with this threshold's confident cells, its frontier and its choice."""
+        return figures.sweep_heatmap(inputs.one("sweep").data(), out_dir / "search.png", result.data())
+
+    def section(self, result: Result, out_dir: Path) -> list[str]:
+        parts = ["<h2>The AF1 subgraph</h2>"]
+        if result.found:
+            parts.append(
+                f"<p>Chosen on {result.n_selection} solved problems (the largest L_wait, then the smallest "
+                f"L_transfer, with faithfulness &ge; {result.threshold}, a compute stage, and an interval above "
+                f"the constant guess): <b>L_wait = {result.wait}, L_transfer = {result.transfer}</b>. "
+                f"Confirmed on the other {result.n_confirmation}: faithfulness "
+                f"<b>{with_ci(result.faithfulness, result.faithfulness_ci)}</b> (constant guess "
+                f"{result.faithfulness_baseline or float('nan'):.3f}; selection "
+                f"{result.faithfulness_selection or float('nan'):.3f}).</p>"
+            )
+            parts.append(stages_table(result.stages or {}))
+        else:
+            best = result.best
+            parts.append(
+                f"<p><b>No cell reaches faithfulness {result.threshold}</b> on the selection split: this model "
+                "has no AF1 subgraph at that threshold on this task."
+                + (
+                    f" The best eligible cell is L_wait {best['wait']}, L_transfer {best['transfer']}: "
+                    f"{with_ci(best['faithfulness'], best.get('faithfulness_ci'))} on the confirmation split."
+                    if best
+                    else ""
+                )
+                + "</p>"
+            )
+        return parts
+
+    def show(self, result: Result) -> list[Table | str]:
+        if not result.found:
+            best = result.best
+            return [
+                f"no (L_wait, L_transfer) keeps faithfulness >= {result.threshold} on the {result.n_selection} "
+                "selection problems"
+                + (
+                    f"; best eligible cell L_wait {best['wait']}, L_transfer {best['transfer']}: "
+                    f"{ci_text(best['faithfulness'], best['faithfulness_ci'])} on the {result.n_confirmation} others"
+                    if best
+                    else ""
+                )
+            ]
+        table = Table("stage", "layers")
+        for stage, layers in (result.stages or {}).items():
+            table.add_row(stage, f"{layers[0]}..{layers[-1]}" if layers else "none")
+        return [
+            f"AF1 subgraph at threshold {result.threshold}: L_wait = {result.wait}, L_transfer = {result.transfer}; "
+            f"chosen on {result.n_selection} problems ({result.faithfulness_selection:.3f}), confirmed on "
+            f"{result.n_confirmation} others: faithfulness {ci_text(result.faithfulness, result.faithfulness_ci)}, "
+            f"constant guess {result.faithfulness_baseline:.3f}",
+            table,
+        ]
+
+
+def stages_text(stages: dict[str, list[int]]) -> str:
+    def span(layers: list[int]) -> str:
+        return f"{layers[0]}-{layers[-1]}" if len(layers) > 1 else str(layers[0]) if layers else "none"
+
+    wait, transfer, compute = (span(stages[k]) for k in ("wait", "transfer", "compute"))
+    return f"waits in blocks {wait}, transfers in {transfer}, computes in {compute}"
+
+
+def verdict(search: Result, sweep: Any, description: str | None = None) -> str:
+    """One line per model: where it waits, transfers and computes, or that it has no AF1 subgraph, with numbers."""
+    name = search.model or "model"
+    if description:  # a bundled model: which weights exactly (quantisation included)
+        name = f"{name} [{', '.join(description.split(', ')[:2])}]"
+    base_text = (
+        f"base accuracy {ci_text(sweep.base_accuracy, sweep.base_accuracy_ci)} on {sweep.n} problems "
+        f"({sweep.n_solved} solved)"
+    )
+    split = f"chosen on {search.n_selection} solved problems, confirmed on {search.n_confirmation} others"
+    if search.found:
+        return (
+            f"{name} ({search.n_layers} layers): AF1 subgraph at faithfulness >= {search.threshold}: L_wait "
+            f"{search.wait}, L_transfer {search.transfer}, i.e. it {stages_text(search.stages or {})}; faithfulness "
+            f"{ci_text(search.faithfulness, search.faithfulness_ci)} ({split}; constant guess "
+            f"{search.faithfulness_baseline:.3f}); {base_text}."
+        )
+    best = search.best
+    tail = (
+        f" Its best eligible cell is L_wait {best['wait']}, L_transfer {best['transfer']}: "
+        f"{ci_text(best['faithfulness'], best['faithfulness_ci'])} ({split})."
+        if best
+        else " No cell clears the constant-guess baseline."
+    )
+    return (
+        f"{name} ({search.n_layers} layers): no AF1 subgraph at faithfulness >= {search.threshold}.{tail} {base_text}."
+    )

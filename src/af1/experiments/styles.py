@@ -1,0 +1,90 @@
+"""styles: the paper's Table 4 analogue, base accuracy and AF1 faithfulness per input style and operation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from rich.table import Table
+
+from af1 import measures
+from af1.errors import Af1Error
+from af1.experiments import base
+from af1.report.markup import ci_text, table_html, with_ci
+from af1.tasks import STYLES
+
+
+class Options(base.ConfigOptions):
+    styles: list[str] = Field(default_factory=lambda: list(STYLES), description="input styles")
+    operations: list[str] | None = Field(default=None, description="operations (default: the task's own)")
+
+    @model_validator(mode="after")
+    def _check(self) -> Options:
+        unknown = sorted(set(self.styles) - set(STYLES))
+        if unknown:
+            raise ValueError(f"unknown styles {unknown}; choose from {', '.join(STYLES)}")
+        if (self.wait is None) != (self.transfer is None):
+            raise ValueError("give both wait and transfer, or neither (then the search's config is used)")
+        return self
+
+
+class Result(base.Result):
+    wait: int
+    transfer: int
+    scoring: str | None = None
+    rows: list[dict]
+
+
+class Styles(base.Experiment):
+    name = "styles"
+    help = "Base accuracy and AF1 faithfulness at one config for every input style (the paper's Table 4)."
+    Options = Options
+    Result = Result
+
+    def needs(self, options: Options) -> tuple[str, ...]:
+        return base.config_needs(options)
+
+    def run(self, inputs: base.Inputs, options: Options) -> Result:
+        spec = inputs.spec
+        lm = inputs.resources.lm()
+        config = base.config_of(inputs, options, lm.adapter.n_layers)
+        operations = tuple(options.operations or [spec.operation])
+        own = None  # the task's own cell reuses the setup the other experiments share
+        if spec.style in options.styles and spec.operation in operations:
+            try:
+                own = inputs.resources.setup(spec)
+            except Af1Error:  # a cell the model solves nothing of is a row with its error
+                own = None
+        return Result(**measures.styles_table(lm, config, spec, options.styles, operations, known=own))
+
+    def section(self, result: Result, out_dir: Path) -> list[str]:
+        return [
+            f"<h2>Input styles (Table 4) at L_wait = {result.wait}, L_transfer = {result.transfer}</h2>",
+            table_html(
+                ["style", "operation", "n", "base accuracy", "solved", "AF1 faithfulness", "constant guess"],
+                [
+                    [
+                        r["style"],
+                        r["operation"],
+                        r.get("n", ""),
+                        with_ci(r["base_accuracy"], r.get("base_accuracy_ci")) if "base_accuracy" in r else r["error"],
+                        r.get("n_solved", ""),
+                        with_ci(r.get("faithfulness"), r.get("faithfulness_ci")),
+                        r.get("faithfulness_baseline", ""),
+                    ]
+                    for r in result.rows
+                ],
+            ),
+        ]
+
+    def show(self, result: Result) -> list[Table | str]:
+        table = Table("style", "operation", "n", "base accuracy [95 % CI]", "faithfulness [95 % CI]")
+        for r in result.rows:
+            table.add_row(
+                r["style"],
+                r["operation"],
+                str(r.get("n", "")),
+                ci_text(r.get("base_accuracy"), r.get("base_accuracy_ci")) if "base_accuracy" in r else r["error"],
+                ci_text(r.get("faithfulness"), r.get("faithfulness_ci")),
+            )
+        return [table]

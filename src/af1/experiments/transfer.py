@@ -1,0 +1,110 @@
+"""transfer: every model's AF1 config applied to this model, by the same layers and by the same relative depth,
+on this model's confirmation split beside its own config (paired McNemar)."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from af1 import measures
+from af1.experiments import base
+from af1.report.markup import ci_text, table_html, with_ci
+
+
+class Options(base.Options):
+    pass
+
+
+class Result(base.Result):
+    target: str
+    n_solved: int
+    rows: list[dict[str, Any]]
+    sources_without_config: dict[str, str] = {}
+    measured_on: str = "solved problems"
+    n_measured: int = 0
+
+
+def own_text(row: dict[str, Any]) -> str:
+    """The target's own config on the same problems, and how each mapped config differs from it."""
+    own = row.get("own")
+    if not own:
+        return "-"
+    p = [row[by]["mcnemar_vs_own"]["p_value"] for by in ("absolute", "relative")]
+    return (
+        f"{own['wait']} / {own['transfer']}: {with_ci(own['faithfulness'], own['faithfulness_ci'])} "
+        f"(p {p[0]:.2g}, {p[1]:.2g})"
+    )
+
+
+class Transfer(base.Experiment):
+    name = "transfer"
+    help = "Every model's AF1 config on every model of the plan, by the same layers and the same relative depth."
+    Options = Options
+    Result = Result
+    scope = "models"
+
+    def needs(self, options: Options) -> tuple[str, ...]:
+        return ("search",)
+
+    def run(self, inputs: base.Inputs, options: Options) -> Result:
+        setup = inputs.resources.setup(inputs.spec)
+        searches = inputs.every("search")
+        mine = next((s for s in searches if s.model == inputs.model_name), None)
+        own = base.searched_config(mine) if mine is not None else None
+        on, where = setup, "solved problems"
+        if own is not None and mine is not None:  # where this model's own config is fair: not chosen there
+            on, where = measures.confirmation(setup, mine.data()), "the confirmation split of its own search"
+        rows, without = [], {}
+        for search in searches:
+            config = base.searched_config(search)
+            if config is None:
+                without[search.model] = base.NO_CELL
+                continue
+            row = measures.transfer_config(on, config, search.n_layers, own=own)
+            row["source"].update(model=search.model, found=search.found, threshold=search.threshold)
+            rows.append(row)
+        return Result(
+            **setup.describe(),
+            target=inputs.model_name,
+            rows=rows,
+            sources_without_config=without,
+            measured_on=where,
+            n_measured=len(on.kept),
+        )
+
+    def section(self, result: Result, out_dir: Path) -> list[str]:
+        return [
+            f"<h2>Other models' configs on {html.escape(result.target)}</h2><p>On {result.n_measured} problems "
+            f"({result.measured_on}).</p>",
+            table_html(
+                ["config of", "L_wait / L_transfer", "same layers", "same relative depth", "constant guess", "own"],
+                [
+                    [
+                        r["source"]["model"],
+                        f"{r['source']['wait']} / {r['source']['transfer']}"
+                        + ("" if r["source"]["found"] else " (best)"),
+                        f"{r['absolute']['wait']} / {r['absolute']['transfer']}: "
+                        + with_ci(r["absolute"]["faithfulness"], r["absolute"]["faithfulness_ci"]),
+                        f"{r['relative']['wait']} / {r['relative']['transfer']}: "
+                        + with_ci(r["relative"]["faithfulness"], r["relative"]["faithfulness_ci"]),
+                        r["absolute"]["faithfulness_baseline"],
+                        own_text(r),
+                    ]
+                    for r in result.rows
+                ]
+                + [[m, "no config", "", "", "", ""] for m in result.sources_without_config],
+            ),
+        ]
+
+    def show(self, result: Result) -> list[Table | str]:
+        table = Table("config of", "same layers", "same relative depth")
+        for r in result.rows:
+            table.add_row(
+                r["source"]["model"],
+                ci_text(r["absolute"]["faithfulness"], r["absolute"]["faithfulness_ci"]),
+                ci_text(r["relative"]["faithfulness"], r["relative"]["faithfulness_ci"]),
+            )
+        return [table]

@@ -1,0 +1,75 @@
+"""HTML pieces every report section is written with: tables, rates with intervals, embedded figures, a page."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+STYLE = """
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.6em} h2{margin-top:2em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
+img{max-width:100%} .note{color:#555;font-size:.92em} code{background:#f5f5f5;padding:0 3px}
+pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.8em}
+"""
+
+
+def image_html(d: Path, name: str) -> str:
+    path = d / name
+    if not path.is_file():
+        return ""
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
+
+
+def fmt_cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return html.escape(str(v))
+
+
+def table_html(headers: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{fmt_cell(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def stages_table(stages: dict[str, list[int]]) -> str:
+    def span(layers: list[int]) -> str:
+        return f"{layers[0]}..{layers[-1]}" if layers else "none"
+
+    return table_html(["stage", "layers"], [[k, span(v)] for k, v in stages.items()])
+
+
+def with_ci(value: Any, ci: Any = None) -> str:
+    """A rate and its 95 % interval as one cell: 0.816 [0.69, 0.90]."""
+    if value is None or value == "":
+        return ""
+    if not ci or ci[0] is None:
+        return f"{value:.3f}"
+    return f"{value:.3f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def load_json(d: Path, name: str) -> dict[str, Any] | None:
+    path = d / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def page(title: str, parts: list[str]) -> str:
+    """A self-contained HTML page of the given sections."""
+    title = html.escape(title)
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style>"
+        f"</head><body><h1>{title}</h1>{''.join(parts)}</body></html>"
+    )
+
+
+def ci_text(value: float | None, ci: list[float] | None = None) -> str:
+    """The plain-text form of a rate with its interval, for terminals and notes."""
+    if value is None:
+        return "-"
+    return f"{value:.3f} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{value:.3f}"

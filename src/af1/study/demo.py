@@ -1,0 +1,78 @@
+"""The main job as a built-in plan: every model's AF1 grid and search, each model's config on the others, the
+analyses where a model's search found a subgraph, paired base accuracy; run by the study runner like any plan."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from af1.study.plan import StudyPlan
+from af1.study.runner import StudySummary, run_study
+from af1.tasks import TaskSpec
+
+DEMO_MODELS = ("smollm2", "qwen0.5b")
+GATED = {"require_found": True}  # the analyses of a subgraph run where the search found one (else recorded n/a)
+
+
+def demo_plan(
+    models: list[str],
+    spec: TaskSpec,
+    threshold: float = 0.9,
+    full: bool = False,
+    dtype: str = "float32",
+    attn: str | None = None,
+    device_map: str | None = None,
+) -> StudyPlan:
+    """The demo's plan: a study plan like any other (`af1 demo --show-plan` prints it as YAML)."""
+    experiments: dict[str, Any] = {
+        "eval": {},
+        "sweep": {},
+        "search": {"threshold": threshold},
+        "components": dict(GATED),
+        "necessity": dict(GATED),
+        "alternatives": dict(GATED),
+        "prune": dict(GATED),
+        "heads": dict(GATED),
+        "transfer": {},
+    }
+    if full:
+        experiments.update(styles=dict(GATED), positional={})
+    names: list[str] = []
+    entries = []
+    for m in models:  # folder names from short names or paths, made unique
+        name = Path(m.rstrip("/")).name.removesuffix(".gguf") or "model"
+        name = name if name not in names else f"{name}-{len(names)}"
+        names.append(name)
+        entries.append({"spec": m, "name": name, "dtype": dtype, "attn": attn, "device_map": device_map})
+    return StudyPlan.model_validate(
+        {"name": "demo", "models": entries, "tasks": [spec.model_dump()], "experiments": experiments}
+    )
+
+
+def plan_yaml(plan: StudyPlan) -> str:
+    """The plan as a YAML file a user can edit and pass to `af1 study`."""
+    import yaml
+
+    data = plan.model_dump(exclude_defaults=True)
+    data["experiments"] = {k: v for k, v in plan.experiments.model_dump(exclude_defaults=True).items()}
+    data["experiments"].update({k: {} for k in plan.experiments.model_fields_set if k not in data["experiments"]})
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def run_demo(plan: StudyPlan, out_dir: Path, say: Callable[[str], None] = print) -> StudySummary:
+    """Run the demo plan (resuming what is done), then say each model's verdict, the report and the time."""
+    import json
+
+    t0 = time.perf_counter()
+    summary = run_study(plan, out_dir)
+    report = json.loads((Path(out_dir) / "report.json").read_text())
+    for line in report["verdicts"]:
+        say(line)
+    say(f"wrote {summary.report}")
+    say(
+        f"demo time: {time.perf_counter() - t0:.0f} s "
+        f"({len(summary.ran)} units ran, {len(summary.skipped)} done before)"
+    )
+    return summary

@@ -1,0 +1,105 @@
+"""The registry: every experiment is a command, a plan entry, a report section and an API call, derived from
+its one module; a new experiment becomes all of them by being registered."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import af1.api
+from af1 import cli
+from af1.experiments import REGISTRY, base
+from af1.study.plan import Experiments, StudyPlan, _experiments_model, expand
+from af1.tasks import TaskSpec
+
+from conftest import tiny_model
+
+
+def test_every_experiment_is_a_command_and_a_plan_entry_with_its_own_options():
+    commands = {c.name for c in cli.app.registered_commands}
+    runner = CliRunner()
+    for name, experiment in REGISTRY.items():
+        assert name in commands
+        assert Experiments.model_fields[name].default is None  # optional in a plan, with the experiment's options
+        help_text = runner.invoke(cli.app, [name, "--help"], terminal_width=200).output
+        for field, info in experiment.Options.model_fields.items():
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            assert str(extra.get("flag") or "--" + field.replace("_", "-")) in help_text, (name, field)
+        assert ("--task" in help_text) == (experiment.scope != "model")
+        plan = StudyPlan.model_validate({"models": [{"spec": "x"}], "experiments": {name: {}}})
+        assert name in {u.experiment for u in expand(plan)}  # with what it needs before it
+
+
+def test_the_options_model_is_the_only_place_defaults_live():
+    """The command line passes only what the user gave; what is not given takes the options' default."""
+    options = REGISTRY["search"].Options.model_validate({})
+    assert options.model_dump() == {"threshold": 0.9, "selection": 0.5, "split_seed": 0}
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        REGISTRY["search"].Options.model_validate({"threshold": 2})
+
+
+class ToyOptions(base.Options):
+    scale: float = 1.0
+
+
+class ToyResult(base.Result):
+    value: float
+    n: int
+
+
+class Toy(base.Experiment):
+    """An experiment a user adds: base accuracy times a scale, its section a heading."""
+
+    name = "toy"
+    help = "A toy experiment."
+    Options = ToyOptions
+    Result = ToyResult
+
+    def needs(self, options: ToyOptions) -> tuple[str, ...]:
+        return ("eval",)
+
+    def run(self, inputs: base.Inputs, options: ToyOptions) -> ToyResult:
+        evaluated = inputs.one("eval")
+        return ToyResult(value=options.scale * evaluated.base_accuracy, n=evaluated.n)
+
+    def section(self, result: ToyResult, out_dir: Path) -> list[str]:
+        return [f"<h2>Toy section</h2><p>{result.value}</p>"]
+
+
+def test_a_new_experiment_is_one_module_and_one_registry_line(monkeypatch, tmp_path, tokenizer):
+    monkeypatch.setitem(REGISTRY, "toy", Toy())
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    spec = TaskSpec(operation="a+b", shots=1, n=12)
+
+    # the Python API, with what it needs run first
+    lm = af1.api.load_model(str(tmp_path / "m"))
+    result = af1.api.run("toy", lm, spec, out_dir=tmp_path / "api", scale=2.0)
+    base_accuracy = json.loads((tmp_path / "api" / "eval.json").read_text())["base_accuracy"]
+    assert result.value == 2.0 * base_accuracy and result.n == 12
+    assert json.loads((tmp_path / "api" / "toy.json").read_text())["provenance"]["model"]["source"] == "directory"
+
+    # the report section
+    from af1.report.html import build_report
+
+    assert "Toy section" in build_report(tmp_path / "api").read_text()
+
+    # the command line
+    app = typer.Typer()
+    app.command("toy")(cli.experiment_command("toy"))
+    app.command("other")(lambda: None)  # a group of two, as in af1
+    args = ["toy", "--model", str(tmp_path / "m"), "--shots", "1", "--n", "12", "--scale", "3", "--json"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["value"] == 3.0 * base_accuracy
+
+    # plan files
+    plan_model = _experiments_model()
+    assert plan_model.model_validate({"toy": {"scale": 2}}).toy.scale == 2  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="scale"):
+        plan_model.model_validate({"toy": {"scale": "big"}})
