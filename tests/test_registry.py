@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 import af1.api
 from af1 import cli
 from af1.experiments import REGISTRY, base
-from af1.study.plan import Experiments, StudyPlan, _experiments_model, expand
+from af1.study import plan as plan_module
+from af1.study.plan import StudyPlan, expand
 from af1.tasks import TaskSpec
 
 from conftest import tiny_model
@@ -24,7 +25,9 @@ def test_every_experiment_is_a_command_and_a_plan_entry_with_its_own_options():
     runner = CliRunner()
     for name, experiment in REGISTRY.items():
         assert name in commands
-        assert Experiments.model_fields[name].default is None  # optional in a plan, with the experiment's options
+        assert (
+            plan_module.Experiments.model_fields[name].default is None
+        )  # optional in a plan, with the experiment's options
         help_text = runner.invoke(cli.app, [name, "--help"], terminal_width=200).output
         for field, info in experiment.Options.model_fields.items():
             extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
@@ -32,6 +35,33 @@ def test_every_experiment_is_a_command_and_a_plan_entry_with_its_own_options():
         assert ("--task" in help_text) == (experiment.scope != "model")
         plan = StudyPlan.model_validate({"models": [{"spec": "x"}], "experiments": {name: {}}})
         assert name in {u.experiment for u in expand(plan)}  # with what it needs before it
+
+
+def test_the_registry_lists_what_an_experiment_reads_before_it():
+    """Plans run a model's units in registry order, so what an experiment needs or uses comes earlier."""
+    order = list(REGISTRY)
+    for name, experiment in REGISTRY.items():
+        reads = {*experiment.needs(experiment.Options()), *experiment.uses()}
+        gated = experiment.Options.model_fields.get("require_found")
+        if gated is not None:
+            reads |= set(experiment.needs(experiment.Options.model_validate({"require_found": True})))
+        assert all(order.index(r) < order.index(name) for r in reads), (name, reads)
+
+
+def test_with_passes_options_to_the_experiments_run_first(capsys):
+    from cli_helpers import run_cli
+
+    assert cli.parse_upstream(["sweep.max_transfer=2", "search.threshold=0.8"]) == {
+        "sweep": {"max_transfer": "2"},
+        "search": {"threshold": "0.8"},
+    }
+    for args, message in [
+        (["--with", "sweep"], "NAME.OPTION=VALUE"),
+        (["--with", "nope.x=1"], "unknown experiment 'nope'"),
+        (["--with", "sweep.max_transfer=lots"], "max_transfer"),
+    ]:
+        code, out, err = run_cli(capsys, "search", *args)
+        assert code == 2 and message in err and out == "" and len(err.strip().splitlines()) == 1
 
 
 def test_the_options_model_is_the_only_place_defaults_live():
@@ -70,8 +100,16 @@ class Toy(base.Experiment):
         return [f"<h2>Toy section</h2><p>{result.value}</p>"]
 
 
-def test_a_new_experiment_is_one_module_and_one_registry_line(monkeypatch, tmp_path, tokenizer):
-    monkeypatch.setitem(REGISTRY, "toy", Toy())
+@pytest.fixture
+def toy():
+    from af1.experiments import register, unregister
+
+    register(Toy())
+    yield
+    unregister("toy")
+
+
+def test_a_new_experiment_is_one_module_and_one_registry_line(toy, tmp_path, tokenizer):
     model = tiny_model("llama")
     model.save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")
@@ -99,7 +137,13 @@ def test_a_new_experiment_is_one_module_and_one_registry_line(monkeypatch, tmp_p
     assert json.loads(out.stdout)["value"] == 3.0 * base_accuracy
 
     # plan files
-    plan_model = _experiments_model()
-    assert plan_model.model_validate({"toy": {"scale": 2}}).toy.scale == 2  # type: ignore[attr-defined]
+    plan = StudyPlan.model_validate({"models": [{"spec": "x"}], "experiments": {"toy": {"scale": 2}}})
+    assert plan.experiments.toy.scale == 2
+    assert [u.experiment for u in expand(plan)] == ["eval", "toy"]
     with pytest.raises(ValueError, match="scale"):
-        plan_model.model_validate({"toy": {"scale": "big"}})
+        StudyPlan.model_validate({"models": [{"spec": "x"}], "experiments": {"toy": {"scale": "big"}}})
+
+
+def test_after_unregistering_a_plan_refuses_it():
+    with pytest.raises(ValueError, match="toy"):
+        StudyPlan.model_validate({"models": [{"spec": "x"}], "experiments": {"toy": {}}})

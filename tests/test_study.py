@@ -341,8 +341,9 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     assert len(report["verdicts"]) == 2 and said[:2] == report["verdicts"] and said[-1].startswith("demo time")
     assert all(("AF1 subgraph" in v or "no AF1 subgraph" in v) and "[" in v for v in report["verdicts"])
     rows = report["transfer"]["a+b.original.1d.1shot.n30"]
-    assert {(r["source"], r["target"]) for r in rows if r["absolute"]} <= {
-        (s, t) for s in ("llama", "qwen2") for t in ("llama", "qwen2")
+    with_config = {r["model"] for r in report["faithfulness"] if r["wait"] is not None}
+    assert {(r["source"], r["target"]) for r in rows if r["absolute"]} == {
+        (s, t) for s in with_config for t in ("llama", "qwen2")
     }
     found = {r["model"]: r["found"] for r in report["faithfulness"]}
     states = {r["id"]: r["state"] for r in report["units"]}
@@ -352,7 +353,8 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     assert any(found.values()), "a tiny model fitted to the task has a subgraph at threshold 0.5"
     results = Store(out).results()
     for row in rows:
-        if row["own"] is not None and row["absolute"]:
+        if row["target"] in with_config and row["absolute"]:  # on the target's confirmation split, beside its own
+            assert row["own"]["faithfulness_n"] == row["absolute"]["faithfulness_n"] == row["n"]
             assert 0 <= row["relative"]["mcnemar_vs_own"]["p_value"] <= 1
     (pair,) = report["base_accuracy_paired"]  # same tokenizer, same problems
     assert pair["models"] == ["llama", "qwen2"] and pair["n"] == 30 and 0 <= pair["p_value"] <= 1
@@ -407,3 +409,24 @@ def test_a_search_with_no_eligible_cell_is_a_finding_not_a_failure(tiny_dirs, tm
     assert nec["no_config"].endswith(NO_CELL) and len(nec["windows"]["1"]) == 3
     transfer = run_unit(worker, units["transfer"], {units["transfer"].deps[0]: nothing}, None)
     assert transfer["rows"] == [] and transfer["sources_without_config"] == {"tiny-llama": NO_CELL}
+
+
+def test_an_optional_input_that_failed_is_left_out_a_required_one_fails_the_unit(tiny_dirs, tmp_path):
+    """heads reads the search only to place its heads: a failed search leaves heads unplaced, not failed;
+    alternatives needs the search's config: it fails, naming the search."""
+    from af1.study.units import Worker
+
+    plan = load_plan(
+        write_plan(
+            tmp_path / "plan.yaml",
+            {"llama": tiny_dirs["llama"]},
+            experiments="experiments:\n  search: {}\n  heads: {k: 2, draws: 2}\n  alternatives: {}\n",
+        )
+    )
+    units = {u.experiment: u for u in expand(plan) if u.task == plan.task_specs()[0]}
+    failed = {"id": units["search"].id, "state": "failed", "error": "boom"}
+    worker = Worker(units["heads"].model)
+    heads = worker.run(units["heads"], failed)
+    assert heads["state"] == "done" and heads["result"]["placement"] is None
+    alternatives = worker.run(units["alternatives"], failed)
+    assert alternatives["state"] == "failed" and alternatives["error"].startswith(f"needs {units['search'].id}")

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from af1.errors import Af1Error
-from af1.experiments import REGISTRY, Inputs, NotApplicable, get
-from af1.experiments.base import Result
+from af1.experiments import REGISTRY, NotApplicable, get
 from af1.experiments.session import Session
 from af1.models import LoadedModel, load_model
 from af1.results import provenance, write_json
@@ -32,7 +31,6 @@ __all__ = [
     "StudyPlan",
     "TaskSpec",
     "as_loaded",
-    "chain",
     "load_model",
     "load_plan",
     "run",
@@ -50,21 +48,6 @@ def session(model: str | LoadedModel, means: str | Path | None = None) -> Sessio
     return Session.of(as_loaded(model), Path(means) if means is not None else None)
 
 
-def chain(name: str, options: Any, upstream: dict[str, dict[str, Any]] | None = None) -> list[tuple[str, Any]]:
-    """The experiments to run for `name`, in order: what it needs first (their options from `upstream`, else the
-    defaults), then itself."""
-    order: list[tuple[str, Any]] = []
-
-    def add(n: str, opts: Any) -> None:
-        for need in get(n).needs(opts):
-            if need not in [o for o, _ in order]:
-                add(need, get(need).Options.model_validate((upstream or {}).get(need, {})))
-        order.append((n, opts))
-
-    add(name, options)
-    return order
-
-
 def run(
     name: str,
     model: str | LoadedModel | Session,
@@ -74,32 +57,36 @@ def run(
     upstream: dict[str, dict[str, Any]] | None = None,
     **options: Any,
 ) -> Any:
-    """Run experiment `name` on a model (or a `session`) and task, and before it what it needs (options from
-    `upstream`, else defaults); with out_dir, each one's JSON (with provenance) and figure are written there,
-    and a sweep resumes from there. Returns the experiment's typed result."""
+    """Run experiment `name` on a model (or a `session`) and task, and before it what it needs: its units are those
+    of a one-model, one-task plan, so dependencies resolve as in a study. `upstream` gives options of the experiments
+    run first (and adds the ones it reads when present, e.g. {"search": {}} for heads). With out_dir, each one's JSON
+    (with provenance) and figure are written there, and a sweep resumes from there. Returns the typed result."""
+    from af1.study.plan import ModelEntry, expand
+    from af1.study.units import run_unit, unit_inputs
+
     experiment = get(name)
-    opts = experiment.Options.model_validate(options)
-    if experiment.scope != "model" and task is None:
-        task = TaskSpec()
+    experiment.Options.model_validate(options)  # errors name the option, before any work
+    if task is None:
+        task = TaskSpec(**experiment.task_defaults)
     held = model if isinstance(model, Session) else session(model, means)
     lm = held.lm()
+    entry = ModelEntry(spec=str(lm.info.get("spec") or "model"))
+    plan = StudyPlan.model_validate(
+        {"models": [entry], "tasks": [task], "experiments": {**(upstream or {}), name: options}}
+    )
     out = Path(out_dir) if out_dir is not None else None
-    results: dict[str, Result] = {}
-    label = lm.info.get("spec") or "model"
-    for step, step_options in chain(name, opts, upstream):
-        exp = REGISTRY[step]
-        reads = [n for n in (*exp.needs(step_options), *exp.uses()) if n in results]
-        inputs = Inputs(
-            held,
-            None if exp.scope == "model" else task,
-            str(label),
-            deps={n: [results[n]] for n in reads},
-            state_dir=out,
-        )
-        results[step] = exp.run(inputs, step_options)
+    results: dict[str, dict[str, Any]] = {}
+    last = None
+    for unit in expand(plan):
+        deps = {d: results[d] for d in unit.deps if d in results}
+        results[unit.id] = run_unit(held, unit, deps, str(out) if out is not None else None)
+        exp = REGISTRY[unit.experiment]
+        last = exp.Result.model_validate(results[unit.id])
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            task_info = inputs.task.model_dump() if inputs.task is not None else None
-            write_json(out / exp.file, {**results[step].data(), "provenance": provenance(lm.info, task=task_info)})
-            exp.draw(results[step], out, inputs)
-    return results[name]
+            task_info = unit.task.model_dump() if unit.task is not None else None
+            write_json(out / exp.file, {**results[unit.id], "provenance": provenance(lm.info, task=task_info)})
+            exp.draw(last, out, unit_inputs(held, unit, deps, None))
+        if unit.experiment == name:
+            return last
+    raise Af1Error(f"{name} did not run")  # expand always yields the asked experiment

@@ -61,34 +61,11 @@ def out_directory(path: Path | None) -> Path | None:
     return path
 
 
-def task_spec(
-    task: str = "a+b",
-    style: str = "original",
-    shots: int = 0,
-    digits: int = 1,
-    n: int | None = None,
-    seed: int = 0,
-    largest_layout: bool = False,
-    answers: str = "auto",
-    allow_negative: bool = False,
-    scoring: str = "full",
-) -> TaskSpec:
-    if shots < 0:
-        raise Af1Error(f"--shots must be >= 0, got {shots}")
-    return TaskSpec.model_validate(
-        {
-            "operation": task,
-            "style": style,
-            "digits": digits,
-            "shots": shots,
-            "n": n,
-            "seed": seed,
-            "largest_layout": largest_layout,
-            "answer_digits": answers,
-            "allow_negative": allow_negative,
-            "scoring": scoring,
-        }
-    )
+def task_spec(**given: Any) -> TaskSpec:
+    """A task from command-line task options (named as on the command line); the rest are TaskSpec's defaults."""
+    if given.get("shots", 0) < 0:
+        raise Af1Error(f"--shots must be >= 0, got {given['shots']}")
+    return TaskSpec.model_validate({TASK_FIELDS[key]: value for key, value in given.items()})
 
 
 @dataclass(frozen=True)
@@ -118,18 +95,7 @@ TASK_OPTIONS: dict[str, Any] = {
     "allow_negative": NegativeOpt,
     "scoring": ScoringOpt,
 }
-TASK_DEFAULTS: dict[str, Any] = {
-    "task": "a+b",
-    "style": "original",
-    "shots": 0,
-    "digits": 1,
-    "n": None,
-    "seed": 0,
-    "largest_layout": False,
-    "answers": "auto",
-    "allow_negative": False,
-    "scoring": "full",
-}
+TASK_FIELDS = {key: {"task": "operation", "answers": "answer_digits"}.get(key, key) for key in TASK_OPTIONS}
 
 
 def emit(data: dict[str, Any], as_json: bool, shown: list[Table | str]) -> None:
@@ -193,7 +159,9 @@ def tasks() -> None:
 
 MeansOpt = Annotated[Path | None, typer.Option("--means", help="position means file to use (safetensors)")]
 OutDir = Annotated[Path | None, typer.Option("--out", help="directory for results and figures", callback=out_directory)]
-ThresholdOpt = Annotated[float, typer.Option("--threshold", help="faithfulness the subgraph must keep")]
+ThresholdOpt = Annotated[
+    float | None, typer.Option("--threshold", help="faithfulness the subgraph must keep (default: the search's)")
+]
 
 
 def _option_type(annotation: Any) -> Any:
@@ -218,13 +186,40 @@ def _experiment_params(experiment: Any) -> list[inspect.Parameter]:
         flag = str(extra.get("flag") or "--" + name.replace("_", "-"))
         default = info.get_default(call_default_factory=True)
         shown = ", ".join(map(str, default)) if isinstance(default, list) else default
-        help_text = (info.description or "") + ("" if default is None else f" (default: {shown})")
+        help_text = (info.description or "") + ("" if default in (None, []) else f" (default: {shown})")
         if kind is bool:
             option = typer.Option(f"{flag}/--no-{flag[2:]}", help=help_text)
             params.append(_param(name, Annotated[bool, option], bool(default)))
         else:
             params.append(_param(name, Annotated[kind | None, typer.Option(flag, help=help_text)], None))
     return params
+
+
+WithOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--with",
+        metavar="NAME.OPTION=VALUE",
+        help="an option of an experiment run first (repeat), e.g. --with sweep.reference=true; "
+        "--with search.threshold=0.8 also runs a search that heads and necessity read",
+    ),
+]
+
+
+def parse_upstream(items: list[str]) -> dict[str, dict[str, Any]]:
+    """--with sweep.max_transfer=4 --with search.threshold=0.8 -> {"sweep": {"max_transfer": "4"}, ...};
+    the experiment's options model converts and checks the values."""
+    from af1.experiments import get
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        name, dot, option = key.partition(".")
+        if not (sep and dot and option):
+            raise Af1Error(f"--with takes NAME.OPTION=VALUE, got {item!r}")
+        get(name)  # a one-line error naming the experiments there are
+        out.setdefault(name, {})[option] = value
+    return out
 
 
 def _param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
@@ -246,30 +241,33 @@ def experiment_command(name: str) -> Callable[..., None]:
     ]
     task_names: list[str] = []
     if experiment.scope != "model":
-        defaults = {**TASK_DEFAULTS, **experiment.task_defaults}
+        defaults = {**TaskSpec().model_dump(), **experiment.task_defaults}  # TaskSpec's, unless it says otherwise
         for key, annotation in TASK_OPTIONS.items():
-            shared.append(_param(key, annotation, defaults[key]))
+            shared.append(_param(key, annotation, defaults[TASK_FIELDS[key]]))
             task_names.append(key)
         shared.append(_param("means", MeansOpt, None))
-    shared += [_param("as_json", JsonOpt, False), _param("out_dir", OutDir, None)]
+    shared += [_param("upstream", WithOpt, None), _param("as_json", JsonOpt, False), _param("out_dir", OutDir, None)]
     clash = {p.name for p in own} & {p.name for p in shared}
     assert not clash, f"{name}: options {clash} collide with the shared ones"
 
     def command(**kwargs: Any) -> None:
         from af1 import api
-        from af1.experiments import NotApplicable
+        from af1.experiments import NotApplicable, get
         from af1.results import provenance
 
         load = ModelChoice(*(kwargs.pop(k) for k in ("model", "dtype", "attn", "device_map")))
         spec = task_spec(**{k: kwargs.pop(k) for k in task_names}) if task_names else None
         means, as_json, out_dir = kwargs.pop("means", None), kwargs.pop("as_json"), kwargs.pop("out_dir")
+        upstream = parse_upstream(kwargs.pop("upstream") or [])
         given = {k: v for k, v in kwargs.items() if v is not None}
         experiment.Options.model_validate(given)  # bad options fail before the model is loaded
+        for other, values in upstream.items():
+            get(other).Options.model_validate(values)
         lm = load.load()
         try:
-            result = api.run(name, lm, spec, out_dir, means, **given)
+            result = api.run(name, lm, spec, out_dir, means, upstream, **given)
         except NotApplicable as why:
-            out.print(f"{name}: not applicable: {why}")
+            emit({"not_applicable": str(why)}, as_json, [f"{name}: not applicable: {why}"])
             return
         task = spec.model_dump() if spec is not None else None
         data = {**result.data(), "provenance": provenance(lm.info, task=task)}
@@ -327,9 +325,12 @@ def study(
     summary = run_study(
         load_plan(plan), out_dir, ray=ray is not None, ray_address=None if ray in (None, RAY_ALONE) else ray
     )
+    from af1.study.store import Store
+
     table = Table("unit", "state")
+    store = Store(out_dir)
     for unit in summary.units:
-        table.add_row(unit.id, "failed" if unit.id in summary.failed else "done")
+        table.add_row(unit.id, (store.record(unit) or {}).get("state", "failed"))
     out.print(table)
     out.print(
         f"{len(summary.ran)} units ran, {len(summary.skipped)} were already done, {len(summary.failed)} failed; "
@@ -358,7 +359,7 @@ def demo(
     ),
     shots: ShotsOpt = 3,
     style: StyleOpt = "calculate",
-    threshold: ThresholdOpt = 0.9,
+    threshold: ThresholdOpt = None,
     full: Annotated[bool, typer.Option("--full", help="also input styles and position+meaning")] = False,
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
@@ -370,7 +371,13 @@ def demo(
     from af1.study import demo as builtin
 
     plan = builtin.demo_plan(
-        list(models or builtin.DEMO_MODELS), task_spec("a+b", style, shots), threshold, full, dtype, attn, device_map
+        list(models or builtin.DEMO_MODELS),
+        task_spec(task="a+b", style=style, shots=shots),
+        threshold,
+        full,
+        dtype,
+        attn,
+        device_map,
     )
     if show_plan:
         out.print(builtin.plan_yaml(plan), markup=False, highlight=False)

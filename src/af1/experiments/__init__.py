@@ -39,6 +39,26 @@ REGISTRY: dict[str, Experiment] = {
 }
 
 
+def register(experiment: Experiment) -> None:
+    """Add an experiment from outside the package (a plugin, a notebook): it becomes a plan entry and an API call
+    at once; a command too when registered before `af1.cli` is imported."""
+    REGISTRY[experiment.name] = experiment
+    _schema_changed()
+
+
+def unregister(name: str) -> None:
+    REGISTRY.pop(name, None)
+    _schema_changed()
+
+
+def _schema_changed() -> None:
+    import sys
+
+    plan = sys.modules.get("af1.study.plan")
+    if plan is not None:  # imported already: its schema was built from the registry as it was
+        plan.rebuild_schema()
+
+
 def get(name: str) -> Experiment:
     from af1.errors import Af1Error
 
@@ -47,4 +67,4 @@ def get(name: str) -> Experiment:
     return REGISTRY[name]
 
 
-__all__ = ["REGISTRY", "Experiment", "Inputs", "NotApplicable", "get"]
+__all__ = ["REGISTRY", "Experiment", "Inputs", "NotApplicable", "get", "register", "unregister"]

@@ -23,7 +23,7 @@ class Result(base.Result):
     n_solved: int
     ablations_detail: dict[str, dict[str, Any]]
     abp_variants_detail: dict[str, dict[str, Any]]
-    measured_on: str = "solved problems"
+    measured_on: str = "the solved problems"
 
 
 def rows(detail: dict[str, Any]) -> list[list[str]]:
@@ -53,9 +53,7 @@ class Alternatives(base.Experiment):
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         setup = inputs.resources.setup(inputs.spec)
         config = base.config_of(inputs, options, setup.adapter.n_layers)
-        on, where = setup, "solved problems"
-        if options.wait is None:  # the search's config: measured where it was not chosen
-            on, where = measures.confirmation(setup, inputs.one("search").data()), "the search's confirmation split"
+        on, where = base.measured_on(inputs, options, setup)
         return Result(**measures.alternatives(on, config), measured_on=where)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:

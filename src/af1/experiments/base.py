@@ -50,6 +50,19 @@ class Resources(Protocol):
     def setup(self, spec: TaskSpec) -> Any: ...
 
 
+class NoResources:
+    """Resources for work that reads results only (drawing a figure from a finished unit)."""
+
+    def lm(self) -> LoadedModel:
+        raise Af1Error("this step reads results only; it has no model")
+
+    def evaluated(self, spec: TaskSpec) -> Evaluated:
+        return self.lm()  # type: ignore[return-value]  # raises
+
+    def setup(self, spec: TaskSpec) -> Any:
+        return self.lm()
+
+
 @dataclass
 class Inputs:
     """Everything a unit runs on: resources, its task (None for per-model experiments), the results it reads
@@ -72,37 +85,33 @@ class Inputs:
         return list(self.deps.get(name) or [])
 
     def one(self, name: str) -> Any:
-        """The result of experiment `name` on this model and task, or None when the plan has none."""
+        """The result of experiment `name` this unit reads (for a task experiment: on its own model and task),
+        or None when there is none."""
         found = self.deps.get(name) or []
         return found[0] if found else None
-
-
-class ConfigOptions(Options):
-    """Options of an experiment that runs at one AF1 configuration: fixed, or the model's search's."""
-
-    wait: int | None = Field(default=None, description="CAMA at the output of this block (default: the search's)")
-    transfer: int | None = Field(
-        default=None, description="layers in which the last token peeks (with --wait; default 0)"
-    )
-    require_found: bool = Field(
-        default=False,
-        description="do not run (recorded as not applicable, not failed) when the search found no AF1 subgraph",
-    )
-
-    @model_validator(mode="after")
-    def _wait_first(self) -> ConfigOptions:
-        if self.wait is None and self.transfer is not None:
-            raise ValueError("transfer is given with wait (without both, the search's config is used)")
-        return self
 
 
 class GatedOptions(Options):
     """Options of an experiment that can be asked only where the model's search found a subgraph."""
 
     require_found: bool = Field(
-        default=False,
-        description="do not run (recorded as not applicable, not failed) when the search found no AF1 subgraph",
+        default=False, description="run only where the search found an AF1 subgraph (elsewhere: not applicable)"
     )
+
+
+class ConfigOptions(GatedOptions):
+    """Options of an experiment that runs at one AF1 configuration: fixed, or the model's search's."""
+
+    wait: int | None = Field(default=None, description="CAMA at the output of this block (default: the search's)")
+    transfer: int | None = Field(
+        default=None, description="layers in which the last token peeks (with --wait; default 0)"
+    )
+
+    @model_validator(mode="after")
+    def _wait_first(self) -> ConfigOptions:
+        if self.wait is None and self.transfer is not None:
+            raise ValueError("transfer is given without wait (without both, the search's config is used)")
+        return self
 
 
 def searched_config(search: Any) -> AF1Config | None:
@@ -136,9 +145,34 @@ def config_of(inputs: Inputs, options: ConfigOptions, n_layers: int) -> AF1Confi
     return config
 
 
+def measured_on(inputs: Inputs, options: ConfigOptions, setup: Any) -> tuple[Any, str]:
+    """Where a config is measured: all solved problems for a fixed config, the search's confirmation split for the
+    search's own config (never the problems that chose it)."""
+    if options.wait is not None:
+        return setup, "the solved problems"
+    from af1 import measures
+
+    return measures.confirmation(setup, inputs.one("search").data()), "the search's confirmation split"
+
+
 def config_needs(options: Any) -> tuple[str, ...]:
     """A config experiment reads the search unless both wait and transfer are given (or it is gated on it)."""
     return ("search",) if getattr(options, "wait", None) is None or options.require_found else ()
+
+
+@dataclass
+class Finished:
+    """A finished unit as a study's report sees it: where it ran, its result and the results it read."""
+
+    model: str
+    task: str  # the task's label ("model" for per-model experiments)
+    result: Any
+    deps: dict[str, list[Any]]
+    description: str | None = None  # a bundled model's exact weights
+
+    def one(self, name: str) -> Any:
+        found = self.deps.get(name) or []
+        return found[0] if found else None
 
 
 AnyOptions = Options
@@ -156,6 +190,7 @@ class Experiment:
     scope: ClassVar[Literal["task", "model", "models"]] = "task"
     figure: ClassVar[str | None] = None  # the PNG it draws beside its JSON
     task_defaults: ClassVar[dict[str, Any]] = {}  # task options that differ from TaskSpec's on the command line
+    overview_rank: ClassVar[int] = 0  # where its cross-model part stands in a study report (lower: earlier)
 
     def needs(self, options: Any) -> tuple[str, ...]:
         """Experiments this one reads and that a plan gets implicitly (with default options)."""
@@ -179,6 +214,11 @@ class Experiment:
     def show(self, result: Any) -> list[Table | str]:
         """What the command line prints: tables and lines."""
         return []
+
+    def overview(self, finished: list[Finished]) -> tuple[dict[str, Any], list[str]]:
+        """Across a study's finished units of this experiment (every model and task): data for report.json and
+        the HTML of the study report's cross-model part."""
+        return {}, []
 
     @property
     def file(self) -> str:

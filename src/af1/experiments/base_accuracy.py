@@ -87,6 +87,27 @@ class BaseAccuracy(base.Experiment):
             ),
         ]
 
+    def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
+        """Per task, every two models' base accuracy paired on the same problems (exact McNemar)."""
+        by_task: dict[str, list[base.Finished]] = {}
+        for f in finished:
+            by_task.setdefault(f.task, []).append(f)
+        pairs, parts = [], []
+        for label, runs in by_task.items():
+            for i, a in enumerate(runs):
+                for b in runs[i + 1 :]:
+                    test = paired(a.result, b.result)
+                    if test is None:
+                        continue
+                    pairs.append({"task": label, "models": [a.model, b.model], **test})
+                    parts.append(
+                        f"<p>Base accuracy of {html.escape(a.model)} and {html.escape(b.model)} on the same "
+                        f"{test['n']} problems of <code>{html.escape(label)}</code>: solved by {html.escape(a.model)} "
+                        f"only {test['only_first']}, by {html.escape(b.model)} only {test['only_second']}, McNemar p "
+                        f"{test['p_value']:.2g}.</p>"
+                    )
+        return {"base_accuracy_paired": pairs}, (["<h2>Base accuracy, paired</h2>", *parts] if parts else [])
+
     def show(self, result: Result) -> list[Table | str]:
         table = Table("task", "style", "shots", "scoring", "n", "base accuracy [95 % CI]", "constant guess", "solved")
         table.add_row(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 from rich.table import Table
@@ -12,7 +13,6 @@ from rich.table import Table
 from af1 import heads
 from af1.errors import Af1Error
 from af1.experiments import base
-from af1.report import figures
 from af1.report.markup import ci_text, image_html, table_html, with_ci
 from af1.tasks import TaskSpec
 
@@ -81,7 +81,34 @@ class Heads(base.Experiment):
             ]
         return result
 
+    def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
+        """Per model and pair of tasks: how many of the top heads by path patching are the same."""
+        by_model: dict[str, dict[str, list[list[int]]]] = {}
+        for f in finished:
+            by_model.setdefault(f.model, {})[f.task] = f.result.top_heads
+        rows = []
+        for model, by_task in by_model.items():
+            tasks = sorted(by_task)
+            for i, a in enumerate(tasks):
+                for b in tasks[i + 1 :]:
+                    rows.append({"model": model, "task_a": a, "task_b": b, **heads.overlap(by_task[a], by_task[b])})
+        parts = []
+        if rows:
+            parts.append(
+                "<h2>The same heads across tasks?</h2><p>Per model, the share of the top heads by path patching "
+                "that two tasks have in common (top-k overlap).</p>"
+            )
+            parts.append(
+                table_html(
+                    ["model", "task", "task", "k", "top-k overlap"],
+                    [[r["model"], r["task_a"], r["task_b"], r["k"], r["top_k_overlap"]] for r in rows],
+                )
+            )
+        return {"heads_overlap": rows}, parts
+
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
+        from af1.report import figures  # matplotlib: only when drawing
+
         return figures.heads_figures(result.data(), out_dir / "heads.png")
 
     def section(self, result: Result, out_dir: Path) -> list[str]:

@@ -12,7 +12,6 @@ from rich.table import Table
 from af1 import measures
 from af1.allforone import AF1Config
 from af1.experiments import base
-from af1.report import figures
 from af1.report.markup import image_html, table_html, with_ci
 
 
@@ -68,6 +67,8 @@ class Necessity(base.Experiment):
         return Result(**result, no_config=note)
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
+        from af1.report import figures  # matplotlib: only when drawing
+
         return figures.necessity_plot(result.data(), out_dir / "necessity.png")
 
     def section(self, result: Result, out_dir: Path) -> list[str]:

@@ -11,7 +11,6 @@ from rich.table import Table
 
 from af1 import positional
 from af1.experiments import base
-from af1.report import figures
 from af1.report.markup import image_html, table_html
 
 
@@ -65,6 +64,8 @@ class Positional(base.Experiment):
         return Result(**positional.study(lm.adapter, lm.tokenizer, config, options.corpus))
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
+        from af1.report import figures  # matplotlib: only when drawing
+
         return figures.positional_figures(result.data(), out_dir / "positional.png")
 
     def section(self, result: Result, out_dir: Path) -> list[str]:

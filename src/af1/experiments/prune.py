@@ -10,7 +10,6 @@ from rich.table import Table
 
 from af1 import measures
 from af1.experiments import base
-from af1.report import figures
 from af1.report.markup import ci_text, image_html, with_ci
 
 
@@ -55,11 +54,15 @@ class Prune(base.Experiment):
         config = base.config_of(inputs, options, setup.adapter.n_layers)
         selection, seed = options.selection, options.split_seed
         if options.wait is None:  # the search's split, so its confirmation half stays unseen
+            if config.transfer == 0:
+                raise base.NotApplicable("the search's config has no transfer layers, so no heads to prune")
             search = inputs.one("search")
             selection, seed = search.selection_fraction, search.split_seed
         return Result(**measures.prune_heads(setup, config, selection=selection, seed=seed))
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
+        from af1.report import figures  # matplotlib: only when drawing
+
         return figures.pruning_plot(result.data(), out_dir / "pruning.png")
 
     def section(self, result: Result, out_dir: Path) -> list[str]:

@@ -32,6 +32,7 @@ class Result(base.Result):
     fallback_reason: str | None = None
     stages: dict[str, list[int]]
     config: dict[str, Any]
+    measured_on: str = "the solved problems"
 
 
 class Run(base.Experiment):
@@ -47,11 +48,13 @@ class Run(base.Experiment):
         setup = inputs.resources.setup(inputs.spec)
         config = base.config_of(inputs, options, setup.adapter.n_layers)
         config = config.model_copy(update={"ablation": options.ablation, "abp": options.abp})
-        return Result(**measures.run_result(setup, config, options.reference))
+        on, where = base.measured_on(inputs, options, setup)
+        return Result(**measures.run_result(on, config, options.reference), measured_on=where)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [
-            f"<h2>AF1 at L_wait = {result.wait}, L_transfer = {result.transfer}</h2>",
+            f"<h2>AF1 at L_wait = {result.wait}, L_transfer = {result.transfer}</h2><p>On {result.n_solved} "
+            f"problems ({result.measured_on}).</p>",
             table_html(
                 ["ablation", "ABP", "solved", "faithfulness [95 % CI]", "constant guess", "executor"],
                 [

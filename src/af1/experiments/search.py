@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,7 @@ from rich.table import Table
 
 from af1 import measures
 from af1.experiments import base
-from af1.report import figures
-from af1.report.markup import ci_text, stages_table, with_ci
+from af1.report.markup import ci_text, image_html, stages_table, table_html, with_ci
 
 
 class Options(base.Options):
@@ -61,6 +61,7 @@ class Search(base.Experiment):
     Options = Options
     Result = Result
     figure = "search.png"
+    overview_rank = -1  # the verdicts open the report
 
     def needs(self, options: Options) -> tuple[str, ...]:
         return ("sweep",)
@@ -72,10 +73,15 @@ class Search(base.Experiment):
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         """The sweep again, with this threshold's confident cells, its frontier and its choice."""
+        from af1.report import figures  # matplotlib: only when drawing
+
         return figures.sweep_heatmap(inputs.one("sweep").data(), out_dir / "search.png", result.data())
 
+    def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
+        return overview_of(finished)
+
     def section(self, result: Result, out_dir: Path) -> list[str]:
-        parts = ["<h2>The AF1 subgraph</h2>"]
+        parts = ["<h2>The AF1 subgraph</h2>", image_html(out_dir, "search.png")]
         if result.found:
             parts.append(
                 f"<p>Chosen on {result.n_selection} solved problems (the largest L_wait, then the smallest "
@@ -125,6 +131,70 @@ class Search(base.Experiment):
             f"constant guess {result.faithfulness_baseline:.3f}",
             table,
         ]
+
+
+def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
+    """Across models and tasks: one verdict line each, and AF1 per model and task on the confirmation split."""
+    verdicts, faith = [], []
+    for f in finished:
+        result, sweep = f.result, f.one("sweep")
+        cell = result.data() if result.found else result.best or {}
+        if sweep is not None:
+            verdicts.append(verdict(result, sweep, f.description))
+        faith.append(
+            {
+                "model": f.model,
+                "task": f.task,
+                "n_layers": result.n_layers,
+                "base_accuracy": sweep.base_accuracy if sweep else None,
+                "base_accuracy_ci": sweep.base_accuracy_ci if sweep else None,
+                "n_solved": sweep.n_solved if sweep else None,
+                "threshold": result.threshold,
+                "found": result.found,
+                "wait": cell.get("wait"),
+                "transfer": cell.get("transfer"),
+                "faithfulness": cell.get("faithfulness"),
+                "faithfulness_ci": cell.get("faithfulness_ci"),
+                "faithfulness_baseline": result.faithfulness_baseline,
+                "n_confirmation": result.n_confirmation,
+            }
+        )
+    parts = []
+    if verdicts:
+        parts.append("<h2>Where each model waits, transfers and computes</h2><ul>")
+        parts += [f"<li>{html.escape(line)}</li>" for line in verdicts]
+        parts.append("</ul>")
+    if faith:
+        parts.append(
+            "<h2>AF1 per model and task</h2><p>The subgraph the search found on a selection half of the solved "
+            "problems (largest L_wait, then smallest L_transfer, faithfulness at or above the threshold, a "
+            "compute stage, an interval above the constant guess); where none was found, the best eligible cell, "
+            "marked <i>best</i>. Faithfulness is measured on the other half (the confirmation split), with its "
+            "95 % interval, beside what a constant guess scores there.</p>"
+        )
+        header = ["model", "task", "layers", "base accuracy", "solved", "AF1", "wait", "transfer"]
+        parts.append(
+            table_html(
+                [*header, "faithfulness (confirmation)", "n", "constant guess"],
+                [
+                    [
+                        r["model"],
+                        r["task"],
+                        r["n_layers"],
+                        with_ci(r["base_accuracy"], r["base_accuracy_ci"]),
+                        r["n_solved"],
+                        "found" if r["found"] else f"best (< {r['threshold']})",
+                        r["wait"],
+                        r["transfer"],
+                        with_ci(r["faithfulness"], r["faithfulness_ci"]),
+                        r["n_confirmation"],
+                        r["faithfulness_baseline"],
+                    ]
+                    for r in faith
+                ],
+            )
+        )
+    return {"verdicts": verdicts, "faithfulness": faith}, parts
 
 
 def stages_text(stages: dict[str, list[int]]) -> str:

@@ -13,7 +13,6 @@ from af1 import measures
 from af1.allforone import Ablation, AF1Config
 from af1.experiments import base
 from af1.interventions.masks import ABPVariant
-from af1.report import figures
 from af1.report.markup import image_html, with_ci
 
 
@@ -56,6 +55,8 @@ class Sweep(base.Experiment):
         return Result(**measures.sweep(setup, config, options.max_transfer, options.reference, state_path=state))
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
+        from af1.report import figures  # matplotlib: only when drawing
+
         return figures.sweep_heatmap(result.data(), out_dir / "sweep.png")
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
@@ -66,12 +67,9 @@ class Sweep(base.Experiment):
             f"{result.scoring} answer scored); {result.n_cells} cells, executor {result.executor}. Faithfulness = "
             "accuracy under AF1 on the solved problems; a constant guess scores "
             f"{result.faithfulness_baseline or float('nan'):.3f} on them. Red triangles: cells whose whole 95 % "
-            "interval lies above the threshold; orange: the frontier.</p>",
-            image_html(out_dir, "search.png") or image_html(out_dir, "sweep.png"),
+            "interval lies at or above 0.9.</p>",
+            image_html(out_dir, "sweep.png"),
         ]
 
     def show(self, result: Result) -> list[Table | str]:
-        return [
-            f"{result.n_cells} cells on {result.n_solved} solved problems, executor {result.executor}; "
-            "--out DIR writes sweep.json and sweep.png"
-        ]
+        return [f"{result.n_cells} cells on {result.n_solved} solved problems, executor {result.executor}"]

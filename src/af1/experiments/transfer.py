@@ -39,6 +39,56 @@ def own_text(row: dict[str, Any]) -> str:
     )
 
 
+def _cell(part: dict[str, Any] | None) -> str:
+    if part is None:
+        return "no config (no eligible cell)"
+    return f"{part['faithfulness']:.3f} (wait {part['wait']}, transfer {part['transfer']})"
+
+
+def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
+    """Per task, the matrix of every model's config on every model, by the same layers and by relative depth."""
+    tables: dict[str, list[dict[str, Any]]] = {}
+    for f in finished:
+        for row in f.result.rows:
+            tables.setdefault(f.task, []).append(
+                {
+                    "source": row["source"]["model"],
+                    "target": f.model,
+                    "source_found": row["source"]["found"],
+                    "source_wait": row["source"]["wait"],
+                    "source_transfer": row["source"]["transfer"],
+                    "absolute": row["absolute"],
+                    "relative": row["relative"],
+                    "own": row.get("own"),
+                    "n": f.result.n_measured,
+                }
+            )
+        for source in f.result.sources_without_config:
+            tables.setdefault(f.task, []).append(
+                {"source": source, "target": f.model, "source_found": False, "absolute": None, "relative": None}
+            )
+    parts = []
+    for label, rows in tables.items():
+        sources = sorted({r["source"] for r in rows})
+        targets = sorted({r["target"] for r in rows})
+        by = {(r["source"], r["target"]): r for r in rows}
+        parts.append(
+            f"<h2>Transfer on <code>{html.escape(label)}</code></h2><p>Rows: the model whose AF1 config is "
+            "applied; columns: the model it is applied to, by the same layer numbers (absolute) and by the "
+            "same relative depth, on the confirmation split of the target's own search. The diagonal is each "
+            "model's own config.</p>"
+        )
+        for how in ("absolute", "relative"):
+            parts.append(f"<p><b>{how}</b></p>")
+            parts.append(
+                table_html(
+                    ["config of \\ applied to", *targets],
+                    [[s] + [_cell(by[s, t][how]) if (s, t) in by else "" for t in targets] for s in sources],
+                )
+            )
+    return {"transfer": tables}, parts
+
+
 class Transfer(base.Experiment):
     name = "transfer"
     help = "Every model's AF1 config on every model of the plan, by the same layers and the same relative depth."
@@ -74,6 +124,9 @@ class Transfer(base.Experiment):
             measured_on=where,
             n_measured=len(on.kept),
         )
+
+    def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
+        return overview_of(finished)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [

@@ -19,7 +19,7 @@ GATED = {"require_found": True}  # the analyses of a subgraph run where the sear
 def demo_plan(
     models: list[str],
     spec: TaskSpec,
-    threshold: float = 0.9,
+    threshold: float | None = None,
     full: bool = False,
     dtype: str = "float32",
     attn: str | None = None,
@@ -29,7 +29,7 @@ def demo_plan(
     experiments: dict[str, Any] = {
         "eval": {},
         "sweep": {},
-        "search": {"threshold": threshold},
+        "search": {} if threshold is None else {"threshold": threshold},
         "components": dict(GATED),
         "necessity": dict(GATED),
         "alternatives": dict(GATED),
@@ -37,8 +37,12 @@ def demo_plan(
         "heads": dict(GATED),
         "transfer": {},
     }
-    if full:
-        experiments.update(styles=dict(GATED), positional={})
+    if full:  # the input styles (a+b and a-b), the heads compared with two other tasks, position + meaning
+        experiments.update(
+            styles={**GATED, "operations": ["a+b", "a-b"]},
+            heads={**GATED, "compare": ["a-b", "a+b+c"]},
+            positional={},
+        )
     names: list[str] = []
     entries = []
     for m in models:  # folder names from short names or paths, made unique
@@ -55,9 +59,14 @@ def plan_yaml(plan: StudyPlan) -> str:
     """The plan as a YAML file a user can edit and pass to `af1 study`."""
     import yaml
 
+    from af1.study.plan import order
+
     data = plan.model_dump(exclude_defaults=True)
-    data["experiments"] = {k: v for k, v in plan.experiments.model_dump(exclude_defaults=True).items()}
-    data["experiments"].update({k: {} for k in plan.experiments.model_fields_set if k not in data["experiments"]})
+    data["experiments"] = {
+        name: options.model_dump(exclude_defaults=True)
+        for name in order()
+        if (options := getattr(plan.experiments, name, None)) is not None
+    }
     return yaml.safe_dump(data, sort_keys=False)
 
 

@@ -14,11 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from af1.errors import Af1Error
 from af1.experiments import REGISTRY
-from af1.experiments.search import Options as SearchOptions
 from af1.experiments.sweep import Options as SweepOptions
 from af1.tasks import STYLES, TaskSpec
 
-__all__ = ["ORDER", "ModelEntry", "SearchOptions", "StudyPlan", "SweepOptions", "Unit", "expand", "load_plan"]
+__all__ = ["ModelEntry", "StudyPlan", "SweepOptions", "Unit", "expand", "load_plan"]
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -65,7 +64,19 @@ def _experiments_model() -> type[BaseModel]:
 
 
 Experiments = _experiments_model()
-ORDER = tuple(REGISTRY)  # the order a model's units run in: later ones may read earlier ones' results
+
+
+def order() -> tuple[str, ...]:
+    """The order a model's units run in: the registry's (what an experiment reads comes before it)."""
+    return tuple(REGISTRY)
+
+
+def rebuild_schema() -> None:
+    """The plan schema again after the registry changed (`af1.experiments.register`)."""
+    global Experiments
+    Experiments = _experiments_model()
+    StudyPlan.model_fields["experiments"].annotation = Experiments
+    StudyPlan.model_rebuild(force=True)
 
 
 class StudyPlan(_Strict):
@@ -84,8 +95,8 @@ class StudyPlan(_Strict):
             unknown = sorted(set(self.styles) - set(STYLES))
             if unknown:
                 raise ValueError(f"unknown styles {unknown}; choose from {', '.join(STYLES)}")
-        if not any(getattr(self.experiments, e) is not None for e in ORDER):
-            raise ValueError("experiments: name at least one of " + ", ".join(ORDER))
+        if not any(getattr(self.experiments, e, None) is not None for e in order()):
+            raise ValueError("experiments: name at least one of " + ", ".join(order()))
         return self
 
     def task_specs(self) -> list[TaskSpec]:
@@ -154,7 +165,8 @@ def expand(plan: StudyPlan) -> list[Unit]:
     """
     from af1 import __version__
 
-    exps: dict[str, Any] = {e: getattr(plan.experiments, e) for e in ORDER if getattr(plan.experiments, e) is not None}
+    ordered = order()
+    exps: dict[str, Any] = {e: opts for e in ordered if (opts := getattr(plan.experiments, e, None)) is not None}
     added = True
     while added:  # what the named experiments need, and what that needs
         added = False
@@ -163,12 +175,12 @@ def expand(plan: StudyPlan) -> list[Unit]:
                 if need not in exps:
                     exps[need] = REGISTRY[need].Options()
                     added = True
-    exps = {e: exps[e] for e in ORDER if e in exps}
+    exps = {e: exps[e] for e in ordered if e in exps}
     units: dict[str, Unit] = {}
 
     def reads(name: str) -> list[str]:
         exp = REGISTRY[name]
-        return [d for d in ORDER if d in (*exp.needs(exps[name]), *exp.uses()) and d in exps]
+        return [d for d in ordered if d in (*exp.needs(exps[name]), *exp.uses()) and d in exps]
 
     def add(model: ModelEntry, task: TaskSpec | None, experiment: str, deps: list[str]) -> None:
         options = exps[experiment].model_dump()

@@ -15,7 +15,7 @@ from typing import Any
 
 from af1.errors import Af1Error
 from af1.experiments import REGISTRY
-from af1.experiments.session import Session
+from af1.experiments.base import NoResources
 from af1.progress import progress
 from af1.results import write_json
 from af1.study.plan import StudyPlan, Unit, expand
@@ -155,8 +155,7 @@ def _draw(store: Store, unit: Unit, outcome: Outcome, outcomes: dict[str, Outcom
         return
     deps = {d: outcomes[d]["result"] for d in unit.deps if outcomes.get(d, {}).get("state") == "done"}
     try:
-        worker = Session(lambda: None)  # type: ignore[arg-type,return-value]  # drawing reads results only
-        inputs = unit_inputs(worker, unit, deps, None)
+        inputs = unit_inputs(NoResources(), unit, deps, None)
         result = experiment.Result.model_validate(outcome["result"])
         experiment.draw(result, store.unit_dir(unit), inputs)
     except Exception as exc:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from af1.experiments import REGISTRY, Inputs, NotApplicable
-from af1.experiments.base import NO_CELL
+from af1.experiments.base import NO_CELL, Resources
 from af1.experiments.session import Session, one_line
 from af1.results import provenance, to_json
 from af1.study.plan import ModelEntry, Unit
@@ -43,18 +43,20 @@ class Worker(Session):
         )
 
     def run(self, unit: Unit, *deps: dict[str, Any], state_dir: str | None = None) -> dict[str, Any]:
-        """The unit's outcome: done with a JSON-ready result, skipped with its reason (a finding), or failed with
-        its error. Never raises for a unit's own failure, so one bad unit does not stop the others."""
+        """The unit's outcome: done with a JSON-ready result, not applicable with its reason (a finding), or failed
+        with its error. Never raises for a unit's own failure, so one bad unit does not stop the others."""
         t0 = time.perf_counter()
+        experiment = REGISTRY[unit.experiment]
+        required = set(experiment.needs(experiment.Options.model_validate(unit.options)))
         done = {d["id"]: d["result"] for d in deps if d.get("state") == "done"}
-        missing = [d["id"] for d in deps if d.get("state") != "done"]
-        inapplicable = [d["id"] for d in deps if d.get("state") == "not_applicable"]
-        if missing and not (REGISTRY[unit.experiment].scope == "models" and done):  # cross-model does with some
+        missing = [d["id"] for d in deps if d.get("state") != "done" and d["id"].rsplit("/", 1)[1] in required]
+        inapplicable = [d["id"] for d in deps if d.get("state") == "not_applicable" and d["id"] in missing]
+        if missing and not (experiment.scope == "models" and done):  # cross-model does with the sources it has
             if inapplicable:
                 outcome = {"state": "not_applicable", "reason": f"reads {inapplicable[0]}, which did not apply"}
             else:
                 outcome = {"state": "failed", "error": f"needs {missing[0]}, which did not finish"}
-        else:
+        else:  # an optional input that did not finish is left out
             try:
                 result = run_unit(self, unit, done, state_dir)
                 if missing:
@@ -81,7 +83,7 @@ class Worker(Session):
         }
 
 
-def unit_inputs(worker: Session, unit: Unit, deps: dict[str, dict[str, Any]], state_dir: str | None) -> Inputs:
+def unit_inputs(worker: Resources, unit: Unit, deps: dict[str, dict[str, Any]], state_dir: str | None) -> Inputs:
     """A unit's inputs: its dependencies' results, typed by their experiments, grouped by experiment name."""
     by_name: dict[str, list[Any]] = {}
     for dep_id, result in deps.items():
