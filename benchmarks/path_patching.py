@@ -1,4 +1,5 @@
-"""Path patching of every head and MLP vs a plain forward pass over the same problems, side by side."""
+"""Path patching of every head and MLP, by each definition (wang, direct, total), vs a plain forward pass over the
+same problems, side by side in one run."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ def main() -> None:
     lm, task = setup(SPEC.model_copy(update={"n": 97}))
     cf = heads.counterfactual(task, lm.tokenizer)
     t_forward, _ = best_of(lambda: last_logits(lm.model, task.input_ids_PT, batch_size=64))
-    t_pp, _ = best_of(lambda: heads.path_patching(lm.adapter, task, cf), repeat=2)
+    seconds = {"plain_forward": t_forward}
+    for path in heads.PATHS:
+        seconds[path], _ = best_of(lambda path=path: heads.path_patching(lm.adapter, task, cf, path), repeat=2)
     n_components = lm.adapter.n_layers * (lm.adapter.n_heads + 1)
     data = {
         "components": n_components,
-        "seconds": {"plain_forward": t_forward, "path_patching": t_pp},
-        "cost_in_forwards": t_pp / t_forward,
+        "seconds": seconds,
+        "cost_in_forwards": {path: seconds[path] / t_forward for path in heads.PATHS},
     }
     print(data)
     write("path_patching", lm, task, data)

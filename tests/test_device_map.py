@@ -90,9 +90,13 @@ def test_every_intervention_matches_the_whole_model(pair, tokenizer):
             fast_logits(placed.adapter, task, config, means), fast_logits(whole.adapter, task, config, means)
         )
     cf = heads.counterfactual(task, tokenizer)
-    a, b = heads.path_patching(whole.adapter, task, cf), heads.path_patching(placed.adapter, task, cf)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert torch.equal(heads.mlp_logit_lens(placed.adapter, task), heads.mlp_logit_lens(whole.adapter, task))
+    for path in heads.PATHS:
+        a, b = heads.path_patching(whole.adapter, task, cf, path), heads.path_patching(placed.adapter, task, cf, path)
+        assert a.keys() == b.keys() and all(
+            a[k] == b[k] if isinstance(a[k], str | float) else torch.equal(a[k], b[k]) for k in a
+        )
+    lens, whole_lens = heads.mlp_logit_lens(placed.adapter, task), heads.mlp_logit_lens(whole.adapter, task)
+    assert lens is not None and whole_lens is not None and torch.equal(lens, whole_lens)
     setup = measures.prepare(placed, SPEC)
     assert setup.base.accuracy == 1.0
     sweep = measures.sweep(setup, max_transfer=1)

@@ -31,12 +31,15 @@ def test_counterfactual_keeps_the_layout(tokenizer, style, null):
     assert tokenizer.decode(cf.input_ids_PT[0, changed]).strip() == cf.replacement
 
 
-def test_patching_with_itself_changes_nothing(task):
+@pytest.mark.parametrize("path", heads.PATHS)
+def test_patching_with_itself_changes_nothing(task, path):
     adapter = ModelAdapter(tiny_model("llama"))
     same = heads.Counterfactual(task.input_ids_PT, "", [])
-    pp = heads.path_patching(adapter, task, same)
-    for value in pp.values():
-        assert torch.equal(value, torch.zeros_like(value))
+    pp = heads.path_patching(adapter, task, same, path)
+    assert pp["path"] == path and isinstance(pp["clean_logit_diff"], float)
+    for key, value in pp.items():
+        if key.endswith(("_layer_head", "_layer")):
+            assert torch.equal(value, torch.zeros_like(value)), key
     clean = last_logits(adapter.model, task.input_ids_PT)
     patched = heads.activation_patching(adapter, task, same, [(0, 1), (2, 3)], rows_per_forward=7)
     assert torch.allclose(patched, clean.gather(1, task.answer_ids_P[:, None]).T.expand(2, -1), atol=1e-5)
@@ -53,13 +56,120 @@ def test_all_heads_of_a_layer_equal_the_attention_output(family, task, tokenizer
         o = adapter.o_proj(layer)
         whole = o(other[head_inputs(layer)]) - o(clean[head_inputs(layer)])
         assert torch.allclose(deltas.sum(0), whole, atol=1e-5)
-    pp = heads.path_patching(adapter, task, cf)
+    pp = heads.path_patching(adapter, task, cf, "direct")
     assert pp["relative_logit_change_layer_head"].abs().sum() > 0
 
 
-def test_gemma_is_refused_for_path_patching(task):
+def test_gemma_is_refused_for_direct_path_patching(task):
     with pytest.raises(Af1Error, match="not linear"):
-        heads.path_patching(ModelAdapter(tiny_model("gemma2")), task, heads.Counterfactual(task.input_ids_PT, "", []))
+        heads.path_patching(
+            ModelAdapter(tiny_model("gemma2")), task, heads.Counterfactual(task.input_ids_PT, "", []), "direct"
+        )
+
+
+def brute_force_correct_logits(adapter, task, cf, path, sender):
+    """The correct answer's last logit per problem with one sender patched, by full forwards and hooks: wang
+    freezes every head at its clean output (all positions) and lets MLPs recompute; total lets everything
+    recompute. sender: (layer, head) or (layer, "mlp")."""
+    from af1.evaluation import forward_last
+    from af1.interventions.heads import replace_heads
+    from af1.interventions.sites import edit_outputs, mlp_output, record
+
+    L, d = adapter.n_layers, adapter.head_dim
+    sites = [head_inputs(layer) for layer in range(L)] + [mlp_output(layer) for layer in range(L)]
+    with record(adapter, sites) as clean:
+        forward_last(adapter.model, task.input_ids_PT)
+    clean = {k: v.clone() for k, v in clean.items()}
+    with record(adapter, sites) as other:
+        forward_last(adapter.model, cf.input_ids_PT)
+    other = {k: v.clone() for k, v in other.items()}
+    layer, which = sender
+
+    def heads_at(k):
+        def fn(z):
+            z = clean[head_inputs(k)].clone() if path == "wang" else z.clone()
+            if k == layer and which != "mlp":
+                cols = slice(which * d, (which + 1) * d)
+                z[:, -1, cols] = other[head_inputs(k)][:, -1, cols]
+            return z
+
+        return fn
+
+    def mlp_at(out):
+        out = out.clone()
+        out[:, -1] = other[mlp_output(layer)][:, -1]
+        return out
+
+    frozen = range(L) if path == "wang" else ([layer] if which != "mlp" else [])
+    mlp_edit = {mlp_output(layer): mlp_at} if which == "mlp" else {}
+    with replace_heads(adapter, {k: heads_at(k) for k in frozen}), edit_outputs(adapter, mlp_edit):
+        logits = forward_last(adapter.model, task.input_ids_PT)
+    return logits.gather(1, task.answer_ids_P[:, None])[:, 0]
+
+
+@pytest.mark.parametrize(
+    ("family", "path"),
+    [
+        ("llama", "wang"),
+        ("llama", "total"),
+        ("gemma2", "wang"),  # post-norms and soft-capping: MLPs recompute through the family's own norms
+        ("gemma2", "total"),
+        ("gpt_neox", "wang"),  # parallel residual
+        ("gpt_neox", "total"),
+        ("gpt2", "wang"),
+        ("gptj", "wang"),
+    ],
+)
+def test_each_path_equals_its_definition_by_full_forwards(family, path, task):
+    from af1.evaluation import forward_last
+
+    adapter = ModelAdapter(tiny_model(family))
+    cf = heads.Counterfactual(task.input_ids_PT.flip(0), "", [])
+    pp = heads.path_patching(adapter, task, cf, path, batch_size=5)  # batches of 5, 5 and 2 problems
+    clean = forward_last(adapter.model, task.input_ids_PT).gather(1, task.answer_ids_P[:, None])[:, 0]
+    senders = [(0, 1), (1, 3), (adapter.n_layers - 1, 0), (0, "mlp"), (1, "mlp")]
+    for layer, which in senders:
+        patched = brute_force_correct_logits(adapter, task, cf, path, (layer, which))
+        expected = ((patched - clean) / clean.abs().clamp(min=1e-6)).mean()
+        got = (
+            pp["relative_logit_change_mlp_layer"][layer]
+            if which == "mlp"
+            else pp["relative_logit_change_layer_head"][layer, which]
+        )
+        assert float(got) == pytest.approx(float(expected), rel=1e-3, abs=1e-5), (layer, which)
+
+
+def test_gptj_has_no_total_path(task):
+    with pytest.raises(Af1Error, match="--path wang"):
+        heads.path_patching(
+            ModelAdapter(tiny_model("gptj")), task, heads.Counterfactual(task.input_ids_PT, "", []), "total"
+        )
+
+
+def test_one_head_that_writes_has_the_only_effect_and_the_same_under_every_path(task):
+    """A model in which only head (1, 2) writes to the residual stream and no MLP does: every other head's
+    effect is exactly zero, and nothing downstream can react, so the three definitions agree."""
+    model = tiny_model("llama")
+    d = model.config.head_dim
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            layer.mlp.down_proj.weight.zero_()
+            keep = layer.self_attn.o_proj.weight[:, 2 * d : 3 * d].clone()
+            layer.self_attn.o_proj.weight.zero_()
+            if i == 1:
+                layer.self_attn.o_proj.weight[:, 2 * d : 3 * d] = keep
+    adapter = ModelAdapter(model)
+    cf = heads.Counterfactual(task.input_ids_PT.flip(0), "", [])
+    effects = {
+        path: heads.path_patching(adapter, task, cf, path)["relative_logit_change_layer_head"] for path in heads.PATHS
+    }
+    for effect in effects.values():
+        assert float(effect[1, 2]) != 0
+        others = effect.clone()
+        others[1, 2] = 0
+        assert float(others.abs().max()) < 1e-6
+    assert float(effects["wang"][1, 2]) == pytest.approx(float(effects["direct"][1, 2]), rel=1e-4)
+    assert float(effects["total"][1, 2]) == pytest.approx(float(effects["direct"][1, 2]), rel=1e-4)
 
 
 def test_knockout_and_key_heads(task):
@@ -215,3 +325,39 @@ def test_cli_finetune_and_positional_on_a_tiny_model(capsys, tmp_path, tokenizer
 
     html = build_report(tmp_path / "p").read_text()
     assert "position + meaning" in html
+
+
+def test_knockout_scores_every_answer_token_and_nothing_ablated_is_the_plain_model(tokenizer):
+    from af1.evaluation import evaluate
+
+    adapter = ModelAdapter(tiny_model("llama"))
+    two_steps = build_task(TaskSpec(operation="a+b", n=16, seed=3, answer_digits="any"), tokenizer)
+    assert two_steps.n_steps() == 2
+    means = heads.step_means(adapter, two_steps)
+    assert [m[0].shape[0] for m in means] == [two_steps.n_positions, two_steps.n_positions + 1]
+    plain = evaluate(adapter.model, two_steps)
+    nothing = heads.knockout_scores(adapter, two_steps, [], means)
+    assert torch.equal(nothing.correct_P, plain.correct_P) and nothing.predicted_PA == plain.predicted_PA
+    ablated = heads.knockout_scores(adapter, two_steps, [(0, 1), (1, 2)], means)
+    assert ablated.predicted_PA != plain.predicted_PA  # the heads matter to a random model's predictions
+
+
+def test_the_mlp_logit_lens_reads_through_the_final_norm(task):
+    """Its value is the first-order change of the answer's logit when the MLP's output is added at the final
+    residual: a finite difference through the final norm and the unembedding agrees."""
+    from af1.interventions.sites import FINAL, mlp_output
+    from af1.models.adapter import weight_of
+
+    adapter = ModelAdapter(tiny_model("llama"))
+    lens = heads.mlp_logit_lens(adapter, task)
+    assert lens is not None and lens.shape == (adapter.n_layers,)
+    cache, _ = heads.run_last(adapter, task.input_ids_PT)
+    rows = weight_of(adapter.lm_head)[task.answer_ids_P]
+    eps = 1e-3
+    for layer in range(adapter.n_layers):
+        x, m = cache[FINAL].double(), cache[mlp_output(layer)].double()
+        norm = adapter.final_norm.double()
+        slope = ((norm(x + eps * m) - norm(x - eps * m)) / (2 * eps) * rows.double()).sum(-1).mean()
+        adapter.final_norm.float()
+        assert float(lens[layer]) == pytest.approx(float(slope), rel=1e-3, abs=1e-4)
+    assert heads.mlp_logit_lens(ModelAdapter(tiny_model("gemma2")), task) is None  # post-norms: not a linear read

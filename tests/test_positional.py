@@ -58,6 +58,11 @@ def test_study_on_a_tiny_model(tokenizer):
     assert result["r_layer_head"].shape == (3, 4)
     for key in ("r_mean", "r_median", "r_median_row_centred", "r_median_random_init", "dummy_distance_r2_median"):
         assert -1 <= result[key] <= 1
+    for control in ("random_init", "norm_matched", "shuffled"):  # each control: plain and row-centred r
+        for key in (control, f"{control}_row_centred"):
+            low, high = result["median_ci"][key]
+            assert low <= result["distribution"][key]["median"] + 1e-6 and high >= low
+    assert result["window_start"] == "<|im_start|>"  # the tokenizer's BOS leads every window
     assert set(result["perplexity_vs_swap"]) == {str(f) for f in positional.SWAP_FRACTIONS}
     assert result["band_logit_variance_share"].shape == (8,)
 
@@ -86,4 +91,46 @@ def test_swaps_are_adjacent_and_counted():
     order = positional.swap_adjacent(100, 0.1, random.Random(0))
     assert sorted(order) == list(range(100)) and order[0] == 0
     moved = [i for i, o in enumerate(order) if o != i]
-    assert len(moved) == 20 and all(abs(order[i] - i) == 1 for i in moved)
+    assert len(moved) == 10 and all(abs(order[i] - i) == 1 for i in moved)  # the fraction is of tokens moved
+
+
+def test_windows_start_like_documents(tokenizer):
+    adapter = ModelAdapter(tiny_model("llama"))
+    text = positional.load_corpus()
+    ids = positional.corpus_windows(adapter, tokenizer, text, 16, 3, start_token=7)
+    assert ids.shape == (3, 16) and (ids[:, 0] == 7).all()
+    plain = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert ids[1, 1:].tolist() == plain[15:30]  # consecutive text after each start token
+
+
+def test_the_no_sink_fit_is_refitted_without_the_sink_column():
+    """Logits additive except for a huge first key: the fit over all keys is poor, the refitted one exact."""
+    W, _ = synthetic(T=12)
+    W = W.clone()
+    W[:, 1:, 0] += torch.linspace(5, 50, 11)  # a sink column that no key term of an additive fit explains
+    q = positional.fit_quality(W)
+    assert torch.allclose(q["r_no_sink"], torch.ones(3), atol=1e-4)
+    assert q["r"].max() < 0.999
+
+
+def test_norm_matched_control_keeps_every_weight_norm():
+    adapter = ModelAdapter(tiny_model("llama"))
+    control = positional.random_init_like(adapter, seed=1, norm_matched=True)
+    trained = dict(adapter.model.named_parameters())
+    for name, weight in control.model.named_parameters():
+        assert float(weight.norm()) == pytest.approx(float(trained[name].norm()), rel=1e-4), name
+    name = "model.layers.1.self_attn.q_proj.weight"  # random directions, the trained norm
+    assert not torch.equal(dict(control.model.named_parameters())[name], trained[name])
+
+
+def test_softcapped_logits_are_fitted_where_softmax_sees_them():
+    model = tiny_model("gemma2", attn="eager")
+    adapter = ModelAdapter(model)
+    cap = model.config.attn_logit_softcapping
+    assert cap
+    ids = torch.randint(0, 1000, (1, 8))
+    logits = positional.capture_logits(adapter, ids)
+    assert float(logits.abs().max()) <= cap
+    attn = model(ids, output_attentions=True, use_cache=False).attentions
+    probs = torch.softmax(logits[0].masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), -1e30), -1)
+    assert torch.allclose(probs, attn[0].transpose(0, 1), atol=1e-5)

@@ -361,6 +361,15 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     analysed = next(m for m, has in found.items() if has)
     heads = results[f"{analysed}/a+b.original.1d.1shot.n30/heads"]
     assert heads["placement"] and {p["stage"] for p in heads["placement"]} <= {"wait", "transfer", "compute"}
+    assert heads["path"] == "wang" and len(heads["knockout"]["accuracy_random_k"]) == 10
+    search = results[f"{analysed}/a+b.original.1d.1shot.n30/search"]
+    if search["transfer"] > 0:  # the key heads against AF1, on the search's confirmation split
+        rows = {r["variant"]: r for r in heads["af1_consistency"]["rows"]}
+        assert rows["all heads peek"]["faithfulness"] == search["faithfulness"]
+        assert (
+            rows["no head peeks"]["peeking"] == 0
+            and rows["all heads peek"]["faithfulness_n"] == search["n_confirmation"]
+        )
     html = (out / "report.html").read_text()
     for heading in ("Where each model waits", "CAMA alone", "Necessity", "Alternatives", "Head pruning"):
         assert heading in html

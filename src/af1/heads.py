@@ -1,10 +1,18 @@
 """Arithmetic heads (SPEC.md §2, Zhang et al. 2024): path patching, key heads, knockout, overlap.
 
-Path patching to the logits: each head's (or MLP's) output at the last position is taken
-from the counterfactual run (the operator replaced by a null word or symbol) and only its
-direct path into the final residual stream is changed; everything else stays clean. One
-clean and one counterfactual forward pass serve every head and every MLP. Activation
-patching (the change also flows through later layers) batches many heads per forward.
+Each sender (a head or an MLP) has its output at the last position taken from the counterfactual
+run (the operator replaced by a null word or symbol); the receiver is the last position's logits.
+Three definitions of what else changes (`PATHS`):
+
+- wang (Wang et al. 2023, which Zhang et al. use): every other head's output stays at its clean
+  value, MLPs recompute. Only the last position changes downstream of the sender, and with every
+  head frozen the last token needs no attention: the senders of a layer run as rows of one
+  last-token pass through the later blocks, with each attention module's output set to its clean
+  value;
+- direct: only the sender's direct path into the final residual stream changes (later MLPs frozen
+  too); one clean and one counterfactual forward serve every sender;
+- total (activation patching): everything downstream recomputes, attention included; the last token
+  attends to the clean keys/values of the earlier positions, so again one last-token pass per layer.
 """
 
 from __future__ import annotations
@@ -19,10 +27,20 @@ import torch
 
 from af1.errors import Af1Error
 from af1.evaluation import Evaluated, Scores, batches, evaluated, forward_last, require_solved, solved
+from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.heads import head_means, replace_heads
-from af1.interventions.sites import FINAL, Site, head_inputs, mlp_output, record
+from af1.interventions.sites import (
+    FINAL,
+    Site,
+    attention_output,
+    edit_outputs,
+    head_inputs,
+    mlp_output,
+    record,
+    residual,
+)
 from af1.models.adapter import ModelAdapter, execution_device, weight_of
-from af1.stats import constant_baseline, rate
+from af1.stats import constant_baseline
 from af1.tasks import NAMES, OPERATIONS, Task, _template
 
 # Where the operation is named in each style, and the null replacements tried (same token count).
@@ -128,10 +146,12 @@ class AnswerRows:
             return cls(W_U[pair], bias[pair] if bias is not None else None)
 
     def logits(self, adapter: ModelAdapter, final_ZBD: torch.Tensor) -> torch.Tensor:
-        """Logits [N, B, 2]: the final norm, then these rows."""
+        """Logits [N, B, 2]: the final norm, then these rows (and the family's soft-capping)."""
         normed = adapter.final_norm(final_ZBD.to(execution_device(adapter.final_norm)))
         logits = torch.einsum("zbd,brd->zbr", normed.to(self.rows_BRD.device), self.rows_BRD).float()
-        return logits if self.bias_BR is None else logits + self.bias_BR
+        logits = logits if self.bias_BR is None else logits + self.bias_BR
+        cap = getattr(adapter.config, "final_logit_softcapping", None)
+        return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def _direct_effects(
@@ -163,8 +183,120 @@ def check_direct_paths(adapter: ModelAdapter) -> None:
         )
 
 
+PATHS = ("wang", "direct", "total")
+
+
+def path_patching(
+    adapter: ModelAdapter, task: Task, cf: Counterfactual, path: str = "wang", batch_size: int = 32
+) -> dict[str, Any]:
+    """The effect of every head and MLP on the last-position logits, by one of `PATHS`: per sender the mean
+    relative change of the correct logit and the mean change of (correct - clean top wrong), with the clean
+    logit difference they are measured against."""
+    if path == "direct":
+        return {**direct_path_patching(adapter, task, cf, batch_size), "path": path}
+    if path not in PATHS:
+        raise Af1Error(f"unknown path '{path}': one of {', '.join(PATHS)}")
+    if path == "total" and not adapter.family.uses_attention_interface:
+        raise Af1Error(
+            f"--path total reads earlier keys/values through the attention interface, which the "
+            f"{adapter.family.name} family does not use: try --path wang"
+        )
+    return {**downstream_path_patching(adapter, task, cf, path == "total", batch_size), "path": path}
+
+
+def _set_rows(value_ZBD: torch.Tensor):
+    """A module output replaced by one value per row (row z*B + b of the last-token pass)."""
+    return lambda out: value_ZBD.reshape(-1, 1, value_ZBD.shape[-1]).to(out.device, out.dtype)
+
+
+def _patch_rows(rows: slice, new_BD: torch.Tensor):
+    """A module output whose given rows take new values."""
+
+    def fn(out: torch.Tensor) -> torch.Tensor:
+        out = out.clone()
+        out[rows, -1] = new_BD.to(out.device, out.dtype)
+        return out
+
+    return fn
+
+
 @torch.no_grad()
-def path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_size: int = 32) -> dict[str, Any]:
+def downstream_path_patching(
+    adapter: ModelAdapter, task: Task, cf: Counterfactual, recompute_attention: bool, batch_size: int = 32
+) -> dict[str, Any]:
+    """Wang's path patching (heads frozen, MLPs recompute) or, with recompute_attention, activation patching
+    at the last position. Per layer one last-token pass with rows [clean, H heads, the MLP] x problems."""
+    from af1.fast import _last_token_inputs, capture_problem_kv
+
+    L, H = adapter.n_layers, adapter.n_heads
+    rel_heads, diff_heads = torch.zeros(L, H), torch.zeros(L, H)
+    rel_mlp, diff_mlp = torch.zeros(L), torch.zeros(L)
+    clean_diff = 0.0
+    P = len(task)
+    Z = H + 2  # row groups: the clean reference, each head, the MLP
+    for sl in batches(P, batch_size):
+        ids = task.input_ids_PT[sl]
+        sites = [FINAL] + [
+            s
+            for layer in range(L)
+            for s in (head_inputs(layer), attention_output(layer), mlp_output(layer), residual(layer))
+        ]
+        with record(adapter, sites, last_only=True) as clean:
+            base = forward_last(adapter.model, ids).to(adapter.device)
+        with record(
+            adapter, [s for layer in range(L) for s in (head_inputs(layer), mlp_output(layer))], last_only=True
+        ) as corrupt:
+            forward_last(adapter.model, cf.input_ids_PT[sl])
+        kv = capture_problem_kv(adapter, ids, task.context_len) if recompute_attention else None
+        answer = task.answer_ids_P[sl].to(base.device)
+        B = len(answer)
+        wrong = base.clone()
+        wrong[torch.arange(B), answer] = -float("inf")
+        unembed = AnswerRows.read(adapter, torch.stack([answer, wrong.argmax(-1)], -1))
+        inputs = _last_token_inputs(adapter, ids.repeat(Z, 1))
+        problem_of_row = torch.arange(B).repeat(Z)
+        for layer in range(L):
+            start_BD = inputs.hidden_BTD[:B, -1] if layer == 0 else clean[residual(layer - 1)]
+            deltas_HBD = head_deltas(adapter, layer, clean[head_inputs(layer)], corrupt[head_inputs(layer)])
+            zero = torch.zeros_like(deltas_HBD[:1])
+            attn_ZBD = clean[attention_output(layer)][None] + torch.cat([zero, deltas_HBD.to(zero.device), zero])
+            mlp_rows = slice((Z - 1) * B, Z * B)
+
+            edits = {
+                attention_output(layer): _set_rows(attn_ZBD),
+                mlp_output(layer): _patch_rows(mlp_rows, corrupt[mlp_output(layer)]),
+            }
+            plans = {}
+            for later in range(layer + 1, L):
+                if kv is None:  # heads frozen: the attention output stays clean
+                    edits[attention_output(later)] = _set_rows(clean[attention_output(later)][None].expand(Z, -1, -1))
+                else:  # the last token attends to the clean earlier positions and to itself
+                    prefix = (kv.keys[later][problem_of_row], kv.values[later][problem_of_row])
+                    plans[later] = LayerPlan(prefix_kv=prefix, replace_mask=True)
+            h = start_BD.repeat(Z, 1)[:, None]
+            with edit_outputs(adapter, edits), attention_plans(adapter, plans):
+                h = adapter.run_layers(h, inputs, layer)
+            logits = unembed.logits(adapter, h[:, -1].reshape(Z, B, -1))
+            (c0, w0), (c1, w1) = logits[0].unbind(-1), logits[1:].unbind(-1)
+            rel = ((c1 - c0) / c0.abs().clamp(min=1e-6)).sum(-1).cpu()
+            diff = ((c1 - w1) - (c0 - w0)).sum(-1).cpu()
+            rel_heads[layer] += rel[:H]
+            diff_heads[layer] += diff[:H]
+            rel_mlp[layer] += rel[H]
+            diff_mlp[layer] += diff[H]
+            if layer == 0:
+                clean_diff += float((c0 - w0).sum())
+    return {
+        "relative_logit_change_layer_head": rel_heads / P,
+        "logit_diff_change_layer_head": diff_heads / P,
+        "relative_logit_change_mlp_layer": rel_mlp / P,
+        "logit_diff_change_mlp_layer": diff_mlp / P,
+        "clean_logit_diff": clean_diff / P,
+    }
+
+
+@torch.no_grad()
+def direct_path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_size: int = 32) -> dict[str, Any]:
     """Direct-path effect of every head and MLP on the last-position logits of the correct answer.
 
     Returns relative change of the correct logit [layer, head] / [layer] (mean over problems) and
@@ -174,6 +306,7 @@ def path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_s
     L, H = adapter.n_layers, adapter.n_heads
     rel_heads, diff_heads = torch.zeros(L, H), torch.zeros(L, H)
     rel_mlp, diff_mlp = torch.zeros(L), torch.zeros(L)
+    clean_diff = 0.0
     P = len(task)
     for sl in batches(P, batch_size):
         clean, base = run_last(adapter, task.input_ids_PT[sl])
@@ -185,6 +318,8 @@ def path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_s
         wrong_id = wrong.argmax(-1)
 
         unembed = AnswerRows.read(adapter, torch.stack([answer, wrong_id], -1))
+        c0, w0 = unembed.logits(adapter, clean[FINAL][None])[0].unbind(-1)
+        clean_diff += float((c0 - w0).sum())
         for layer in range(L):
             deltas = head_deltas(adapter, layer, clean[head_inputs(layer)], corrupt[head_inputs(layer)])
             r, g = _direct_effects(adapter, clean[FINAL], deltas, unembed)
@@ -199,6 +334,7 @@ def path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_s
         "logit_diff_change_layer_head": diff_heads / P,
         "relative_logit_change_mlp_layer": rel_mlp / P,
         "logit_diff_change_mlp_layer": diff_mlp / P,
+        "clean_logit_diff": clean_diff / P,
     }
 
 
@@ -206,14 +342,14 @@ def path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_s
 
 
 @torch.no_grad()
-def knockout_correct(
+def mean_ablated_logits(
     adapter: ModelAdapter,
     task: Task,
     heads: list[tuple[int, int]],
     means: dict[int, torch.Tensor],
     batch_size: int = 32,
-) -> list[bool]:
-    """Per problem: is the first answer token still predicted with the listed heads mean-ablated everywhere."""
+) -> torch.Tensor:
+    """Last-position logits [P, V] with the listed heads mean-ablated at every position (means [T, E] per layer)."""
     d = adapter.head_dim
     by_layer: dict[int, list[int]] = {}
     for layer, h in heads:
@@ -232,9 +368,29 @@ def knockout_correct(
     out = []
     with replace_heads(adapter, {layer: ablate(layer, hs) for layer, hs in by_layer.items()}):
         for sl in batches(len(task), batch_size):
-            ids = task.input_ids_PT[sl].to(adapter.device)
-            out.append(forward_last(adapter.model, ids))
-    return Scores.from_logits(torch.cat(out), task.answer_ids_P).correct_P.tolist()
+            out.append(forward_last(adapter.model, task.input_ids_PT[sl].to(adapter.device)))
+    return torch.cat(out)
+
+
+def knockout_correct(
+    adapter: ModelAdapter, task: Task, heads: list[tuple[int, int]], means: dict[int, torch.Tensor]
+) -> list[bool]:
+    """Per problem: is the first answer token still predicted with the listed heads mean-ablated everywhere."""
+    return Scores.from_logits(mean_ablated_logits(adapter, task, heads, means), task.answer_ids_P).correct_P.tolist()
+
+
+def step_means(adapter: ModelAdapter, task: Task) -> list[dict[int, torch.Tensor]]:
+    """Head means per answer step (teacher forced) over all the task's problems: what knockout ablates to."""
+    return [head_means(adapter, step) for step in task.steps()]
+
+
+def knockout_scores(
+    adapter: ModelAdapter, kept: Task, heads: list[tuple[int, int]], means: list[dict[int, torch.Tensor]]
+) -> Scores:
+    """Every answer step of the solved problems with the listed heads mean-ablated (full-answer scoring)."""
+    return Scores.from_steps(
+        kept, [mean_ablated_logits(adapter, step, heads, m) for step, m in zip(kept.steps(), means, strict=False)]
+    )
 
 
 @torch.no_grad()
@@ -320,18 +476,38 @@ def last_query_attention(
 
 
 @torch.no_grad()
-def mlp_logit_lens(adapter: ModelAdapter, task: Task) -> torch.Tensor:
-    """Per layer: mean over problems of the MLP output at the last position read by the answer's unembedding."""
+def mlp_logit_lens(adapter: ModelAdapter, task: Task) -> torch.Tensor | None:
+    """Per layer: mean over problems of what the MLP's output at the last position adds to the correct answer's
+    logit, read through the final norm (its linearisation at the clean final residual) and the unembedding.
+    None for families whose MLP output is normalised again before the residual sum (post-norms)."""
+    from torch.func import jvp
+
+    if adapter.family.post_norms:
+        return None
     cache, _ = run_last(adapter, task.input_ids_PT)
+    final = cache[FINAL].to(execution_device(adapter.final_norm))
     with adapter.onloaded(adapter.lm_head):
         W_U = weight_of(adapter.lm_head)
         answer_rows = W_U[task.answer_ids_P.to(W_U.device)]  # [P, D]
-        return torch.stack(
-            [
-                (cache[mlp_output(layer)].to(W_U.device) * answer_rows).sum(-1).mean().cpu()
-                for layer in range(adapter.n_layers)
-            ]
-        )
+        out = []
+        for layer in range(adapter.n_layers):
+            tangent = cache[mlp_output(layer)].to(final.device, final.dtype)
+            read = jvp(adapter.final_norm, (final,), (tangent,))[1]
+            out.append((read.to(W_U.device) * answer_rows).sum(-1).mean().cpu())
+        return torch.stack(out)
+
+
+METRICS = ("relative", "logit_diff")
+
+
+def effect_of(pp: dict[str, Any], metric: str) -> torch.Tensor:
+    """[layer, head] by one metric: the relative change of the correct logit, or the change of (correct - clean
+    top wrong) as a share of the clean logit difference; negative: the head supports the answer."""
+    if metric == "relative":
+        return pp["relative_logit_change_layer_head"]
+    if metric == "logit_diff":
+        return pp["logit_diff_change_layer_head"] / max(abs(pp["clean_logit_diff"]), 1e-6)
+    raise Af1Error(f"unknown metric '{metric}': one of {', '.join(METRICS)}")
 
 
 def key_heads(effect_LH: torch.Tensor, threshold: float = -0.05) -> list[tuple[int, int]]:
@@ -369,27 +545,30 @@ def study(
     spec: Any,
     threshold: float = -0.05,
     k: int = 10,
-    draws: int = 5,
+    draws: int = 10,
     compare_specs: list[Any] | None = None,
     done: Evaluated | None = None,
+    path: str = "wang",
+    metric: str = "relative",
 ) -> dict[str, Any]:
-    """Path patching, key heads, knockout of top-k vs random-k, where key heads look, MLP logit lens, overlap;
-    `done` is an evaluation of the same spec already made."""
+    """Path patching (by `path`), key heads (by `metric`, both metrics kept), knockout of the top k against `draws`
+    random sets of k (every answer token scored, with intervals), where the top heads look, the MLP logit lens,
+    overlap with other tasks; `done` is an evaluation of the same spec already made."""
     adapter = lm.adapter
     done = evaluated(lm.model, lm.tokenizer, spec, done)
     task, base = done.task, done.base
     require_solved(int(base.correct_P.sum()), spec)
     kept = solved(task, base)
     cf = counterfactual(kept, lm.tokenizer)
-    pp = path_patching(adapter, kept, cf)
-    effect = pp["relative_logit_change_layer_head"]
+    pp = path_patching(adapter, kept, cf, path)
+    effect = effect_of(pp, metric)
     keys = key_heads(effect, threshold)
     top = top_heads(effect, k)
-    means = head_means(adapter, task)
-    first_targets = [str(a[0]) for a in kept.answer_tokens]  # knockout scores the first answer token (issue 14)
+    means = step_means(adapter, task)
+    targets = kept.targets()
 
     def knocked(heads_: list[tuple[int, int]]) -> dict[str, Any]:
-        r = rate(knockout_correct(adapter, kept, heads_, means), first_targets)
+        r = knockout_scores(adapter, kept, heads_, means).rate(kept)
         return {"accuracy": r["value"], "accuracy_ci": r["ci"], "n": r["n"]}
 
     randoms_detail = [knocked(random_heads(adapter, k, seed, top)) for seed in range(draws)]
@@ -403,19 +582,22 @@ def study(
         "style": spec.style,
         "n": len(task),
         "n_solved": len(kept),
-        "scoring": spec.scoring,  # of base accuracy and the solved set; patching and knockout read the first token
+        "scoring": spec.scoring,
         "base_accuracy_all": base.accuracy,
         "counterfactual": cf.replacement,
         "n_heads": n_heads,
         "threshold": threshold,
+        "metric": metric,
         "key_heads": [list(h) for h in keys],
         "key_head_share": len(keys) / n_heads,
+        "key_heads_by_metric": {m: [list(h) for h in key_heads(effect_of(pp, m), threshold)] for m in METRICS},
         "top_heads": [list(h) for h in top],
         **pp,
         "knockout": {
             "k": k,
             "heads": [list(h) for h in top],
-            "scoring": "first",
+            "scoring": spec.scoring,
+            "means": "per answer step and position, over all the task's problems",
             "n": len(kept),
             "accuracy_top_k": top_knocked["accuracy"],
             "accuracy_top_k_ci": top_knocked["accuracy_ci"],
@@ -423,7 +605,7 @@ def study(
             "accuracy_random_k_std": float(rand.std()) if draws > 1 else 0.0,
             "accuracy_random_k": randoms,
             "accuracy_random_k_ci": [r["accuracy_ci"] for r in randoms_detail],
-            "accuracy_baseline": constant_baseline(first_targets),
+            "accuracy_baseline": constant_baseline(targets),
             "base_accuracy": 1.0,
         },
         "attention_of_top_heads": last_query_attention(adapter, kept, top[: min(k, 5)]),
@@ -435,9 +617,7 @@ def study(
             o = evaluated(lm.model, lm.tokenizer, other)
             o_kept = solved(o.task, o.base)
             require_solved(len(o_kept), other)
-            o_effect = path_patching(adapter, o_kept, counterfactual(o_kept, lm.tokenizer))[
-                "relative_logit_change_layer_head"
-            ]
+            o_effect = effect_of(path_patching(adapter, o_kept, counterfactual(o_kept, lm.tokenizer), path), metric)
         except Af1Error as exc:
             overlaps.append({"task": other.operation, "style": other.style, "error": str(exc)})
             continue

@@ -5,6 +5,15 @@ a[i-j] + b[i] + c[j] (distance, query, key) with backfitting; the fit's Pearson 
 additive attention is. Controls: the same architecture with random weights, and shuffled
 tokens. The dummy-distance test, the RoPE band energies and the word-order perturbation
 complete the study.
+
+Each window starts the way the model's documents start (its BOS, else `<|endoftext|>`, else its
+EOS; see `tasks.document_start`), so the first key is the sink a trained model expects. Logits
+are taken where softmax sees them (after the family's attention soft-capping, Gemma-2). Three
+controls: the architecture with random weights, random weights rescaled to the trained model's
+norm of every weight tensor (is additivity learned, or a property of the architecture at the
+trained scale?), and shuffled tokens; each reports the plain and the row-centred r, the measure
+softmax sees (a constant per query row does not change attention). Medians come with a
+bootstrap interval over windows.
 """
 
 from __future__ import annotations
@@ -41,17 +50,24 @@ def load_corpus(path: str | Path | None = None) -> str:
     return text
 
 
-def corpus_windows(adapter: ModelAdapter, tokenizer: Any, text: str, length: int, n_windows: int) -> torch.Tensor:
-    """[window, position] token ids: consecutive windows of the tokenized text."""
+def corpus_windows(
+    adapter: ModelAdapter, tokenizer: Any, text: str, length: int, n_windows: int, start_token: int | None = None
+) -> torch.Tensor:
+    """[window, position] token ids: consecutive windows of the tokenized text, each led by `start_token` (the
+    model's document start) when given."""
     limit = getattr(adapter.config, "max_position_embeddings", None) or getattr(adapter.config, "n_positions", None)
     if limit and length > limit:
         raise Af1Error(f"--window {length} is longer than the model's context of {limit} tokens")
-    ids = tokenizer(text)["input_ids"]
-    available = len(ids) // length
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    body = length - (start_token is not None)
+    available = len(ids) // body if body > 0 else 0
     if available == 0:
         raise Af1Error(f"the corpus has {len(ids)} tokens, fewer than one window of {length}")
     n = min(n_windows, available)
-    return torch.tensor(ids[: n * length]).view(n, length)
+    windows = torch.tensor(ids[: n * body]).view(n, body)
+    if start_token is not None:
+        windows = torch.cat([torch.full((n, 1), start_token), windows], 1)
+    return windows
 
 
 # --- logit capture -------------------------------------------------------------------------
@@ -63,13 +79,17 @@ def capture_logits(adapter: ModelAdapter, ids_NT: torch.Tensor, batch_size: int 
     L, H, T = adapter.n_layers, adapter.n_heads, ids_NT.shape[1]
     out = torch.zeros(L, H, ids_NT.shape[0], T, T)
     group = H // adapter.n_kv_heads
+    cap = getattr(adapter.config, "attn_logit_softcapping", None)
     for sl in batches(ids_NT.shape[0], batch_size):
 
         def capture(layer: int, sl: slice = sl):
             def fn(module, q, k, _v):
                 k = k.repeat_interleave(group, dim=1) if k.shape[1] != q.shape[1] else k
                 scale = getattr(module, "scaling", None) or q.shape[-1] ** -0.5
-                out[layer, :, sl] = (q.float() @ k.float().transpose(-1, -2) * scale).transpose(0, 1).cpu()
+                logits = q.float() @ k.float().transpose(-1, -2) * scale
+                if cap:  # where softmax sees them (Gemma-2 caps attention logits)
+                    logits = torch.tanh(logits / cap) * cap
+                out[layer, :, sl] = logits.transpose(0, 1).cpu()
 
             return fn
 
@@ -90,12 +110,18 @@ def _group_mean(values_FTT: torch.Tensor, index_TT: torch.Tensor, mask_TT: torch
     return sums / counts
 
 
-def additive_fit(W_NTT: torch.Tensor, terms: tuple[str, ...] = ("distance", "query", "key"), iters: int = 40):
-    """Backfitting of W[i, j] ~ a[i-j] + b[i] + c[j] over the causal triangle; returns the fit [N, T, T]."""
+def additive_fit(
+    W_NTT: torch.Tensor,
+    terms: tuple[str, ...] = ("distance", "query", "key"),
+    iters: int = 40,
+    mask_TT: torch.Tensor | None = None,
+):
+    """Backfitting of W[i, j] ~ a[i-j] + b[i] + c[j] over the causal triangle (or the entries of `mask_TT`);
+    returns the fit [N, T, T], zero outside the fitted entries."""
     N, T, _ = W_NTT.shape
     i = torch.arange(T)[:, None].expand(T, T)
     j = torch.arange(T)[None].expand(T, T)
-    mask = j <= i
+    mask = j <= i if mask_TT is None else mask_TT
     index = {"distance": i - j, "query": i, "key": j}
     parts = {t: torch.zeros(N, T) for t in terms}
     W = W_NTT.float()
@@ -114,13 +140,14 @@ def pearson(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def fit_quality(W_NTT: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per matrix: r of the three-term fit (all, row-centred, without the sink column) and of distance + key."""
+    """Per matrix: r of the three-term fit (all, row-centred), of a fit refitted without the sink column (key 0),
+    and of distance + key."""
     T = W_NTT.shape[-1]
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     no_sink = mask.clone()
     no_sink[:, 0] = False
-    no_sink[0, 0] = False
     fit = additive_fit(W_NTT)
+    fit_no_sink = additive_fit(W_NTT, mask_TT=no_sink)
     two = additive_fit(W_NTT, ("distance", "key"))
 
     def row_centred(M: torch.Tensor) -> torch.Tensor:
@@ -131,16 +158,31 @@ def fit_quality(W_NTT: torch.Tensor) -> dict[str, torch.Tensor]:
     return {
         "r": pearson(W_NTT[:, mask], fit[:, mask]),
         "r_row_centred": pearson(row_centred(W_NTT)[:, mask][:, T:], row_centred(fit)[:, mask][:, T:]),
-        "r_no_sink": pearson(W_NTT[:, no_sink], fit[:, no_sink]),
+        "r_no_sink": pearson(W_NTT[:, no_sink], fit_no_sink[:, no_sink]),
         "r_two_term": pearson(W_NTT[:, mask], two[:, mask]),
     }
 
 
-def head_fit(logits_LHNTT: torch.Tensor) -> dict[str, torch.Tensor]:
-    """fit_quality per (layer, head), averaged over windows: tensors [layer, head]."""
+def window_fit(logits_LHNTT: torch.Tensor) -> dict[str, torch.Tensor]:
+    """fit_quality per (layer, head, window): tensors [layer, head, window]."""
     L, H, N, T, _ = logits_LHNTT.shape
     q = fit_quality(logits_LHNTT.reshape(L * H * N, T, T))
-    return {k: v.view(L, H, N).mean(-1) for k, v in q.items()}
+    return {k: v.view(L, H, N) for k, v in q.items()}
+
+
+def head_fit(logits_LHNTT: torch.Tensor) -> dict[str, torch.Tensor]:
+    """fit_quality per (layer, head), averaged over windows: tensors [layer, head]."""
+    return {k: v.mean(-1) for k, v in window_fit(logits_LHNTT).items()}
+
+
+def median_ci(r_LHN: torch.Tensor, draws: int = 1000, seed: int = 0) -> list[float]:
+    """95 % bootstrap interval of the median over heads of the per-head mean r, resampling windows."""
+    N = r_LHN.shape[-1]
+    g = torch.Generator().manual_seed(seed)
+    picks = torch.randint(0, N, (draws, N), generator=g)
+    medians = torch.stack([r_LHN[..., pick].mean(-1).flatten().median() for pick in picks])
+    low, high = torch.quantile(medians.float(), torch.tensor([0.025, 0.975]))
+    return [float(low), float(high)]
 
 
 def summary(r_LH: torch.Tensor) -> dict[str, float]:
@@ -235,9 +277,10 @@ def band_analysis(q_post_HTd, k_post_HTd, cos, sin, n_bands: int = 8) -> dict[st
 
 
 def swap_adjacent(n: int, fraction: float, rng: random.Random) -> list[int]:
-    """A permutation of range(n) with round(fraction * n) disjoint adjacent swaps (position 0 stays)."""
+    """A permutation of range(n) that displaces round(fraction * n / 2) * 2 tokens by disjoint adjacent swaps:
+    `fraction` is the share of tokens moved (position 0, the document start, stays)."""
     order = list(range(n))
-    want = round(fraction * n)
+    want = round(fraction * n / 2)
     starts = list(range(1, n - 1))
     rng.shuffle(starts)
     used: set[int] = set()
@@ -285,45 +328,70 @@ class PositionalConfig:
     n_queries: int = 8
 
 
-def random_init_like(adapter: ModelAdapter, seed: int) -> ModelAdapter:
-    """The same architecture with freshly initialised weights (the config's initializer range)."""
+def random_init_like(adapter: ModelAdapter, seed: int, norm_matched: bool = False) -> ModelAdapter:
+    """The same architecture with freshly initialised weights (the config's initializer range); `norm_matched`
+    rescales every weight tensor to the trained model's norm of that tensor."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(adapter.config, dtype=next(adapter.model.parameters()).dtype)
     model.config._attn_implementation = adapter.config._attn_implementation
+    if norm_matched:
+        norms = {name: weight.float().norm() for name, weight in adapter.named_weights()}
+        with torch.no_grad():
+            for name, weight in model.named_parameters():
+                if name in norms:
+                    weight.mul_((norms[name].cpu() / weight.float().norm().clamp(min=1e-12)).to(weight.dtype))
     return ModelAdapter(model.eval().requires_grad_(False).to(adapter.device))
 
 
 def study(adapter: ModelAdapter, tokenizer: Any, config: PositionalConfig, corpus: str | Path | None = None):
     """The whole positional study on one model: fits, controls, dummy distance, bands, perturbation."""
-    ids = corpus_windows(adapter, tokenizer, load_corpus(corpus), config.window, config.n_windows)
-    trained = head_fit(capture_logits(adapter, ids))
-    random_fit = head_fit(capture_logits(random_init_like(adapter, config.seed), ids))
+    from af1.tasks import document_start
+
+    start = document_start(tokenizer)
+    ids = corpus_windows(
+        adapter, tokenizer, load_corpus(corpus), config.window, config.n_windows, start[0] if start else None
+    )
+    fits = {
+        "": window_fit(capture_logits(adapter, ids)),
+        "random_init": window_fit(capture_logits(random_init_like(adapter, config.seed), ids)),
+        "norm_matched": window_fit(capture_logits(random_init_like(adapter, config.seed, norm_matched=True), ids)),
+    }
     g = torch.Generator().manual_seed(config.seed)
-    shuffled_ids = torch.stack([w[torch.randperm(len(w), generator=g)] for w in ids])
-    shuffled = head_fit(capture_logits(adapter, shuffled_ids))
+    first = 1 if start else 0  # the document start stays in place
+    shuffled_ids = torch.stack(
+        [torch.cat([w[:first], w[first:][torch.randperm(len(w) - first, generator=g)]]) for w in ids]
+    )
+    fits["shuffled"] = window_fit(capture_logits(adapter, shuffled_ids))
+    trained = {k: v.mean(-1) for k, v in fits[""].items()}
+    per_head: dict[str, torch.Tensor] = dict(trained)
+    for control in ("random_init", "norm_matched", "shuffled"):
+        per_head[control] = fits[control]["r"].mean(-1)
+        per_head[f"{control}_row_centred"] = fits[control]["r_row_centred"].mean(-1)
+    windows = {name: fits[""][name] for name in trained} | {
+        f"{c}{suffix}": fits[c]["r" + suffix]
+        for c in ("random_init", "norm_matched", "shuffled")
+        for suffix in ("", "_row_centred")
+    }
     result: dict[str, Any] = {
         "corpus": str(corpus) if corpus else CORPUS_SOURCE,
         "window": ids.shape[1],
         "n_windows": ids.shape[0],
+        "window_start": start[1] if start else None,
         "n_layers": adapter.n_layers,
         "n_heads": adapter.n_heads,
+        "attention_softcapping": getattr(adapter.config, "attn_logit_softcapping", None),
         "r_layer_head": trained["r"],
         "r_row_centred_layer_head": trained["r_row_centred"],
         "r_no_sink_layer_head": trained["r_no_sink"],
         "r_two_term_layer_head": trained["r_two_term"],
-        "r_random_init_layer_head": random_fit["r"],
-        "r_shuffled_layer_head": shuffled["r"],
-        "distribution": {
-            name: summary(v)
-            for name, v in {
-                **trained,
-                "random_init": random_fit["r"],
-                "random_init_row_centred": random_fit["r_row_centred"],
-                "shuffled": shuffled["r"],
-            }.items()
-        },
+        "r_random_init_layer_head": per_head["random_init"],
+        "r_norm_matched_layer_head": per_head["norm_matched"],
+        "r_shuffled_layer_head": per_head["shuffled"],
+        "distribution": {name: summary(v) for name, v in per_head.items()},
+        "median_ci": {name: median_ci(v, seed=config.seed) for name, v in windows.items()},
+        "median_ci_note": "95 % bootstrap over windows (1000 draws) of the median over heads",
     }
     d = result["distribution"]
     result.update(
@@ -333,7 +401,10 @@ def study(adapter: ModelAdapter, tokenizer: Any, config: PositionalConfig, corpu
         r_median_no_sink=d["r_no_sink"]["median"],
         r_median_random_init=d["random_init"]["median"],
         r_median_random_init_row_centred=d["random_init_row_centred"]["median"],
+        r_median_norm_matched=d["norm_matched"]["median"],
+        r_median_norm_matched_row_centred=d["norm_matched_row_centred"]["median"],
         r_median_shuffled=d["shuffled"]["median"],
+        r_median_shuffled_row_centred=d["shuffled_row_centred"]["median"],
     )
     try:
         cos, sin = rope_tables(adapter, 2 * ids.shape[1])
@@ -365,4 +436,5 @@ def study(adapter: ModelAdapter, tokenizer: Any, config: PositionalConfig, corpu
     curve = perturbation_curve(adapter, ids, config.seed)
     result["perplexity_vs_swap"] = curve["tokens"]
     result["perplexity_vs_position_swap"] = curve["position_ids"]
+    result["swap_fraction"] = "share of tokens displaced by disjoint adjacent swaps (the document start stays)"
     return result

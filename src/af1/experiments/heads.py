@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 from rich.table import Table
@@ -18,11 +18,21 @@ from af1.tasks import TaskSpec
 
 
 class Options(base.GatedOptions):
-    threshold: float = Field(default=-0.05, description="relative logit change that makes a key head")
+    path: Literal["wang", "direct", "total"] = Field(
+        default="wang",
+        description="wang: other heads frozen, MLPs recompute; direct: the sender's direct path only; total: "
+        "everything downstream recomputes",
+    )
+    metric: Literal["relative", "logit_diff"] = Field(
+        default="relative",
+        description="key heads by the relative change of the correct logit, or by the change of (correct - top "
+        "wrong) as a share of the clean logit difference",
+    )
+    threshold: float = Field(default=-0.05, description="the metric's value below which a head is a key head")
     k: int | None = Field(
         default=None, ge=1, description="heads knocked out, top-k vs random-k (default: 10, at most a quarter)"
     )
-    draws: int = Field(default=5, ge=1, description="random draws of k heads")
+    draws: int = Field(default=10, ge=1, description="random draws of k heads")
     compare: list[str] = Field(default_factory=list, description="other TASK or TASK:STYLE to compare key heads with")
 
 
@@ -34,6 +44,8 @@ class Result(base.Result):
     n_heads: int
     threshold: float
     counterfactual: str
+    path: str = "direct"
+    metric: str = "relative"
     key_heads: list[list[int]]
     key_head_share: float
     top_heads: list[list[int]]
@@ -41,6 +53,49 @@ class Result(base.Result):
     attention_of_top_heads: dict = {}
     overlap: list[dict] = []
     placement: list[dict] | None = None
+    af1_consistency: dict[str, Any] | None = None
+
+
+def consistency(inputs: base.Inputs, config: Any, result: Result) -> dict[str, Any]:
+    """The paper's claim beside AF1's, on the search's confirmation split: faithfulness of the AF1 config when
+    in its transfer layers all heads peek, only the key heads, only the top-k heads, or none."""
+    from af1 import measures
+    from af1.stats import mcnemar_exact
+
+    setup = inputs.resources.setup(inputs.spec)
+    on = measures.confirmation(setup, inputs.one("search").data())
+    transfer_heads = [(layer, h) for layer in config.peek_layers() for h in range(setup.adapter.n_heads)]
+    keys = {tuple(h) for h in result.key_heads}
+    top = {tuple(h) for h in result.top_heads}
+    variants = {
+        "all heads peek": [],
+        "only key heads peek": [h for h in transfer_heads if h not in keys],
+        f"only top-{len(top)} heads peek": [h for h in transfer_heads if h not in top],
+        "no head peeks": transfer_heads,
+    }
+    full = measures.faithfulness(on, config)
+    rows = []
+    for name, pruned in variants.items():
+        scores = measures.faithfulness(on, config.model_copy(update={"pruned_heads": pruned})) if pruned else full
+        rows.append(
+            {
+                "variant": name,
+                "peeking": len(transfer_heads) - len(pruned),
+                **measures.faith_fields(on, scores),
+                "mcnemar_vs_all": mcnemar_exact(scores.correct_P.tolist(), full.correct_P.tolist()),
+            }
+        )
+    return {
+        "wait": config.wait,
+        "transfer": config.transfer,
+        "transfer_layers": config.peek_layers(),
+        "n_transfer_heads": len(transfer_heads),
+        "key_heads_in_transfer_layers": sorted([list(h) for h in keys if h in set(transfer_heads)]),
+        "top_heads_in_transfer_layers": sorted([list(h) for h in top if h in set(transfer_heads)]),
+        "n": len(on.kept),
+        "measured_on": "the search's confirmation split",
+        "rows": rows,
+    }
 
 
 class Heads(base.Experiment):
@@ -68,9 +123,11 @@ class Heads(base.Experiment):
         for item in options.compare:
             op, _, style = item.partition(":")
             others.append(TaskSpec.model_validate({**spec.model_dump(), "operation": op, "style": style or spec.style}))
-        result = Result(
-            **heads.study(lm, spec, options.threshold, k, options.draws, others, done=inputs.resources.evaluated(spec))
+        done = inputs.resources.evaluated(spec)
+        study = heads.study(
+            lm, spec, options.threshold, k, options.draws, others, done, path=options.path, metric=options.metric
         )
+        result = Result(**study)
         search = inputs.one("search")
         config = base.searched_config(search) if search is not None else None
         if config is not None:  # where the top heads sit among the AF1 stages
@@ -79,6 +136,8 @@ class Heads(base.Experiment):
                 {"layer": h[0], "head": h[1], "stage": next(s for s, layers in stages.items() if h[0] in layers)}
                 for h in result.top_heads
             ]
+            if config.transfer > 0:
+                result.af1_consistency = consistency(inputs, config, result)
         return result
 
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
@@ -117,16 +176,20 @@ class Heads(base.Experiment):
             "<h2>Arithmetic heads</h2>",
             f"<p>{result.model} on <code>{html.escape(result.task)}</code> ({result.style}), counterfactual operator "
             f"<code>{html.escape(result.counterfactual)}</code>, {result.n_solved} solved problems. "
-            f"{len(result.key_heads)} of {result.n_heads} heads ({result.key_head_share:.1%}) change the correct "
-            f"logit by less than {result.threshold:.0%} through their direct path.</p>",
+            f"Path patching ({result.path}): {len(result.key_heads)} of {result.n_heads} heads "
+            f"({result.key_head_share:.1%}) pass {result.threshold:.0%} by the {result.metric} metric.</p>",
             table_html(
                 [
                     "knockout (mean ablation)",
-                    f"first-token accuracy on {ko['n']} solved problems (constant guess {ko['accuracy_baseline']:.2f})",
+                    f"accuracy ({ko['scoring']} answer) on {ko['n']} solved problems (constant guess "
+                    f"{ko['accuracy_baseline']:.2f})",
                 ],
                 [
                     [f"top {ko['k']} heads", with_ci(ko["accuracy_top_k"], ko["accuracy_top_k_ci"])],
-                    [f"{ko['k']} random heads (mean of {len(ko['accuracy_random_k'])})", ko["accuracy_random_k_mean"]],
+                    [
+                        f"{ko['k']} random heads ({len(ko['accuracy_random_k'])} draws: mean ± std)",
+                        f"{ko['accuracy_random_k_mean']:.3f} ± {ko['accuracy_random_k_std']:.3f}",
+                    ],
                     ["none", ko["base_accuracy"]],
                 ],
             ),
@@ -137,6 +200,35 @@ class Heads(base.Experiment):
                 table_html(
                     ["head (layer.head)", *next(iter(looks.values())).keys()],
                     [[h, *v.values()] for h, v in looks.items()],
+                )
+            )
+        if result.af1_consistency:
+            c = result.af1_consistency
+            parts.append(
+                f"<p>Against AF1 (L_wait {c['wait']}, L_transfer {c['transfer']}; transfer layers "
+                f"{c['transfer_layers']}, {c['n_transfer_heads']} heads, of which "
+                f"{len(c['key_heads_in_transfer_layers'])} key heads): faithfulness on {c['n']} problems "
+                f"({c['measured_on']}) when in the transfer layers</p>"
+            )
+            parts.append(
+                table_html(
+                    [
+                        "in the transfer layers",
+                        "heads peeking",
+                        "faithfulness [95 % CI]",
+                        "constant guess",
+                        "McNemar p",
+                    ],
+                    [
+                        [
+                            r["variant"],
+                            r["peeking"],
+                            with_ci(r["faithfulness"], r["faithfulness_ci"]),
+                            r["faithfulness_baseline"],
+                            f"{r['mcnemar_vs_all']['p_value']:.2g}",
+                        ]
+                        for r in c["rows"]
+                    ],
                 )
             )
         if result.placement:
@@ -172,7 +264,7 @@ class Heads(base.Experiment):
             "heads past the threshold", f"{len(result.key_heads)} of {result.n_heads} ({result.key_head_share:.1%})"
         )
         table.add_row(
-            f"first-token accuracy, top {ko['k']} heads mean-ablated (n {ko['n']}, constant guess "
+            f"accuracy ({ko['scoring']} answer), top {ko['k']} heads mean-ablated (n {ko['n']}, constant guess "
             f"{ko['accuracy_baseline']:.2f})",
             ci_text(ko["accuracy_top_k"], ko["accuracy_top_k_ci"]),
         )

@@ -36,6 +36,8 @@ class Result(base.Result):
     r_median_shuffled: float | None = None
     dummy_distance_r2_median: float | None = None
     distribution: dict[str, dict[str, float | None]]
+    median_ci: dict[str, list[float | None]] = {}
+    window_start: str | None = None
     perplexity_vs_swap: dict[str, float | None]
 
 
@@ -45,7 +47,11 @@ SHOWN = (
     "r_median_row_centred",
     "r_median_no_sink",
     "r_median_random_init",
+    "r_median_random_init_row_centred",
+    "r_median_norm_matched",
+    "r_median_norm_matched_row_centred",
     "r_median_shuffled",
+    "r_median_shuffled_row_centred",
     "dummy_distance_r2_median",
 )
 

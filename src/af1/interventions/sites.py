@@ -41,6 +41,11 @@ def mlp_output(layer: int) -> Site:
     return Site("mlp_output", layer)
 
 
+def attention_output(layer: int) -> Site:
+    """The attention module's output (after o_proj, before any post-attention norm)."""
+    return Site("attention_output", layer)
+
+
 FINAL = Site("final")
 
 
@@ -49,7 +54,7 @@ def output_hidden(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
-KINDS = ("residual", "head_inputs", "mlp_output", "final")
+KINDS = ("residual", "head_inputs", "attention_output", "mlp_output", "final")
 
 
 def _check(adapter: ModelAdapter, site: Site) -> None:
@@ -77,6 +82,8 @@ def _register(adapter: ModelAdapter, site: Site, put: Callable[[torch.Tensor], N
         return adapter.o_proj(site.layer).register_forward_pre_hook(before)
     if site.kind == "mlp_output":
         return adapter.mlp(site.layer).register_forward_hook(after)
+    if site.kind == "attention_output":
+        return adapter.attention(site.layer).register_forward_hook(after)
     raise ValueError(f"unknown site {site.kind}")
 
 
@@ -105,3 +112,29 @@ def record(
 
     with hooks_removed_after([_register(adapter, site, putter(site)) for site in sites]):
         yield cache
+
+
+Edit = Callable[[torch.Tensor], torch.Tensor]  # a module's hidden output [B, T, D] -> its replacement
+
+
+def edit_outputs(adapter: ModelAdapter, edits: dict[Site, Edit]) -> contextlib.AbstractContextManager[None]:
+    """Rewrite the outputs of attention and MLP modules during the block (site kinds attention_output and
+    mlp_output); the rest of a tuple output passes through."""
+
+    def hook(fn: Edit) -> Callable[[nn.Module, tuple[Any, ...], Any], Any]:
+        def after(_m: nn.Module, _args: tuple[Any, ...], output: Any) -> Any:
+            if isinstance(output, tuple):
+                return (fn(output[0]), *output[1:])
+            return fn(output)
+
+        return after
+
+    for site in edits:
+        _check(adapter, site)
+        if site.kind not in ("attention_output", "mlp_output"):
+            raise ValueError(f"edit_outputs edits attention_output and mlp_output sites, not {site.kind}")
+    modules = {"attention_output": adapter.attention, "mlp_output": adapter.mlp}
+    return hooks_removed_after(
+        modules[site.kind](site.layer).register_forward_hook(hook(fn))  # type: ignore[arg-type]
+        for site, fn in edits.items()
+    )
