@@ -361,3 +361,56 @@ def test_the_mlp_logit_lens_reads_through_the_final_norm(task):
         adapter.final_norm.float()
         assert float(lens[layer]) == pytest.approx(float(slope), rel=1e-3, abs=1e-4)
     assert heads.mlp_logit_lens(ModelAdapter(tiny_model("gemma2")), task) is None  # post-norms: not a linear read
+
+
+def test_finetuning_trains_every_answer_token(tokenizer):
+    task = build_task(TaskSpec(operation="a+b", digits=2, n=12, seed=2, answer_digits="any"), tokenizer)
+    index = list(range(6))
+    ids, labels = finetune.answer_batch(task, index)
+    T = task.n_positions
+    for row, i in enumerate(index):
+        answer = list(task.answer_tokens[i])
+        assert ids[row, :T].tolist() == task.input_ids_PT[i].tolist()
+        assert ids[row, T : T + len(answer)].tolist() == answer
+        assert labels[row, : len(answer)].tolist() == answer and (labels[row, len(answer) :] == -100).all()
+    # a model trained on a task whose first answer token is always the same still has a loss on the others
+    adapter = ModelAdapter(tiny_model("llama"))
+    result = finetune.train(adapter, task, finetune.FinetuneConfig(steps=2, lr=1e-3, batch_size=4), None)
+    assert len(result.losses) == 2 and all(loss > 0 for loss in result.losses)
+
+
+def test_a_changed_frozen_entry_or_a_nan_is_refused():
+    adapter = ModelAdapter(tiny_model("llama"))
+    base = {k: v.clone() for k, v in adapter.model.state_dict().items()}
+    masks = finetune.head_slices(adapter, [(0, 1)])
+    finetune.check_frozen(adapter, base, masks)  # nothing changed
+    name = "model.layers.0.self_attn.q_proj.weight"
+    with torch.no_grad():
+        adapter.model.get_parameter(name)[16, 0] += 1  # inside head 1's slice: allowed
+    finetune.check_frozen(adapter, base, masks)
+    with torch.no_grad():
+        adapter.model.get_parameter(name)[0, 0] += 1  # head 0's row: frozen
+    with pytest.raises(Af1Error, match="frozen entry"):
+        finetune.check_frozen(adapter, base, masks)
+    with torch.no_grad():
+        adapter.model.get_parameter(name)[0, 0] = float("nan")
+    with pytest.raises(Af1Error, match="NaN"):
+        finetune.check_frozen(adapter, base, None)
+
+
+def test_compare_chooses_each_learning_rate_on_validation_and_runs_every_seed(tokenizer):
+    adapter = ModelAdapter(tiny_model("llama"))
+    everything = build_task(TaskSpec(operation="a+b", digits=2, n=36, seed=4, answer_digits="any"), tokenizer)
+    train_t, val_t, eval_t = (everything.subset(list(r)) for r in (range(0, 16), range(16, 24), range(24, 36)))
+    text = torch.randint(0, 1000, (2, 16))
+    before = {k: v.clone() for k, v in adapter.model.state_dict().items()}
+    config = finetune.FinetuneConfig(steps=2, batch_size=4)
+    result = finetune.compare(adapter, train_t, val_t, eval_t, text, [(0, 1), (1, 2)], config, (1e-4, 1e-2), (0, 1))
+    for name in ("precise", "random_heads", "full"):
+        r = result[name]
+        assert r["lr"] in (1e-4, 1e-2) and set(r["validation_by_lr"]) == {"0.0001", "0.01"}
+        assert [run["seed"] for run in r["runs"]] == [0, 1] and "arithmetic_accuracy_std" in r
+    assert result["n_val"] == 8 and result["base"]["arithmetic_accuracy_ci"]
+    assert all(torch.equal(v, before[k]) for k, v in adapter.model.state_dict().items())  # the base restored
+    with pytest.raises(Af1Error, match="also evaluation problems"):
+        finetune.compare(adapter, train_t, train_t, eval_t, text, [(0, 1)], config, (1e-4,), (0,))

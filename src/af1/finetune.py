@@ -1,10 +1,12 @@
 """Precise fine-tuning (SPEC.md §2): train only chosen heads' slices of W_Q, W_K, W_V, W_O.
 
 Gradients outside the slices are zeroed by hooks and the optimiser is Adam without weight
-decay, so every frozen entry keeps its exact value. With grouped-query attention a query
-head shares its key/value head with its siblings: the shared K/V rows of every chosen
-head's group are trained (stated in every result). Baselines: full fine-tuning and as
-many random heads, with the same data and steps.
+decay, so every frozen entry keeps its exact value (checked after every run, with NaNs).
+With grouped-query attention a query head shares its key/value head with its siblings: the
+shared K/V rows of every chosen head's group are trained (stated in every result). Baselines:
+full fine-tuning and as many random heads, with the same data and steps. Every answer token
+is trained and scored; each variant's learning rate is chosen on a validation split and the
+chosen one is run with several seeds, reported on held-out problems with their spread.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pydantic import BaseModel, Field
 from safetensors.torch import load_file, save_file
 
 from af1.errors import Af1Error
-from af1.evaluation import Scores, batches, last_logits
+from af1.evaluation import batches
 from af1.models.adapter import ModelAdapter, weight_of
 from af1.tasks import Task
 
@@ -32,6 +34,20 @@ class FinetuneConfig(BaseModel):
     lr: float = Field(default=1e-4, gt=0)
     batch_size: int = Field(default=16, ge=1)
     seed: int = 0
+
+
+def answer_batch(task: Task, index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts followed by their whole answers [B, T + A] and the labels of every answer token [B, A] (-100 past
+    a shorter answer): position T-1+k predicts answer token k. Padding comes after, so causality ignores it."""
+    A = max(len(task.answer_tokens[i]) for i in index)
+    ids = torch.zeros(len(index), task.n_positions + A, dtype=torch.long)
+    labels = torch.full((len(index), A), -100, dtype=torch.long)
+    ids[:, : task.n_positions] = task.input_ids_PT[index]
+    for row, i in enumerate(index):
+        answer = torch.tensor(task.answer_tokens[i], dtype=torch.long)
+        ids[row, task.n_positions : task.n_positions + len(answer)] = answer
+        labels[row, : len(answer)] = answer
+    return ids, labels
 
 
 def head_slices(adapter: ModelAdapter, heads: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
@@ -71,7 +87,7 @@ class TrainResult:
 def train(
     adapter: ModelAdapter, task: Task, config: FinetuneConfig, masks: dict[str, torch.Tensor] | None
 ) -> TrainResult:
-    """Next-token cross-entropy on the answer's first token; masks None trains every parameter."""
+    """Cross-entropy on every answer token (teacher forced); masks None trains every parameter."""
     if adapter.offloaded():
         raise Af1Error("fine-tuning needs every weight in device memory: use a device map without CPU/disk offload")
     model = adapter.model
@@ -90,9 +106,11 @@ def train(
     try:
         for _ in range(config.steps):
             index = rng.sample(range(len(task)), min(config.batch_size, len(task)))
-            ids = task.input_ids_PT[index].to(adapter.device)
-            logits = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1].float()
-            loss = torch.nn.functional.cross_entropy(logits, task.answer_ids_P[index].to(adapter.device))
+            ids, labels = answer_batch(task, index)
+            A = labels.shape[1]
+            logits = model(input_ids=ids.to(adapter.device), use_cache=False).logits
+            logits = logits[:, task.n_positions - 1 : task.n_positions - 1 + A].float()
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.to(logits.device).flatten())
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
@@ -149,29 +167,57 @@ def load_slices(adapter: ModelAdapter, path: Path) -> None:
             named[name][mask] = values.to(named[name].dtype).to(named[name].device)
 
 
+def check_frozen(adapter: ModelAdapter, base: dict[str, torch.Tensor], masks: dict[str, torch.Tensor] | None) -> None:
+    """After training: no weight is NaN, and every entry outside the trained slices is bit-identical to the base."""
+    for name, value in adapter.model.state_dict().items():
+        if torch.isnan(value).any():
+            raise Af1Error(f"fine-tuning made {name} NaN: lower the learning rate")
+        if masks is None:
+            continue
+        frozen = ~masks[name].to(value.device) if name in masks else torch.ones_like(value, dtype=torch.bool)
+        if not torch.equal(value[frozen], base[name].to(value.device)[frozen]):
+            raise Af1Error(f"a frozen entry of {name} changed during precise fine-tuning")
+
+
 def compare(
     adapter: ModelAdapter,
     train_task: Task,
+    val_task: Task,
     eval_task: Task,
     text_NT: torch.Tensor,
     heads: list[tuple[int, int]],
     config: FinetuneConfig,
+    lrs: tuple[float, ...] = (1e-5, 1e-4, 1e-3),
+    seeds: tuple[int, ...] = (0, 1, 2),
     out_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Precise vs full vs random-head fine-tuning from the same base weights, on math and on text."""
+    """Precise vs random heads vs full fine-tuning from the same base weights: each variant's learning rate chosen
+    on the validation problems, then one run per seed; full-answer accuracy on held-out problems and the text
+    measures, mean and spread over seeds. The three problem sets are disjoint."""
+    from af1.evaluation import evaluate
+    from af1.stats import mean_std
+
     check_disjoint(train_task, eval_task)
+    check_disjoint(train_task, val_task)
+    check_disjoint(val_task, eval_task)
     base_state = {k: v.detach().clone() for k, v in adapter.model.state_dict().items()}
 
     def measure() -> dict[str, Any]:
-        acc = Scores.from_logits(last_logits(adapter.model, eval_task.input_ids_PT), eval_task.answer_ids_P).accuracy
-        return {"arithmetic_accuracy": acc, **text_measures(adapter, text_NT)}
+        r = evaluate(adapter.model, eval_task).rate(eval_task)
+        return {"arithmetic_accuracy": r["value"], "arithmetic_accuracy_ci": r["ci"], **text_measures(adapter, text_NT)}
 
+    baseline = evaluate(adapter.model, eval_task).rate(eval_task)["baseline"]
     result: dict[str, Any] = {
         "heads": [list(h) for h in heads],
         "gqa": GQA_CHOICE,
         "config": config.model_dump(),
+        "scoring": "every answer token trained; full-answer greedy exact match (teacher forced) reported",
+        "lr_grid": list(lrs),
+        "seeds": list(seeds),
         "n_train": len(train_task),
+        "n_val": len(val_task),
         "n_eval": len(eval_task),
+        "arithmetic_baseline": baseline,
         "base": measure(),
     }
     pool = [(layer, h) for layer in range(adapter.n_layers) for h in range(adapter.n_heads) if (layer, h) not in heads]
@@ -179,17 +225,36 @@ def compare(
     result["random_heads"] = [list(h) for h in random_set]
     variants = {"precise": head_slices(adapter, heads), "random_heads": head_slices(adapter, random_set), "full": None}
     for name, masks in variants.items():
-        adapter.model.load_state_dict(base_state)
-        trained = train(adapter, train_task, config, masks)
+        grid = {}
+        for lr in lrs:  # chosen on the validation problems, with the first seed
+            adapter.model.load_state_dict(base_state)
+            train(adapter, train_task, config.model_copy(update={"lr": lr, "seed": seeds[0]}), masks)
+            check_frozen(adapter, base_state, masks)
+            scores = evaluate(adapter.model, val_task)
+            grid[str(lr)] = {"accuracy": scores.accuracy, "mean_p_correct": scores.mean_p_correct}
+        best = max(lrs, key=lambda lr: (grid[str(lr)]["accuracy"], grid[str(lr)]["mean_p_correct"], -lr))
+        runs = []
+        for seed in seeds:
+            adapter.model.load_state_dict(base_state)
+            trained = train(adapter, train_task, config.model_copy(update={"lr": best, "seed": seed}), masks)
+            check_frozen(adapter, base_state, masks)
+            runs.append({"seed": seed, **measure(), "loss_first": trained.losses[0], "loss_last": trained.losses[-1]})
+            if name == "precise" and out_dir is not None and seed == seeds[0] and masks is not None:
+                save_slices(adapter, masks, out_dir / "precise_heads.safetensors", {"heads": result["heads"]})
+        summary = {
+            key: mean_std([r[key] for r in runs])
+            for key in ("arithmetic_accuracy", "perplexity", "next_token_accuracy")
+        }
         result[name] = {
-            **measure(),
+            "lr": best,
+            "validation_by_lr": grid,
+            "runs": runs,
+            **{key: value["mean"] for key, value in summary.items()},
+            **{f"{key}_std": value["std"] for key, value in summary.items()},
             "trained_parameters": trained.trained_parameters,
-            "loss_first": trained.losses[0],
-            "loss_last": trained.losses[-1],
+            "frozen_entries_checked": masks is not None,
         }
         if name == "full":
             result[name]["note"] = "full fine-tuning also updates the (tied) embedding"
-        if name == "precise" and out_dir is not None:
-            save_slices(adapter, masks, out_dir / "precise_heads.safetensors", {"heads": result["heads"]})
     adapter.model.load_state_dict(base_state)
     return result

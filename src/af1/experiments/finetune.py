@@ -4,6 +4,7 @@ weights; arithmetic accuracy on held-out problems and the text cost (perplexity,
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 from rich.table import Table
@@ -18,19 +19,28 @@ VARIANTS = ("base", "precise", "random_heads", "full")
 
 
 class Options(base.Options):
-    heads: str = Field(default="auto", description="auto (path patching) or LAYER.HEAD,LAYER.HEAD,...")
+    heads: str = Field(
+        default="auto",
+        description="auto (path patching on the 1-digit task of the same operation and style: other problems, "
+        "varied first tokens) or LAYER.HEAD,LAYER.HEAD,...",
+    )
     k: int = Field(default=10, ge=1, description="heads chosen by --heads auto")
     n_train: int = Field(default=400, ge=1, description="training problems")
+    n_val: int = Field(default=100, ge=1, description="validation problems (each variant's learning rate)")
     n_eval: int = Field(default=200, ge=1, description="held-out evaluation problems")
     steps: int = Field(default=200, ge=1, description="optimiser steps")
-    lr: float = Field(default=1e-4, gt=0, description="learning rate")
+    lrs: list[float] = Field(default_factory=lambda: [1e-5, 1e-4, 1e-3], description="learning rates tried")
+    seeds: int = Field(default=3, ge=1, description="runs per variant at its chosen learning rate")
 
 
 class Result(base.Result):
     heads: list[list[int]]
     gqa: str
     n_train: int
+    n_val: int = 0
     n_eval: int
+    arithmetic_baseline: float | None = None
+    heads_chosen_on: dict[str, Any] | None = None
     text_corpus: str = ""
     base: dict
     precise: dict
@@ -61,56 +71,86 @@ class Finetune(base.Experiment):
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         spec = inputs.spec
         lm = inputs.resources.lm()
-        n = options.n_train + options.n_eval
+        n_eval, n_val = options.n_eval, options.n_val
+        n = options.n_train + n_val + n_eval
         everything = build_task(spec.model_copy(update={"n": None, "n_max": n, "answer_digits": "any"}), lm.tokenizer)
         if n > len(everything):
             raise Af1Error(
-                f"{options.n_train} + {options.n_eval} problems asked, the task has {len(everything)}: "
+                f"{options.n_train} + {n_val} + {n_eval} problems asked, the task has {len(everything)}: "
                 "use more --digits"
             )
-        eval_task = everything.subset(list(range(options.n_eval)))
-        train_task = everything.subset(list(range(options.n_eval, n)))
-        if options.heads == "auto":
-            found = heads.study(lm, spec.model_copy(update={"n": min(100, len(everything))}), k=options.k, draws=1)
+        eval_task = everything.subset(list(range(n_eval)))
+        val_task = everything.subset(list(range(n_eval, n_eval + n_val)))
+        train_task = everything.subset(list(range(n_eval + n_val, n)))
+        chosen_on = None
+        if options.heads == "auto":  # on other problems whose first answer tokens vary (1-digit operands)
+            from af1.evaluation import evaluated, solved
+            from af1.stats import baseline_warning, constant_baseline
+
+            heads_spec = spec.model_copy(update={"digits": 1, "n": None, "scoring": "full"})
+            done = evaluated(lm.model, lm.tokenizer, heads_spec)
+            found = heads.study(lm, heads_spec, k=options.k, draws=1, done=done)
             chosen = [(h[0], h[1]) for h in found["top_heads"]]
+            kept = solved(done.task, done.base)
+            first = constant_baseline([str(a[0]) for a in kept.answer_tokens])  # what path patching reads
+            chosen_on = {
+                "task": heads_spec.model_dump(),
+                "n_solved": found["n_solved"],
+                "path": found["path"],
+                "first_token_constant_guess": first,
+                "warning": baseline_warning("the first answer token heads are chosen on", first, len(kept)),
+            }
         else:
             chosen = parse_heads(options.heads, lm.adapter.n_layers, lm.adapter.n_heads)
         text = positional.corpus_windows(lm.adapter, lm.tokenizer, positional.load_corpus(), 128, 8)
-        config = finetune.FinetuneConfig(steps=options.steps, lr=options.lr, seed=spec.seed)
-        result = finetune.compare(lm.adapter, train_task, eval_task, text, chosen, config, inputs.state_dir)
-        return Result(**result, text_corpus=positional.CORPUS_SOURCE)
+        config = finetune.FinetuneConfig(steps=options.steps, seed=spec.seed)
+        result = finetune.compare(
+            lm.adapter,
+            train_task,
+            val_task,
+            eval_task,
+            text,
+            chosen,
+            config,
+            tuple(options.lrs),
+            tuple(range(spec.seed, spec.seed + options.seeds)),
+            inputs.state_dir,
+        )
+        return Result(**result, heads_chosen_on=chosen_on, text_corpus=positional.CORPUS_SOURCE)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
-        data = result.data()
         return [
             "<h2>Precise fine-tuning</h2>",
-            f"<p>{len(result.heads)} heads; {result.gqa}. {result.n_train} training problems, {result.n_eval} "
-            f"held-out; text measure on {result.text_corpus}.</p>",
+            f"<p>{len(result.heads)} heads; {result.gqa}. {result.n_train} training problems, {result.n_val} "
+            f"validation problems (each variant's learning rate), {result.n_eval} held-out (constant guess "
+            f"{result.arithmetic_baseline}); every answer token trained and scored; text measure on "
+            f"{result.text_corpus}. Mean ± std over seeds.</p>",
             table_html(
-                ["variant", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters"],
-                [
-                    [
-                        v,
-                        data[v]["arithmetic_accuracy"],
-                        data[v]["perplexity"],
-                        data[v]["next_token_accuracy"],
-                        data[v].get("trained_parameters", 0),
-                    ]
-                    for v in VARIANTS
-                ],
+                ["variant", "lr", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters"],
+                [row(result.data(), v) for v in VARIANTS],
             ),
         ]
 
     def show(self, result: Result) -> list[Table | str]:
-        data = result.data()
-        table = Table("variant", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters")
+        table = Table("variant", "lr", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters")
         for name in VARIANTS:
-            r = data[name]
-            table.add_row(
-                name,
-                f"{r['arithmetic_accuracy']:.3f}",
-                f"{r['perplexity']:.2f}",
-                f"{r['next_token_accuracy']:.3f}",
-                str(r.get("trained_parameters", 0)),
-            )
+            table.add_row(*map(str, row(result.data(), name)))
         return [table]
+
+
+def row(data: dict[str, Any], name: str) -> list[Any]:
+    """One variant: its learning rate and each measure as mean ± std over seeds (the base model: one value)."""
+    r = data[name]
+
+    def cell(key: str, fmt: str) -> str:
+        spread = f" ± {r[key + '_std']:{fmt}}" if key + "_std" in r else ""
+        return f"{r[key]:{fmt}}{spread}"
+
+    return [
+        name,
+        r.get("lr", "-"),
+        cell("arithmetic_accuracy", ".3f"),
+        cell("perplexity", ".2f"),
+        cell("next_token_accuracy", ".3f"),
+        r.get("trained_parameters", 0),
+    ]
