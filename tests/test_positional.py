@@ -88,10 +88,10 @@ def test_bad_corpus_and_window(tmp_path, tokenizer):
 def test_swaps_are_adjacent_and_counted():
     import random
 
-    order = positional.swap_adjacent(100, 0.1, random.Random(0))
+    order = positional.swap_adjacent(100, 5, random.Random(0))
     assert sorted(order) == list(range(100)) and order[0] == 0
     moved = [i for i, o in enumerate(order) if o != i]
-    assert len(moved) == 10 and all(abs(order[i] - i) == 1 for i in moved)  # the fraction is of tokens moved
+    assert len(moved) == 10 and all(abs(order[i] - i) == 1 for i in moved)  # 5 swaps move 10 tokens
 
 
 def test_windows_start_like_documents(tokenizer):

@@ -276,11 +276,11 @@ def band_analysis(q_post_HTd, k_post_HTd, cos, sin, n_bands: int = 8) -> dict[st
 # --- perturbation ----------------------------------------------------------------------------
 
 
-def swap_adjacent(n: int, fraction: float, rng: random.Random) -> list[int]:
-    """A permutation of range(n) that displaces round(fraction * n / 2) * 2 tokens by disjoint adjacent swaps:
-    `fraction` is the share of tokens moved (position 0, the document start, stays)."""
+def swap_adjacent(n: int, swaps: int, rng: random.Random) -> list[int]:
+    """A permutation of range(n) with `swaps` disjoint adjacent swaps, 2 * swaps tokens displaced (position 0,
+    the document start, stays)."""
     order = list(range(n))
-    want = round(fraction * n / 2)
+    want = swaps
     starts = list(range(1, n - 1))
     rng.shuffle(starts)
     used: set[int] = set()
@@ -306,11 +306,14 @@ def perplexity(adapter: ModelAdapter, ids_NT: torch.Tensor, position_ids_NT: tor
 
 
 def perturbation_curve(adapter: ModelAdapter, ids_NT: torch.Tensor, seed: int = 0) -> dict[str, dict[str, float]]:
-    """Perplexity vs the fraction of swapped adjacent tokens, and vs the same swaps of position ids alone."""
-    T = ids_NT.shape[1]
+    """Perplexity vs the share of tokens displaced by adjacent swaps (over all windows together, so that small
+    shares still differ), and vs the same swaps of position ids alone."""
+    N, T = ids_NT.shape
     tokens, positions = {}, {}
     for fraction in SWAP_FRACTIONS:
-        orders = [swap_adjacent(T, fraction, random.Random(seed * 1000 + w)) for w in range(ids_NT.shape[0])]
+        total = round(fraction * N * T / 2)  # swaps over all windows, two tokens displaced each
+        counts = [total // N + (w < total % N) for w in range(N)]
+        orders = [swap_adjacent(T, counts[w], random.Random(seed * 1000 + w)) for w in range(N)]
         order = torch.tensor(orders)
         tokens[str(fraction)] = perplexity(adapter, ids_NT.gather(1, order))
         positions[str(fraction)] = perplexity(adapter, ids_NT, order)

@@ -124,7 +124,7 @@ def searched_config(search: Any) -> AF1Config | None:
 
 
 def check_found(inputs: Inputs, options: Options) -> None:
-    """Skip the unit when it is asked only where the search found a subgraph and it did not."""
+    """The unit does not apply when it is asked only where the search found a subgraph and it found none."""
     if getattr(options, "require_found", False):
         search = inputs.one("search")
         if search is not None and not search.found:
@@ -156,7 +156,7 @@ def measured_on(inputs: Inputs, options: ConfigOptions, setup: Any) -> tuple[Any
 
 
 def config_needs(options: Any) -> tuple[str, ...]:
-    """A config experiment reads the search unless both wait and transfer are given (or it is gated on it)."""
+    """A config experiment reads the search unless it is given a wait (or is gated on the search)."""
     return ("search",) if getattr(options, "wait", None) is None or options.require_found else ()
 
 
