@@ -224,11 +224,14 @@ def compare(
     random_set = random.Random(config.seed).sample(pool, len(heads))
     result["random_heads"] = [list(h) for h in random_set]
     variants = {"precise": head_slices(adapter, heads), "random_heads": head_slices(adapter, random_set), "full": None}
+    from af1.progress import stage
+
     for name, masks in variants.items():
         grid = {}
         for lr in lrs:  # chosen on the validation problems, with the first seed
             adapter.model.load_state_dict(base_state)
-            train(adapter, train_task, config.model_copy(update={"lr": lr, "seed": seeds[0]}), masks)
+            with stage(f"finetune {name}: lr {lr} on the validation problems"):
+                train(adapter, train_task, config.model_copy(update={"lr": lr, "seed": seeds[0]}), masks)
             check_frozen(adapter, base_state, masks)
             scores = evaluate(adapter.model, val_task)
             grid[str(lr)] = {"accuracy": scores.accuracy, "mean_p_correct": scores.mean_p_correct}
@@ -236,7 +239,8 @@ def compare(
         runs = []
         for seed in seeds:
             adapter.model.load_state_dict(base_state)
-            trained = train(adapter, train_task, config.model_copy(update={"lr": best, "seed": seed}), masks)
+            with stage(f"finetune {name}: lr {best}, seed {seed}"):
+                trained = train(adapter, train_task, config.model_copy(update={"lr": best, "seed": seed}), masks)
             check_frozen(adapter, base_state, masks)
             runs.append({"seed": seed, **measure(), "loss_first": trained.losses[0], "loss_last": trained.losses[-1]})
             if name == "precise" and out_dir is not None and seed == seeds[0] and masks is not None:
