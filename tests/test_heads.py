@@ -342,24 +342,24 @@ def test_knockout_scores_every_answer_token_and_nothing_ablated_is_the_plain_mod
     assert ablated.predicted_PA != plain.predicted_PA  # the heads matter to a random model's predictions
 
 
-def test_the_mlp_logit_lens_reads_through_the_final_norm(task):
-    """Its value is the first-order change of the answer's logit when the MLP's output is added at the final
-    residual: a finite difference through the final norm and the unembedding agrees."""
-    from af1.interventions.sites import FINAL, mlp_output
-    from af1.models.adapter import weight_of
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox"])
+def test_the_mlp_logit_lens_reads_through_the_final_norm_at_its_frozen_scale(task, family):
+    """The reads of a residual's parts add up to the norm of the whole (minus its bias): the lens of every part
+    sums to the logit. A part equal to the whole reads as the norm itself."""
+    from af1.interventions.sites import FINAL
 
-    adapter = ModelAdapter(tiny_model("llama"))
-    lens = heads.mlp_logit_lens(adapter, task)
-    assert lens is not None and lens.shape == (adapter.n_layers,)
+    adapter = ModelAdapter(tiny_model(family))
     cache, _ = heads.run_last(adapter, task.input_ids_PT)
-    rows = weight_of(adapter.lm_head)[task.answer_ids_P]
-    eps = 1e-3
-    for layer in range(adapter.n_layers):
-        x, m = cache[FINAL].double(), cache[mlp_output(layer)].double()
-        norm = adapter.final_norm.double()
-        slope = ((norm(x + eps * m) - norm(x - eps * m)) / (2 * eps) * rows.double()).sum(-1).mean()
-        adapter.final_norm.float()
-        assert float(lens[layer]) == pytest.approx(float(slope), rel=1e-3, abs=1e-4)
+    x = cache[FINAL]
+    norm = adapter.final_norm
+    bias = norm.bias if isinstance(norm, torch.nn.LayerNorm) else 0
+    parts = torch.randn(3, *x.shape)
+    parts[2] = x - parts[0] - parts[1]
+    total = heads.norm_read(norm, x, parts[0]) + heads.norm_read(norm, x, parts[1]) + heads.norm_read(norm, x, parts[2])
+    assert torch.allclose(total, norm(x) - bias, atol=1e-4)
+    assert torch.allclose(heads.norm_read(norm, x, x), norm(x) - bias, atol=1e-5)
+    lens = heads.mlp_logit_lens(adapter, task)
+    assert lens is not None and lens.shape == (adapter.n_layers,) and lens.abs().sum() > 0
     assert heads.mlp_logit_lens(ModelAdapter(tiny_model("gemma2")), task) is None  # post-norms: not a linear read
 
 
@@ -414,3 +414,33 @@ def test_compare_chooses_each_learning_rate_on_validation_and_runs_every_seed(to
     assert all(torch.equal(v, before[k]) for k, v in adapter.model.state_dict().items())  # the base restored
     with pytest.raises(Af1Error, match="also evaluation problems"):
         finetune.compare(adapter, train_t, train_t, eval_t, text, [(0, 1)], config, (1e-4,), (0,))
+
+
+def test_auto_heads_refuse_to_fine_tune_on_the_problems_they_were_chosen_on(capsys, tmp_path, tokenizer):
+    from cli_helpers import run_cli
+
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    code, out, err = run_cli(capsys, "finetune", "--model", str(tmp_path / "m"), "--digits", "1")
+    assert code == 2 and "1-digit problems" in err and out == ""
+
+
+def test_a_learning_rate_that_diverges_is_not_chosen(tokenizer, monkeypatch):
+    adapter = ModelAdapter(tiny_model("llama"))
+    everything = build_task(TaskSpec(operation="a+b", digits=2, n=36, seed=4, answer_digits="any"), tokenizer)
+    train_t, val_t, eval_t = (everything.subset(list(r)) for r in (range(0, 16), range(16, 24), range(24, 36)))
+    real = finetune.train
+
+    def exploding(adapter, task, config, masks):
+        out = real(adapter, task, config, masks)
+        if config.lr == 1.0:
+            with torch.no_grad():
+                next(adapter.model.parameters()).fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(finetune, "train", exploding)
+    config = finetune.FinetuneConfig(steps=1, batch_size=4)
+    text = torch.randint(0, 1000, (1, 16))
+    result = finetune.compare(adapter, train_t, val_t, eval_t, text, [(0, 1)], config, (1e-4, 1.0), (0,))
+    assert result["full"]["lr"] == 1e-4 and result["full"]["validation_by_lr"]["1.0"]["diverged"]

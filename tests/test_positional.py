@@ -134,3 +134,14 @@ def test_softcapped_logits_are_fitted_where_softmax_sees_them():
     attn = model(ids, output_attentions=True, use_cache=False).attentions
     probs = torch.softmax(logits[0].masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), -1e30), -1)
     assert torch.allclose(probs, attn[0].transpose(0, 1), atol=1e-5)
+
+
+def test_norm_matched_control_matches_tensors_initialised_to_zero():
+    model = tiny_model("qwen2")
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.bias.normal_()  # a "trained" bias, where the initialiser gives zeros
+    adapter = ModelAdapter(model)
+    control = positional.random_init_like(adapter, seed=1, norm_matched=True)
+    name = "model.layers.0.self_attn.q_proj.bias"
+    trained, drawn = dict(model.named_parameters())[name], dict(control.model.named_parameters())[name]
+    assert float(drawn.norm()) == pytest.approx(float(trained.norm()), rel=1e-4) and not torch.equal(drawn, trained)

@@ -232,10 +232,16 @@ def compare(
             adapter.model.load_state_dict(base_state)
             with stage(f"finetune {name}: lr {lr} on the validation problems"):
                 train(adapter, train_task, config.model_copy(update={"lr": lr, "seed": seeds[0]}), masks)
+            if any(torch.isnan(v).any() for v in adapter.model.state_dict().values()):  # diverged: not a choice
+                grid[str(lr)] = {"accuracy": None, "mean_p_correct": None, "diverged": True}
+                continue
             check_frozen(adapter, base_state, masks)
             scores = evaluate(adapter.model, val_task)
             grid[str(lr)] = {"accuracy": scores.accuracy, "mean_p_correct": scores.mean_p_correct}
-        best = max(lrs, key=lambda lr: (grid[str(lr)]["accuracy"], grid[str(lr)]["mean_p_correct"], -lr))
+        usable = [lr for lr in lrs if not grid[str(lr)].get("diverged")]
+        if not usable:
+            raise Af1Error(f"fine-tuning ({name}) diverged at every learning rate of {list(lrs)}: try smaller ones")
+        best = max(usable, key=lambda lr: (grid[str(lr)]["accuracy"], grid[str(lr)]["mean_p_correct"], -lr))
         runs = []
         for seed in seeds:
             adapter.model.load_state_dict(base_state)

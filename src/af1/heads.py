@@ -475,13 +475,27 @@ def last_query_attention(
     return out
 
 
+def norm_read(norm: torch.nn.Module, x_BD: torch.Tensor, m_BD: torch.Tensor) -> torch.Tensor:
+    """What a residual component m contributes to norm(x) when the norm's scale is frozen at x's: g * c(m) / s(x)
+    (c: centring for LayerNorm, s: its std or RMS). Summed over the components of x it gives norm(x) minus its
+    bias, so the reads of all components add up to the logits. Uses the module itself: norm(m) = g * c(m) / s(m)."""
+    eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+    layer_norm = isinstance(norm, torch.nn.LayerNorm)
+
+    def scale(v: torch.Tensor) -> torch.Tensor:
+        v = v - v.mean(-1, keepdim=True) if layer_norm else v
+        return (v.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+    bias = getattr(norm, "bias", None) if layer_norm else None
+    read = norm(m_BD) - (bias if bias is not None else 0)
+    return read * scale(m_BD) / scale(x_BD)
+
+
 @torch.no_grad()
 def mlp_logit_lens(adapter: ModelAdapter, task: Task) -> torch.Tensor | None:
     """Per layer: mean over problems of what the MLP's output at the last position adds to the correct answer's
-    logit, read through the final norm (its linearisation at the clean final residual) and the unembedding.
-    None for families whose MLP output is normalised again before the residual sum (post-norms)."""
-    from torch.func import jvp
-
+    logit, read through the final norm with its scale frozen at the final residual (`norm_read`) and the
+    unembedding. None for families whose MLP output is normalised again before the residual sum (post-norms)."""
     if adapter.family.post_norms:
         return None
     cache, _ = run_last(adapter, task.input_ids_PT)
@@ -491,8 +505,7 @@ def mlp_logit_lens(adapter: ModelAdapter, task: Task) -> torch.Tensor | None:
         answer_rows = W_U[task.answer_ids_P.to(W_U.device)]  # [P, D]
         out = []
         for layer in range(adapter.n_layers):
-            tangent = cache[mlp_output(layer)].to(final.device, final.dtype)
-            read = jvp(adapter.final_norm, (final,), (tangent,))[1]
+            read = norm_read(adapter.final_norm, final, cache[mlp_output(layer)].to(final.device, final.dtype))
             out.append((read.to(W_U.device) * answer_rows).sum(-1).mean().cpu())
         return torch.stack(out)
 

@@ -146,6 +146,8 @@ def fit_quality(W_NTT: torch.Tensor) -> dict[str, torch.Tensor]:
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     no_sink = mask.clone()
     no_sink[:, 0] = False
+    past_first = mask.clone()
+    past_first[0] = False  # row-centred, the first query's single logit is 0: left out
     fit = additive_fit(W_NTT)
     fit_no_sink = additive_fit(W_NTT, mask_TT=no_sink)
     two = additive_fit(W_NTT, ("distance", "key"))
@@ -157,7 +159,7 @@ def fit_quality(W_NTT: torch.Tensor) -> dict[str, torch.Tensor]:
 
     return {
         "r": pearson(W_NTT[:, mask], fit[:, mask]),
-        "r_row_centred": pearson(row_centred(W_NTT)[:, mask][:, T:], row_centred(fit)[:, mask][:, T:]),
+        "r_row_centred": pearson(row_centred(W_NTT)[:, past_first], row_centred(fit)[:, past_first]),
         "r_no_sink": pearson(W_NTT[:, no_sink], fit_no_sink[:, no_sink]),
         "r_two_term": pearson(W_NTT[:, mask], two[:, mask]),
     }
@@ -344,6 +346,8 @@ def random_init_like(adapter: ModelAdapter, seed: int, norm_matched: bool = Fals
         with torch.no_grad():
             for name, weight in model.named_parameters():
                 if name in norms:
+                    if float(weight.norm()) == 0:  # initialised to zero (biases, Gemma's norm offsets): random too
+                        weight.normal_()
                     weight.mul_((norms[name].cpu() / weight.float().norm().clamp(min=1e-12)).to(weight.dtype))
     return ModelAdapter(model.eval().requires_grad_(False).to(adapter.device))
 

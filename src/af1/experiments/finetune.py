@@ -71,9 +71,16 @@ class Finetune(base.Experiment):
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         spec = inputs.spec
         lm = inputs.resources.lm()
+        if options.heads == "auto" and spec.digits == 1:
+            raise Af1Error(
+                "--heads auto chooses the heads on the 1-digit problems: fine-tune on --digits 2 or more, "
+                "or give --heads LAYER.HEAD,..."
+            )
         n_eval, n_val = options.n_eval, options.n_val
         n = options.n_train + n_val + n_eval
-        everything = build_task(spec.model_copy(update={"n": None, "n_max": n, "answer_digits": "any"}), lm.tokenizer)
+        everything = build_task(  # every answer token trained and scored, whatever --scoring says
+            spec.model_copy(update={"n": None, "n_max": n, "answer_digits": "any", "scoring": "full"}), lm.tokenizer
+        )
         if n > len(everything):
             raise Af1Error(
                 f"{options.n_train} + {n_val} + {n_eval} problems asked, the task has {len(everything)}: "

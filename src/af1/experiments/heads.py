@@ -94,6 +94,7 @@ def consistency(inputs: base.Inputs, config: Any, result: Result) -> dict[str, A
         "top_heads_in_transfer_layers": sorted([list(h) for h in top if h in set(transfer_heads)]),
         "n": len(on.kept),
         "measured_on": "the search's confirmation split",
+        "heads_chosen_on": "all solved problems, the confirmation split included (path patching, not faithfulness)",
         "rows": rows,
     }
 
