@@ -138,6 +138,13 @@ class AnswerRows:
     bias_BR: torch.Tensor | None
 
     @classmethod
+    def of(cls, adapter: ModelAdapter, clean_logits_BV: torch.Tensor, answer_B: torch.Tensor) -> AnswerRows:
+        """The rows of each problem's correct token and of the clean run's best wrong token."""
+        wrong = clean_logits_BV.clone()
+        wrong[torch.arange(len(answer_B)), answer_B] = -float("inf")
+        return cls.read(adapter, torch.stack([answer_B, wrong.argmax(-1)], -1))
+
+    @classmethod
     def read(cls, adapter: ModelAdapter, pair_B2: torch.Tensor) -> AnswerRows:
         """Gathered once per batch, so an offloaded unembedding is brought in once, not per layer."""
         with adapter.onloaded(adapter.lm_head):
@@ -161,10 +168,28 @@ def _direct_effects(
     (correct - top wrong). The clean reference goes through the same arithmetic, so a zero delta gives zero."""
     deltas_ZBD = deltas_ZBD.to(final_BD.device)
     both = torch.cat([torch.zeros_like(deltas_ZBD[:1]), deltas_ZBD])
-    logits = answer.logits(adapter, final_BD[None] + both)
-    (c0, w0), (c1, w1) = logits[0].unbind(-1), logits[1:].unbind(-1)
+    return logit_changes(answer.logits(adapter, final_BD[None] + both))
+
+
+def logit_changes(logits_ZBR: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row 0 the clean reference, rows 1.. patched ([Z, B, correct/wrong]): per patched row, summed over problems,
+    the relative change of the correct logit and the change of (correct - top wrong)."""
+    (c0, w0), (c1, w1) = logits_ZBR[0].unbind(-1), logits_ZBR[1:].unbind(-1)
     rel = ((c1 - c0) / c0.abs().clamp(min=1e-6)).sum(-1)
     return rel.cpu(), ((c1 - w1) - (c0 - w0)).sum(-1).cpu()
+
+
+def _effects(
+    rel_LH: torch.Tensor, diff_LH: torch.Tensor, rel_L: torch.Tensor, diff_L: torch.Tensor, clean_diff: float, P: int
+) -> dict[str, Any]:
+    """Sums over problems as the per-problem means path patching reports."""
+    return {
+        "relative_logit_change_layer_head": rel_LH / P,
+        "logit_diff_change_layer_head": diff_LH / P,
+        "relative_logit_change_mlp_layer": rel_L / P,
+        "logit_diff_change_mlp_layer": diff_L / P,
+        "clean_logit_diff": clean_diff / P,
+    }
 
 
 def head_deltas(adapter: ModelAdapter, layer: int, z_clean_BE: torch.Tensor, z_new_BE: torch.Tensor) -> torch.Tensor:
@@ -250,9 +275,7 @@ def downstream_path_patching(
         kv = capture_problem_kv(adapter, ids, task.context_len) if recompute_attention else None
         answer = task.answer_ids_P[sl].to(base.device)
         B = len(answer)
-        wrong = base.clone()
-        wrong[torch.arange(B), answer] = -float("inf")
-        unembed = AnswerRows.read(adapter, torch.stack([answer, wrong.argmax(-1)], -1))
+        unembed = AnswerRows.of(adapter, base, answer)
         inputs = _last_token_inputs(adapter, ids.repeat(Z, 1))
         problem_of_row = torch.arange(B).repeat(Z)
         for layer in range(L):
@@ -277,22 +300,14 @@ def downstream_path_patching(
             with edit_outputs(adapter, edits), attention_plans(adapter, plans):
                 h = adapter.run_layers(h, inputs, layer)
             logits = unembed.logits(adapter, h[:, -1].reshape(Z, B, -1))
-            (c0, w0), (c1, w1) = logits[0].unbind(-1), logits[1:].unbind(-1)
-            rel = ((c1 - c0) / c0.abs().clamp(min=1e-6)).sum(-1).cpu()
-            diff = ((c1 - w1) - (c0 - w0)).sum(-1).cpu()
+            rel, diff = logit_changes(logits)
             rel_heads[layer] += rel[:H]
             diff_heads[layer] += diff[:H]
             rel_mlp[layer] += rel[H]
             diff_mlp[layer] += diff[H]
-            if layer == 0:
-                clean_diff += float((c0 - w0).sum())
-    return {
-        "relative_logit_change_layer_head": rel_heads / P,
-        "logit_diff_change_layer_head": diff_heads / P,
-        "relative_logit_change_mlp_layer": rel_mlp / P,
-        "logit_diff_change_mlp_layer": diff_mlp / P,
-        "clean_logit_diff": clean_diff / P,
-    }
+            if layer == 0:  # the clean row is the same at every layer
+                clean_diff += float((logits[0, :, 0] - logits[0, :, 1]).sum())
+    return _effects(rel_heads, diff_heads, rel_mlp, diff_mlp, clean_diff, P)
 
 
 @torch.no_grad()
@@ -311,13 +326,7 @@ def direct_path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, 
     for sl in batches(P, batch_size):
         clean, base = run_last(adapter, task.input_ids_PT[sl])
         corrupt, _ = run_last(adapter, cf.input_ids_PT[sl])
-        answer = task.answer_ids_P[sl].to(base.device)
-        rows = torch.arange(len(answer))
-        wrong = base.clone()
-        wrong[rows, answer] = -float("inf")
-        wrong_id = wrong.argmax(-1)
-
-        unembed = AnswerRows.read(adapter, torch.stack([answer, wrong_id], -1))
+        unembed = AnswerRows.of(adapter, base, task.answer_ids_P[sl].to(base.device))
         c0, w0 = unembed.logits(adapter, clean[FINAL][None])[0].unbind(-1)
         clean_diff += float((c0 - w0).sum())
         for layer in range(L):
@@ -329,13 +338,7 @@ def direct_path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, 
             r, g = _direct_effects(adapter, clean[FINAL], dm, unembed)
             rel_mlp[layer] += r[0]
             diff_mlp[layer] += g[0]
-    return {
-        "relative_logit_change_layer_head": rel_heads / P,
-        "logit_diff_change_layer_head": diff_heads / P,
-        "relative_logit_change_mlp_layer": rel_mlp / P,
-        "logit_diff_change_mlp_layer": diff_mlp / P,
-        "clean_logit_diff": clean_diff / P,
-    }
+    return _effects(rel_heads, diff_heads, rel_mlp, diff_mlp, clean_diff, P)
 
 
 # --- activation patching and mean ablation of heads ------------------------------------------------

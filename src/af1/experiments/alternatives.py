@@ -46,9 +46,7 @@ class Alternatives(base.Experiment):
     help = "At one config: CAMA vs zero, mean, resample and no ablation; ABP vs its variants (McNemar)."
     Options = Options
     Result = Result
-
-    def needs(self, options: Options) -> tuple[str, ...]:
-        return base.config_needs(options)
+    config_from_search = True
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         setup = inputs.resources.setup(inputs.spec)

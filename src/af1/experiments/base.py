@@ -133,7 +133,6 @@ def check_found(inputs: Inputs, options: Options) -> None:
 
 def config_of(inputs: Inputs, options: ConfigOptions, n_layers: int) -> AF1Config:
     """The configuration an experiment runs at: the options' fixed one, else the search's."""
-    check_found(inputs, options)
     if options.wait is not None:
         config = AF1Config(wait=options.wait, transfer=options.transfer or 0, seed=inputs.spec.seed)
     else:
@@ -153,11 +152,6 @@ def measured_on(inputs: Inputs, options: ConfigOptions, setup: Any) -> tuple[Any
     from af1 import measures
 
     return measures.confirmation(setup, inputs.one("search").data()), "the search's confirmation split"
-
-
-def config_needs(options: Any) -> tuple[str, ...]:
-    """A config experiment reads the search unless it is given a wait (or is gated on the search)."""
-    return ("search",) if getattr(options, "wait", None) is None or options.require_found else ()
 
 
 @dataclass
@@ -191,10 +185,13 @@ class Experiment:
     figure: ClassVar[str | None] = None  # the PNG it draws beside its JSON
     task_defaults: ClassVar[dict[str, Any]] = {}  # task options that differ from TaskSpec's on the command line
     overview_rank: ClassVar[int] = 0  # where its cross-model part stands in a study report (lower: earlier)
+    config_from_search: ClassVar[bool] = False  # runs at the search's config unless its options give a wait
 
     def needs(self, options: Any) -> tuple[str, ...]:
-        """Experiments this one reads and that a plan gets implicitly (with default options)."""
-        return ()
+        """Experiments this one reads and that a plan gets implicitly (with default options): the search, when
+        it runs at the search's config or only where the search found a subgraph (`require_found`)."""
+        wants_config = self.config_from_search and getattr(options, "wait", None) is None
+        return ("search",) if wants_config or getattr(options, "require_found", False) else ()
 
     def uses(self) -> tuple[str, ...]:
         """Experiments this one reads when the plan has them."""

@@ -32,11 +32,7 @@ class Components(base.Experiment):
     Options = Options
     Result = Result
 
-    def needs(self, options: Options) -> tuple[str, ...]:
-        return ("search",) if options.require_found else ()
-
     def run(self, inputs: base.Inputs, options: Options) -> Result:
-        base.check_found(inputs, options)
         setup = inputs.resources.setup(inputs.spec)
         L = setup.adapter.n_layers
         waits = options.waits or sorted({0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3})

@@ -132,14 +132,10 @@ class Heads(base.Experiment):
     Result = Result
     figure = "heads.png"
 
-    def needs(self, options: Options) -> tuple[str, ...]:
-        return ("search",) if options.require_found else ()
-
     def uses(self) -> tuple[str, ...]:
         return ("search",)
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
-        base.check_found(inputs, options)
         spec = inputs.spec
         lm = inputs.resources.lm()
         n_heads = lm.adapter.n_layers * lm.adapter.n_heads

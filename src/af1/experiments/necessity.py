@@ -42,14 +42,10 @@ class Necessity(base.Experiment):
     Result = Result
     figure = "necessity.png"
 
-    def needs(self, options: Options) -> tuple[str, ...]:
-        return ("search",) if options.require_found else ()
-
     def uses(self) -> tuple[str, ...]:
         return ("search",)
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
-        base.check_found(inputs, options)
         setup = inputs.resources.setup(inputs.spec)
         search = inputs.one("search")
         found: AF1Config | None = None

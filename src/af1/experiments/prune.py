@@ -44,10 +44,8 @@ class Prune(base.Experiment):
     )
     Options = Options
     Result = Result
+    config_from_search = True
     figure = "pruning.png"
-
-    def needs(self, options: Options) -> tuple[str, ...]:
-        return base.config_needs(options)
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         setup = inputs.resources.setup(inputs.spec)

@@ -40,9 +40,7 @@ class Run(base.Experiment):
     help = "Faithfulness of one AF1(wait, transfer) configuration on the problems the model solves."
     Options = Options
     Result = Result
-
-    def needs(self, options: Options) -> tuple[str, ...]:
-        return base.config_needs(options)
+    config_from_search = True
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         setup = inputs.resources.setup(inputs.spec)

@@ -40,9 +40,7 @@ class Styles(base.Experiment):
     help = "Base accuracy and AF1 faithfulness at one config for every input style (the paper's Table 4)."
     Options = Options
     Result = Result
-
-    def needs(self, options: Options) -> tuple[str, ...]:
-        return base.config_needs(options)
+    config_from_search = True
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         spec = inputs.spec

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from af1.experiments import REGISTRY, Inputs, NotApplicable
-from af1.experiments.base import NO_CELL, Resources
+from af1.experiments.base import NO_CELL, Resources, check_found
 from af1.experiments.session import Session, one_line
 from af1.results import provenance, to_json
 from af1.study.plan import ModelEntry, Unit
@@ -98,4 +98,6 @@ def run_unit(worker: Session, unit: Unit, deps: dict[str, dict[str, Any]], state
     """The body of one unit: its experiment run on the results of the units it reads; a JSON-ready dict."""
     experiment = REGISTRY[unit.experiment]
     options = experiment.Options.model_validate(unit.options)
-    return experiment.run(unit_inputs(worker, unit, deps, state_dir), options).data()
+    inputs = unit_inputs(worker, unit, deps, state_dir)
+    check_found(inputs, options)  # every gated experiment: not applicable where the search found no subgraph
+    return experiment.run(inputs, options).data()
