@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -59,7 +61,7 @@ def test_no_intervention_is_bit_identical(tiny, task):
 def test_cama_over_one_problem_changes_nothing(tiny, task):
     adapter, _ = tiny
     one = task.subset([4])
-    means = compute_means(adapter, one)
+    means = compute_means(adapter, dataclasses.replace(one, context_len=0))  # from full forwards, as the hook path
     plain = last_logits(adapter.model, one.input_ids_PT)
     for wait in range(adapter.n_layers):
         assert torch.equal(reference_logits(adapter, one, AF1Config(wait=wait, abp="none"), means), plain)
@@ -105,18 +107,22 @@ def test_fast_sweep_equals_single_runs(tiny, task):
     for wait in (-1, 0, 1):
         ks = list(range(adapter.n_layers - wait))
         swept = fast_sweep_wait(adapter, task, AF1Config(wait=wait), means, ks, batch_size=5)
+        greedy = fast_sweep_wait(adapter, task, AF1Config(wait=wait), means, ks, batch_size=5, greedy=True)
         for k in ks:
             ref = reference_logits(adapter, task, AF1Config(wait=wait, transfer=k), means)
             assert (swept[k] - ref).abs().max() <= TOL
+            assert torch.equal(greedy[k], swept[k].argmax(-1))
 
 
 def test_knockout_equals_reference(tiny, task):
     adapter, _ = tiny
     sets = [[], [0], [1, 2]]
-    for layers, fast in zip(sets, knockout_logits(adapter, task, sets, batch_size=5), strict=True):
+    greedy = knockout_logits(adapter, task, sets, batch_size=5, greedy=True)
+    for layers, fast, tokens in zip(sets, knockout_logits(adapter, task, sets, batch_size=5), greedy, strict=True):
         extra = last_token_knockout(task.n_positions, task.context_len, layers)
         ref = reference_logits(adapter, task, AF1Config(abp="none"), None, extra_masks=extra)
         assert (ref - fast).abs().max() <= TOL
+        assert torch.equal(tokens, fast.argmax(-1))
 
 
 def test_fast_pruned_sets_equal_reference(tiny, task):

@@ -71,7 +71,7 @@ def brute_force_correct_logits(adapter, task, cf, path, sender):
     """The correct answer's last logit per problem with one sender patched, by full forwards and hooks: wang
     freezes every head at its clean output (all positions) and lets MLPs recompute; total lets everything
     recompute. sender: (layer, head) or (layer, "mlp")."""
-    from af1.evaluation import forward_last
+    from af1.context import forward_last
     from af1.interventions.heads import replace_heads
     from af1.interventions.sites import edit_outputs, mlp_output, record
 
@@ -121,7 +121,7 @@ def brute_force_correct_logits(adapter, task, cf, path, sender):
     ],
 )
 def test_each_path_equals_its_definition_by_full_forwards(family, path, task):
-    from af1.evaluation import forward_last
+    from af1.context import forward_last
 
     adapter = ModelAdapter(tiny_model(family))
     cf = heads.Counterfactual(task.input_ids_PT.flip(0), "", [])

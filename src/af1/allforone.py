@@ -16,8 +16,9 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, Field
 
+from af1.context import forward_last
 from af1.errors import Af1Error
-from af1.evaluation import batches, forward_last
+from af1.evaluation import batches
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.masks import ABPVariant, abp_masks
 from af1.interventions.means import PositionMeans

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from af1.models.adapter import input_device
+from af1.context import forward_last
 from af1.progress import progress
 from af1.stats import rate
 from af1.tasks import Task, build_task
@@ -46,7 +46,12 @@ class Scores:
 
     @classmethod
     def from_logits(cls, logits_PV: torch.Tensor, answer_ids_P: torch.Tensor) -> Scores:
-        """One next-token prediction per problem."""
+        """One next-token prediction per problem, from logits [P, V] or from greedy tokens [P] (no probability:
+        NaN)."""
+        if logits_PV.ndim == 1:
+            predicted = logits_PV.cpu()
+            nan = torch.full((len(predicted),), float("nan"))
+            return cls([[int(t)] for t in predicted], nan, predicted == answer_ids_P.cpu())
         logits_PV = logits_PV.float()
         predicted = logits_PV.argmax(-1).cpu()
         p = torch.softmax(logits_PV, -1).gather(-1, answer_ids_P[:, None].to(logits_PV.device))[:, 0]
@@ -54,7 +59,7 @@ class Scores:
 
     @classmethod
     def from_steps(cls, task: Task, step_logits: list[torch.Tensor]) -> Scores:
-        """Combine the logits of each step of `task.steps()` into per-problem scores."""
+        """Combine the logits (or greedy tokens) of each step of `task.steps()` into per-problem scores."""
         P = len(task)
         correct = torch.ones(P, dtype=torch.bool)
         p = torch.ones(P)
@@ -74,19 +79,13 @@ def batches(n: int, batch_size: int) -> Iterator[slice]:
         yield slice(start, min(n, start + batch_size))
 
 
-def forward_last(model: Any, ids_BT: torch.Tensor) -> torch.Tensor:
-    """Next-token logits [B, V] at the last position (fp32, CPU), with explicit mask and position ids."""
-    B, T = ids_BT.shape
-    ids = ids_BT.to(input_device(model))
-    pos = torch.arange(T, device=ids.device).expand(B, T)
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=pos, use_cache=False, logits_to_keep=1)
-    return out.logits[:, -1].float().cpu()
-
-
 @torch.no_grad()
-def last_logits(model: Any, input_ids_PT: torch.Tensor, batch_size: int = 64, desc: str | None = None) -> torch.Tensor:
-    """Next-token logits at the last position of every prompt, batched."""
-    out = [forward_last(model, input_ids_PT[sl]) for sl in progress(list(batches(len(input_ids_PT), batch_size)), desc)]
+def last_logits(
+    model: Any, input_ids_PT: torch.Tensor, batch_size: int = 64, desc: str | None = None, context_len: int = 0
+) -> torch.Tensor:
+    """Next-token logits at the last position of every prompt, batched; a shared context runs once."""
+    chunks = progress(list(batches(len(input_ids_PT), batch_size)), desc)
+    out = [forward_last(model, input_ids_PT[sl], context_len) for sl in chunks]
     return torch.cat(out) if out else torch.empty(0)
 
 
@@ -97,7 +96,9 @@ def score_steps(task: Task, logits_of_step: Callable[[Task], torch.Tensor]) -> S
 
 def evaluate(model: Any, task: Task, batch_size: int = 64) -> Scores:
     """Score the unmodified model: greedy exact match of the whole answer (or of its first token)."""
-    return score_steps(task, lambda step: last_logits(model, step.input_ids_PT, batch_size, desc="evaluate"))
+    return score_steps(
+        task, lambda step: last_logits(model, step.input_ids_PT, batch_size, "evaluate", step.context_len)
+    )
 
 
 @dataclass(frozen=True)

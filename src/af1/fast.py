@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from af1.allforone import AF1Config, ablated_states, ablation_start, reference_logits
+from af1.allforone import AF1Config, ablated_states, reference_logits
+from af1.context import forward_last
 from af1.evaluation import batches
+from af1.greedy import greedy_tokens
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.masks import last_token_knockout
 from af1.interventions.means import PositionMeans, slot_table
-from af1.interventions.residual import edit_residual, replace_positions
 from af1.interventions.sites import record, residual
 from af1.models.adapter import LayerInputs, ModelAdapter
 from af1.tasks import Task
@@ -92,38 +93,32 @@ class TokenLocalKV:
         return k.transpose(1, 2), v.transpose(1, 2)
 
 
-def covering_prompts(slot_tokens_TS: torch.Tensor) -> torch.Tensor:
-    """S prompts such that every (position, token) of the slot table occurs in one: prompt i uses slot i."""
-    counts = (slot_tokens_TS >= 0).sum(1)
-    S = int(counts.max())
-    slot_idx = torch.minimum(torch.arange(S)[:, None], counts[None] - 1)  # [S, T]
-    return slot_tokens_TS.gather(1, slot_idx.T).T
-
-
 def context_kv(adapter: ModelAdapter, task: Task) -> ProblemKV:
     """Keys/values of the context positions in every layer: the same for every problem and every config."""
     return capture_problem_kv(adapter, task.input_ids_PT[:1, : task.context_len + 1], task.context_len)
 
 
-def _suffix_mask(n: int, c: int, local: bool) -> torch.Tensor:
-    """[1, n-c, n]: queries c..n-1 see the context and, causally or only themselves, the suffix."""
-    q = torch.arange(c, n)[:, None]
-    k = torch.arange(n)[None]
-    return ((k < c) | ((k == q) if local else (k <= q)))[None]
+def _ablated_TSD(config: AF1Config, means: PositionMeans | None, table_TS: torch.Tensor) -> torch.Tensor:
+    """What the ablation writes into h[wait] for each (position, slot) of the table: [T, S, D]."""
+    if config.ablation == "cama":
+        if means is None:
+            raise ValueError("CAMA needs position means")
+        return means.cond_LTSD[config.wait]
+    ids = table_TS.clamp(min=0).T  # S rows; every slot's token at every position (padding as token 0, unused)
+    return ablated_states(config, means, ids).transpose(0, 1)
 
 
-@torch.no_grad()
-def token_local_kv(
-    adapter: ModelAdapter, task: Task, config: AF1Config, means: PositionMeans | None, ctx: ProblemKV | None = None
-) -> TokenLocalKV:
-    """Keys/values after `wait` per (position, token): the covering prompts' suffixes run on the context's cache."""
-    table = means.slot_tokens_TS if means is not None else slot_table(task.input_ids_PT)
-    cover = covering_prompts(table)
-    S, T = cover.shape
-    c = task.context_len
-    ctx = ctx or context_kv(adapter, task)
-    suffix = cover[:, c:].to(adapter.device)
-    inputs = adapter.layer_inputs(suffix, torch.arange(c, T, device=adapter.device).expand(S, T - c))
+def _run_rows(
+    adapter: ModelAdapter,
+    ctx: ProblemKV,
+    tokens_R: torch.Tensor,
+    positions_R: torch.Tensor,
+    start: int,
+    hidden_RD: torch.Tensor | None,
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """One-token rows, each at its own position, attending to the context and itself through blocks start..L-1 (from
+    the embedding, or from `hidden`): their keys/values [R, kv_heads, 1, d] in those blocks."""
+    R, c = len(tokens_R), ctx.context_len
     captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def capture(layer: int):
@@ -132,40 +127,55 @@ def token_local_kv(
 
         return fn
 
-    plans = {}
-    for layer in range(adapter.n_layers):
-        k, v = ctx.keys[layer].expand(S, -1, -1, -1), ctx.values[layer].expand(S, -1, -1, -1)
-        local = layer > config.wait
-        plans[layer] = LayerPlan(
-            _suffix_mask(T, c, local), (k, v), replace_mask=True, capture=capture(layer) if local else None
+    inputs = adapter.layer_inputs(tokens_R[:, None].to(adapter.device), positions_R[:, None].to(adapter.device))
+    plans = {
+        layer: LayerPlan(
+            prefix_kv=(ctx.keys[layer].expand(R, -1, -1, -1), ctx.values[layer].expand(R, -1, -1, -1)),
+            replace_mask=True,
+            capture=capture(layer),
         )
-    edits = {}
-    if config.wait >= 0 and config.ablation != "none":
-        new = ablated_states(config, means, cover)[:, c:]
-        first = ablation_start(config, task) - c  # index into the suffix
-        edits[config.wait] = lambda h: replace_positions(h, new, first)
-    with (
-        edit_residual(adapter, edits),  # before the record: the record sees the edited state
-        record(adapter, [residual(config.wait)] if config.wait >= 0 else []) as cache,
-        attention_plans(adapter, plans),
-    ):
-        adapter.run_layers(inputs.hidden_BTD, inputs)
-    keys, values = {}, {}
-    for layer, (k, v) in captured.items():  # k: [S, kv_heads, T-c, d]
-        keys[layer] = _table(ctx.keys[layer], k)
-        values[layer] = _table(ctx.values[layer], v)
-    start = None
-    if config.wait >= 0:
-        start = torch.zeros(T, S, adapter.hidden_size)
-        start[c:] = cache[residual(config.wait)].transpose(0, 1).float().cpu()
-    return TokenLocalKV(config.wait, keys, values, start, table, c)
+        for layer in range(start, adapter.n_layers)
+    }
+    dtype = next(adapter.model.parameters()).dtype
+    h = inputs.hidden_BTD if hidden_RD is None else hidden_RD[:, None].to(adapter.device, dtype)
+    with attention_plans(adapter, plans):
+        adapter.run_layers(h, inputs, start)
+    return captured
 
 
-def _table(context_1HCd: torch.Tensor, suffix_SHUd: torch.Tensor) -> torch.Tensor:
-    """[position 0..n-2, slot, kv_heads, d] from the context's and the cover suffixes' keys (or values)."""
-    S = suffix_SHUd.shape[0]
-    ctx = context_1HCd[0].permute(1, 0, 2)[:, None].expand(-1, S, -1, -1)
-    return torch.cat([ctx, suffix_SHUd.permute(2, 0, 1, 3)], 0)[:-1]
+@torch.no_grad()
+def token_local_kv(
+    adapter: ModelAdapter, task: Task, config: AF1Config, means: PositionMeans | None, ctx: ProblemKV | None = None
+) -> TokenLocalKV:
+    """Keys/values after `wait` per (position, token), and the last token's state entering block wait+1.
+
+    After `wait` a non-last position reads only the context and itself, so each (position, token) of the slot
+    table runs once, as a one-token row on the context's cache: from block wait+1 with its ablated state (for
+    wait = -1 from its embedding). CAMA's first varying position, which the reference path leaves alone, starts
+    from its conditional mean too: it sees only the context and itself, so its state is that mean (up to the
+    rounding of the average)."""
+    if config.wait >= 0 and config.ablation not in ("cama", "mean", "zero"):
+        raise ValueError(f"the {config.ablation} ablation does not make positions token-local")
+    table = means.slot_tokens_TS if means is not None else slot_table(task.input_ids_PT)
+    T, S = table.shape
+    c, w = task.context_len, config.wait
+    ctx = ctx or context_kv(adapter, task)
+    start_TSD = _ablated_TSD(config, means, table).float() if w >= 0 else None
+    t_R, s_R = (table[c : T - 1] >= 0).nonzero(as_tuple=True)
+    t_R = t_R + c
+    hidden = start_TSD[t_R, s_R] if start_TSD is not None else None
+    captured = _run_rows(adapter, ctx, table[t_R, s_R], t_R, w + 1, hidden) if len(t_R) else {}
+    keys: dict[int, torch.Tensor] = {}
+    values: dict[int, torch.Tensor] = {}
+    for layer in range(w + 1, adapter.n_layers):
+        for out, context, rows in ((keys, ctx.keys, 0), (values, ctx.values, 1)):
+            ctx_Ckd = context[layer][0].transpose(0, 1)  # [c, kv_heads, d]
+            full = torch.zeros(T - 1, S, *ctx_Ckd.shape[1:], dtype=ctx_Ckd.dtype, device=ctx_Ckd.device)
+            full[:c] = ctx_Ckd[:, None]
+            if layer in captured:
+                full[t_R, s_R] = captured[layer][rows][:, :, 0]
+            out[layer] = full
+    return TokenLocalKV(w, keys, values, start_TSD, table, c)
 
 
 def _plan(
@@ -254,15 +264,17 @@ def fast_sweep_wait(
     transfers: list[int],
     batch_size: int = 128,
     ctx: ProblemKV | None = None,
+    greedy: bool = False,
 ) -> dict[int, torch.Tensor]:
-    """Logits for every transfer length at one `wait`.
+    """Logits [P, V] (or with `greedy` the greedy tokens [P], `af1.greedy`) for every transfer length at one `wait`.
 
     The peeking path is a common prefix of all lengths; the compute-only tails that branch
     off it run as one batch per layer (a wavefront), so each layer is one call for all lengths.
     """
     wanted = sorted(transfers)
     if supports(adapter, task, config) is not None:
-        return {k: reference_logits(adapter, task, config.model_copy(update={"transfer": k}), means) for k in wanted}
+        out = {k: reference_logits(adapter, task, config.model_copy(update={"transfer": k}), means) for k in wanted}
+        return {k: v.argmax(-1) for k, v in out.items()} if greedy else out
     kv = token_local_kv(adapter, task, config, means, ctx)
     L, w = adapter.n_layers, config.wait
     result: dict[int, list[torch.Tensor]] = {k: [] for k in wanted}
@@ -291,6 +303,11 @@ def fast_sweep_wait(
         if L in branch_at:  # transfer through the last layer: nothing left to compute
             wave = torch.cat([wave, branch_at[L]])
         order = [k for k in wanted if w + 1 + k < L] + [k for k in wanted if w + 1 + k == L]
+        if greedy:
+            tokens = greedy_tokens(adapter, wave[:, -1])
+            for i, k in enumerate(order):
+                result[k].append(tokens[i * B : (i + 1) * B])
+            continue
         for i, k in enumerate(order):
             result[k].append(adapter.logits(wave[i * B : (i + 1) * B])[:, -1].float().cpu())
     return {k: torch.cat(v) for k, v in result.items()}
@@ -364,7 +381,7 @@ def capture_problem_kv(
     adapter: ModelAdapter, ids_BT: torch.Tensor, context_len: int, with_states: bool = False
 ) -> ProblemKV:
     """One plain forward that keeps every layer's keys/values of positions 0..n-2 (and, `with_states`, every
-    block's output h[l])."""
+    block's output h[l] of the positions it computed: the suffix when the context is shared)."""
     keys: dict[int, torch.Tensor] = {}
     values: dict[int, torch.Tensor] = {}
 
@@ -375,25 +392,24 @@ def capture_problem_kv(
         return fn
 
     plans = {layer: LayerPlan(capture=capture(layer)) for layer in range(adapter.n_layers)}
-    ids = ids_BT.to(adapter.device)
     recorded = range(adapter.n_layers) if with_states else range(0)
     with attention_plans(adapter, plans), record(adapter, [residual(layer) for layer in recorded]) as cache:
-        adapter.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
+        forward_last(adapter.model, ids_BT, context_len)  # the captured keys include the shared context's
     states = {layer: cache[residual(layer)] for layer in recorded}
     return ProblemKV(keys, values, context_len, states)
 
 
 @torch.no_grad()
 def knockout_logits(
-    adapter: ModelAdapter, task: Task, blocked: list[list[int]], batch_size: int = 128
+    adapter: ModelAdapter, task: Task, blocked: list[list[int]], batch_size: int = 128, greedy: bool = False
 ) -> list[torch.Tensor]:
     """Unmodified model, except that in each set of layers the last token reads only context and itself.
 
-    Returns last-position logits [P, V] per layer set; the prompt's other positions run normally
-    and are computed once per batch.
+    Returns last-position logits [P, V] (with `greedy` the greedy tokens [P]) per layer set; the
+    prompt's other positions run normally and are computed once per batch.
     """
     if not adapter.family.uses_attention_interface:
-        return [
+        out = [
             reference_logits(
                 adapter,
                 task,
@@ -403,7 +419,8 @@ def knockout_logits(
             )
             for layers in blocked
         ]
-    out: list[list[torch.Tensor]] = [[] for _ in blocked]
+        return [o.argmax(-1) for o in out] if greedy else out
+    parts: list[list[torch.Tensor]] = [[] for _ in blocked]
     L = adapter.n_layers
     for sl in batches(len(task), batch_size):
         ids = task.input_ids_PT[sl]
@@ -416,5 +433,5 @@ def knockout_logits(
             plans = {layer: _plan(adapter, kv, layer, rows, peek=layer not in layers) for layer in range(first, L)}
             with attention_plans(adapter, plans):
                 h = adapter.run_layers(h, inputs, first)
-            out[i].append(adapter.logits(h)[:, -1].float().cpu())
-    return [torch.cat(o) for o in out]
+            parts[i].append(greedy_tokens(adapter, h[:, -1]) if greedy else adapter.logits(h)[:, -1].float().cpu())
+    return [torch.cat(o) for o in parts]

@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
+from af1.context import forward_last, suffix_start
 from af1.errors import Af1Error
-from af1.evaluation import Evaluated, Scores, batches, evaluated, forward_last, require_solved, solved
+from af1.evaluation import Evaluated, Scores, batches, evaluated, require_solved, solved
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.heads import head_means, replace_heads
 from af1.interventions.sites import (
@@ -115,12 +116,15 @@ def counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
 
 
 @torch.no_grad()
-def run_last(adapter: ModelAdapter, ids_BT: torch.Tensor) -> tuple[dict[Site, torch.Tensor], torch.Tensor]:
-    """One forward; at the last position every layer's head inputs [B, E] and MLP output [B, D], the final norm's
+def run_last(
+    adapter: ModelAdapter, ids_BT: torch.Tensor, context_len: int = 0
+) -> tuple[dict[Site, torch.Tensor], torch.Tensor]:
+    """One forward (the shared context once); at the last position every layer's head inputs [B, E] and MLP
+    output [B, D], the final norm's
     input [B, D]; and the last logits [B, V]."""
     sites = [FINAL, *(s for layer in range(adapter.n_layers) for s in (head_inputs(layer), mlp_output(layer)))]
     with record(adapter, sites, last_only=True) as cache:
-        logits = forward_last(adapter.model, ids_BT).to(adapter.device)
+        logits = forward_last(adapter.model, ids_BT, context_len).to(adapter.device)
     return cache, logits
 
 
@@ -267,11 +271,11 @@ def downstream_path_patching(
             for s in (head_inputs(layer), attention_output(layer), mlp_output(layer), residual(layer))
         ]
         with record(adapter, sites, last_only=True) as clean:
-            base = forward_last(adapter.model, ids).to(adapter.device)
+            base = forward_last(adapter.model, ids, task.context_len).to(adapter.device)
         with record(
             adapter, [s for layer in range(L) for s in (head_inputs(layer), mlp_output(layer))], last_only=True
         ) as corrupt:
-            forward_last(adapter.model, cf.input_ids_PT[sl])
+            forward_last(adapter.model, cf.input_ids_PT[sl], task.context_len)
         kv = capture_problem_kv(adapter, ids, task.context_len) if recompute_attention else None
         answer = task.answer_ids_P[sl].to(base.device)
         B = len(answer)
@@ -324,8 +328,8 @@ def direct_path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, 
     clean_diff = 0.0
     P = len(task)
     for sl in batches(P, batch_size):
-        clean, base = run_last(adapter, task.input_ids_PT[sl])
-        corrupt, _ = run_last(adapter, cf.input_ids_PT[sl])
+        clean, base = run_last(adapter, task.input_ids_PT[sl], task.context_len)
+        corrupt, _ = run_last(adapter, cf.input_ids_PT[sl], task.context_len)
         unembed = AnswerRows.of(adapter, base, task.answer_ids_P[sl].to(base.device))
         c0, w0 = unembed.logits(adapter, clean[FINAL][None])[0].unbind(-1)
         clean_diff += float((c0 - w0).sum())
@@ -352,8 +356,11 @@ def mean_ablated_logits(
     means: dict[int, torch.Tensor],
     batch_size: int = 32,
 ) -> torch.Tensor:
-    """Last-position logits [P, V] with the listed heads mean-ablated at every position (means [T, E] per layer)."""
+    """Last-position logits [P, V] with the listed heads mean-ablated at every position (means [T, E] per layer).
+    At the shared context's positions a head's mean is its own output (the same in every problem): only the suffix
+    is rewritten, and it runs on the context's cache."""
     d = adapter.head_dim
+    c = suffix_start(adapter.model, task.input_ids_PT, task.context_len)
     by_layer: dict[int, list[int]] = {}
     for layer, h in heads:
         by_layer.setdefault(layer, []).append(h)
@@ -363,7 +370,7 @@ def mean_ablated_logits(
 
         def fn(z: torch.Tensor) -> torch.Tensor:
             z = z.clone()
-            z[..., cols] = means[layer][: z.shape[1], cols].to(z.dtype).to(z.device)
+            z[..., cols] = means[layer][c:, cols].to(z.dtype).to(z.device)
             return z
 
         return fn
@@ -371,7 +378,7 @@ def mean_ablated_logits(
     out = []
     with replace_heads(adapter, {layer: ablate(layer, hs) for layer, hs in by_layer.items()}):
         for sl in batches(len(task), batch_size):
-            out.append(forward_last(adapter.model, task.input_ids_PT[sl].to(adapter.device)))
+            out.append(forward_last(adapter.model, task.input_ids_PT[sl], task.context_len))
     return torch.cat(out)
 
 
@@ -407,8 +414,10 @@ def activation_patching(
     """Last-position logits of the correct answer with one head at a time patched from the counterfactual run
     (effects flow through later layers): [head, problem]. Many heads share a forward: row r patches head r."""
     d = adapter.head_dim
+    c = task.context_len
+    c = c if torch.equal(cf.input_ids_PT[:, :c], task.input_ids_PT[:, :c]) else 0
     with record(adapter, [head_inputs(layer) for layer in range(adapter.n_layers)]) as cache:
-        forward_last(adapter.model, cf.input_ids_PT)
+        forward_last(adapter.model, cf.input_ids_PT, c)
     z_cf = {layer: cache[head_inputs(layer)].detach() for layer in range(adapter.n_layers)}  # [P, T, E]
     P = len(task)
     pairs = [(hi, p) for hi in range(len(heads)) for p in range(P)]
@@ -430,7 +439,7 @@ def activation_patching(
             return fn
 
         with replace_heads(adapter, {layer: patch(layer) for layer in layers_needed}):
-            logits = forward_last(adapter.model, ids)
+            logits = forward_last(adapter.model, ids, c)  # a shared context: both runs patch the suffix only
         for row, (hi, p) in enumerate(chunk):
             result[hi, p] = logits[row, task.answer_ids_P[p]]
     return result
@@ -460,7 +469,7 @@ def last_query_attention(
     layers = sorted({layer for layer, _ in heads})
     ids = task.input_ids_PT.to(adapter.device)
     with attention_plans(adapter, {layer: LayerPlan(capture=capture(layer)) for layer in layers}):
-        adapter.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        forward_last(adapter.model, ids, task.context_len)
     roles = list(task.layout)
     n = len(roles)
     groups = {
@@ -501,7 +510,7 @@ def mlp_logit_lens(adapter: ModelAdapter, task: Task) -> torch.Tensor | None:
     unembedding. None for families whose MLP output is normalised again before the residual sum (post-norms)."""
     if adapter.family.post_norms:
         return None
-    cache, _ = run_last(adapter, task.input_ids_PT)
+    cache, _ = run_last(adapter, task.input_ids_PT, task.context_len)
     final = cache[FINAL].to(execution_device(adapter.final_norm))
     with adapter.onloaded(adapter.lm_head):
         W_U = weight_of(adapter.lm_head)

@@ -307,7 +307,9 @@ def sweep(
                     {k: af1_logits(step, config.model_copy(update={"transfer": k}), reference) for k in todo}
                 )
             else:
-                per_step.append(fast_sweep_wait(step.adapter, step.kept, config, step.means, todo, ctx=step.context()))
+                per_step.append(
+                    fast_sweep_wait(step.adapter, step.kept, config, step.means, todo, ctx=step.context(), greedy=True)
+                )
         for k in todo:
             scores = Scores.from_steps(setup.kept, [logits[k] for logits in per_step])
             done[f"{w},{k}"] = {"correct": _bits(scores.correct_P), **how}
@@ -461,14 +463,16 @@ def necessity(
     L = setup.adapter.n_layers
     per_window: dict[str, list[float]] = {}
     per_window_ci: dict[str, list[list[float]]] = {}
-    for width in [w for w in windows if w <= L]:
-        sets = [list(range(s, s + width)) for s in range(L - width + 1)]
-        per_step = [knockout_logits(step.adapter, step.kept, sets) for step in setup.steps]
-        rates = [
-            Scores.from_steps(setup.kept, [logits[i] for logits in per_step]).rate(setup.kept) for i in range(len(sets))
-        ]
-        per_window[str(width)] = [r["value"] for r in rates]
-        per_window_ci[str(width)] = [r["ci"] for r in rates]
+    widths = [w for w in dict.fromkeys(windows) if w <= L]
+    sets = [list(range(s, s + width)) for width in widths for s in range(L - width + 1)]
+    per_step = [knockout_logits(step.adapter, step.kept, sets, greedy=True) for step in setup.steps]
+    rates = [
+        Scores.from_steps(setup.kept, [logits[i] for logits in per_step]).rate(setup.kept) for i in range(len(sets))
+    ]
+    for width in widths:
+        mine = [r for s, r in zip(sets, rates, strict=True) if len(s) == width]
+        per_window[str(width)] = [r["value"] for r in mine]
+        per_window_ci[str(width)] = [r["ci"] for r in mine]
     result: dict[str, Any] = {
         **setup.describe(),
         "windows": per_window,

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from af1.evaluation import batches, forward_last
+from af1.context import forward_last, suffix_start
+from af1.evaluation import batches
 from af1.interventions.hooks import hooks_removed_after
 from af1.interventions.sites import head_inputs, record
 from af1.models.adapter import ModelAdapter
@@ -33,14 +34,22 @@ def replace_heads(adapter: ModelAdapter, per_layer: dict[int, HeadEdit]) -> cont
 
 @torch.no_grad()
 def head_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> dict[int, torch.Tensor]:
-    """Mean o_proj input per layer and position over the task: {layer: [T, E]} (fp32, on the CPU)."""
+    """Mean o_proj input per layer and position over the task: {layer: [T, E]} (fp32, on the CPU). The suffix runs
+    on the shared context; the context's positions, the same in every problem, come from one full row."""
 
     def add(kept_TE: torch.Tensor | None, z_BTE: torch.Tensor) -> torch.Tensor:
         z_TE = z_BTE.float().sum(0).cpu()  # reduced during the forward: memory stays one [T, E] per layer
         return z_TE if kept_TE is None else kept_TE + z_TE
 
-    sites = [head_inputs(layer) for layer in range(adapter.n_layers)]
+    L = adapter.n_layers
+    sites = [head_inputs(layer) for layer in range(L)]
     with record(adapter, sites, reduce=add) as sums:
         for sl in batches(len(task), batch_size):
-            forward_last(adapter.model, task.input_ids_PT[sl])
-    return {layer: sums[head_inputs(layer)] / len(task) for layer in range(adapter.n_layers)}
+            forward_last(adapter.model, task.input_ids_PT[sl], task.context_len)
+    means = {layer: sums[head_inputs(layer)] / len(task) for layer in range(L)}
+    c = suffix_start(adapter.model, task.input_ids_PT, task.context_len)
+    if c:
+        with record(adapter, sites) as first:
+            forward_last(adapter.model, task.input_ids_PT[:1])
+        means = {layer: torch.cat([first[head_inputs(layer)][0, :c].float().cpu(), m]) for layer, m in means.items()}
+    return means

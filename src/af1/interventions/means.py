@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from af1.context import forward_last, suffix_start
 from af1.errors import Af1Error
 from af1.evaluation import batches
 from af1.interventions.sites import record, residual
@@ -126,18 +127,26 @@ def compute_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> Po
     flat_PT = torch.arange(T)[None] * S + slots_PT
     sums = torch.zeros(L, T * S, D, dtype=torch.float32)
     counts = torch.zeros(T * S, dtype=torch.float32)
-    device = adapter.device
+    c = suffix_start(adapter.model, ids, task.context_len)  # the suffix runs on the shared context
+    sites = [residual(layer) for layer in range(L)]
     for sl in progress(list(batches(P, batch_size)), desc="position means"):
-        with record(adapter, [residual(layer) for layer in range(L)]) as cache:
-            batch = ids[sl].to(device)
-            adapter.model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False, logits_to_keep=1)
-        index = flat_PT[sl].flatten()
+        with record(adapter, sites) as cache:
+            forward_last(adapter.model, ids[sl], task.context_len)
+        index = flat_PT[sl, c:].flatten()
         for layer in range(L):
             sums[layer].index_add_(0, index, cache[residual(layer)].reshape(-1, D).float().cpu())
         counts.index_add_(0, index, torch.ones(len(index)))
+    counts[flat_PT[0, :c]] = P
     counts_TS = counts.view(T, S)
     cond = (sums / counts.clamp(min=1)[None, :, None]).view(L, T, S, D)
     mean = sums.view(L, T, S, D).sum(2) / P
+    if c:  # the context's states, the same in every problem: their own means, from one full row
+        with record(adapter, sites) as first:
+            forward_last(adapter.model, ids[:1])
+        for layer in range(L):
+            h_CD = first[residual(layer)][0, :c].float().cpu()
+            cond[layer, torch.arange(c), slots_PT[0, :c]] = h_CD
+            mean[layer, :c] = h_CD
     meta = {"task": task.describe(), "n_problems": P, "n_layers": L}
     return PositionMeans(cond, mean, table, counts_TS, means_key(adapter, task), meta)
 

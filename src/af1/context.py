@@ -1,0 +1,127 @@
+"""The constant context computed once per model: its keys/values as the model's own cache, so that a forward over
+a task runs only each problem's varying suffix.
+
+A few-shot prompt is mostly the same prefix (about 80 % of the tokens of the demo's prompts).
+Every experiment that runs the unmodified model or intervenes only after the context (base
+evaluation, position and head means, path patching, knockouts) gets its logits from
+`forward_last`, which feeds the context's cache to the model and the suffix as input. Hooks
+then see only the suffix positions: `suffix_start` tells a caller where they begin. Equal to
+the full forward up to float rounding (the attention reductions run over the same keys in
+another split); tested against it on every family.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from af1.models.adapter import input_device
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs")
+MAX_CONTEXTS = 8  # contexts kept per model (one per task layout in a run; a study has a handful)
+
+
+@dataclass
+class Context:
+    """One model's keys and values of one context, per layer ([1, kv_heads, c, head_dim]), and the weights'
+    versions they were computed with (fine-tuning changes the weights in place: a stale context is recomputed)."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    versions: tuple[int, ...]
+
+    def cache(self, model: Any, batch: int) -> DynamicCache:
+        """A fresh cache of `batch` rows holding the context (the forward appends the suffix to its own copy)."""
+        cache = DynamicCache(config=model.config)
+        for i, (k, v) in enumerate(self.layers):
+            cache.update(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), i)
+        return cache
+
+
+_CONTEXTS: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], Context]] = weakref.WeakKeyDictionary()
+
+
+def _versions(model: Any) -> tuple[int, ...]:
+    return tuple(p._version for p in model.parameters())
+
+
+@contextlib.contextmanager
+def unhooked(model: Any) -> Iterator[None]:
+    """Run the unmodified model inside someone's hooks and attention plans (e.g. the shared context, computed the
+    first time a hooked forward needs it): every module's forward hooks and plan are set aside for the block."""
+    saved = []
+    for module in model.modules():
+        hooks = {name: getattr(module, name) for name in _HOOK_DICTS if getattr(module, name, None)}
+        plan = module.__dict__.pop("_af1_plan", None)
+        if hooks or plan is not None:
+            saved.append((module, hooks, plan))
+            for name in hooks:
+                setattr(module, name, OrderedDict())
+    try:
+        yield
+    finally:
+        for module, hooks, plan in saved:
+            for name, value in hooks.items():
+                setattr(module, name, value)
+            if plan is not None:
+                module._af1_plan = plan
+
+
+def can_share(model: Any, n_positions: int) -> bool:
+    """Whether the model's cache can carry a context: a cache class exists for it, and no sliding window is
+    shorter than the prompt (a window would drop context the full forward reads)."""
+    config = model.config.get_text_config(decoder=True)
+    window = getattr(config, "sliding_window", None)
+    if window and n_positions > window:
+        return False
+    return bool(getattr(model, "_supports_cache_class", True)) and not getattr(config, "is_encoder_decoder", False)
+
+
+def suffix_start(model: Any, ids_BT: torch.Tensor, context_len: int) -> int:
+    """Where the positions a forward computes begin: the context's length when it is shared, else 0."""
+    T = ids_BT.shape[1]
+    c = min(context_len, T - 1)
+    if c <= 0 or not can_share(model, T):
+        return 0
+    return c
+
+
+def context_of(model: Any, ids_T: torch.Tensor) -> Context:
+    """The context of these token ids, computed once per model (and recomputed after the weights change)."""
+    per_model = _CONTEXTS.setdefault(model, {})
+    key = tuple(int(t) for t in ids_T)
+    versions = _versions(model)
+    found = per_model.get(key)
+    if found is not None and found.versions == versions:
+        return found
+    ids = ids_T[None].to(input_device(model))
+    with torch.no_grad(), unhooked(model):  # the context is the unmodified model's, whatever hooks are active
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
+    past = out.past_key_values
+    layers = [(layer.keys.detach(), layer.values.detach()) for layer in past.layers]
+    if len(per_model) >= MAX_CONTEXTS:
+        per_model.pop(next(iter(per_model)))
+    per_model[key] = Context(layers, versions)
+    return per_model[key]
+
+
+def forward_last(model: Any, ids_BT: torch.Tensor, context_len: int = 0) -> torch.Tensor:
+    """Next-token logits [B, V] at the last position (fp32, CPU), with explicit mask and position ids; the first
+    `context_len` positions (the same in every row) come from the context's cache when the model can share it."""
+    B, T = ids_BT.shape
+    ids = ids_BT.to(input_device(model))
+    c = suffix_start(model, ids_BT, context_len)
+    if c and not bool((ids_BT[:, :c] == ids_BT[:1, :c]).all()):
+        raise ValueError("the rows differ inside the context they are said to share")
+    pos = torch.arange(c, T, device=ids.device).expand(B, T - c)
+    extra: dict[str, Any] = {"use_cache": False}
+    if c:
+        extra = {"past_key_values": context_of(model, ids_BT[0, :c]).cache(model, B), "use_cache": True}
+    out = model(input_ids=ids[:, c:], attention_mask=torch.ones_like(ids), position_ids=pos, logits_to_keep=1, **extra)
+    return out.logits[:, -1].float().cpu()

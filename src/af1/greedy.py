@@ -1,0 +1,108 @@
+"""Greedy next tokens without a full float32 unembedding: a bfloat16 screen, then float32 on the few candidates.
+
+A grid cell needs only whether each problem's greedy token is right, and the unembedding
+([V, D], V up to 152k) costs as much per row as several decoder layers. Screening all tokens
+in bfloat16 (about 4x faster on CPUs with bf16 dot products) with a bound on its rounding
+error keeps every token that could be the float32 argmax; those are scored again in float32
+and the best is the answer: the same token the float32 logits give (up to exact ties).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from af1.models.adapter import ModelAdapter, weight_of
+
+U = 2.0**-8  # unit roundoff of bfloat16 (8 significant bits)
+F32 = 2.0**-24  # of float32
+SLACK = 1.25  # on top of the bound below, for what the bound's own float arithmetic rounds
+
+
+@dataclass
+class Screen:
+    """The unembedding (bias as one more column) in bfloat16, transposed for the screen; the largest norm of its
+    rows and of their rounding errors; and the weight's version (a fine-tuned unembedding is screened anew)."""
+
+    w_DV: torch.Tensor
+    max_norm: float
+    max_error_norm: float
+    version: int
+
+
+_SCREENS: weakref.WeakKeyDictionary[torch.nn.Module, Screen] = weakref.WeakKeyDictionary()
+
+
+def _with_bias(lm_head: torch.nn.Module) -> torch.Tensor:
+    """[V, D (+1)]: the unembedding, with its bias as a last column when it has one."""
+    W = weight_of(lm_head).detach().float()
+    bias = getattr(lm_head, "bias", None)
+    return W if bias is None else torch.cat([W, bias.detach().float()[:, None]], 1)
+
+
+def screen_of(lm_head: torch.nn.Module) -> Screen:
+    version = weight_of(lm_head)._version
+    found = _SCREENS.get(lm_head)
+    if found is None or found.version != version:
+        W = _with_bias(lm_head)
+        rounded = W.to(torch.bfloat16)
+        error = float((rounded.float() - W).norm(dim=-1).max())
+        found = Screen(rounded.T.contiguous(), float(rounded.float().norm(dim=-1).max()), error, version)
+        _SCREENS[lm_head] = found
+    return found
+
+
+def usable(adapter: ModelAdapter) -> bool:
+    """The screen needs the unembedding on the CPU in float32 (elsewhere the plain logits are as cheap)."""
+    W = weight_of(adapter.lm_head)
+    return W.device.type == "cpu" and W.dtype == torch.float32 and not adapter.offloaded()
+
+
+ROWS = 256  # rows screened at once: the bfloat16 logits of a chunk stay a few tens of MB
+
+
+@torch.no_grad()
+def greedy_tokens(adapter: ModelAdapter, h_BD: torch.Tensor) -> torch.Tensor:
+    """The argmax token [B] of the logits `adapter.logits` gives for final hidden states h [B, D]."""
+    if not usable(adapter):
+        return adapter.logits(h_BD[:, None])[:, -1].float().argmax(-1).cpu()
+    return torch.cat([_screened(adapter, h_BD[i : i + ROWS]) for i in range(0, len(h_BD), ROWS)])
+
+
+def _screened(adapter: ModelAdapter, h_BD: torch.Tensor) -> torch.Tensor:
+    x_BD = adapter.final_norm(h_BD).float()
+    if getattr(adapter.lm_head, "bias", None) is not None:
+        x_BD = torch.cat([x_BD, torch.ones_like(x_BD[:, :1])], 1)
+    screen = screen_of(adapter.lm_head)
+    rounded_BD = x_BD.to(torch.bfloat16)
+    z_BV = rounded_BD @ screen.w_DV
+    # |screen - exact| per row, with w^, x^ the rounded vectors: w^.(x^ - x) + (w^ - w).x (Cauchy-Schwarz), the
+    # float32 accumulation over D terms, then the bfloat16 result's own rounding.
+    high_B = z_BV.amax(-1).float()
+    x_norm_B = x_BD.norm(dim=-1)
+    inputs_B = (
+        (rounded_BD.float() - x_BD).norm(dim=-1) * screen.max_norm
+        + screen.max_error_norm * x_norm_B
+        + x_BD.shape[1] * F32 * screen.max_norm * x_norm_B * (1 + U)
+    )
+    # a token whose exact logit could reach the best one's (or its float32 value could) lies within 3 bounds of
+    # it; the result's rounding matters only for logits that near the best one: at most |best| + 4 input bounds
+    bound_B = SLACK * (inputs_B + U * (high_B.abs() + 4 * inputs_B))
+    floor_B = high_B - 3 * bound_B
+    rows, columns = (z_BV >= floor_B.to(torch.bfloat16)[:, None]).nonzero(as_tuple=True)
+    W = weight_of(adapter.lm_head)
+    bias = getattr(adapter.lm_head, "bias", None)
+    exact = (x_BD[rows, : W.shape[1]] * W[columns]).sum(-1)
+    if bias is not None:
+        exact = exact + bias[columns].float()
+    cap = getattr(adapter.config, "final_logit_softcapping", None)
+    if cap:
+        exact = torch.tanh(exact / cap) * cap
+    best_B = torch.full((len(x_BD),), -float("inf")).scatter_reduce(0, rows, exact, "amax")
+    winner = exact == best_B[rows]  # the first (lowest) token among equals, as argmax picks
+    token_B = torch.full((len(x_BD),), torch.iinfo(torch.long).max).scatter_reduce(
+        0, rows[winner], columns[winner], "amin"
+    )
+    return token_B
