@@ -381,7 +381,8 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
 
 
 def test_a_study_evaluates_each_model_and_task_once(tiny_dirs, tmp_path, monkeypatch):
-    """eval, the sweep's setup and the heads study read one evaluation of the task (issue 15, item 2)."""
+    """eval, the search's setup, the heads study and the cross-model transfer read one evaluation of each model and
+    task (issue 15, item 2)."""
     import af1.evaluation
 
     calls: list[str] = []
@@ -392,13 +393,13 @@ def test_a_study_evaluates_each_model_and_task_once(tiny_dirs, tmp_path, monkeyp
         return real(model, task, *args, **kwargs)
 
     monkeypatch.setattr(af1.evaluation, "evaluate", counting)  # every evaluation goes through this one
-    one = {"llama": tiny_dirs["llama"]}
-    plan = write_plan(
-        tmp_path / "plan.yaml", one, experiments="experiments:\n  eval: {}\n  sweep: {}\n  heads: {k: 2}\n"
-    )
+    experiments = "experiments:\n  eval: {}\n  search: {threshold: 0.5}\n  heads: {k: 2, draws: 1}\n  transfer: {}\n"
+    plan = write_plan(tmp_path / "plan.yaml", tiny_dirs, experiments=experiments)
     summary = run_study(load_plan(plan), tmp_path / "out")
     assert not summary.failed
-    assert sorted(calls) == sorted(t.model_dump_json() for t in TASKS)  # one evaluation per task, no more
+    # transfer comes back to each model at the end, the first one reloaded: its evaluations are read back
+    assert sum(u.endswith("/transfer") for u in summary.ran) == 2 * len(TASKS)
+    assert sorted(calls) == sorted(t.model_dump_json() for t in TASKS for _ in tiny_dirs)  # once per model and task
 
 
 def test_a_search_with_no_eligible_cell_is_a_finding_not_a_failure(tiny_dirs, tmp_path):

@@ -141,6 +141,22 @@ def require_solved(n_solved: int, spec: Any) -> None:
 def problem_rows(task: Task, scores: Scores) -> list[dict[str, Any]]:
     """One row per problem as fed to the model (text and ids), with its greedy answer tokens and whether it is right."""
     rows = task.rows()
-    for row, predicted, right in zip(rows, scores.predicted_PA, scores.correct_P.tolist(), strict=True):
-        row.update(predicted_tokens=predicted, solved=bool(right))
+    for row, predicted, p, right in zip(
+        rows, scores.predicted_PA, scores.p_correct_P.tolist(), scores.correct_P.tolist(), strict=True
+    ):
+        row.update(predicted_tokens=predicted, p_correct=p, solved=bool(right))
     return rows
+
+
+def recorded(model: Any, tokenizer: Any, spec: Any, rows: list[dict[str, Any]]) -> Evaluated | None:
+    """An evaluation read back from its problem rows (`problem_rows`) instead of run again; None when the rows are
+    not exactly this spec's inputs (another tokenizer or version): then it is run."""
+    task = build_task(spec, tokenizer)
+    if [r.get("input_ids") for r in rows] != task.input_ids_PT.tolist() or any("p_correct" not in r for r in rows):
+        return None
+    scores = Scores(
+        [list(r["predicted_tokens"]) for r in rows],
+        torch.tensor([float(r["p_correct"]) for r in rows]),
+        torch.tensor([bool(r["solved"]) for r in rows]),
+    )
+    return Evaluated(task, scores, id(model))

@@ -60,6 +60,7 @@ def usable(adapter: ModelAdapter) -> bool:
     return W.device.type == "cpu" and W.dtype == torch.float32 and not adapter.offloaded()
 
 
+MAX_CANDIDATES = 64  # a row with more candidates is scored in full (the screen did not narrow it)
 ROWS = 256  # rows screened at once: the bfloat16 logits of a chunk stay a few tens of MB
 
 
@@ -91,7 +92,21 @@ def _screened(adapter: ModelAdapter, h_BD: torch.Tensor) -> torch.Tensor:
     # it; the result's rounding matters only for logits that near the best one: at most |best| + 4 input bounds
     bound_B = SLACK * (inputs_B + U * (high_B.abs() + 4 * inputs_B))
     floor_B = high_B - 3 * bound_B
-    rows, columns = (z_BV >= floor_B.to(torch.bfloat16)[:, None]).nonzero(as_tuple=True)
+    floor_B = floor_B - floor_B.abs() * 2 * U  # still below after its own rounding to bfloat16
+    candidates_BV = z_BV >= floor_B.to(torch.bfloat16)[:, None]
+    token_B = torch.empty(len(x_BD), dtype=torch.long)
+    flat = candidates_BV.sum(-1) > MAX_CANDIDATES  # near-flat logits (e.g. random weights): score them all
+    if bool(flat.any()):
+        token_B[flat] = adapter.logits(h_BD[flat][:, None])[:, -1].float().argmax(-1).cpu()
+    if not bool(flat.all()):
+        keep = (~flat).nonzero().flatten()
+        token_B[keep] = _best_candidates(adapter, x_BD[keep], candidates_BV[keep])
+    return token_B
+
+
+def _best_candidates(adapter: ModelAdapter, x_BD: torch.Tensor, candidates_BV: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax over its candidate tokens, scored in float32 as `adapter.logits` would."""
+    rows, columns = candidates_BV.nonzero(as_tuple=True)
     W = weight_of(adapter.lm_head)
     bias = getattr(adapter.lm_head, "bias", None)
     exact = (x_BD[rows, : W.shape[1]] * W[columns]).sum(-1)
@@ -102,7 +117,6 @@ def _screened(adapter: ModelAdapter, h_BD: torch.Tensor) -> torch.Tensor:
         exact = torch.tanh(exact / cap) * cap
     best_B = torch.full((len(x_BD),), -float("inf")).scatter_reduce(0, rows, exact, "amax")
     winner = exact == best_B[rows]  # the first (lowest) token among equals, as argmax picks
-    token_B = torch.full((len(x_BD),), torch.iinfo(torch.long).max).scatter_reduce(
+    return torch.full((len(x_BD),), torch.iinfo(torch.long).max).scatter_reduce(
         0, rows[winner], columns[winner], "amin"
     )
-    return token_B

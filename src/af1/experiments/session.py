@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from af1.errors import Af1Error
-from af1.evaluation import Evaluated, evaluated
+from af1.evaluation import Evaluated, evaluated, recorded
 from af1.interventions.attention import check_maskable
 from af1.models import LoadedModel
 
@@ -27,6 +27,7 @@ class Session:
         self._lm: LoadedModel | None = None
         self._load_error: str | None = None
         self._evaluated: dict[str, Evaluated] = {}
+        self._recorded: dict[str, list[dict[str, Any]]] = {}
         self._setups: dict[str, Any] = {}
         self.loads = 0
 
@@ -57,11 +58,17 @@ class Session:
     def evaluated(self, spec: Any) -> Evaluated:
         """The task and the model's base scores on it: one evaluation per task, shared by every experiment."""
         key = spec.model_dump_json()
-        if key not in self._evaluated:
-            self._evaluated.clear()
+        if key not in self._evaluated:  # evaluations are small: every task's is kept (setups, with means, are not)
             lm = self.lm()
-            self._evaluated[key] = evaluated(lm.model, lm.tokenizer, spec)
+            rows = self._recorded.get(key)
+            found = recorded(lm.model, lm.tokenizer, spec, rows) if rows is not None else None
+            self._evaluated[key] = found or evaluated(lm.model, lm.tokenizer, spec)
         return self._evaluated[key]
+
+    def remember(self, spec: Any, problems: list[dict[str, Any]]) -> None:
+        """The problem rows of an evaluation this run already made of this model and task (the eval experiment's
+        result): read back when the task comes up again, instead of evaluating it a second time."""
+        self._recorded[spec.model_dump_json()] = problems
 
     def setup(self, spec: Any) -> Any:
         """The AF1 setup of a task (solved problems, CAMA means per answer step, fast-path caches)."""

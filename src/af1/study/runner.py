@@ -66,7 +66,7 @@ def run_study(
     elif ray_module is not None:
         backend = _run_on_ray(ray_module, todo, outcomes, store, ray_address, ray_init)
     else:
-        backend = _run_here(todo, outcomes, store)
+        backend = _run_here(todo, units, outcomes, store)
     ran: list[str] = []
     for unit, outcome in progress(backend, total=len(todo), desc="study"):
         outcome = {**outcome, "id": unit.id}
@@ -78,15 +78,28 @@ def run_study(
     return StudySummary(units, ran, skipped, failed, report)
 
 
-def _run_here(todo: list[Unit], outcomes: dict[str, Outcome], store: Store) -> Iterator[tuple[Unit, Outcome]]:
+def _run_here(
+    todo: list[Unit], units: list[Unit], outcomes: dict[str, Outcome], store: Store
+) -> Iterator[tuple[Unit, Outcome]]:
     """One model in memory at a time, its units in plan order."""
     worker: Worker | None = None
     for unit in todo:
         if worker is None or worker.entry != unit.model:
             worker = Worker(unit.model)  # the previous model is freed with its worker
+            remember_evaluations(worker, units, outcomes)
         store.started(unit)
         deps = [outcomes[d] for d in unit.deps]
         yield unit, worker.run(unit, *deps, state_dir=str(store.unit_dir(unit)))
+
+
+def remember_evaluations(worker: Worker, done_units: list[Unit], outcomes: dict[str, Outcome]) -> None:
+    """Hand a model's new worker the evaluations its earlier units made (the eval units' problem rows), so a model
+    that comes back (a cross-model unit at the end) is not evaluated again."""
+    for unit in done_units:
+        outcome = outcomes.get(unit.id, {})
+        mine = unit.model == worker.entry and unit.experiment == "eval" and unit.task is not None
+        if mine and outcome.get("state") == "done":
+            worker.remember(unit.task, (outcome.get("result") or {}).get("problems", []))
 
 
 def _run_on_ray(
