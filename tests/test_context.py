@@ -17,7 +17,7 @@ from af1.interventions.means import compute_means
 from af1.interventions.sites import head_inputs, record
 from af1.tasks import TaskSpec, build_task
 
-from conftest import TINY_FAMILIES, tiny_model
+from conftest import TINY_FAMILIES, tiny_config, tiny_model
 
 TOL = 1e-4
 
@@ -98,3 +98,22 @@ def test_rows_that_differ_inside_the_context_are_refused(task):
     ids[1, 0] = (ids[1, 0] + 1) % 1000
     with pytest.raises(ValueError, match="differ inside the context"):
         forward_last(model, ids, task.context_len)
+
+
+def test_the_context_has_the_same_bits_whatever_the_thread_count(task):
+    """A study's workers (one thread each on Ray, all cores here) must agree: the context runs on one thread."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config("qwen2")
+    config.hidden_size, config.intermediate_size = 192, 384  # a width whose one-row kernels split by thread count
+    threads = torch.get_num_threads()
+    out = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            torch.manual_seed(8)
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+            out.append(forward_last(model, task.input_ids_PT, task.context_len))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(out[0], out[1])

@@ -101,8 +101,14 @@ def context_of(model: Any, ids_T: torch.Tensor) -> Context:
     if found is not None and found.versions == versions:
         return found
     ids = ids_T[None].to(input_device(model))
-    with torch.no_grad(), unhooked(model):  # the context is the unmodified model's, whatever hooks are active
-        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
+    threads = torch.get_num_threads()
+    if ids.device.type == "cpu":  # one row of a few tokens: CPU kernels split it by thread count, so use one thread
+        torch.set_num_threads(1)  # for the same bits on any worker (a study here and on Ray agree)
+    try:
+        with torch.no_grad(), unhooked(model):  # the context is the unmodified model's, whatever hooks are active
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
+    finally:
+        torch.set_num_threads(threads)
     past = out.past_key_values
     layers = [(layer.keys.detach(), layer.values.detach()) for layer in past.layers]
     if len(per_model) >= MAX_CONTEXTS:

@@ -111,14 +111,14 @@ def _ablated_TSD(config: AF1Config, means: PositionMeans | None, table_TS: torch
 def _run_rows(
     adapter: ModelAdapter,
     ctx: ProblemKV,
-    tokens_R: torch.Tensor,
-    positions_R: torch.Tensor,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
     start: int,
-    hidden_RD: torch.Tensor | None,
+    hidden: torch.Tensor | None,
 ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """One-token rows, each at its own position, attending to the context and itself through blocks start..L-1 (from
     the embedding, or from `hidden`): their keys/values [R, kv_heads, 1, d] in those blocks."""
-    R, c = len(tokens_R), ctx.context_len
+    R, c = len(tokens), ctx.context_len
     captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def capture(layer: int):
@@ -127,7 +127,7 @@ def _run_rows(
 
         return fn
 
-    inputs = adapter.layer_inputs(tokens_R[:, None].to(adapter.device), positions_R[:, None].to(adapter.device))
+    inputs = adapter.layer_inputs(tokens[:, None].to(adapter.device), positions[:, None].to(adapter.device))
     plans = {
         layer: LayerPlan(
             prefix_kv=(ctx.keys[layer].expand(R, -1, -1, -1), ctx.values[layer].expand(R, -1, -1, -1)),
@@ -137,7 +137,7 @@ def _run_rows(
         for layer in range(start, adapter.n_layers)
     }
     dtype = next(adapter.model.parameters()).dtype
-    h = inputs.hidden_BTD if hidden_RD is None else hidden_RD[:, None].to(adapter.device, dtype)
+    h = inputs.hidden_BTD if hidden is None else hidden[:, None].to(adapter.device, dtype)
     with attention_plans(adapter, plans):
         adapter.run_layers(h, inputs, start)
     return captured
@@ -161,19 +161,19 @@ def token_local_kv(
     c, w = task.context_len, config.wait
     ctx = ctx or context_kv(adapter, task)
     start_TSD = _ablated_TSD(config, means, table).float() if w >= 0 else None
-    t_R, s_R = (table[c : T - 1] >= 0).nonzero(as_tuple=True)
-    t_R = t_R + c
-    hidden = start_TSD[t_R, s_R] if start_TSD is not None else None
-    captured = _run_rows(adapter, ctx, table[t_R, s_R], t_R, w + 1, hidden) if len(t_R) else {}
+    row_pos, row_slot = (table[c : T - 1] >= 0).nonzero(as_tuple=True)
+    row_pos = row_pos + c
+    hidden = start_TSD[row_pos, row_slot] if start_TSD is not None else None
+    captured = _run_rows(adapter, ctx, table[row_pos, row_slot], row_pos, w + 1, hidden) if len(row_pos) else {}
     keys: dict[int, torch.Tensor] = {}
     values: dict[int, torch.Tensor] = {}
     for layer in range(w + 1, adapter.n_layers):
         for out, context, rows in ((keys, ctx.keys, 0), (values, ctx.values, 1)):
-            ctx_Ckd = context[layer][0].transpose(0, 1)  # [c, kv_heads, d]
-            full = torch.zeros(T - 1, S, *ctx_Ckd.shape[1:], dtype=ctx_Ckd.dtype, device=ctx_Ckd.device)
-            full[:c] = ctx_Ckd[:, None]
+            ctx_CHd = context[layer][0].transpose(0, 1)  # [c, kv heads, d]
+            full = torch.zeros(T - 1, S, *ctx_CHd.shape[1:], dtype=ctx_CHd.dtype, device=ctx_CHd.device)
+            full[:c] = ctx_CHd[:, None]
             if layer in captured:
-                full[t_R, s_R] = captured[layer][rows][:, :, 0]
+                full[row_pos, row_slot] = captured[layer][rows][:, :, 0]
             out[layer] = full
     return TokenLocalKV(w, keys, values, start_TSD, table, c)
 
