@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from af1 import ModelAdapter
-from af1.context import forward_last, suffix_start
+from af1.context import context_of, forward_last, suffix_start
 from af1.evaluation import evaluate, last_logits
 from af1.fast import capture_problem_kv
 from af1.heads import knockout_scores, step_means
@@ -110,9 +110,11 @@ def test_the_context_has_the_same_bits_whatever_the_thread_count(task):
     out = []
     try:
         for n in (1, 2):
-            torch.set_num_threads(n)
             torch.manual_seed(8)
             model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+            torch.set_num_threads(n)
+            context_of(model, task.input_ids_PT[0, : task.context_len])  # the context computed on n threads
+            torch.set_num_threads(2)  # the suffixes on the same threads in both runs
             out.append(forward_last(model, task.input_ids_PT, task.context_len))
     finally:
         torch.set_num_threads(threads)
