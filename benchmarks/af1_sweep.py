@@ -1,4 +1,5 @@
-"""The whole (L_wait, L_transfer) grid: fast sweep vs the hook-based path over the same cells.
+"""The whole (L_wait, L_transfer) grid: fast sweep vs the hook-based path over the same cells; and the grid under
+full-answer scoring (every answer token) against first-token scoring of the same problems.
 
 `--reference-cells all` runs the hook-based path on every cell (about half an hour on 2 CPU
 cores); the default runs it on every cell of a few L_wait rows spread over the depth and
@@ -19,8 +20,9 @@ from af1 import measures
 from af1.allforone import AF1Config, reference_logits
 from af1.evaluation import Scores, last_logits
 from af1.fast import grid
+from af1.tasks import build_task
 
-from common import best_of, setup, write
+from common import SPEC, best_of, setup, write
 
 
 def main() -> None:
@@ -38,6 +40,12 @@ def main() -> None:
     t0 = time.perf_counter()
     fast = measures.sweep(s)["faithfulness_wait_transfer"]
     t_fast = time.perf_counter() - t0
+    full = build_task(SPEC.model_copy(update={"scoring": "full"}), lm.tokenizer)  # the same problems, every token
+    all_right = Scores([list(a) for a in full.answer_tokens], torch.ones(len(full)), torch.ones(len(full)) > 0)
+    s_full = measures.make_setup(lm, full.spec, full, all_right, full, cache_means=False)
+    t0 = time.perf_counter()
+    measures.sweep(s_full)
+    t_full = time.perf_counter() - t0
     waits = list(range(-1, L)) if args.reference_cells == "all" else [-1, L // 2, L - 2]
     ref_cells = [(w, k) for w, k in cells if w in waits]
     t0 = time.perf_counter()
@@ -58,7 +66,11 @@ def main() -> None:
             "fast_grid": t_fast,
             "reference_measured": t_ref_measured,
             "reference_grid": t_ref_grid,
+            "fast_grid_full_answer": t_full,
         },
+        "full_answer_steps": [len(step) for step in full.steps()],
+        "full_over_first_token_cost": t_full / t_fast,
+        "cost_in_forwards_full_answer": t_full / t_forward,
         "speedup_vs_reference": t_ref_grid / t_fast,
         "cost_in_forwards": t_fast / t_forward,
         "faithfulness_identical_on_reference_cells": not mismatches,

@@ -1,17 +1,28 @@
-"""The shared-context executor against the hook path, side by side, on the configs the fast one does not cover.
+"""The constant context run once, side by side with whole prompts: the shared-context AF1 executor on the configs
+the fast one does not cover, and the forwards of the other studies.
 
 CAMA alone and ABP alone (the components study), resample ablation and the sink-masking ABP variant
 (the alternatives): each timed on the hook path (whole prompts) and with the constant context run once
-(only each problem's suffix); the ratio, max |delta logit| and whether the predictions agree.
+(only each problem's suffix); the ratio, max |delta logit| and whether the predictions agree. Then
+base evaluation, position means, head means and a knockout of 10 heads (`af1.context`): each with the
+context's cache and with every position run, the ratio and the largest difference of what they return.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
 from af1.allforone import AF1Config, reference_logits
 from af1.evaluation import last_logits
 from af1.fast import context_kv
+from af1.heads import mean_ablated_logits
+from af1.interventions.heads import head_means
 from af1.interventions.means import compute_means
 from af1.shared_context import shared_context_logits
+from af1.tasks import Task
 
 from common import best_of, setup, write
 
@@ -44,6 +55,26 @@ def main() -> None:
             "same_predictions": bool((ref.argmax(-1) == shared.argmax(-1)).all()),
         }
         print(f"{name}: {t_ref:.2f} s -> {t_shared:.2f} s ({t_ref / t_shared:.1f}x)")
+    full = dataclasses.replace(task, context_len=0)  # the same task said to share nothing
+    heads = [(layer, 0) for layer in range(0, adapter.n_layers, 3)]
+    z_means = head_means(adapter, full)
+    forwards: dict[str, Callable[[Task], torch.Tensor]] = {
+        "base evaluation": lambda t: last_logits(lm.model, t.input_ids_PT, 64, context_len=t.context_len),
+        "position means (CAMA)": lambda t: compute_means(adapter, t).cond_LTSD,
+        "head means": lambda t: torch.stack(list(head_means(adapter, t).values())),
+        "knockout of 10 heads": lambda t: mean_ablated_logits(adapter, t, heads, z_means),
+    }
+    other = {}
+    for name, fn in forwards.items():
+        t_full, a = best_of(lambda fn=fn: fn(full), repeat=2)
+        t_shared, b = best_of(lambda fn=fn: fn(task), repeat=2)
+        other[name] = {
+            "whole_prompts_seconds": t_full,
+            "shared_context_seconds": t_shared,
+            "speedup": t_full / t_shared,
+            "max_abs_difference": float((a - b).abs().max()),
+        }
+        print(f"{name}: {t_full:.2f} s -> {t_shared:.2f} s ({t_full / t_shared:.1f}x)")
     write(
         "shared_context",
         lm,
@@ -53,6 +84,7 @@ def main() -> None:
             "context_kv_seconds_once": t_context,
             "context_len": task.context_len,
             "configs": rows,
+            "forwards": other,
         },
     )
 

@@ -52,6 +52,10 @@ ScoringOpt = Annotated[
     str, typer.Option("--scoring", help="full: every answer token (teacher forced); first: the first token only")
 ]
 NegativeOpt = Annotated[bool, typer.Option("--allow-negative", help="keep problems with negative results")]
+TaskFileOpt = Annotated[
+    str | None,
+    typer.Option("--task-file", help="a task file (YAML or TOML: rows or a template); replaces --task and --style"),
+]
 
 
 def out_directory(path: Path | None) -> Path | None:
@@ -94,8 +98,11 @@ TASK_OPTIONS: dict[str, Any] = {
     "answers": AnswersOpt,
     "allow_negative": NegativeOpt,
     "scoring": ScoringOpt,
+    "task_file": TaskFileOpt,
 }
-TASK_FIELDS = {key: {"task": "operation", "answers": "answer_digits"}.get(key, key) for key in TASK_OPTIONS}
+TASK_FIELDS = {
+    key: {"task": "operation", "answers": "answer_digits", "task_file": "file"}.get(key, key) for key in TASK_OPTIONS
+}
 
 
 def emit(data: dict[str, Any], as_json: bool, shown: list[Table | str]) -> None:

@@ -83,8 +83,52 @@ def _operator_spans(prompt: str, style: str, operation: str, operands: tuple[int
     return spans
 
 
+def slot_counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
+    """A task file's prompts with the slot it names replaced by its null value, or else by another row's value
+    that keeps the token layout (the first in a seeded order), changing only that slot's tokens."""
+    from af1.taskfile import read_task_file
+
+    assert task.spec.file is not None
+    named = read_task_file(task.spec.file).counterfactual
+    if named is None:
+        raise Af1Error(
+            f"task file {task.spec.file} names no counterfactual slot (counterfactual: {{slot: ..., null_value: ...}})"
+        )
+    values = sorted({p.prompt[a:b] for p in task.problems for n, a, b in p.spans if n == named.slot})
+    random.Random(task.spec.seed).shuffle(values)
+    bos = [task.bos[0]] if task.bos is not None else []
+    rows, positions = [], set()
+    for i, p in enumerate(task.problems):
+        span = next(((a, b) for n, a, b in p.spans if n == named.slot), None)
+        if span is None:
+            raise Af1Error(f"problem {p.prompt!r} has no slot '{named.slot}'")
+        offset = len(p.text) - len(p.prompt)
+        own = p.text[offset + span[0] : offset + span[1]]
+        found = None
+        for value in [named.null_value] if named.null_value is not None else [v for v in values if v != own]:
+            text = p.text[: offset + span[0]] + value + p.text[offset + span[1] :]
+            ids = bos + tokenizer(text)["input_ids"]
+            if len(ids) == task.n_positions:
+                changed = (torch.tensor(ids) != task.input_ids_PT[i]).nonzero().flatten().tolist()
+                if all(task.layout[t] == named.slot for t in changed):  # nothing but the slot's tokens moved
+                    found = ids
+                    break
+        if found is None:
+            raise Af1Error(
+                f"no value of slot '{named.slot}' keeps the token layout of {p.prompt!r} "
+                + ("(its null value has another token length)" if named.null_value is not None else "")
+            )
+        rows.append(found)
+        positions |= set((torch.tensor(found) != task.input_ids_PT[i]).nonzero().flatten().tolist())
+    replacement = named.null_value if named.null_value is not None else f"another row's {named.slot}"
+    return Counterfactual(torch.tensor(rows), replacement, sorted(positions))
+
+
 def counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
-    """The task's prompts with the operator replaced by a null symbol or word that keeps the token layout."""
+    """The task's prompts with the operator replaced by a null symbol or word that keeps the token layout (for a
+    task file: its named slot replaced, `slot_counterfactual`)."""
+    if task.spec.file is not None:
+        return slot_counterfactual(task, tokenizer)
     style, operation = task.spec.style, task.spec.operation
     if style not in OPERATOR_TEXT:
         raise Af1Error(f"no counterfactual is defined for style '{style}'")
@@ -603,7 +647,7 @@ def study(
     n_heads = adapter.n_layers * adapter.n_heads
     result: dict[str, Any] = {
         "model": lm.info.get("spec"),
-        "task": spec.operation,
+        "task": spec.name,
         "style": spec.style,
         "n": len(task),
         "n_solved": len(kept),

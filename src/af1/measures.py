@@ -104,7 +104,7 @@ class Setup:
         base = self.base.rate(self.task)
         return {
             "model": self.lm.info.get("spec"),
-            "task": self.spec.operation,
+            "task": self.spec.name,
             "style": self.spec.style,
             "shots": self.spec.shots,
             "scoring": self.spec.scoring,

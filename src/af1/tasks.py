@@ -16,10 +16,11 @@ import string
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from af1.errors import Af1Error
 
@@ -115,6 +116,33 @@ class TaskSpec(BaseModel):
     answer_digits: Literal["auto", "constant", "any"] = "auto"  # auto: any for full scoring, constant for first
     scoring: Scoring = "full"
     largest_layout: bool = False
+    file: str | None = None  # a task file (`af1.taskfile`): its rows or template replace operation and style
+    file_sha256: str | None = None  # of the file and what it reads, filled in: a changed file is another task
+
+    @model_validator(mode="after")
+    def _read_file(self) -> TaskSpec:
+        if self.file is not None:
+            from af1.taskfile import file_digest, read_task_file
+
+            task = read_task_file(self.file)
+            digest = file_digest(self.file)
+            if self.file_sha256 is not None and self.file_sha256 != digest:
+                raise ValueError(f"task file {self.file} changed since this task was described (sha256 differs)")
+            object.__setattr__(self, "file_sha256", digest)
+            if task.shots is not None:
+                object.__setattr__(self, "shots", task.shots)
+            if task.scoring is not None:
+                object.__setattr__(self, "scoring", task.scoring)
+        return self
+
+    @property
+    def name(self) -> str:
+        """What the task is called in tables: the operation, or the task file's name (its stem by default)."""
+        if self.file is None:
+            return self.operation
+        from af1.taskfile import read_task_file
+
+        return read_task_file(self.file).name or Path(self.file).stem
 
     @field_validator("operation")
     @classmethod
@@ -144,11 +172,12 @@ class TaskSpec(BaseModel):
 
 @dataclass(frozen=True)
 class Problem:
-    operands: tuple[int, ...]
-    answer: int
+    operands: tuple[Any, ...]  # the operands, or a task file's slot values
+    answer: int | str
     prompt: str  # the problem alone
     text: str  # few-shot prefix + prompt: what the model reads (after the prepended BOS, if any)
     answer_text: str  # what the tokenizer should emit after `text`
+    spans: tuple[tuple[str, int, int], ...] = ()  # a task file's slots: (name, start, end) in the prompt
 
 
 def format_prompt(operation: Operation, style: str, operands: tuple[int, ...]) -> str:
@@ -345,15 +374,16 @@ class Task:
         }
 
 
-def _roles(tokenizer: Any, problem: Problem, operation: Operation, style: str) -> tuple[list[int], tuple[str, ...]]:
-    """Token ids of a prompt and the role of each token (which operand it spells, or const)."""
+def _roles(
+    tokenizer: Any, problem: Problem, operation: Operation | None, style: str
+) -> tuple[list[int], tuple[str, ...]]:
+    """Token ids of a prompt and the role of each token (which operand or slot it spells, or const)."""
     enc = tokenizer(problem.text, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    template = _template(operation, style)
     start = len(problem.text) - len(problem.prompt)
-    spans: list[tuple[str, int, int]] = []
+    spans: list[tuple[str, int, int]] = [(name, start + a, start + b) for name, a, b in problem.spans]
     rendered = ""  # the template rendered so far: where each operand lands in the prompt
-    for literal, name, _, _ in string.Formatter().parse(template):
+    for literal, name, _, _ in string.Formatter().parse(_template(operation, style) if operation else ""):
         rendered += literal
         if name:
             value = str(problem.operands[NAMES.index(name)])
@@ -396,7 +426,7 @@ def document_start(tokenizer: Any) -> tuple[int, str] | None:
 def _encode(
     spec: TaskSpec, problems: list[Problem], tokenizer: Any
 ) -> tuple[list[Problem], list[tuple[list[int], tuple[str, ...]]], list[tuple[int, ...] | None], bool]:
-    operation = OPERATIONS[spec.operation]
+    operation = OPERATIONS[spec.operation] if spec.file is None else None
     encoded = [_roles(tokenizer, p, operation, spec.style) for p in problems]
     answers = [
         answer_tokens(tokenizer, p.text, p.answer_text, ids) for p, (ids, _) in zip(problems, encoded, strict=True)
@@ -404,7 +434,7 @@ def _encode(
     if any(a is None for a in answers) and all(p.text.endswith(" ") for p in problems):
         # tokenizers that put the space inside the number's token: the prompt ends before the space
         problems = [
-            Problem(p.operands, p.answer, p.prompt.rstrip(" "), p.text.rstrip(" "), " " + p.answer_text)
+            Problem(p.operands, p.answer, p.prompt.rstrip(" "), p.text.rstrip(" "), " " + p.answer_text, p.spans)
             for p in problems
         ]
         encoded = [_roles(tokenizer, p, operation, spec.style) for p in problems]
@@ -490,9 +520,24 @@ def tokenize_task(
     )
 
 
+def file_pool(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
+    """(few-shot examples, every other problem in a seeded order) of a task file."""
+    from af1.taskfile import load_items, split_shots
+
+    assert spec.file is not None
+    described, items = load_items(spec.file)
+    shots, rest, prefix = split_shots(described, items, spec.shots, spec.seed)
+
+    def problem(item: Any, text: str) -> Problem:
+        values = tuple(v for _, v in item.slots) or ((item.group,) if item.group is not None else ())
+        return Problem(values, item.answer, item.prompt, text, item.answer, item.spans)
+
+    return [problem(e, "") for e in shots], [problem(i, prefix + i.prompt) for i in rest]
+
+
 def build_task(spec: TaskSpec, tokenizer: Any) -> Task:
-    """Enumerate, tokenize and check the problems of a spec."""
-    examples, pool = problem_pool(spec)
+    """Enumerate, tokenize and check the problems of a spec (or read them from its task file)."""
+    examples, pool = problem_pool(spec) if spec.file is None else file_pool(spec)
     task = tokenize_task(spec, examples, sample_problems(spec, pool), tokenizer)
     task.n_distinct = len(pool)
     return task
@@ -501,8 +546,8 @@ def build_task(spec: TaskSpec, tokenizer: Any) -> Task:
 def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
     """The problems CAMA averages over: the whole distribution when it has at most GRID_MAX problems,
     else a seeded sample of MEANS_SAMPLE disjoint from the evaluated ones; the evaluated task's layout."""
-    examples, pool = problem_pool(spec)
-    origin = "grid"
+    examples, pool = problem_pool(spec) if spec.file is None else file_pool(spec)
+    origin = "grid" if spec.file is None else "every row"
     if len(pool) > GRID_MAX:
         seen = {p.operands for p in evaluated.problems}  # operands, not prompts: a prompt may have lost its space
         rest = [p for p in pool if p.operands not in seen]

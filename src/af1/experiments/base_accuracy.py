@@ -51,7 +51,7 @@ class BaseAccuracy(base.Experiment):
         note = baseline_warning(f"base accuracy ({spec.scoring} scoring)", r["baseline"], r["n"])
         return Result(
             model=lm.info.get("spec"),
-            task=spec.operation,
+            task=spec.name,
             style=spec.style,
             shots=spec.shots,
             digits=spec.digits,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from af1.config_files import read_mapping
 from af1.errors import Af1Error
 from af1.experiments import REGISTRY
 from af1.experiments.sweep import Options as SweepOptions
@@ -111,7 +111,10 @@ class StudyPlan(_Strict):
 
 def task_label(spec: TaskSpec) -> str:
     """A readable name for paths and tables; tasks that differ in any field get different labels."""
-    parts = [spec.operation.replace("*", "x"), spec.style, f"{spec.digits}d", f"{spec.shots}shot"]
+    if spec.file is not None:  # a task file: its name and its content's hash
+        parts = [spec.name.replace("/", "_"), f"{spec.shots}shot", (spec.file_sha256 or "")[:8]]
+    else:
+        parts = [spec.operation.replace("*", "x"), spec.style, f"{spec.digits}d", f"{spec.shots}shot"]
     optional = {
         "n": f"n{spec.n}",
         "n_max": f"max{spec.n_max}",
@@ -217,29 +220,10 @@ def expand(plan: StudyPlan) -> list[Unit]:
 def load_plan(path: str | Path) -> StudyPlan:
     """Read and validate a .yaml/.yml/.toml plan; errors name the file and the field."""
     path = Path(path)
-    if not path.is_file():
-        raise Af1Error(f"no such plan file: {path}")
-    text = path.read_text()
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        elif path.suffix == ".toml":
-            if sys.version_info >= (3, 11):
-                import tomllib
-            else:  # Python 3.10
-                import tomli as tomllib
-
-            data = tomllib.loads(text)
-        else:
-            raise Af1Error(f"plan {path}: expected a .yaml, .yml or .toml file")
-    except Af1Error:
-        raise
-    except Exception as exc:
-        raise Af1Error(f"plan {path} is not valid {path.suffix[1:].upper()}: {str(exc).splitlines()[0]}") from exc
-    if not isinstance(data, dict):
-        raise Af1Error(f"plan {path}: expected a mapping with models, tasks and experiments")
+    data = read_mapping(path, "plan")
+    for task in data.get("tasks") or []:  # a task file is found beside the plan
+        if isinstance(task, dict) and isinstance(task.get("file"), str) and not Path(task["file"]).is_absolute():
+            task["file"] = str(path.parent / task["file"])
     try:
         return StudyPlan.model_validate(data)
     except ValidationError as exc:

@@ -1,0 +1,276 @@
+"""Tasks from a file: any prompt with a short answer, as rows (JSONL or CSV) or as a template with named slots.
+
+A task file (YAML or TOML) names its rows file, or a template such as "The capital of {country} is"
+with each slot's values (inline or one per line in a file) and the answer as a lookup table or an
+arithmetic expression over the slots. Optional: a constant prefix, few-shot examples drawn from the
+other rows, the scoring, and the slot a counterfactual replaces (the heads study). Unknown keys are
+refused; every problem of a file is one line of error, never a traceback.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import hashlib
+import itertools
+import json
+import operator
+import random
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from af1.config_files import read_mapping
+from af1.errors import Af1Error
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SlotValues(_Strict):
+    """A slot's values: inline, or one per line of a text file (relative to the task file)."""
+
+    values: list[str] | None = None
+    file: str | None = None
+
+
+class Answer(_Strict):
+    """The answer of a template row: a lookup table keyed by the slot's value (the values joined by "|" when the
+    template has several slots), or an arithmetic expression over integer slots such as "a + b"."""
+
+    table: dict[str, str] | None = None
+    expr: str | None = None
+    prefix: str = ""  # put before every answer, e.g. " " when the prompt ends before the answer's space
+
+    @model_validator(mode="after")
+    def _one(self) -> Answer:
+        if (self.table is None) == (self.expr is None):
+            raise ValueError("answer needs exactly one of table or expr")
+        return self
+
+
+class CounterfactualSlot(_Strict):
+    """The slot the heads study's counterfactual changes: to another row's value of the same token length, or to
+    `null_value` (a value that means nothing for the task)."""
+
+    slot: str
+    null_value: str | None = None
+
+
+class TaskFile(_Strict):
+    name: str | None = None
+    rows: str | None = None  # JSONL or CSV with prompt and answer columns (optionally group)
+    template: str | None = None
+    slots: dict[str, SlotValues] = {}
+    answer: Answer | None = None
+    prefix: str = ""  # a constant text before the shots and every prompt
+    shots: int | None = None  # few-shot examples drawn from the other rows (seeded)
+    separator: str = "\n"  # after each shot's answer
+    scoring: Literal["full", "first"] | None = None
+    counterfactual: CounterfactualSlot | None = None
+
+    @model_validator(mode="after")
+    def _form(self) -> TaskFile:
+        if (self.rows is None) == (self.template is None):
+            raise ValueError("a task file has either rows or a template (with slots and an answer)")
+        if self.template is not None:
+            names = [n for _, n, _, _ in string.Formatter().parse(self.template) if n]
+            if not names:
+                raise ValueError("the template has no {slot}")
+            missing = [n for n in names if n not in self.slots]
+            if missing:
+                raise ValueError(f"the template's slot '{missing[0]}' has no values")
+            if self.answer is None:
+                raise ValueError("a template task needs an answer (table or expr)")
+        if self.counterfactual is not None and self.counterfactual.slot not in self.slots:
+            raise ValueError(f"the counterfactual slot '{self.counterfactual.slot}' is not a slot of the template")
+        if self.shots is not None and self.shots < 0:
+            raise ValueError("shots must be >= 0")
+        return self
+
+
+@dataclass(frozen=True)
+class Item:
+    """One problem of a file: its prompt, answer, group, and the slot values and their character spans."""
+
+    prompt: str
+    answer: str
+    group: str | None = None
+    slots: tuple[tuple[str, str], ...] = ()
+    spans: tuple[tuple[str, int, int], ...] = ()
+
+
+def read_task_file(path: str | Path) -> TaskFile:
+    """Parse and validate a task file; a bad one is one line."""
+    path = Path(path)
+    data = read_mapping(path, "task file")
+    try:
+        return TaskFile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            message = "unknown key"
+        raise Af1Error(f"task file {path}: {where + ': ' if where else ''}{message}") from None
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a task file and every file it reads: a changed file is another task."""
+    path = Path(path)
+    task = read_task_file(path)
+    h = hashlib.sha256(path.read_bytes())
+    for name in sorted(_read_files(task)):
+        target = path.parent / name
+        if target.is_file():
+            h.update(target.read_bytes())
+    return h.hexdigest()
+
+
+def _read_files(task: TaskFile) -> list[str]:
+    return [f for f in [task.rows, *(s.file for s in task.slots.values())] if f]
+
+
+def load_items(path: str | Path) -> tuple[TaskFile, list[Item]]:
+    """The file's validated description and its problems, in file order; duplicates with one answer are kept
+    once, a prompt with two answers is an error."""
+    path = Path(path)
+    task = read_task_file(path)
+    items = _rows(path, task) if task.rows is not None else _template_items(path, task)
+    if not items:
+        raise Af1Error(f"task file {path}: it has no problems")
+    seen: dict[str, str] = {}
+    unique = []
+    for item in items:
+        if item.prompt in seen:
+            if seen[item.prompt] != item.answer:
+                raise Af1Error(
+                    f"task file {path}: the prompt {item.prompt!r} has two answers "
+                    f"({seen[item.prompt]!r} and {item.answer!r})"
+                )
+            continue
+        seen[item.prompt] = item.answer
+        unique.append(item)
+    return task, unique
+
+
+def _rows(path: Path, task: TaskFile) -> list[Item]:
+    assert task.rows is not None
+    rows_path = path.parent / task.rows
+    if not rows_path.is_file():
+        raise Af1Error(f"task file {path}: its rows file {rows_path} does not exist")
+    records: list[dict[str, Any]] = []
+    text = rows_path.read_text()
+    if rows_path.suffix == ".jsonl":
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    raise Af1Error(f"{rows_path}: line {n} is not JSON") from None
+                if not isinstance(record, dict):
+                    raise Af1Error(f"{rows_path}: line {n} is not a JSON object")
+                records.append(record)
+    elif rows_path.suffix == ".csv":
+        records = list(csv.DictReader(text.splitlines()))
+    else:
+        raise Af1Error(f"{rows_path}: rows are read from .jsonl or .csv files")
+    if not records:
+        raise Af1Error(f"{rows_path}: the rows file is empty")
+    items = []
+    for n, record in enumerate(records, 1):
+        for column in ("prompt", "answer"):
+            if not isinstance(record.get(column), str) or record[column] == "":
+                raise Af1Error(f"{rows_path}: row {n} has no '{column}' column (rows need prompt and answer)")
+        group = record.get("group")
+        items.append(Item(record["prompt"], record["answer"], None if group in (None, "") else str(group)))
+    return items
+
+
+def _values(path: Path, name: str, slot: SlotValues) -> list[str]:
+    values = list(slot.values or [])
+    if slot.file is not None:
+        source = path.parent / slot.file
+        if not source.is_file():
+            raise Af1Error(f"task file {path}: the values file {source} of slot '{name}' does not exist")
+        values += [line.rstrip("\n") for line in source.read_text().splitlines() if line.strip()]
+    if not values:
+        raise Af1Error(f"task file {path}: the slot '{name}' has no values")
+    return values
+
+
+_OPS: dict[type, Any] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+
+
+def evaluate_expr(expr: str, values: dict[str, int]) -> int:
+    """An arithmetic expression over integer slots (+ - * // % and parentheses), without running Python."""
+
+    def walk(node: ast.AST) -> int:
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](walk(node.left), walk(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -walk(node.operand)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in values:
+            return values[node.id]
+        raise ValueError(f"'{ast.unparse(node)}' is not a slot, an integer or + - * // %")
+
+    return walk(ast.parse(expr, mode="eval"))
+
+
+def _template_items(path: Path, task: TaskFile) -> list[Item]:
+    assert task.template is not None and task.answer is not None
+    parts = list(string.Formatter().parse(task.template))
+    names = list(dict.fromkeys(n for _, n, _, _ in parts if n))
+    values = {n: _values(path, n, task.slots[n]) for n in names}
+    items = []
+    for combo in itertools.product(*(values[n] for n in names)):
+        chosen = dict(zip(names, combo, strict=True))
+        prompt, spans = "", []
+        for literal, name, _, _ in parts:
+            prompt += literal
+            if name:
+                spans.append((name, len(prompt), len(prompt) + len(chosen[name])))
+                prompt += chosen[name]
+        answer = _answer(path, task.answer, names, chosen)
+        if answer is None:
+            continue  # a combination the table does not answer is not a problem of the task
+        items.append(Item(prompt, task.answer.prefix + answer, None, tuple(chosen.items()), tuple(spans)))
+    return items
+
+
+def _answer(path: Path, answer: Answer, names: list[str], chosen: dict[str, str]) -> str | None:
+    if answer.table is not None:
+        return answer.table.get("|".join(chosen[n] for n in names))
+    assert answer.expr is not None
+    try:
+        return str(evaluate_expr(answer.expr, {n: int(v) for n, v in chosen.items()}))
+    except ValueError as exc:
+        raise Af1Error(f"task file {path}: answer expr: {exc}") from None
+    except ZeroDivisionError:
+        raise Af1Error(f"task file {path}: answer expr divides by zero for {chosen}") from None
+
+
+def split_shots(task: TaskFile, items: list[Item], shots: int, seed: int) -> tuple[list[Item], list[Item], str]:
+    """(shots, problems, the constant text before each prompt): `shots` rows drawn (seeded) as examples, the rest
+    in a seeded order."""
+    if shots >= len(items):
+        raise Af1Error(f"shots {shots} leaves no problems: the task file has {len(items)} rows")
+    order = list(items)
+    random.Random(seed).shuffle(order)
+    examples, rest = order[:shots], order[shots:]
+    prefix = task.prefix + "".join(f"{e.prompt}{e.answer}{task.separator}" for e in examples)
+    return examples, rest, prefix

@@ -1,0 +1,137 @@
+"""Task files: rows and templates, validation with one-line errors, and the studies run from a file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from af1 import api
+from af1.errors import Af1Error
+from af1.heads import counterfactual
+from af1.taskfile import evaluate_expr, load_items
+from af1.tasks import TaskSpec, build_task
+
+from cli_helpers import run_cli
+from conftest import fitted_tiny_model
+
+EXAMPLES = Path(__file__).parent.parent / "examples" / "tasks"
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_the_arithmetic_template_is_the_built_in_task(tokenizer):
+    """a+b written as a template (slots and an expression) gives the built-in task's problems and answers."""
+    from_file = build_task(TaskSpec(file=str(EXAMPLES / "arithmetic.yaml"), n=50), tokenizer)
+    built_in = build_task(TaskSpec(operation="a+b", style="calculate", shots=3), tokenizer)
+    assert from_file.spec.shots == 3 and from_file.n_distinct == 97
+    answers = {p.prompt.rstrip(" "): p.answer_text.strip() for p in built_in.problems}
+    assert all(answers[p.prompt.rstrip(" ")] == p.answer_text.strip() for p in from_file.problems)
+    roles = [{"a": "A", "b": "B"}.get(r, r) for r in from_file.layout[from_file.context_len :]]
+    assert roles == list(built_in.layout[built_in.context_len :])  # the slots are the operands' positions
+    assert evaluate_expr("(a + b) * 2 - c // 3 % 2", {"a": 1, "b": 2, "c": 9}) == 5
+
+
+def test_rows_from_jsonl_and_csv_with_groups(tmp_path, tokenizer):
+    write(
+        tmp_path,
+        "r.jsonl",
+        "".join(
+            json.dumps({"prompt": f"{i} then", "answer": f" {i + 1}", "group": "up"}) + "\n" for i in range(10, 30)
+        ),
+    )
+    write(tmp_path, "r.csv", "prompt,answer\n" + "".join(f"{i} then, {i + 1}\n" for i in range(10, 30)))
+    for rows in ("r.jsonl", "r.csv"):
+        spec = TaskSpec(file=str(write(tmp_path, f"{rows}.yaml", f'rows: {rows}\nshots: 2\nprefix: "Count.\\n"\n')))
+        task = build_task(spec, tokenizer)
+        assert len(task) == 18 and task.input_text(0).startswith("Count.\n")
+        assert spec.name == f"{rows}" and spec.file_sha256 is not None
+    _, items = load_items(tmp_path / "r.jsonl.yaml")
+    assert {i.group for i in items} == {"up"}
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"t.yaml": "rows: r.csv\n", "r.csv": "prompt,reply\nx,y\n"}, "row 1 has no 'answer' column"),
+        ({"t.yaml": "rows: r.jsonl\n", "r.jsonl": ""}, "the rows file is empty"),
+        ({"t.yaml": "template: 'a {x}'\nslots: {x: {values: []}}\nanswer: {table: {}}\n"}, "slot 'x' has no values"),
+        ({"t.yaml": "template: 'a {x}'\nanswer: {expr: x}\n"}, "slot 'x' has no values"),
+        (
+            {
+                "t.yaml": "rows: r.jsonl\n",
+                "r.jsonl": '{"prompt": "p", "answer": " a"}\n{"prompt": "p", "answer": " b"}\n',
+            },
+            "two answers",
+        ),
+        ({"t.yaml": "rows: r.csv\ncolour: red\n", "r.csv": "prompt,answer\nx,y\n"}, "colour: unknown key"),
+        ({"t.yaml": "template: 'a {x}'\nslots: {x: {values: ['1']}}\nanswer: {expr: 'x ** 2'}\n"}, "is not a slot"),
+        ({"t.yaml": "rows: r.csv\n"}, "does not exist"),
+    ],
+)
+def test_bad_task_files_are_one_line_errors(tmp_path, capsys, files, message):
+    for name, text in files.items():
+        write(tmp_path, name, text)
+    code, _, err = run_cli(capsys, "eval", "--task-file", str(tmp_path / "t.yaml"))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_answer_that_merges_with_the_prompt_is_refused(tmp_path, tokenizer):
+    path = write(
+        tmp_path,
+        "t.yaml",
+        "template: 'The word is {w}'\nslots: {w: {values: [hel, wor]}}\n"
+        "answer: {table: {hel: lo, wor: ld}}\n",
+    )  # "hel" + "lo" is one token, " hello"
+    with pytest.raises(Af1Error, match="merges the end of the prompt"):
+        build_task(TaskSpec(file=str(path)), tokenizer)
+
+
+def test_a_counterfactual_that_changes_the_layout_is_refused(tmp_path, tokenizer):
+    path = write(
+        tmp_path,
+        "t.yaml",
+        "template: 'Calculate: {a} + 1 = '\nslots: {a: {values: ['1', '2', '3']}}\n"
+        "answer: {expr: 'a + 1'}\ncounterfactual: {slot: a, null_value: 'nothing at all here'}\n",
+    )
+    task = build_task(TaskSpec(file=str(path)), tokenizer)
+    with pytest.raises(Af1Error, match="keeps the token layout"):
+        counterfactual(task, tokenizer)
+
+
+def test_the_slot_counterfactual_changes_only_the_slot(tokenizer):
+    task = build_task(TaskSpec(file=str(EXAMPLES / "next_letter.yaml")), tokenizer)
+    cf = counterfactual(task, tokenizer)
+    assert cf.operator_positions and all(task.layout[t] == "letter" for t in cf.operator_positions)
+    assert (cf.input_ids_PT != task.input_ids_PT).any(1).all()  # every problem changed
+
+
+@pytest.fixture(scope="module")
+def fitted(tokenizer):
+    spec = TaskSpec(file=str(EXAMPLES / "arithmetic.yaml"), n=40)
+    return fitted_tiny_model("llama", [spec], tokenizer), spec
+
+
+def test_every_study_runs_from_a_task_file(fitted, tokenizer):
+    model, spec = fitted
+    from af1.models import LoadedModel, ModelAdapter
+
+    lm = LoadedModel(model, tokenizer, ModelAdapter(model), {"spec": "tiny-fitted"})
+    held = api.session(lm)
+    assert api.run("eval", held, spec).n_solved == 40
+    search = api.run("search", held, spec, threshold=0.5)
+    assert search.found is not None and search.n_layers == 3
+    for name, options in (
+        ("necessity", {"windows": [1]}),
+        ("alternatives", {}),
+        ("prune", {}),
+        ("heads", {"k": 2, "draws": 1}),
+        ("transfer", {}),
+    ):
+        result = api.run(name, held, spec, upstream={"search": {"threshold": 0.5}}, **options)
+        assert result.data()
