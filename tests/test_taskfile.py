@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,12 +127,13 @@ def test_every_study_runs_from_a_task_file(fitted, tokenizer):
     assert api.run("eval", held, spec).n_solved == 40
     search = api.run("search", held, spec, threshold=0.5)
     assert search.found is not None and search.n_layers == 3
-    for name, options in (
+    studies: list[tuple[str, dict[str, Any]]] = [
         ("necessity", {"windows": [1]}),
         ("alternatives", {}),
         ("prune", {}),
         ("heads", {"k": 2, "draws": 1}),
         ("transfer", {}),
-    ):
+    ]
+    for name, options in studies:
         result = api.run(name, held, spec, upstream={"search": {"threshold": 0.5}}, **options)
         assert result.data()

@@ -17,7 +17,7 @@ def test_answers_are_right_and_non_negative(op):
     assert problems
     for p in problems:
         assert p.answer == eval(p.prompt.rstrip("=").replace("=", ""))  # the prompt is the expression
-        assert p.answer >= 0
+        assert int(p.answer) >= 0
     assert len({len(str(p.answer)) for p in problems}) == 1  # first-token scoring: constant answer digit count
     _, every = enumerate_problems(TaskSpec(operation=op))  # full scoring keeps answers of every digit count
     assert len(every) >= len(problems) and {p.answer for p in every} >= {p.answer for p in problems}
@@ -28,7 +28,7 @@ def test_full_scoring_steps_are_teacher_forced(tokenizer):
     assert task.spec.scoring == "full" and {len(a) for a in task.answer_tokens} == {1, 2}
     steps = task.steps()
     assert [s.step for s in steps] == [0, 1]
-    assert len(steps[0]) == len(task) and len(steps[1]) == sum(p.answer >= 10 for p in task.problems)
+    assert len(steps[0]) == len(task) and len(steps[1]) == sum(int(p.answer) >= 10 for p in task.problems)
     assert steps[1].index_P is not None
     for row, i in enumerate(steps[1].index_P.tolist()):
         p = task.problems[i]
