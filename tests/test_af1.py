@@ -154,7 +154,8 @@ SHARED_CASES = [
 def test_shared_context_equals_reference(tiny, task, config):
     """The context run once and each problem's suffix on its keys/values = the hook path on whole prompts, for
     every ablation and ABP variant (and the necessity knock-out ANDed in)."""
-    from af1.shared_context import shared_context_logits, supports_shared
+    from af1.fast import context_kv
+    from af1.shared_context import clean_suffix_states, shared_context_logits, supports_shared
 
     adapter, means = tiny
     if supports_shared(adapter, task) is not None:
@@ -164,6 +165,10 @@ def test_shared_context_equals_reference(tiny, task, config):
     ref = reference_logits(adapter, task, config, means, donors=donors)
     shared = shared_context_logits(adapter, task, config, means, batch_size=5, donors=donors)
     assert (ref - shared).abs().max() <= TOL
+    ctx = context_kv(adapter, task)
+    clean = clean_suffix_states(adapter, task, ctx)
+    resumed = shared_context_logits(adapter, task, config, means, batch_size=5, donors=donors, ctx=ctx, clean=clean)
+    assert (ref - resumed).abs().max() <= TOL  # resumed from the unmodified run at the first changed block
     extra = last_token_knockout(task.n_positions, task.context_len, [1])
     ref = reference_logits(adapter, task, config, means, extra_masks=extra, donors=donors)
     shared = shared_context_logits(adapter, task, config, means, extra_masks=extra, donors=donors)

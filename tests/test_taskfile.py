@@ -86,8 +86,7 @@ def test_an_answer_that_merges_with_the_prompt_is_refused(tmp_path, tokenizer):
     path = write(
         tmp_path,
         "t.yaml",
-        "template: 'The word is {w}'\nslots: {w: {values: [hel, wor]}}\n"
-        "answer: {table: {hel: lo, wor: ld}}\n",
+        "template: 'The word is {w}'\nslots: {w: {values: [hel, wor]}}\nanswer: {table: {hel: lo, wor: ld}}\n",
     )  # "hel" + "lo" is one token, " hello"
     with pytest.raises(Af1Error, match="merges the end of the prompt"):
         build_task(TaskSpec(file=str(path)), tokenizer)

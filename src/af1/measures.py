@@ -34,7 +34,7 @@ from af1.interventions.means import PositionMeans, cached_means, compute_means, 
 from af1.models import LoadedModel, ModelAdapter
 from af1.progress import progress
 from af1.results import read_json, write_json
-from af1.shared_context import shared_context_logits, supports_shared
+from af1.shared_context import clean_suffix_states, shared_context_logits, supports_shared
 from af1.stats import baseline_warning, constant_baseline, mcnemar_exact, mean_std, rate, split_indices
 from af1.tasks import Task, TaskSpec, distribution_task
 
@@ -57,6 +57,13 @@ class StepSetup:
         if "context" not in self.tables:
             self.tables["context"] = context_kv(self.adapter, self.kept)
         return self.tables["context"]
+
+    def clean(self) -> list[torch.Tensor]:
+        """The unmodified run's states at the suffix positions, every layer: where shared-context configs resume."""
+        key = ("clean", self.kept.input_ids_PT.numpy().tobytes())  # per problem set: splits share the tables
+        if key not in self.tables:
+            self.tables[key] = clean_suffix_states(self.adapter, self.kept, self.context())
+        return self.tables[key]
 
     def local_kv(self, config: AF1Config) -> TokenLocalKV:
         """Token-local keys/values after `wait`; they depend only on wait and ablation, so repeated configs
@@ -206,7 +213,7 @@ def af1_logits(step: StepSetup, config: AF1Config, reference: bool = False) -> t
         return fast_logits(step.adapter, step.kept, config, step.means, kv=step.local_kv(config))
     if how == "shared-context":
         return shared_context_logits(
-            step.adapter, step.kept, config, step.means, donors=step.donors, ctx=step.context()
+            step.adapter, step.kept, config, step.means, donors=step.donors, ctx=step.context(), clean=step.clean()
         )
     return reference_logits(step.adapter, step.kept, config, step.means, donors=step.donors)
 

@@ -18,6 +18,7 @@ from af1.fast import ProblemKV, context_kv
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.means import PositionMeans
 from af1.interventions.residual import edit_residual, replace_positions, zero_attention_outputs
+from af1.interventions.sites import record, residual
 from af1.models.adapter import LayerInputs, ModelAdapter
 from af1.tasks import Task
 
@@ -41,7 +42,13 @@ def _suffix_inputs(adapter: ModelAdapter, task: Task, ids_BT: torch.Tensor) -> L
 
 
 def _plans(
-    adapter: ModelAdapter, task: Task, ctx: ProblemKV, batch: int, masks: dict[int, LayerPlan], stop: int
+    adapter: ModelAdapter,
+    task: Task,
+    ctx: ProblemKV,
+    batch: int,
+    masks: dict[int, LayerPlan],
+    stop: int,
+    start: int = 0,
 ) -> dict[int, LayerPlan]:
     """Layers 0..stop-1: the context's keys/values prepended, the suffix rows of each layer's mask (causal when
     the config leaves the layer alone)."""
@@ -49,7 +56,7 @@ def _plans(
     q = torch.arange(c, n)[:, None]
     causal = (torch.arange(n)[None] <= q)[None]  # [1, n-c, n]
     plans = {}
-    for layer in range(stop):
+    for layer in range(start, stop):
         k = ctx.keys[layer].expand(batch, -1, -1, -1)
         v = ctx.values[layer].expand(batch, -1, -1, -1)
         given = masks[layer].allowed_BQK if layer in masks else None
@@ -68,6 +75,30 @@ def suffix_states(adapter: ModelAdapter, task: Task, ctx: ProblemKV, layer: int,
 
 
 @torch.no_grad()
+def clean_suffix_states(adapter: ModelAdapter, task: Task, ctx: ProblemKV, batch_size: int = 64) -> list[torch.Tensor]:
+    """h[l] of every layer at the suffix positions of an unmodified run ([P, n-c, D] per layer): where the configs
+    of a task resume, each from the first layer it changes."""
+    per_layer: list[list[torch.Tensor]] = [[] for _ in range(adapter.n_layers)]
+    for sl in batches(len(task), batch_size):
+        ids = task.input_ids_PT[sl]
+        inputs = _suffix_inputs(adapter, task, ids)
+        with (
+            attention_plans(adapter, _plans(adapter, task, ctx, len(ids), {}, adapter.n_layers)),
+            record(adapter, [residual(layer) for layer in range(adapter.n_layers)]) as cache,
+        ):
+            adapter.run_layers(inputs.hidden_BTD, inputs)
+        for layer in range(adapter.n_layers):
+            per_layer[layer].append(cache[residual(layer)])
+    return [torch.cat(h) for h in per_layer]
+
+
+def first_changed_layer(config: AF1Config, masks: dict[int, LayerPlan], zero: dict[int, list[int]], L: int) -> int:
+    """The first block whose computation a config changes: before it the run is the unmodified one."""
+    ablated = [config.wait + 1] if config.wait >= 0 and config.ablation != "none" else []
+    return min([*masks, *zero, *ablated], default=L)
+
+
+@torch.no_grad()
 def shared_context_logits(
     adapter: ModelAdapter,
     task: Task,
@@ -77,9 +108,11 @@ def shared_context_logits(
     extra_masks: dict[int, torch.Tensor] | None = None,
     donors: Task | None = None,
     ctx: ProblemKV | None = None,
+    clean: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Last-position logits [P, V] under AF1 (any ablation and ABP variant), equal to `reference_logits` up to
-    float rounding; the resample donors come from `donors` (the task itself when None)."""
+    float rounding; the resample donors come from `donors` (the task itself when None). With `clean`
+    (`clean_suffix_states`), each problem resumes from the unmodified run at the first block the config changes."""
     config.check(adapter.n_layers, adapter.n_heads)
     reason = supports_shared(adapter, task)
     if reason is not None:
@@ -92,22 +125,27 @@ def shared_context_logits(
     start = ablation_start(config, task) - c  # index into the suffix
     donors = donors if donors is not None else task
     pick = resample_donors(task, donors, config.seed) if ablate and config.ablation == "resample" else None
+    first = first_changed_layer(config, masks, zero, adapter.n_layers) if clean is not None else 0
     out = []
     for sl in batches(len(task), batch_size):
         ids = task.input_ids_PT[sl]
         edits = {}
+        inputs = _suffix_inputs(adapter, task, ids)
+        h = inputs.hidden_BTD if first == 0 else clean[first - 1][sl].to(adapter.device)  # type: ignore[index]
         if ablate:
             if pick is not None:
                 new = suffix_states(adapter, donors, ctx, config.wait, pick[sl])
             else:
                 new = ablated_states(config, means, ids)[:, c:]
-            edits[config.wait] = lambda h, new=new: replace_positions(h, new, start)
-        inputs = _suffix_inputs(adapter, task, ids)
+            if first == config.wait + 1:  # resuming right after the ablation: apply it to the resumed state
+                h = replace_positions(h, new.to(h.device, h.dtype), start)
+            else:
+                edits[config.wait] = lambda h, new=new: replace_positions(h, new, start)
         with (
             edit_residual(adapter, edits),
-            attention_plans(adapter, _plans(adapter, task, ctx, len(ids), masks, adapter.n_layers)),
+            attention_plans(adapter, _plans(adapter, task, ctx, len(ids), masks, adapter.n_layers, first)),
             zero_attention_outputs(adapter, zero),
         ):
-            h = adapter.run_layers(inputs.hidden_BTD, inputs)
+            h = adapter.run_layers(h, inputs, first)
         out.append(adapter.logits(h[:, -1:])[:, -1].float().cpu())
     return torch.cat(out)
