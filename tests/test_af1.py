@@ -167,7 +167,10 @@ def test_shared_context_equals_reference(tiny, task, config):
     assert (ref - shared).abs().max() <= TOL
     ctx = context_kv(adapter, task)
     clean = clean_suffix_states(adapter, task, ctx)
-    resumed = shared_context_logits(adapter, task, config, means, batch_size=5, donors=donors, ctx=ctx, clean=clean)
+    donors_clean = clean_suffix_states(adapter, donors, ctx)
+    resumed = shared_context_logits(
+        adapter, task, config, means, 5, donors=donors, ctx=ctx, clean=clean, donors_clean=donors_clean
+    )
     assert (ref - resumed).abs().max() <= TOL  # resumed from the unmodified run at the first changed block
     extra = last_token_knockout(task.n_positions, task.context_len, [1])
     ref = reference_logits(adapter, task, config, means, extra_masks=extra, donors=donors)

@@ -10,6 +10,7 @@ import pytest
 
 from af1 import api
 from af1.errors import Af1Error
+from af1.experiments import NotApplicable
 from af1.heads import counterfactual
 from af1.taskfile import evaluate_expr, load_items
 from af1.tasks import TaskSpec, build_task
@@ -136,3 +137,7 @@ def test_every_study_runs_from_a_task_file(fitted, tokenizer):
     for name, options in studies:
         result = api.run(name, held, spec, upstream={"search": {"threshold": 0.5}}, **options)
         assert result.data()
+    with pytest.raises(NotApplicable, match="input styles"):
+        api.run("styles", held, spec, wait=0, transfer=1)
+    with pytest.raises(Af1Error, match="for a task file give --heads"):
+        api.run("finetune", held, spec, steps=1)

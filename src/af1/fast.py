@@ -28,6 +28,7 @@ from af1.interventions.masks import last_token_knockout
 from af1.interventions.means import PositionMeans, slot_table
 from af1.interventions.sites import record, residual
 from af1.models.adapter import LayerInputs, ModelAdapter
+from af1.progress import progress
 from af1.tasks import Task
 
 
@@ -86,10 +87,9 @@ class TokenLocalKV:
         if peek:
             pos = torch.arange(T - 1)[None]
             k, v = self.keys[layer][pos, slots_BT[:, : T - 1]], self.values[layer][pos, slots_BT[:, : T - 1]]
-        else:
+        else:  # the context only: one copy for every row (a batch-1 prefix, `one_query_attention`)
             c = self.context_len
-            k = self.keys[layer][:c, 0][None].expand(slots_BT.shape[0], -1, -1, -1)
-            v = self.values[layer][:c, 0][None].expand(slots_BT.shape[0], -1, -1, -1)
+            k, v = self.keys[layer][:c, 0][None], self.values[layer][:c, 0][None]
         return k.transpose(1, 2), v.transpose(1, 2)
 
 
@@ -422,7 +422,7 @@ def knockout_logits(
         return [o.argmax(-1) for o in out] if greedy else out
     parts: list[list[torch.Tensor]] = [[] for _ in blocked]
     L = adapter.n_layers
-    for sl in batches(len(task), batch_size):
+    for sl in progress(list(batches(len(task), batch_size)), desc=f"knock-outs ({len(blocked)} layer sets)"):
         ids = task.input_ids_PT[sl]
         kv = capture_problem_kv(adapter, ids, task.context_len, with_states=True)
         inputs = _last_token_inputs(adapter, ids)

@@ -93,14 +93,14 @@ def _screened(adapter: ModelAdapter, h_BD: torch.Tensor) -> torch.Tensor:
     bound_B = SLACK * (inputs_B + U * (high_B.abs() + 4 * inputs_B))
     floor_B = high_B - 3 * bound_B
     floor_B = floor_B - floor_B.abs() * 2 * U  # still below after its own rounding to bfloat16
-    candidates_BV = z_BV >= floor_B.to(torch.bfloat16)[:, None]
+    floor_B = floor_B.to(torch.bfloat16)
     token_B = torch.empty(len(x_BD), dtype=torch.long)
-    flat = candidates_BV.sum(-1) > MAX_CANDIDATES  # near-flat logits (e.g. random weights): score them all
+    flat = z_BV.topk(MAX_CANDIDATES + 1, dim=-1).values[:, -1] >= floor_B  # near-flat logits: score them all
     if bool(flat.any()):
         token_B[flat] = adapter.logits(h_BD[flat][:, None])[:, -1].float().argmax(-1).cpu()
     if not bool(flat.all()):
         keep = (~flat).nonzero().flatten()
-        token_B[keep] = _best_candidates(adapter, x_BD[keep], candidates_BV[keep])
+        token_B[keep] = _best_candidates(adapter, x_BD[keep], z_BV[keep] >= floor_B[keep, None])
     return token_B
 
 

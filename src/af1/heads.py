@@ -35,12 +35,14 @@ from af1.interventions.sites import (
     Site,
     attention_output,
     edit_outputs,
+    fixed_attention,
     head_inputs,
     mlp_output,
     record,
     residual,
 )
 from af1.models.adapter import ModelAdapter, execution_device, weight_of
+from af1.progress import progress
 from af1.stats import constant_baseline
 from af1.tasks import NAMES, OPERATIONS, Task, _template
 
@@ -277,9 +279,9 @@ def path_patching(
     return {**downstream_path_patching(adapter, task, cf, path == "total", batch_size), "path": path}
 
 
-def _set_rows(value_ZBD: torch.Tensor):
-    """A module output replaced by one value per row (row z*B + b of the last-token pass)."""
-    return lambda out: value_ZBD.reshape(-1, 1, value_ZBD.shape[-1]).to(out.device, out.dtype)
+def _rows_of(value_ZBD: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """One value per row (row z*B + b of the last-token pass): [Z*B, 1, D]."""
+    return value_ZBD.reshape(-1, 1, value_ZBD.shape[-1]).to(like.device, like.dtype)
 
 
 def _patch_rows(rows: slice, new_BD: torch.Tensor):
@@ -307,7 +309,8 @@ def downstream_path_patching(
     clean_diff = 0.0
     P = len(task)
     Z = H + 2  # row groups: the clean reference, each head, the MLP
-    for sl in batches(P, batch_size):
+    path = "total (activation patching)" if recompute_attention else "wang"
+    for sl in progress(list(batches(P, batch_size)), desc=f"path patching, {path}"):
         ids = task.input_ids_PT[sl]
         sites = [FINAL] + [
             s
@@ -333,19 +336,17 @@ def downstream_path_patching(
             attn_ZBD = clean[attention_output(layer)][None] + torch.cat([zero, deltas_HBD.to(zero.device), zero])
             mlp_rows = slice((Z - 1) * B, Z * B)
 
-            edits = {
-                attention_output(layer): _set_rows(attn_ZBD),
-                mlp_output(layer): _patch_rows(mlp_rows, corrupt[mlp_output(layer)]),
-            }
+            edits = {mlp_output(layer): _patch_rows(mlp_rows, corrupt[mlp_output(layer)])}
+            fixed = {layer: _rows_of(attn_ZBD, start_BD)}  # the sender's layer: clean plus one head's change
             plans = {}
             for later in range(layer + 1, L):
-                if kv is None:  # heads frozen: the attention output stays clean
-                    edits[attention_output(later)] = _set_rows(clean[attention_output(later)][None].expand(Z, -1, -1))
+                if kv is None:  # heads frozen: the attention output stays clean (and is not computed)
+                    fixed[later] = _rows_of(clean[attention_output(later)][None].expand(Z, -1, -1), start_BD)
                 else:  # the last token attends to the clean earlier positions and to itself
                     prefix = (kv.keys[later][problem_of_row], kv.values[later][problem_of_row])
                     plans[later] = LayerPlan(prefix_kv=prefix, replace_mask=True)
             h = start_BD.repeat(Z, 1)[:, None]
-            with edit_outputs(adapter, edits), attention_plans(adapter, plans):
+            with edit_outputs(adapter, edits), fixed_attention(adapter, fixed), attention_plans(adapter, plans):
                 h = adapter.run_layers(h, inputs, layer)
             logits = unembed.logits(adapter, h[:, -1].reshape(Z, B, -1))
             rel, diff = logit_changes(logits)
@@ -640,7 +641,9 @@ def study(
         r = knockout_scores(adapter, kept, heads_, means).rate(kept)
         return {"accuracy": r["value"], "accuracy_ci": r["ci"], "n": r["n"]}
 
-    randoms_detail = [knocked(random_heads(adapter, k, seed, top)) for seed in range(draws)]
+    randoms_detail = [
+        knocked(random_heads(adapter, k, seed, top)) for seed in progress(range(draws), "random knock-outs")
+    ]
     randoms = [r["accuracy"] for r in randoms_detail]
     rand = torch.tensor(randoms)
     top_knocked = knocked(top)

@@ -71,6 +71,11 @@ class Finetune(base.Experiment):
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         spec = inputs.spec
         lm = inputs.resources.lm()
+        if options.heads == "auto" and spec.file is not None:
+            raise Af1Error(
+                "--heads auto chooses the heads on held-out 1-digit arithmetic: for a task file give "
+                "--heads LAYER.HEAD,... (e.g. the heads study's top heads on that file)"
+            )
         if options.heads == "auto" and spec.digits == 1:
             raise Af1Error(
                 "--heads auto chooses the heads on the 1-digit problems: fine-tune on --digits 2 or more, "

@@ -145,7 +145,8 @@ class Heads(base.Experiment):
         others = []
         for item in options.compare:
             op, _, style = item.partition(":")
-            others.append(TaskSpec.model_validate({**spec.model_dump(), "operation": op, "style": style or spec.style}))
+            fields = {**spec.model_dump(), "operation": op, "style": style or spec.style, "file": None}
+            others.append(TaskSpec.model_validate({**fields, "file_sha256": None}))  # arithmetic, even beside a file
         done = inputs.resources.evaluated(spec)
         study = heads.study(
             lm, spec, options.threshold, k, options.draws, others, done, path=options.path, metric=options.metric

@@ -44,6 +44,8 @@ class Styles(base.Experiment):
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         spec = inputs.spec
+        if spec.file is not None:
+            raise base.NotApplicable("input styles are the built-in arithmetic tasks' (a task file has its own form)")
         lm = inputs.resources.lm()
         config = base.config_of(inputs, options, lm.adapter.n_layers)
         operations = tuple(options.operations or [spec.operation])

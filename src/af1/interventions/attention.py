@@ -37,6 +37,9 @@ class LayerPlan:
     prefix_kv: keys and values [batch, kv_heads, m, head_dim] put before the layer's own (post-RoPE).
     replace_mask: ignore the model's mask (it was built for the unprefixed length).
     capture: called with (module, query, key, value) before the kernel runs (post-RoPE, unrepeated).
+
+    A prefix of batch 1 that every row reads whole, with one query per row and no mask (the last token in a
+    block where it sees only the context), is attended without copying it per row (`one_query_attention`).
     """
 
     allowed_BQK: torch.Tensor | None = None
@@ -75,6 +78,10 @@ def _planned_attention(kernel: str) -> Callable[..., Any]:
         plan: LayerPlan | None = getattr(module, "_af1_plan", None)
         if plan is None:
             return base(module, query, key, value, attention_mask, **kwargs)
+        shared = plan.prefix_kv is not None and plan.prefix_kv[0].shape[0] == 1 < query.shape[0]
+        if shared and query.shape[2] == 1 and plan.allowed_BQK is None and plan.replace_mask and not plan.capture:
+            assert plan.prefix_kv is not None
+            return one_query_attention(query, key, value, plan.prefix_kv, kwargs.get("scaling"), kwargs.get("softcap"))
         if plan.prefix_kv is not None:
             key = torch.cat([plan.prefix_kv[0], key], dim=2)
             value = torch.cat([plan.prefix_kv[1], value], dim=2)
@@ -83,6 +90,34 @@ def _planned_attention(kernel: str) -> Callable[..., Any]:
         return base(module, query, key, value, combine_mask(attention_mask, plan, query, kernel), **kwargs)
 
     return attention
+
+
+def one_query_attention(
+    query_BH1d: torch.Tensor,
+    key_BK1d: torch.Tensor,
+    value_BK1d: torch.Tensor,
+    prefix: tuple[torch.Tensor, torch.Tensor],
+    scaling: float | None,
+    softcap: float | None,
+) -> tuple[torch.Tensor, None]:
+    """One query per row attending to a prefix shared by every row ([1, kv_heads, c, d]) and to its own key: the
+    prefix is read once for the whole batch, not copied per row. Returns [B, 1, H, d] as the kernels do."""
+    B, H, _, d = query_BH1d.shape
+    K = key_BK1d.shape[1]  # key-value heads; each serves H // K query heads
+    q_BKGd = query_BH1d.reshape(B, K, H // K, d)
+    k_KCd, v_KCd = prefix[0][0], prefix[1][0]
+    scores = torch.cat(
+        [
+            torch.einsum("bkgd,kcd->bkgc", q_BKGd, k_KCd),
+            (q_BKGd * key_BK1d[:, :, 0, None]).sum(-1, keepdim=True),
+        ],
+        -1,
+    ) * (scaling if scaling is not None else d**-0.5)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    p = torch.softmax(scores.float(), -1).to(q_BKGd.dtype)
+    out = torch.einsum("bkgc,kcd->bkgd", p[..., :-1], v_KCd) + p[..., -1:] * value_BK1d[:, :, 0, None]
+    return out.reshape(B, 1, H, d), None
 
 
 for _kernel in BASE_KERNELS:

@@ -138,3 +138,22 @@ def edit_outputs(adapter: ModelAdapter, edits: dict[Site, Edit]) -> contextlib.A
         modules[site.kind](site.layer).register_forward_hook(hook(fn))  # type: ignore[arg-type]
         for site, fn in edits.items()
     )
+
+
+@contextlib.contextmanager
+def fixed_attention(adapter: ModelAdapter, outputs: dict[int, torch.Tensor]) -> Iterator[None]:
+    """During the block, the attention module of each given layer is not run: it returns the given output
+    ([B, T, D], with no weights), as every family's decoder layer unpacks it. For outputs set whatever the module
+    would compute (heads frozen in path patching); a forward hook on it still sees the value."""
+    for layer in outputs:
+        adapter.check_layer(layer)
+    modules = {layer: adapter.attention(layer) for layer in outputs}
+    try:
+        for layer, module in modules.items():
+            value = outputs[layer]
+            module.forward = lambda *_a, value=value, **_k: (value, None)  # pyright: ignore
+        yield
+    finally:
+        for module in modules.values():
+            with contextlib.suppress(AttributeError):
+                del module.forward

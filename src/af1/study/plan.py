@@ -112,7 +112,8 @@ class StudyPlan(_Strict):
 def task_label(spec: TaskSpec) -> str:
     """A readable name for paths and tables; tasks that differ in any field get different labels."""
     if spec.file is not None:  # a task file: its name and its content's hash
-        parts = [spec.name.replace("/", "_"), f"{spec.shots}shot", (spec.file_sha256 or "")[:8]]
+        name = re.sub(r"[^A-Za-z0-9+._-]+", "-", spec.name).strip("-") or "task"
+        parts = [name, f"{spec.shots}shot", (spec.file_sha256 or "")[:8]]
     else:
         parts = [spec.operation.replace("*", "x"), spec.style, f"{spec.digits}d", f"{spec.shots}shot"]
     optional = {
