@@ -38,8 +38,9 @@ class LayerPlan:
     replace_mask: ignore the model's mask (it was built for the unprefixed length).
     capture: called with (module, query, key, value) before the kernel runs (post-RoPE, unrepeated).
 
-    A prefix of batch 1 that every row reads whole, with one query per row and no mask (the last token in a
-    block where it sees only the context), is attended without copying it per row (`one_query_attention`).
+    One query per row reading its whole prefix and itself, with no mask (the last token in the fast
+    executor's blocks), is attended without copying (`one_query_attention`); a prefix of batch 1 is shared by
+    every row.
     """
 
     allowed_BQK: torch.Tensor | None = None
@@ -78,13 +79,14 @@ def _planned_attention(kernel: str) -> Callable[..., Any]:
         plan: LayerPlan | None = getattr(module, "_af1_plan", None)
         if plan is None:
             return base(module, query, key, value, attention_mask, **kwargs)
-        shared = plan.prefix_kv is not None and plan.prefix_kv[0].shape[0] == 1 < query.shape[0]
-        if shared and query.shape[2] == 1 and plan.allowed_BQK is None and plan.replace_mask and not plan.capture:
-            assert plan.prefix_kv is not None
+        one_query = kernel == "sdpa" and query.shape[2] == 1 and plan.allowed_BQK is None and plan.replace_mask
+        one_query = one_query and plan.capture is None
+        if one_query and plan.prefix_kv is not None and plan.prefix_kv[0].shape[0] in (1, query.shape[0]):
             return one_query_attention(query, key, value, plan.prefix_kv, kwargs.get("scaling"), kwargs.get("softcap"))
         if plan.prefix_kv is not None:
-            key = torch.cat([plan.prefix_kv[0], key], dim=2)
-            value = torch.cat([plan.prefix_kv[1], value], dim=2)
+            prefix_k, prefix_v = (p.expand(key.shape[0], -1, -1, -1) for p in plan.prefix_kv)  # batch 1: shared
+            key = torch.cat([prefix_k, key], dim=2)
+            value = torch.cat([prefix_v, value], dim=2)
         if plan.capture is not None:
             plan.capture(module, query, key, value)
         return base(module, query, key, value, combine_mask(attention_mask, plan, query, kernel), **kwargs)
@@ -100,15 +102,19 @@ def one_query_attention(
     scaling: float | None,
     softcap: float | None,
 ) -> tuple[torch.Tensor, None]:
-    """One query per row attending to a prefix shared by every row ([1, kv_heads, c, d]) and to its own key: the
-    prefix is read once for the whole batch, not copied per row. Returns [B, 1, H, d] as the kernels do."""
+    """One query per row attending to a prefix ([B or 1, kv_heads, c, d]; batch 1: shared by every row) and to its
+    own key, without concatenating them or repeating key-value heads per query head (a shared prefix is read
+    once for the whole batch). Returns [B, 1, H, d] as the kernels do."""
     B, H, _, d = query_BH1d.shape
     K = key_BK1d.shape[1]  # key-value heads; each serves H // K query heads
     q_BKGd = query_BH1d.reshape(B, K, H // K, d)
-    k_KCd, v_KCd = prefix[0][0], prefix[1][0]
+    k_pre, v_pre = prefix
+    shared = k_pre.shape[0] == 1 < B
+    pattern = "kcd" if shared else "bkcd"
+    k_pre, v_pre = (k_pre[0], v_pre[0]) if shared else (k_pre, v_pre)
     scores = torch.cat(
         [
-            torch.einsum("bkgd,kcd->bkgc", q_BKGd, k_KCd),
+            torch.einsum(f"bkgd,{pattern}->bkgc", q_BKGd, k_pre),
             (q_BKGd * key_BK1d[:, :, 0, None]).sum(-1, keepdim=True),
         ],
         -1,
@@ -116,7 +122,7 @@ def one_query_attention(
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
     p = torch.softmax(scores.float(), -1).to(q_BKGd.dtype)
-    out = torch.einsum("bkgc,kcd->bkgd", p[..., :-1], v_KCd) + p[..., -1:] * value_BK1d[:, :, 0, None]
+    out = torch.einsum(f"bkgc,{pattern}->bkgd", p[..., :-1], v_pre) + p[..., -1:] * value_BK1d[:, :, 0, None]
     return out.reshape(B, 1, H, d), None
 
 
