@@ -27,7 +27,8 @@ def setup(spec: TaskSpec = SPEC):
 
 
 def best_of(fn: Callable[[], Any], repeat: int = 3) -> tuple[float, Any]:
-    """Fastest wall time of `repeat` runs, and the last result."""
+    """Fastest wall time of `repeat` runs, and the last result (this VM's speed drifts: short timings repeat
+    more)."""
     best, out = float("inf"), None
     for _ in range(repeat):
         t0 = time.perf_counter()

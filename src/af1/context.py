@@ -117,6 +117,11 @@ def context_of(model: Any, ids_T: torch.Tensor) -> Context:
     return per_model[key]
 
 
+def forget_contexts(model: Any) -> None:
+    """Drop a model's computed contexts (the next forward computes them again): for timing a cold start."""
+    _CONTEXTS.pop(model, None)
+
+
 def forward_last(model: Any, ids_BT: torch.Tensor, context_len: int = 0) -> torch.Tensor:
     """Next-token logits [B, V] at the last position (fp32, CPU), with explicit mask and position ids; the first
     `context_len` positions (the same in every row) come from the context's cache when the model can share it."""

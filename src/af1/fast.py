@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from af1.allforone import AF1Config, ablated_states, reference_logits
-from af1.context import forward_last
+from af1.context import context_of, forward_last
 from af1.evaluation import batches
 from af1.greedy import greedy_tokens
 from af1.interventions.attention import LayerPlan, attention_plans
@@ -94,8 +94,11 @@ class TokenLocalKV:
 
 
 def context_kv(adapter: ModelAdapter, task: Task) -> ProblemKV:
-    """Keys/values of the context positions in every layer: the same for every problem and every config."""
-    return capture_problem_kv(adapter, task.input_ids_PT[:1, : task.context_len + 1], task.context_len)
+    """Keys/values of the context positions in every layer: the same for every problem and every config, so
+    computed once per model and context (`af1.context`)."""
+    c = task.context_len
+    layers = context_of(adapter.model, task.input_ids_PT[0, :c]).layers
+    return ProblemKV({i: k for i, (k, _) in enumerate(layers)}, {i: v for i, (_, v) in enumerate(layers)}, c)
 
 
 def _ablated_TSD(config: AF1Config, means: PositionMeans | None, table_TS: torch.Tensor) -> torch.Tensor:
