@@ -342,3 +342,44 @@ def test_nested_attention_plans_restore_the_outer_plan(family, tokenizer):
     with attention_plans(adapter, {1: only_first, 2: only_self}):
         assert torch.equal(logits(), inner)  # the inner block alone: the same plans, the same logits
     assert not torch.equal(outer, plain) and not torch.equal(inner, outer)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_one_query_attention_is_the_kernel(shared, softcap):
+    """The fast path's attention of one query to a prefix and itself = sdpa over the concatenated keys, with key-value
+    heads shared by query groups; in bf16 both are within the kernel's rounding of the float32 result."""
+    from af1.interventions.attention import one_query_attention
+
+    gen = torch.Generator().manual_seed(0)
+    B, H, J, c, d = 5, 6, 2, 7, 8
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * 2
+
+    q, k, v = rand(B, H, 1, d), rand(B, J, 1, d), rand(B, J, 1, d)
+    prefix = (rand(1 if shared else B, J, c, d), rand(1 if shared else B, J, c, d))
+
+    def joined(dtype: torch.dtype) -> list[torch.Tensor]:  # the prefix and the row's own key (value) in one
+        return [torch.cat([p.expand(B, -1, -1, -1), x], 2).to(dtype) for p, x in zip(prefix, (k, v), strict=True)]
+
+    def kernel(dtype: torch.dtype) -> torch.Tensor:
+        keys, values = joined(dtype)
+        keys, values = keys.repeat_interleave(H // J, 1), values.repeat_interleave(H // J, 1)
+        scores = (q.to(dtype).float() @ keys.float().transpose(-1, -2)) * 0.3
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        out = torch.softmax(scores, -1) @ values.float()
+        return out.transpose(1, 2).to(dtype)  # [B, 1, H, d]
+
+    exact = kernel(torch.float32)
+    mine, _ = one_query_attention(q, k, v, prefix, 0.3, softcap)
+    assert mine.shape == (B, 1, H, d) and (mine - exact).abs().max() < 1e-5
+    if softcap is None:
+        keys, values = joined(torch.float32)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q, keys, values, scale=0.3, enable_gqa=True)
+        assert (mine - sdpa.transpose(1, 2)).abs().max() < 1e-5
+    prefix_half = (prefix[0].bfloat16(), prefix[1].bfloat16())
+    half, _ = one_query_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), prefix_half, 0.3, softcap)
+    assert half.dtype == torch.bfloat16
+    assert ((half.float() - kernel(torch.bfloat16).float()).abs() <= 2**-7 * exact.abs().clamp(min=1)).all()

@@ -90,6 +90,9 @@ def test_a_context_is_recomputed_after_the_weights_change(task):
     after = forward_last(model, task.input_ids_PT, task.context_len)
     plain = forward_last(model, task.input_ids_PT)
     assert not torch.allclose(before, after) and (after - plain).abs().max() < TOL
+    model.to(torch.bfloat16)  # a cast swaps every weight's storage, not its version
+    half = forward_last(model, task.input_ids_PT, task.context_len)
+    assert (half - forward_last(model, task.input_ids_PT)).abs().max() < 0.1
 
 
 def test_rows_that_differ_inside_the_context_are_refused(task):

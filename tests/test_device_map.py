@@ -116,7 +116,14 @@ def test_bfloat16_placed_and_whole_agree(pair, tokenizer):
     config = AF1Config(wait=0, transfer=1)
     expected = reference_logits(whole.adapter, task, config, means)
     assert torch.equal(reference_logits(placed.adapter, task, config, means), expected)
-    assert torch.equal(fast_logits(placed.adapter, task, config, means).argmax(-1), expected.argmax(-1))
+    fast = fast_logits(placed.adapter, task, config, means)
+    assert torch.equal(fast, fast_logits(whole.adapter, task, config, means))  # the placement changes no bit
+    # The fast path's one-query attention rounds its bf16 output other than sdpa does (both within one ulp of float32),
+    # and this fitted tiny model amplifies one ulp into whole logits: so both are held to the float32 reference.
+    truth = reference_logits(pair[0].adapter, task, config, means)
+    agree = [(x.argmax(-1) == truth.argmax(-1)).sum().item() for x in (fast, expected)]
+    error = [(x - truth).abs().mean().item() for x in (fast, expected)]
+    assert agree[0] >= agree[1] - 1 and error[0] < 1.5 * error[1]
     assert measures.prepare(placed, SPEC).base.accuracy == measures.prepare(whole, SPEC).base.accuracy > 0.3
 
 

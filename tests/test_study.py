@@ -292,7 +292,7 @@ def test_cli_ray_takes_an_optional_address(monkeypatch, tmp_path, capsys, tiny_d
     assert code == 0 and calls == [expected] and "0 units ran" in out
 
 
-def test_tasks_that_differ_anywhere_get_their_own_units():
+def test_tasks_that_differ_anywhere_get_their_own_units(tmp_path):
     changes = {
         "n": 5,
         "n_max": 5,
@@ -302,13 +302,22 @@ def test_tasks_that_differ_anywhere_get_their_own_units():
         "largest_layout": True,
         "scoring": "first",
     }
-    assert set(TaskSpec.model_fields) == {"operation", "style", "digits", "shots", *changes}  # the label names all
+    fields = {"operation", "style", "digits", "shots", "file", "file_sha256", *changes}
+    assert set(TaskSpec.model_fields) == fields  # the label names all (a file by its name and content hash)
     base = TaskSpec(operation="a-b")
     variants = [base.model_copy(update={name: value}) for name, value in changes.items()]
     plan = StudyPlan.model_validate(
         {"models": [{"spec": "x"}], "tasks": [base, *variants], "experiments": {"eval": {}}}
     )
     assert len({u.id for u in expand(plan)}) == 1 + len(changes)
+    files = []
+    for place, answer in (("one", "1"), ("two", "2")):  # one name, two contents: two tasks
+        path = tmp_path / place / "same.yaml"
+        path.parent.mkdir()
+        path.write_text(f'template: "{{a}} is"\nslots: {{a: {{values: ["1"]}}}}\nanswer: {{expr: "a + {answer}"}}\n')
+        files.append(TaskSpec(file=str(path)))
+    plan = StudyPlan.model_validate({"models": [{"spec": "x"}], "tasks": files, "experiments": {"eval": {}}})
+    assert len({u.id for u in expand(plan)}) == 2 and files[0].name == files[1].name == "same"
 
 
 def test_ray_missing_is_a_one_line_error(monkeypatch, tmp_path, capsys, tiny_dirs):

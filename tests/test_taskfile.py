@@ -21,9 +21,9 @@ from conftest import fitted_tiny_model
 EXAMPLES = Path(__file__).parent.parent / "examples" / "tasks"
 
 
-def write(tmp_path: Path, name: str, text: str) -> Path:
+def write(tmp_path: Path, name: str, text: str | bytes) -> Path:
     path = tmp_path / name
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     return path
 
 
@@ -57,6 +57,24 @@ def test_rows_from_jsonl_and_csv_with_groups(tmp_path, tokenizer):
     assert {i.group for i in items} == {"up"}
 
 
+def test_a_large_rows_file_gets_a_disjoint_means_sample(tmp_path, tokenizer, monkeypatch):
+    """Rows without slots share one group: the means sample is disjoint by prompt, not by slot values."""
+    import af1.tasks as tasks
+
+    write(
+        tmp_path,
+        "r.jsonl",
+        "".join(json.dumps({"prompt": f"{i} then", "answer": f" {i + 1}"}) + "\n" for i in range(10, 60)),
+    )
+    spec = TaskSpec(file=str(write(tmp_path, "t.yaml", "rows: r.jsonl\nshots: 1\n")), n=12)
+    task = build_task(spec, tokenizer)
+    monkeypatch.setattr(tasks, "GRID_MAX", 20)
+    monkeypatch.setattr(tasks, "MEANS_SAMPLE", 30)
+    sample = tasks.distribution_task(spec, tokenizer, task)
+    assert sample.origin == "disjoint sample" and len(sample) == 30
+    assert not {p.prompt for p in sample.problems} & {p.prompt for p in task.problems}
+
+
 @pytest.mark.parametrize(
     ("files", "message"),
     [
@@ -74,6 +92,8 @@ def test_rows_from_jsonl_and_csv_with_groups(tmp_path, tokenizer):
         ({"t.yaml": "rows: r.csv\ncolour: red\n", "r.csv": "prompt,answer\nx,y\n"}, "colour: unknown key"),
         ({"t.yaml": "template: 'a {x}'\nslots: {x: {values: ['1']}}\nanswer: {expr: 'x ** 2'}\n"}, "is not a slot"),
         ({"t.yaml": "rows: r.csv\n"}, "does not exist"),
+        ({"t.yaml": "template: 'a {x}'\nslots: {x: {values: ['1']}}\nanswer: {expr: 'x +'}\n"}, "not an expression"),
+        ({"t.yaml": "rows: r.csv\n", "r.csv": b"prompt,answer\n\xff,y\n"}, "not UTF-8 text"),
     ],
 )
 def test_bad_task_files_are_one_line_errors(tmp_path, capsys, files, message):

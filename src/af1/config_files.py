@@ -14,7 +14,7 @@ def read_mapping(path: Path, what: str) -> dict[str, Any]:
     if not path.is_file():
         raise Af1Error(f"no such {what}: {path}")
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
         if path.suffix in (".yaml", ".yml"):
             import yaml
 

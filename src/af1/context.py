@@ -31,7 +31,7 @@ MAX_CONTEXTS = 8  # contexts kept per model (one per task layout in a run; a stu
 @dataclass
 class Context:
     """One model's keys and values of one context, per layer ([1, kv_heads, c, head_dim]), and the weights'
-    versions they were computed with (fine-tuning changes the weights in place: a stale context is recomputed)."""
+    versions they were computed with (fine-tuning or a cast changes the weights: a stale context is recomputed)."""
 
     layers: list[tuple[torch.Tensor, torch.Tensor]]
     versions: tuple[int, ...]
@@ -48,7 +48,9 @@ _CONTEXTS: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], Context]] = weak
 
 
 def _versions(model: Any) -> tuple[int, ...]:
-    return tuple(p._version for p in model.parameters())
+    """What a context depends on besides its ids: every weight's in-place version and storage (`model.to(dtype)`
+    swaps the storage without a new version)."""
+    return tuple(x for p in model.parameters() for x in (p._version, p.data_ptr()))
 
 
 @contextlib.contextmanager

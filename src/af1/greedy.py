@@ -4,7 +4,7 @@ A grid cell needs only whether each problem's greedy token is right, and the une
 ([V, D], V up to 152k) costs as much per row as several decoder layers. Screening all tokens
 in bfloat16 (about 4x faster on CPUs with bf16 dot products) with a bound on its rounding
 error keeps every token that could be the float32 argmax; those are scored again in float32
-and the best is the answer: the same token the float32 logits give (up to exact ties).
+and the best is the answer: the same token the float32 logits give (up to ties within float32 rounding).
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ SLACK = 1.25  # on top of the bound below, for what the bound's own float arithm
 @dataclass
 class Screen:
     """The unembedding (bias as one more column) in bfloat16, transposed for the screen; the largest norm of its
-    rows and of their rounding errors; and the weight's version (a fine-tuned unembedding is screened anew)."""
+    rows and of their rounding errors; and the weight's version and storage (a fine-tuned or cast unembedding is
+    screened anew)."""
 
     w_DV: torch.Tensor
     max_norm: float
     max_error_norm: float
-    version: int
+    version: tuple[int, int]
 
 
 _SCREENS: weakref.WeakKeyDictionary[torch.nn.Module, Screen] = weakref.WeakKeyDictionary()
@@ -43,7 +44,8 @@ def _with_bias(lm_head: torch.nn.Module) -> torch.Tensor:
 
 
 def screen_of(lm_head: torch.nn.Module) -> Screen:
-    version = weight_of(lm_head)._version
+    weight = weight_of(lm_head)
+    version = (weight._version, weight.data_ptr())
     found = _SCREENS.get(lm_head)
     if found is None or found.version != version:
         W = _with_bias(lm_head)

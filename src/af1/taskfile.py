@@ -164,7 +164,7 @@ def _rows(path: Path, task: TaskFile) -> list[Item]:
     if not rows_path.is_file():
         raise Af1Error(f"task file {path}: its rows file {rows_path} does not exist")
     records: list[dict[str, Any]] = []
-    text = rows_path.read_text()
+    text = _text(rows_path)
     if rows_path.suffix == ".jsonl":
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
@@ -191,13 +191,21 @@ def _rows(path: Path, task: TaskFile) -> list[Item]:
     return items
 
 
+def _text(path: Path) -> str:
+    """A rows or values file as UTF-8 text (whatever the machine's locale); another encoding is one line."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise Af1Error(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
 def _values(path: Path, name: str, slot: SlotValues) -> list[str]:
     values = list(slot.values or [])
     if slot.file is not None:
         source = path.parent / slot.file
         if not source.is_file():
             raise Af1Error(f"task file {path}: the values file {source} of slot '{name}' does not exist")
-        values += [line.rstrip("\n") for line in source.read_text().splitlines() if line.strip()]
+        values += [line.rstrip("\n") for line in _text(source).splitlines() if line.strip()]
     if not values:
         raise Af1Error(f"task file {path}: the slot '{name}' has no values")
     return values
@@ -228,7 +236,11 @@ def evaluate_expr(expr: str, values: dict[str, int]) -> int:
             return values[node.id]
         raise ValueError(f"'{ast.unparse(node)}' is not a slot, an integer or + - * // %")
 
-    return walk(ast.parse(expr, mode="eval"))
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        raise ValueError(f"'{expr}' is not an expression") from None
+    return walk(tree)
 
 
 def _template_items(path: Path, task: TaskFile) -> list[Item]:

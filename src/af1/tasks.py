@@ -549,8 +549,12 @@ def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
     examples, pool = problem_pool(spec) if spec.file is None else file_pool(spec)
     origin = "grid" if spec.file is None else "every row"
     if len(pool) > GRID_MAX:
-        seen = {p.operands for p in evaluated.problems}  # operands, not prompts: a prompt may have lost its space
-        rest = [p for p in pool if p.operands not in seen]
+
+        def key(p: Problem) -> Any:  # not the prompt itself: a prompt may have lost its trailing space
+            return p.operands if spec.file is None else p.prompt.rstrip(" ")  # a file's rows need not have slots
+
+        seen = {key(p) for p in evaluated.problems}
+        rest = [p for p in pool if key(p) not in seen]
         pool = random.Random(spec.seed + 1).sample(rest, min(MEANS_SAMPLE, len(rest)))
         origin = "disjoint sample"
     task = tokenize_task(spec, examples, pool, tokenizer, like=evaluated)

@@ -96,8 +96,8 @@ def _planned_attention(kernel: str) -> Callable[..., Any]:
 
 def one_query_attention(
     query_BH1d: torch.Tensor,
-    key_BK1d: torch.Tensor,
-    value_BK1d: torch.Tensor,
+    key_BJ1d: torch.Tensor,
+    value_BJ1d: torch.Tensor,
     prefix: tuple[torch.Tensor, torch.Tensor],
     scaling: float | None,
     softcap: float | None,
@@ -106,24 +106,26 @@ def one_query_attention(
     own key, without concatenating them or repeating key-value heads per query head (a shared prefix is read
     once for the whole batch). Returns [B, 1, H, d] as the kernels do."""
     B, H, _, d = query_BH1d.shape
-    K = key_BK1d.shape[1]  # key-value heads; each serves H // K query heads
-    q_BKGd = query_BH1d.reshape(B, K, H // K, d)
-    k_pre, v_pre = prefix
+    J = key_BJ1d.shape[1]  # key-value heads; each serves G = H // J query heads
+    dtype = query_BH1d.dtype  # scores and sums in float32 as the kernels do (bf16 scores would round ~0.1)
+    q_BJGd = query_BH1d.float().reshape(B, J, H // J, d)
+    key_BJ1d, value_BJ1d = key_BJ1d.float(), value_BJ1d.float()
+    k_pre, v_pre = (p.float() for p in prefix)
     shared = k_pre.shape[0] == 1 < B
     pattern = "kcd" if shared else "bkcd"
     k_pre, v_pre = (k_pre[0], v_pre[0]) if shared else (k_pre, v_pre)
     scores = torch.cat(
         [
-            torch.einsum(f"bkgd,{pattern}->bkgc", q_BKGd, k_pre),
-            (q_BKGd * key_BK1d[:, :, 0, None]).sum(-1, keepdim=True),
+            torch.einsum(f"bkgd,{pattern}->bkgc", q_BJGd, k_pre),
+            (q_BJGd * key_BJ1d[:, :, 0, None]).sum(-1, keepdim=True),
         ],
         -1,
     ) * (scaling if scaling is not None else d**-0.5)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    p = torch.softmax(scores.float(), -1).to(q_BKGd.dtype)
-    out = torch.einsum(f"bkgc,{pattern}->bkgd", p[..., :-1], v_pre) + p[..., -1:] * value_BK1d[:, :, 0, None]
-    return out.reshape(B, 1, H, d), None
+    p = torch.softmax(scores, -1)
+    out = torch.einsum(f"bkgc,{pattern}->bkgd", p[..., :-1], v_pre) + p[..., -1:] * value_BJ1d[:, :, 0, None]
+    return out.reshape(B, 1, H, d).to(dtype), None
 
 
 for _kernel in BASE_KERNELS:
