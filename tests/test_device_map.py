@@ -18,6 +18,7 @@ from af1.errors import Af1Error
 from af1.fast import fast_logits
 from af1.finetune import FinetuneConfig, train
 from af1.interventions.means import compute_means, means_key
+from af1.interventions.sites import fixed_attention
 from af1.models import load_model
 from af1.models.adapter import execution_device
 from af1.tasks import TaskSpec, build_task
@@ -71,6 +72,12 @@ def test_layer_loop_keeps_accelerates_hooks(pair):
     ids = torch.tensor([[1, 2, 3, 4]])
     placed.adapter.layer_inputs(ids)
     assert [layer.__dict__["forward"] for layer in placed.adapter.layers] == before
+    assert torch.equal(placed.adapter.forward(ids), placed.model(ids).logits)
+    attention = [placed.adapter.attention(i) for i in range(placed.adapter.n_layers)]
+    own = [a.__dict__.get("forward") for a in attention]
+    with fixed_attention(placed.adapter, {i: torch.zeros(1, 4, placed.adapter.hidden_size) for i in range(3)}):
+        assert all(a.__dict__["forward"] is not f for a, f in zip(attention, own, strict=True))
+    assert [a.__dict__.get("forward") for a in attention] == own and own[1] is not None  # accelerate's hook is back
     assert torch.equal(placed.adapter.forward(ids), placed.model(ids).logits)
 
 

@@ -318,6 +318,14 @@ def test_tasks_that_differ_anywhere_get_their_own_units(tmp_path):
         files.append(TaskSpec(file=str(path)))
     plan = StudyPlan.model_validate({"models": [{"spec": "x"}], "tasks": files, "experiments": {"eval": {}}})
     assert len({u.id for u in expand(plan)}) == 2 and files[0].name == files[1].name == "same"
+    moved = tmp_path / "three" / "same.yaml"  # the first file's content elsewhere: the same unit (a study moves)
+    moved.parent.mkdir()
+    moved.write_text((tmp_path / "one" / "same.yaml").read_text())
+    keys = [
+        {u.key for u in expand(StudyPlan.model_validate({**plan.model_dump(), "tasks": [spec]}))}
+        for spec in (files[0], TaskSpec(file=str(moved)))
+    ]
+    assert keys[0] == keys[1] and TaskSpec(file=str(moved)).file == str(moved.resolve())
 
 
 def test_ray_missing_is_a_one_line_error(monkeypatch, tmp_path, capsys, tiny_dirs):

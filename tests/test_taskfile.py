@@ -57,6 +57,16 @@ def test_rows_from_jsonl_and_csv_with_groups(tmp_path, tokenizer):
     assert {i.group for i in items} == {"up"}
 
 
+def test_rows_keep_newlines_inside_a_field(tmp_path):
+    """A quoted CSV field may span lines, and a JSON string may hold a line separator (U+2028)."""
+    write(tmp_path, "r.csv", 'prompt,answer\n"Q: 2+2\nA:", 4\n"Q: 3+3\nA:", 6\n')
+    write(tmp_path, "r.jsonl", json.dumps({"prompt": "a\u2028b", "answer": " c"}, ensure_ascii=False) + "\n")
+    _, items = load_items(write(tmp_path, "c.yaml", "rows: r.csv\n"))
+    assert [(i.prompt, i.answer) for i in items] == [("Q: 2+2\nA:", " 4"), ("Q: 3+3\nA:", " 6")]
+    _, items = load_items(write(tmp_path, "j.yaml", "rows: r.jsonl\n"))
+    assert [(i.prompt, i.answer) for i in items] == [("a\u2028b", " c")]
+
+
 def test_a_large_rows_file_gets_a_disjoint_means_sample(tmp_path, tokenizer, monkeypatch):
     """Rows without slots share one group: the means sample is disjoint by prompt, not by slot values."""
     import af1.tasks as tasks
@@ -161,3 +171,26 @@ def test_every_study_runs_from_a_task_file(fitted, tokenizer):
         api.run("styles", held, spec, wait=0, transfer=1)
     with pytest.raises(Af1Error, match="for a task file give --heads"):
         api.run("finetune", held, spec, steps=1)
+
+
+def test_means_rows_keep_the_evaluated_constant_prefix(tmp_path, tokenizer):
+    """Rows need not share a sample's longer constant prefix: those that do not are left out of the means."""
+    from af1.interventions.means import compute_means
+    from af1.models import ModelAdapter
+    from af1.tasks import distribution_task, file_pool, tokenize_task
+
+    from conftest import tiny_model
+
+    rows = [{"prompt": f"{word} {i} then", "answer": f" {i + 1}"} for word in ("red", "blue") for i in range(1, 9)]
+    write(tmp_path, "r.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    spec = TaskSpec(file=str(write(tmp_path, "t.yaml", "rows: r.jsonl\nshots: 1\n")))
+    examples, pool = file_pool(spec)
+    red = [p for p in pool if p.prompt.startswith("red")]
+    sample = tokenize_task(spec, examples, red, tokenizer)  # a sample whose prompts all open with "red"
+    whole = tokenize_task(spec, examples, pool, tokenizer)
+    assert sample.context_len > whole.context_len
+    means_task = distribution_task(spec, tokenizer, sample)
+    assert {p.prompt for p in means_task.problems} == {p.prompt for p in red}
+    assert means_task.excluded_other_layouts == len(pool) - len(red)
+    means = compute_means(ModelAdapter(tiny_model("llama")), means_task)
+    assert means.cond_LTSD.isfinite().all()

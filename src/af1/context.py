@@ -76,13 +76,13 @@ def unhooked(model: Any) -> Iterator[None]:
 
 
 def can_share(model: Any, n_positions: int) -> bool:
-    """Whether the model's cache can carry a context: a cache class exists for it, and no sliding window is
+    """Whether the model's cache can carry a context: a decoder-only model whose sliding window, if any, is not
     shorter than the prompt (a window would drop context the full forward reads)."""
     config = model.config.get_text_config(decoder=True)
     window = getattr(config, "sliding_window", None)
     if window and n_positions > window:
         return False
-    return bool(getattr(model, "_supports_cache_class", True)) and not getattr(config, "is_encoder_decoder", False)
+    return not getattr(config, "is_encoder_decoder", False)
 
 
 def suffix_start(model: Any, ids_BT: torch.Tensor, context_len: int) -> int:
@@ -105,7 +105,7 @@ def context_of(model: Any, ids_T: torch.Tensor) -> Context:
     ids = ids_T[None].to(input_device(model))
     threads = torch.get_num_threads()
     if ids.device.type == "cpu":  # one row of a few tokens: CPU kernels split it by thread count, so use one thread
-        torch.set_num_threads(1)  # for the same bits on any worker (a study here and on Ray agree)
+        torch.set_num_threads(1)  # for the same bits whatever the thread count (the suffix forwards are batched)
     try:
         with torch.no_grad(), unhooked(model):  # the context is the unmodified model's, whatever hooks are active
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
@@ -113,7 +113,7 @@ def context_of(model: Any, ids_T: torch.Tensor) -> Context:
         torch.set_num_threads(threads)
     past = out.past_key_values
     layers = [(layer.keys.detach(), layer.values.detach()) for layer in past.layers]
-    if len(per_model) >= MAX_CONTEXTS:
+    if key not in per_model and len(per_model) >= MAX_CONTEXTS:  # a stale one is replaced in place
         per_model.pop(next(iter(per_model)))
     per_model[key] = Context(layers, versions)
     return per_model[key]

@@ -152,7 +152,10 @@ def recorded(model: Any, tokenizer: Any, spec: Any, rows: list[dict[str, Any]]) 
     """An evaluation read back from its problem rows (`problem_rows`) instead of run again; None when the rows are
     not exactly this spec's inputs (another tokenizer or version): then it is run."""
     task = build_task(spec, tokenizer)
-    if [r.get("input_ids") for r in rows] != task.input_ids_PT.tolist() or any("p_correct" not in r for r in rows):
+    if len(rows) != len(task) or any("p_correct" not in r for r in rows):
+        return None
+    inputs = [(r.get("input_ids"), r.get("answer_tokens")) for r in rows]
+    if inputs != list(zip(task.input_ids_PT.tolist(), map(list, task.answer_tokens), strict=True)):
         return None
     scores = Scores(
         [list(r["predicted_tokens"]) for r in rows],

@@ -5,6 +5,8 @@ A grid cell needs only whether each problem's greedy token is right, and the une
 in bfloat16 (about 4x faster on CPUs with bf16 dot products) with a bound on its rounding
 error keeps every token that could be the float32 argmax; those are scored again in float32
 and the best is the answer: the same token the float32 logits give (up to ties within float32 rounding).
+The bound assumes the bfloat16 matrix product accumulates in float32, as PyTorch's CPU kernels
+do; the tests check the tokens against the float32 argmax on every family and on SmolLM2.
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ def _screened(adapter: ModelAdapter, h_BD: torch.Tensor) -> torch.Tensor:
     floor_B = floor_B - floor_B.abs() * 2 * U  # still below after its own rounding to bfloat16
     floor_B = floor_B.to(torch.bfloat16)
     token_B = torch.empty(len(x_BD), dtype=torch.long)
-    flat = z_BV.topk(MAX_CANDIDATES + 1, dim=-1).values[:, -1] >= floor_B  # near-flat logits: score them all
+    k = min(MAX_CANDIDATES + 1, z_BV.shape[1])
+    flat = z_BV.topk(k, dim=-1).values[:, -1] >= floor_B  # near-flat logits (or a tiny vocabulary): score them all
     if bool(flat.any()):
         token_B[flat] = adapter.logits(h_BD[flat][:, None])[:, -1].float().argmax(-1).cpu()
     if not bool(flat.all()):

@@ -279,9 +279,9 @@ def path_patching(
     return {**downstream_path_patching(adapter, task, cf, path == "total", batch_size), "path": path}
 
 
-def _rows_of(value_ZBD: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """One value per row (row z*B + b of the last-token pass): [Z*B, 1, D]."""
-    return value_ZBD.reshape(-1, 1, value_ZBD.shape[-1]).to(like.device, like.dtype)
+def _rows_of(adapter: ModelAdapter, value_ZBD: torch.Tensor, layer: int, dtype: torch.dtype) -> torch.Tensor:
+    """One value per row (row z*B + b of the last-token pass): [Z*B, 1, D], where that layer's attention runs."""
+    return value_ZBD.reshape(-1, 1, value_ZBD.shape[-1]).to(execution_device(adapter.attention(layer)), dtype)
 
 
 def _patch_rows(rows: slice, new_BD: torch.Tensor):
@@ -337,11 +337,12 @@ def downstream_path_patching(
             mlp_rows = slice((Z - 1) * B, Z * B)
 
             edits = {mlp_output(layer): _patch_rows(mlp_rows, corrupt[mlp_output(layer)])}
-            fixed = {layer: _rows_of(attn_ZBD, start_BD)}  # the sender's layer: clean plus one head's change
+            fixed = {layer: _rows_of(adapter, attn_ZBD, layer, start_BD.dtype)}  # clean plus one head's change
             plans = {}
             for later in range(layer + 1, L):
                 if kv is None:  # heads frozen: the attention output stays clean (and is not computed)
-                    fixed[later] = _rows_of(clean[attention_output(later)][None].expand(Z, -1, -1), start_BD)
+                    clean_ZBD = clean[attention_output(later)][None].expand(Z, -1, -1)
+                    fixed[later] = _rows_of(adapter, clean_ZBD, later, start_BD.dtype)
                 else:  # the last token attends to the clean earlier positions and to itself
                     prefix = (kv.keys[later][problem_of_row], kv.values[later][problem_of_row])
                     plans[later] = LayerPlan(prefix_kv=prefix, replace_mask=True)

@@ -58,13 +58,12 @@ class StepSetup:
             self.tables["context"] = context_kv(self.adapter, self.kept)
         return self.tables["context"]
 
-    def clean(self, task: Task | None = None) -> list[torch.Tensor]:
-        """The unmodified run's states at the suffix positions of the solved problems (or of `task`, e.g. the
-        resample donors), every layer: where shared-context configs resume."""
-        task = task if task is not None else self.kept
-        key = ("clean", task.input_ids_PT.numpy().tobytes())  # per problem set: splits share the tables
+    def clean(self) -> list[torch.Tensor]:
+        """The unmodified run's states at the suffix positions of the solved problems, every layer: where
+        shared-context configs resume ([P, n-c, D] per layer, in the model's dtype)."""
+        key = ("clean", self.kept.input_ids_PT.numpy().tobytes())  # per problem set: splits share the tables
         if key not in self.tables:
-            self.tables[key] = clean_suffix_states(self.adapter, task, self.context())
+            self.tables[key] = clean_suffix_states(self.adapter, self.kept, self.context())
         return self.tables[key]
 
     def local_kv(self, config: AF1Config) -> TokenLocalKV:
@@ -214,16 +213,8 @@ def af1_logits(step: StepSetup, config: AF1Config, reference: bool = False) -> t
     if how == "fast":
         return fast_logits(step.adapter, step.kept, config, step.means, kv=step.local_kv(config))
     if how == "shared-context":
-        resample = config.ablation == "resample" and config.wait >= 0
         return shared_context_logits(
-            step.adapter,
-            step.kept,
-            config,
-            step.means,
-            donors=step.donors,
-            ctx=step.context(),
-            clean=step.clean(),
-            donors_clean=step.clean(step.donors) if resample else None,
+            step.adapter, step.kept, config, step.means, donors=step.donors, ctx=step.context(), clean=step.clean()
         )
     return reference_logits(step.adapter, step.kept, config, step.means, donors=step.donors)
 

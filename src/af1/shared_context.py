@@ -109,12 +109,11 @@ def shared_context_logits(
     donors: Task | None = None,
     ctx: ProblemKV | None = None,
     clean: list[torch.Tensor] | None = None,
-    donors_clean: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Last-position logits [P, V] under AF1 (any ablation and ABP variant), equal to `reference_logits` up to
     float rounding; the resample donors come from `donors` (the task itself when None). With `clean`
-    (`clean_suffix_states`), each problem resumes from the unmodified run at the first block the config changes;
-    with `donors_clean` (the donors' clean states), a resample reads its donors' states there."""
+    (`clean_suffix_states`), each problem resumes from the unmodified run at the first block the config changes
+    (a resample's donors run to `wait` per batch: only the drawn ones, never the whole distribution)."""
     config.check(adapter.n_layers, adapter.n_heads)
     reason = supports_shared(adapter, task)
     if reason is not None:
@@ -135,9 +134,7 @@ def shared_context_logits(
         inputs = _suffix_inputs(adapter, task, ids)
         h = inputs.hidden_BTD if first == 0 else clean[first - 1][sl].to(adapter.device)  # type: ignore[index]
         if ablate:
-            if pick is not None and donors_clean is not None:
-                new = donors_clean[config.wait][pick[sl]]
-            elif pick is not None:
+            if pick is not None:
                 new = suffix_states(adapter, donors, ctx, config.wait, pick[sl])
             else:
                 new = ablated_states(config, means, ids)[:, c:]

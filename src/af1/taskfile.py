@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import csv
 import hashlib
+import io
 import itertools
 import json
 import operator
@@ -166,7 +167,7 @@ def _rows(path: Path, task: TaskFile) -> list[Item]:
     records: list[dict[str, Any]] = []
     text = _text(rows_path)
     if rows_path.suffix == ".jsonl":
-        for n, line in enumerate(text.splitlines(), 1):
+        for n, line in enumerate(text.split("\n"), 1):  # JSON strings may hold U+2028 etc., never a raw newline
             if line.strip():
                 try:
                     record = json.loads(line)
@@ -176,7 +177,10 @@ def _rows(path: Path, task: TaskFile) -> list[Item]:
                     raise Af1Error(f"{rows_path}: line {n} is not a JSON object")
                 records.append(record)
     elif rows_path.suffix == ".csv":
-        records = list(csv.DictReader(text.splitlines()))
+        try:  # quoted fields may hold newlines (a multi-line prompt)
+            records = list(csv.DictReader(io.StringIO(text, newline="")))
+        except csv.Error as exc:
+            raise Af1Error(f"{rows_path}: not valid CSV ({exc})") from None
     else:
         raise Af1Error(f"{rows_path}: rows are read from .jsonl or .csv files")
     if not records:

@@ -124,6 +124,7 @@ class TaskSpec(BaseModel):
         if self.file is not None:
             from af1.taskfile import file_digest, read_task_file
 
+            object.__setattr__(self, "file", str(Path(self.file).resolve()))  # any worker finds it, whatever its cwd
             task = read_task_file(self.file)
             digest = file_digest(self.file)
             if self.file_sha256 is not None and self.file_sha256 != digest:
@@ -237,8 +238,8 @@ def sample_problems(spec: TaskSpec, pool: list[Problem]) -> list[Problem]:
     if spec.n is not None:
         if spec.n > len(rest):
             raise Af1Error(
-                f"--n {spec.n} is larger than the {len(rest)} distinct problems of {spec.operation} "
-                f"(digits={spec.digits}, shots={spec.shots})"
+                f"--n {spec.n} is larger than the {len(rest)} distinct problems of {spec.name} "
+                + (f"(digits={spec.digits}, shots={spec.shots})" if spec.file is None else f"(shots={spec.shots})")
             )
         rest = rest[: spec.n]
     if spec.n_max is not None:
@@ -279,7 +280,7 @@ class Task:
         if spec.n is not None or spec.n_max is not None or self.n_distinct is None or self.n_distinct <= DEFAULT_N:
             return None
         return (
-            f"{spec.operation} has {self.n_distinct} distinct problems; a seeded sample of {DEFAULT_N} is used "
+            f"{spec.name} has {self.n_distinct} distinct problems; a seeded sample of {DEFAULT_N} is used "
             f"(seed {spec.seed}; --n sets another size)"
         )
 
@@ -499,6 +500,16 @@ def tokenize_task(
     roles = (("bos",) if bos is not None else ()) + prompt_roles
     if like is not None:
         context_len = like.context_len
+        # rows of a file need not share the evaluated sample's longer constant prefix: those that do not are not
+        # in its distribution (built-in tasks always share it: an operand is never context)
+        same = (input_ids[:, :context_len] == like.input_ids_PT[:1, :context_len]).all(1)
+        if not bool(same.any()):
+            raise Af1Error("no problem of the task distribution shares the evaluated problems' constant prefix")
+        if not bool(same.all()):
+            kept = same.nonzero().flatten().tolist()
+            excluded += len(problems) - len(kept)
+            problems, answers = [problems[i] for i in kept], [answers[i] for i in kept]
+            input_ids = input_ids[same]
     else:
         varying = (input_ids != input_ids[:1]).any(0).nonzero().flatten()
         first_varying = int(varying[0]) if len(varying) else input_ids.shape[1] - 1

@@ -148,12 +148,15 @@ def fixed_attention(adapter: ModelAdapter, outputs: dict[int, torch.Tensor]) -> 
     for layer in outputs:
         adapter.check_layer(layer)
     modules = {layer: adapter.attention(layer) for layer in outputs}
+    own = {layer: m.__dict__.get("forward") for layer, m in modules.items()}  # accelerate's device hooks live here
     try:
         for layer, module in modules.items():
             value = outputs[layer]
             module.forward = lambda *_a, value=value, **_k: (value, None)  # pyright: ignore
         yield
     finally:
-        for module in modules.values():
+        for layer, module in modules.items():
             with contextlib.suppress(AttributeError):
                 del module.forward
+            if own[layer] is not None:
+                module.forward = own[layer]  # pyright: ignore

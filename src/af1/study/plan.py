@@ -155,6 +155,13 @@ class Unit:
         }
 
 
+def _task_key(task: TaskSpec | None) -> dict[str, Any] | None:
+    """A task as a unit's key sees it: a task file by its content's hash, not where it lies (a moved study resumes)."""
+    if task is None:
+        return None
+    return task.model_dump(exclude={"file"} if task.file is not None else set())
+
+
 def content_key(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -192,7 +199,7 @@ def expand(plan: StudyPlan) -> list[Unit]:
             {
                 "af1": __version__,
                 "model": model.load_options(),
-                "task": task.model_dump() if task is not None else None,
+                "task": _task_key(task),
                 "experiment": experiment,
                 "options": options,
                 "deps": [units[d].key for d in deps],
