@@ -120,3 +120,21 @@ def test_the_context_has_the_same_bits_whatever_the_thread_count(tokenizer):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(out[0], out[1])
+
+
+def test_a_sliding_window_shorter_than_the_prompt_runs_whole_prompts(task):
+    """A window would drop context the full forward reads: no shared context, no fast or shared-context executor."""
+    from af1.allforone import AF1Config
+    from af1.fast import supports
+    from af1.shared_context import supports_shared
+
+    model = tiny_model("mistral")
+    adapter = ModelAdapter(model)
+    assert suffix_start(model, task.input_ids_PT, task.context_len) == task.context_len
+    model.config.sliding_window = task.n_positions - 1
+    try:
+        reason = f"prompts of {task.n_positions} tokens exceed the sliding window {task.n_positions - 1}"
+        assert suffix_start(model, task.input_ids_PT, task.context_len) == 0
+        assert supports(adapter, task, AF1Config()) == reason == supports_shared(adapter, task)
+    finally:
+        model.config.sliding_window = None

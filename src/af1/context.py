@@ -75,21 +75,23 @@ def unhooked(model: Any) -> Iterator[None]:
                 module._af1_plan = plan
 
 
-def can_share(model: Any, n_positions: int) -> bool:
-    """Whether the model's cache can carry a context: a decoder-only model whose sliding window, if any, is not
-    shorter than the prompt (a window would drop context the full forward reads)."""
+def unshared_reason(model: Any, n_positions: int) -> str | None:
+    """Why the model's cache cannot carry a context for prompts of n positions (a sliding window shorter than the
+    prompt would drop context the full forward reads; an encoder-decoder has no such cache), or None."""
     config = model.config.get_text_config(decoder=True)
     window = getattr(config, "sliding_window", None)
     if window and n_positions > window:
-        return False
-    return not getattr(config, "is_encoder_decoder", False)
+        return f"prompts of {n_positions} tokens exceed the sliding window {window}"
+    if getattr(config, "is_encoder_decoder", False):
+        return "an encoder-decoder model"
+    return None
 
 
 def suffix_start(model: Any, ids_BT: torch.Tensor, context_len: int) -> int:
     """Where the positions a forward computes begin: the context's length when it is shared, else 0."""
     T = ids_BT.shape[1]
     c = min(context_len, T - 1)
-    if c <= 0 or not can_share(model, T):
+    if c <= 0 or unshared_reason(model, T) is not None:
         return 0
     return c
 

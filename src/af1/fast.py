@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from af1.allforone import AF1Config, ablated_states, reference_logits
-from af1.context import context_of, forward_last
+from af1.context import context_of, forward_last, unshared_reason
 from af1.evaluation import batches
 from af1.greedy import greedy_tokens
 from af1.interventions.attention import LayerPlan, attention_plans
@@ -40,10 +40,7 @@ def supports(adapter: ModelAdapter, task: Task, config: AF1Config) -> str | None
         return f"the fast executor computes ABP variant af1 only, not '{config.abp}'"
     if config.wait >= 0 and config.ablation not in ("cama", "mean", "zero"):
         return f"ablation '{config.ablation}' does not make positions token-local"
-    window = getattr(adapter.config, "sliding_window", None)
-    if window and task.n_positions > window:
-        return f"prompts of {task.n_positions} tokens exceed the sliding window {window}"
-    return None
+    return unshared_reason(adapter.model, task.n_positions)
 
 
 @dataclass

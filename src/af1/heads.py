@@ -106,22 +106,23 @@ def slot_counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
             raise Af1Error(f"problem {p.prompt!r} has no slot '{named.slot}'")
         offset = len(p.text) - len(p.prompt)
         own = p.text[offset + span[0] : offset + span[1]]
-        found = None
+        found, changed = None, []
         for value in [named.null_value] if named.null_value is not None else [v for v in values if v != own]:
             text = p.text[: offset + span[0]] + value + p.text[offset + span[1] :]
             ids = bos + tokenizer(text)["input_ids"]
-            if len(ids) == task.n_positions:
-                changed = (torch.tensor(ids) != task.input_ids_PT[i]).nonzero().flatten().tolist()
-                if all(task.layout[t] == named.slot for t in changed):  # nothing but the slot's tokens moved
-                    found = ids
-                    break
+            if len(ids) != task.n_positions:
+                continue
+            changed = (torch.tensor(ids) != task.input_ids_PT[i]).nonzero().flatten().tolist()
+            if all(task.layout[t] == named.slot for t in changed):  # nothing but the slot's tokens moved
+                found = ids
+                break
         if found is None:
             raise Af1Error(
                 f"no value of slot '{named.slot}' keeps the token layout of {p.prompt!r} "
                 + ("(its null value has another token length)" if named.null_value is not None else "")
             )
         rows.append(found)
-        positions |= set((torch.tensor(found) != task.input_ids_PT[i]).nonzero().flatten().tolist())
+        positions |= set(changed)
     replacement = named.null_value if named.null_value is not None else f"another row's {named.slot}"
     return Counterfactual(torch.tensor(rows), replacement, sorted(positions))
 

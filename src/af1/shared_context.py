@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from af1.allforone import AF1Config, ablated_states, ablation_start, plans_for, resample_donors, zeroed_outputs
+from af1.context import unshared_reason
 from af1.evaluation import batches
 from af1.fast import ProblemKV, context_kv
 from af1.interventions.attention import LayerPlan, attention_plans
@@ -29,10 +30,7 @@ def supports_shared(adapter: ModelAdapter, task: Task) -> str | None:
         return f"the {adapter.family.name} family does not use transformers' attention interface"
     if task.context_len == 0:
         return "the task has no constant context"
-    window = getattr(adapter.config, "sliding_window", None)
-    if window and task.n_positions > window:
-        return f"prompts of {task.n_positions} tokens exceed the sliding window {window}"
-    return None
+    return unshared_reason(adapter.model, task.n_positions)
 
 
 def _suffix_inputs(adapter: ModelAdapter, task: Task, ids_BT: torch.Tensor) -> LayerInputs:

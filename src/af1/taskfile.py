@@ -120,10 +120,9 @@ def read_task_file(path: str | Path) -> TaskFile:
         raise Af1Error(f"task file {path}: {where + ': ' if where else ''}{message}") from None
 
 
-def file_digest(path: str | Path) -> str:
-    """sha256 of a task file and every file it reads: a changed file is another task."""
+def file_digest(path: str | Path, task: TaskFile) -> str:
+    """sha256 of a task file (`task`, as read) and every file it reads: a changed file is another task."""
     path = Path(path)
-    task = read_task_file(path)
     h = hashlib.sha256(path.read_bytes())
     for name in sorted(_read_files(task)):
         target = path.parent / name

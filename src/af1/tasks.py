@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from af1.errors import Af1Error
 
@@ -118,6 +118,7 @@ class TaskSpec(BaseModel):
     largest_layout: bool = False
     file: str | None = None  # a task file (`af1.taskfile`): its rows or template replace operation and style
     file_sha256: str | None = None  # of the file and what it reads, filled in: a changed file is another task
+    _file_name: str | None = PrivateAttr(default=None)  # the task file's name, read with it
 
     @model_validator(mode="after")
     def _read_file(self) -> TaskSpec:
@@ -126,7 +127,7 @@ class TaskSpec(BaseModel):
 
             object.__setattr__(self, "file", str(Path(self.file).resolve()))  # any worker finds it, whatever its cwd
             task = read_task_file(self.file)
-            digest = file_digest(self.file)
+            digest = file_digest(self.file, task)
             if self.file_sha256 is not None and self.file_sha256 != digest:
                 raise ValueError(f"task file {self.file} changed since this task was described (sha256 differs)")
             object.__setattr__(self, "file_sha256", digest)
@@ -134,16 +135,13 @@ class TaskSpec(BaseModel):
                 object.__setattr__(self, "shots", task.shots)
             if task.scoring is not None:
                 object.__setattr__(self, "scoring", task.scoring)
+            self._file_name = task.name or Path(self.file).stem
         return self
 
     @property
     def name(self) -> str:
         """What the task is called in tables: the operation, or the task file's name (its stem by default)."""
-        if self.file is None:
-            return self.operation
-        from af1.taskfile import read_task_file
-
-        return read_task_file(self.file).name or Path(self.file).stem
+        return self.operation if self._file_name is None else self._file_name
 
     @field_validator("operation")
     @classmethod
@@ -554,18 +552,20 @@ def build_task(spec: TaskSpec, tokenizer: Any) -> Task:
     return task
 
 
+def _identity(spec: TaskSpec, problem: Problem) -> Any:
+    """What makes two problems the same: the operands (not the prompt, which may have lost its trailing space), or
+    for a task file the prompt without that space (a file's rows need not have slots)."""
+    return problem.operands if spec.file is None else problem.prompt.rstrip(" ")
+
+
 def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
     """The problems CAMA averages over: the whole distribution when it has at most GRID_MAX problems,
     else a seeded sample of MEANS_SAMPLE disjoint from the evaluated ones; the evaluated task's layout."""
     examples, pool = problem_pool(spec) if spec.file is None else file_pool(spec)
     origin = "grid" if spec.file is None else "every row"
     if len(pool) > GRID_MAX:
-
-        def key(p: Problem) -> Any:  # not the prompt itself: a prompt may have lost its trailing space
-            return p.operands if spec.file is None else p.prompt.rstrip(" ")  # a file's rows need not have slots
-
-        seen = {key(p) for p in evaluated.problems}
-        rest = [p for p in pool if key(p) not in seen]
+        seen = {_identity(spec, p) for p in evaluated.problems}
+        rest = [p for p in pool if _identity(spec, p) not in seen]
         pool = random.Random(spec.seed + 1).sample(rest, min(MEANS_SAMPLE, len(rest)))
         origin = "disjoint sample"
     task = tokenize_task(spec, examples, pool, tokenizer, like=evaluated)
