@@ -127,7 +127,8 @@ def fitted_tiny_model(family: str, specs: list, tokenizer, n_layers: int = 3, se
     pairs = []  # (problems of a step, the distribution's same step)
     for spec in specs:
         task = build_task(spec, tokenizer)
-        pairs += list(zip(task.steps(), distribution_task(spec, tokenizer, task).steps(), strict=False))
+        dist = {part.part_key: part for part in distribution_task(spec, tokenizer, task).steps()}
+        pairs += [(part, dist[part.part_key]) for part in task.steps()]
     rows = 2 * sum(len(s) for s, _ in pairs)
     config.hidden_size = max(config.hidden_size, 64 * -(-rows // 64))  # room for an exact fit
     config.intermediate_size = 2 * config.hidden_size

@@ -334,7 +334,7 @@ def test_knockout_scores_every_answer_token_and_nothing_ablated_is_the_plain_mod
     two_steps = build_task(TaskSpec(operation="a+b", n=16, seed=3, answer_digits="any"), tokenizer)
     assert two_steps.n_steps() == 2
     means = heads.step_means(adapter, two_steps)
-    assert [m[0].shape[0] for m in means] == [two_steps.n_positions, two_steps.n_positions + 1]
+    assert [m[0].shape[0] for m in means.values()] == [two_steps.n_positions, two_steps.n_positions + 1]
     plain = evaluate(adapter.model, two_steps)
     nothing = heads.knockout_scores(adapter, two_steps, [], means)
     assert torch.equal(nothing.correct_P, plain.correct_P) and nothing.predicted_PA == plain.predicted_PA
@@ -372,7 +372,8 @@ def test_finetuning_trains_every_answer_token(tokenizer):
         answer = list(task.answer_tokens[i])
         assert ids[row, :T].tolist() == task.input_ids_PT[i].tolist()
         assert ids[row, T : T + len(answer)].tolist() == answer
-        assert labels[row, : len(answer)].tolist() == answer and (labels[row, len(answer) :] == -100).all()
+        predicts = labels[row, T - 1 : T - 1 + len(answer)].tolist()  # position T-1+k predicts answer token k
+        assert predicts == answer and int((labels[row] != -100).sum()) == len(answer)
     # a model trained on a task whose first answer token is always the same still has a loss on the others
     adapter = ModelAdapter(tiny_model("llama"))
     result = finetune.train(adapter, task, finetune.FinetuneConfig(steps=2, lr=1e-3, batch_size=4), None)

@@ -169,8 +169,9 @@ def test_every_study_runs_from_a_task_file(fitted, tokenizer):
         assert result.data()
     with pytest.raises(NotApplicable, match="input styles"):
         api.run("styles", held, spec, wait=0, transfer=1)
-    with pytest.raises(Af1Error, match="for a task file give --heads"):
-        api.run("finetune", held, spec, steps=1)
+    tuned = api.run("finetune", held, spec, steps=1, n_train=20, n_val=10, n_eval=10, seeds=1, lrs=[1e-3], k=2)
+    assert tuned.heads_chosen_on is not None and tuned.heads_chosen_on["problems"] == "the training rows"
+    assert tuned.heads_chosen_on["n_solved"] <= 20 and len(tuned.heads) == 2
 
 
 def test_means_rows_keep_the_evaluated_constant_prefix(tmp_path, tokenizer):

@@ -201,10 +201,11 @@ class OnePlusTokenizer(SpaceMergingTokenizer):
         return out
 
 
-def test_mixed_layouts_refused_or_grouped():
+def test_mixed_layouts_grouped_or_the_largest_kept():
     spec = TaskSpec(operation="a+b")
-    with pytest.raises(Af1Error, match="different token layouts"):
-        build_task(spec, OnePlusTokenizer())
+    grouped = build_task(spec, OnePlusTokenizer())
+    assert [len(g) for g in grouped.groups] == [90, 10] and grouped.excluded_other_layouts == 0
+    assert all(p.operands[0] == 1 for p in grouped.groups[1].problems)
     task = build_task(spec.model_copy(update={"largest_layout": True}), OnePlusTokenizer())
     assert task.excluded_other_layouts == 10  # 1+0 .. 1+9 (full scoring keeps the two-digit answer 10)
     assert all(p.operands[0] != 1 for p in task.problems)

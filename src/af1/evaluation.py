@@ -36,8 +36,17 @@ class Scores:
         return float(self.p_correct_P.mean()) if len(self.p_correct_P) else float("nan")
 
     def rate(self, task: Task) -> dict[str, Any]:
-        """Accuracy with its n, 95 % interval and the constant-guess baseline on the same problems."""
-        return rate(self.correct_P.tolist(), task.targets())
+        """Accuracy with its n, 95 % interval and the constant-guess baseline on the same problems; for a task of
+        several token layouts, pooled over them, with each layout's own (`by_layout`)."""
+        correct, targets = self.correct_P.tolist(), task.targets()
+        pooled = rate(correct, targets)
+        if task.groups:
+            pooled["by_layout"] = []
+            for group in task.groups:
+                rows = group.where_P.tolist()
+                r = rate([correct[i] for i in rows], [targets[i] for i in rows])
+                pooled["by_layout"].append({"layout": group.layout_id, **{k: r[k] for k in ("value", "n", "ci")}})
+        return pooled
 
     def subset(self, index: list[int]) -> Scores:
         return Scores(
@@ -155,7 +164,7 @@ def recorded(model: Any, tokenizer: Any, spec: Any, rows: list[dict[str, Any]]) 
     if len(rows) != len(task) or any("p_correct" not in r for r in rows):
         return None
     inputs = [(r.get("input_ids"), r.get("answer_tokens")) for r in rows]
-    if inputs != list(zip(task.input_ids_PT.tolist(), map(list, task.answer_tokens), strict=True)):
+    if inputs != [(r["input_ids"], r["answer_tokens"]) for r in task.rows()]:
         return None
     scores = Scores(
         [list(r["predicted_tokens"]) for r in rows],

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from af1.errors import Af1Error
 from af1.evaluation import batches
 from af1.models.adapter import ModelAdapter, weight_of
-from af1.tasks import Task
+from af1.tasks import PAD, Task
 
 GQA_CHOICE = "the key/value rows of each chosen query head's KV group are trained (shared with its sibling heads)"
 PROJECTIONS = {"q": ("q_proj",), "k": ("k_proj",), "v": ("v_proj",)}
@@ -37,16 +37,17 @@ class FinetuneConfig(BaseModel):
 
 
 def answer_batch(task: Task, index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts followed by their whole answers [B, T + A] and the labels of every answer token [B, A] (-100 past
-    a shorter answer): position T-1+k predicts answer token k. Padding comes after, so causality ignores it."""
-    A = max(len(task.answer_tokens[i]) for i in index)
-    ids = torch.zeros(len(index), task.n_positions + A, dtype=torch.long)
-    labels = torch.full((len(index), A), -100, dtype=torch.long)
-    ids[:, : task.n_positions] = task.input_ids_PT[index]
-    for row, i in enumerate(index):
-        answer = torch.tensor(task.answer_tokens[i], dtype=torch.long)
-        ids[row, task.n_positions : task.n_positions + len(answer)] = answer
-        labels[row, : len(answer)] = answer
+    """Prompts followed by their whole answers [B, L] and, aligned with the logits, the label each position must
+    predict [B, L] (-100 where none: the prompt, padding). Padding comes after each row, so causality ignores it;
+    rows of a task of several token layouts keep their own lengths."""
+    rows = [[t for t in task.input_ids_PT[i].tolist() if t != PAD] + list(task.answer_tokens[i]) for i in index]
+    L = max(map(len, rows))
+    ids = torch.zeros(len(index), L, dtype=torch.long)
+    labels = torch.full((len(index), L), -100, dtype=torch.long)
+    for row, (i, tokens) in enumerate(zip(index, rows, strict=True)):
+        ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        start = len(tokens) - len(task.answer_tokens[i]) - 1  # the last prompt position predicts answer token 0
+        labels[row, start : len(tokens) - 1] = torch.tensor(task.answer_tokens[i], dtype=torch.long)
     return ids, labels
 
 
@@ -107,9 +108,7 @@ def train(
         for _ in range(config.steps):
             index = rng.sample(range(len(task)), min(config.batch_size, len(task)))
             ids, labels = answer_batch(task, index)
-            A = labels.shape[1]
-            logits = model(input_ids=ids.to(adapter.device), use_cache=False).logits
-            logits = logits[:, task.n_positions - 1 : task.n_positions - 1 + A].float()
+            logits = model(input_ids=ids.to(adapter.device), use_cache=False).logits.float()
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.to(logits.device).flatten())
             optimiser.zero_grad(set_to_none=True)
             loss.backward()

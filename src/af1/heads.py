@@ -46,6 +46,8 @@ from af1.progress import progress
 from af1.stats import constant_baseline
 from af1.tasks import NAMES, OPERATIONS, Task, _template
 
+NOT_OPERANDS = ("context", "const", "bos")  # roles that are not an operand (or a task file's slot)
+
 # Where the operation is named in each style, and the null replacements tried (same token count).
 OPERATOR_TEXT = {
     "original": {"+": "+", "-": "-", "*": "*"},
@@ -436,18 +438,47 @@ def knockout_correct(
     return Scores.from_logits(mean_ablated_logits(adapter, task, heads, means), task.answer_ids_P).correct_P.tolist()
 
 
-def step_means(adapter: ModelAdapter, task: Task) -> list[dict[int, torch.Tensor]]:
-    """Head means per answer step (teacher forced) over all the task's problems: what knockout ablates to."""
-    return [head_means(adapter, step) for step in task.steps()]
+def step_means(adapter: ModelAdapter, task: Task) -> dict[Any, dict[int, torch.Tensor]]:
+    """Head means per token layout and answer step (teacher forced) over all the task's problems, by `part_key`:
+    what knockout ablates to."""
+    return {step.part_key: head_means(adapter, step) for step in task.steps()}
 
 
 def knockout_scores(
-    adapter: ModelAdapter, kept: Task, heads: list[tuple[int, int]], means: list[dict[int, torch.Tensor]]
+    adapter: ModelAdapter, kept: Task, heads: list[tuple[int, int]], means: dict[Any, dict[int, torch.Tensor]]
 ) -> Scores:
     """Every answer step of the solved problems with the listed heads mean-ablated (full-answer scoring)."""
     return Scores.from_steps(
-        kept, [mean_ablated_logits(adapter, step, heads, m) for step, m in zip(kept.steps(), means, strict=False)]
+        kept, [mean_ablated_logits(adapter, step, heads, means[step.part_key]) for step in kept.steps()]
     )
+
+
+def per_layout(task: Task) -> list[tuple[float, Task]]:
+    """Each token layout's problems with its share of the task: measures that compare positions run per layout and
+    are pooled by these weights (each problem counts once)."""
+    return [(len(group) / len(task), group) for group in task.groups] or [(1.0, task)]
+
+
+def pooled(weighted: list[tuple[float, Any]]) -> Any:
+    """The weighted mean of per-layout results: tensors and numbers averaged, dicts by key, anything else (a name)
+    taken from the first; None stays None."""
+    first = weighted[0][1]
+    if len(weighted) == 1 or first is None:
+        return first
+    if isinstance(first, dict):
+        return {key: pooled([(w, v[key]) for w, v in weighted]) for key in first}
+    if isinstance(first, torch.Tensor | float | int) and not isinstance(first, bool):
+        return sum(w * v for w, v in weighted)
+    return first
+
+
+def layout_path_patching(
+    adapter: ModelAdapter, kept: Task, tokenizer: Any, path: str
+) -> tuple[dict[str, Any], Counterfactual]:
+    """Path patching per token layout (each with its own counterfactual), pooled over layouts; the first layout's
+    counterfactual describes them."""
+    runs = [(w, group, counterfactual(group, tokenizer)) for w, group in per_layout(kept)]
+    return pooled([(w, path_patching(adapter, group, cf, path)) for w, group, cf in runs]), runs[0][2]
 
 
 @torch.no_grad()
@@ -513,6 +544,8 @@ def last_query_attention(
 
         return fn
 
+    if task.groups:
+        return pooled([(w, last_query_attention(adapter, group, heads)) for w, group in per_layout(task)])
     layers = sorted({layer for layer, _ in heads})
     ids = task.input_ids_PT.to(adapter.device)
     with attention_plans(adapter, {layer: LayerPlan(capture=capture(layer)) for layer in layers}):
@@ -520,8 +553,10 @@ def last_query_attention(
     roles = list(task.layout)
     n = len(roles)
     groups = {
-        "operands": [t for t, r in enumerate(roles) if r in NAMES],
-        "operator": [t for t, r in enumerate(roles) if r == "const" and t < n - 1 and t > 0 and roles[t - 1] in NAMES],
+        "operands": [t for t, r in enumerate(roles) if r not in NOT_OPERANDS],  # an operand or a task file's slot
+        "operator": [
+            t for t, r in enumerate(roles) if r == "const" and t < n - 1 and t > 0 and roles[t - 1] not in NOT_OPERANDS
+        ],
         "context": [t for t, r in enumerate(roles) if r == "context"],
     }
     groups["last"] = [n - 1]
@@ -557,6 +592,8 @@ def mlp_logit_lens(adapter: ModelAdapter, task: Task) -> torch.Tensor | None:
     unembedding. None for families whose MLP output is normalised again before the residual sum (post-norms)."""
     if adapter.family.post_norms:
         return None
+    if task.groups:
+        return pooled([(w, mlp_logit_lens(adapter, group)) for w, group in per_layout(task)])
     cache, _ = run_last(adapter, task.input_ids_PT, task.context_len)
     final = cache[FINAL].to(execution_device(adapter.final_norm))
     with adapter.onloaded(adapter.lm_head):
@@ -631,8 +668,7 @@ def study(
     task, base = done.task, done.base
     require_solved(int(base.correct_P.sum()), spec)
     kept = solved(task, base)
-    cf = counterfactual(kept, lm.tokenizer)
-    pp = path_patching(adapter, kept, cf, path)
+    pp, cf = layout_path_patching(adapter, kept, lm.tokenizer, path)
     effect = effect_of(pp, metric)
     keys = key_heads(effect, threshold)
     top = top_heads(effect, k)
@@ -656,6 +692,7 @@ def study(
         "style": spec.style,
         "n": len(task),
         "n_solved": len(kept),
+        "layouts": kept.layouts(),  # path patching, knock-outs and attention per layout, pooled by each one's n
         "scoring": spec.scoring,
         "base_accuracy_all": base.accuracy,
         "counterfactual": cf.replacement,
@@ -691,7 +728,7 @@ def study(
             o = evaluated(lm.model, lm.tokenizer, other)
             o_kept = solved(o.task, o.base)
             require_solved(len(o_kept), other)
-            o_effect = effect_of(path_patching(adapter, o_kept, counterfactual(o_kept, lm.tokenizer), path), metric)
+            o_effect = effect_of(layout_path_patching(adapter, o_kept, lm.tokenizer, path)[0], metric)
         except Af1Error as exc:
             overlaps.append({"task": other.operation, "style": other.style, "error": str(exc)})
             continue

@@ -105,11 +105,13 @@ class Setup:
     def on(self, index: list[int]) -> Setup:
         """The same setup restricted to some solved problems (a split); means and fast-path tables are shared."""
         kept = self.kept.subset(index)
-        steps = [replace(s, kept=k) for s, k in zip(self.steps, kept.steps(), strict=False)]
-        return replace(self, kept=kept, steps=steps)
+        by_part = {s.kept.part_key: s for s in self.steps}
+        return replace(self, kept=kept, steps=[replace(by_part[k.part_key], kept=k) for k in kept.steps()])
 
     def describe(self) -> dict[str, Any]:
         base = self.base.rate(self.task)
+        solved_P = self.kept.layout_P.tolist()
+        layouts = [{**row, "n_solved": solved_P.count(row["layout"])} for row in self.task.layouts()]
         return {
             "model": self.lm.info.get("spec"),
             "task": self.spec.name,
@@ -121,6 +123,8 @@ class Setup:
             "base_accuracy": base["value"],
             "base_accuracy_ci": base["ci"],
             "base_accuracy_baseline": base["baseline"],
+            **({"base_accuracy_by_layout": base["by_layout"]} if "by_layout" in base else {}),
+            "layouts": layouts,
             "n_layers": self.adapter.n_layers,
             "n_heads": self.adapter.n_heads,
             "context_len": self.task.context_len,
@@ -162,19 +166,23 @@ def make_setup(
 ) -> Setup:
     """A setup from a task, its base scores and the distribution CAMA averages over: one StepSetup per answer step."""
     kept = solved(task, base)
-    dist_steps = distribution.steps()
+    dist_steps = {part.part_key: part for part in distribution.steps()}
     kept_steps = kept.steps()
-    if len(kept_steps) > len(dist_steps):
+    if any(k.part_key not in dist_steps for k in kept_steps):
         raise Af1Error("the means sample has no answer as long as some solved problems' answers")
     if means_path is not None and len(kept_steps) > 1:
-        raise Af1Error("--means holds one scoring step's means: use it with --scoring first")
+        raise Af1Error(
+            "--means holds the means of one scoring step of one token layout: use it with --scoring first"
+            + (" and --largest-layout" if task.groups else "")
+        )
     warnings: list[str] = [task.sampling_note] if task.sampling_note else []
     for what, on in ((f"base accuracy ({spec.scoring} scoring)", task), ("faithfulness on the solved problems", kept)):
         note = baseline_warning(what, constant_baseline(on.targets()), len(on))
         if note:
             warnings.append(note)
     steps = []
-    for k, (kept_k, dist_k) in enumerate(zip(kept_steps, dist_steps, strict=False)):
+    for kept_k in kept_steps:
+        dist_k = dist_steps[kept_k.part_key]
         if means_path is not None:
             means = PositionMeans.load(means_path, expected_key=means_key(lm.adapter, dist_k))
         else:
@@ -182,8 +190,9 @@ def make_setup(
         low = low_count_positions(means, kept_k)
         if low:
             warnings.append(
-                f"step {k}: CAMA means over fewer than {LOW_COUNT} problems at positions {low} "
-                f"({distribution.origin} of {len(distribution)} problems)"
+                (f"layout {kept_k.layout_id}, " if task.groups else "")
+                + f"step {kept_k.step}: CAMA means over fewer than {LOW_COUNT} problems at positions {low} "
+                f"({distribution.origin} of {len(dist_k)} problems)"
             )
         steps.append(StepSetup(lm.adapter, kept_k, means, dist_k))
     return Setup(lm, spec, task, base, kept, distribution, steps, warnings)
@@ -203,8 +212,12 @@ def choose_executor(adapter: ModelAdapter, task: Task, config: AF1Config, refere
 
 
 def executor(setup: Setup, config: AF1Config, reference: bool = False) -> dict[str, Any]:
-    """Which executor runs a config on a setup, and why when it is not the fast one."""
-    return choose_executor(setup.adapter, setup.kept, config, reference)
+    """Which executor runs a config on a setup (on each of its steps), and why when it is not the fast one."""
+    chosen = [choose_executor(s.adapter, s.kept, config, reference) for s in setup.steps]
+    if all(c == chosen[0] for c in chosen):
+        return chosen[0]
+    reasons = dict.fromkeys(c["fallback_reason"] for c in chosen if c["fallback_reason"])
+    return {"executor": "mixed", "fallback_reason": "; ".join(reasons)}
 
 
 def af1_logits(step: StepSetup, config: AF1Config, reference: bool = False) -> torch.Tensor:
@@ -230,6 +243,8 @@ def faith_fields(setup: Setup, scores: Scores, prefix: str = "faithfulness") -> 
     """`<prefix>`, `<prefix>_ci`, `<prefix>_baseline` and n of a rate on the solved problems."""
     r = scores.rate(setup.kept)
     fields = {prefix: r["value"], f"{prefix}_ci": r["ci"], f"{prefix}_baseline": r["baseline"], f"{prefix}_n": r["n"]}
+    if "by_layout" in r:
+        fields[f"{prefix}_by_layout"] = r["by_layout"]
     return {**fields, **(scores.executor or {})}
 
 
@@ -310,7 +325,7 @@ def sweep(
         how = executor(setup, config, reference)
         per_step = []
         for step in setup.steps:
-            if how["executor"] != "fast":
+            if choose_executor(step.adapter, step.kept, config, reference)["executor"] != "fast":
                 per_step.append(
                     {k: af1_logits(step, config.model_copy(update={"transfer": k}), reference) for k in todo}
                 )
@@ -349,6 +364,7 @@ def sweep(
         "fallback_reasons": fallbacks,
         "n_cells": len(cells),
         "kept_problems": setup.kept.rows(),
+        **({"kept_layouts": setup.kept.layout_P.tolist()} if setup.kept.groups else {}),
     }
 
 
@@ -421,15 +437,30 @@ def search(
         "n_ineligible_no_compute": sum(1 for w, k in measured if not has_compute_stage(w, k, L)),
         "warnings": [],
     }
+
+    def by_layout(w: int, k: int) -> list[dict[str, Any]]:
+        """The pooled confirmation rate's parts: each token layout's confirmation problems."""
+        correct, layout_P = _unbits(sweep_result["cells"][f"{w},{k}"]), sweep_result["kept_layouts"]
+        out = []
+        for g in sorted(set(layout_P)):
+            rows = [i for i in conf if layout_P[i] == g]
+            r = rate([correct[i] for i in rows], [targets[i] for i in rows])
+            out.append({"layout": g, **{kk: r[kk] for kk in ("value", "n", "ci")}})
+        return out
+
     eligible = [m for m in measured.values() if m["eligible"]]
     if eligible:
         result["best"] = max(eligible, key=lambda m: (m["faithfulness_selection"], m["wait"], -m["transfer"]))
+        if "kept_layouts" in sweep_result:
+            result["best"]["faithfulness_by_layout"] = by_layout(result["best"]["wait"], result["best"]["transfer"])
     if passing:
         w = max(w for w, _ in passing)
         k = min(kk for ww, kk in passing if ww == w)
         chosen = passing[(w, k)]
         config = AF1Config(**{**sweep_result.get("config", {}), "wait": w, "transfer": k})
         result.update({kk: v for kk, v in chosen.items() if kk != "eligible"}, stages=config.stages(L))
+        if "kept_layouts" in sweep_result:
+            result["faithfulness_by_layout"] = by_layout(w, k)
     note = baseline_warning("faithfulness (confirmation split)", base_conf["baseline"], len(conf))
     if note:
         result["warnings"].append(note)
@@ -624,7 +655,7 @@ def compare_base(a: Setup, b: Setup) -> dict[str, Any] | None:
 
 def pruned_scores(setup: Setup, config: AF1Config, head_sets: list[list[tuple[int, int]]]) -> list[Scores]:
     """Scores under `config` with each set of transfer heads kept from peeking; the fast path runs all sets at once."""
-    if supports(setup.adapter, setup.kept, config) is not None:
+    if any(supports(s.adapter, s.kept, config) is not None for s in setup.steps):
         return [faithfulness(setup, config.model_copy(update={"pruned_heads": hs})) for hs in head_sets]
     per_step = [
         fast_pruned_logits(step.adapter, step.kept, config, step.local_kv(config), head_sets) for step in setup.steps

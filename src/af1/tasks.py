@@ -267,9 +267,13 @@ class Task:
     excluded_other_layouts: int = 0
     bos: tuple[int, str] | None = None  # the special token prepended because the first token varies: (id, text)
     step: int | None = None  # set on the tasks `steps()` returns
-    index_P: torch.Tensor | None = None  # for a step: rows of the task it came from
+    index_P: torch.Tensor | None = None  # a step's rows in the task it came from; a layout group's in the whole
     origin: str = "sample"  # "sample" (evaluated problems), "grid" or "disjoint sample" (a means distribution)
     n_distinct: int | None = None  # distinct problems of the spec (besides the few-shot ones), when known
+    # several token layouts: one task per layout, whose index_P are its rows here (see `union`); the whole task's
+    # input_ids_PT are then right-padded with PAD and only its `steps()`, one layout each, are ever run
+    groups: list[Task] = field(default_factory=list)
+    layout_id: int = 0  # which of the evaluated task's layout groups this is (kept by subsets and distributions)
 
     @property
     def sampling_note(self) -> str | None:
@@ -295,26 +299,76 @@ class Task:
     def __len__(self) -> int:
         return len(self.problems)
 
+    @property
+    def where_P(self) -> torch.Tensor:
+        """Rows of this piece (a layout group or an answer step) in the task it belongs to."""
+        if self.index_P is None:
+            raise ValueError("a whole task is not a piece of another")
+        return self.index_P
+
+    @property
+    def part_key(self) -> tuple[Any, ...]:
+        """Which piece of a task this is: its prompt's token layout and its answer step."""
+        return (self.prompt_roles, self.bos, self.step)
+
+    @property
+    def layout_P(self) -> torch.Tensor:
+        """Each row's layout group (`layout_id`; all 0 for a task of one layout)."""
+        out = torch.zeros(len(self), dtype=torch.long)
+        for group in self.groups:
+            out[group.where_P] = group.layout_id
+        return out
+
+    def one_layout(self, what: str) -> Task:
+        """Itself, when its prompts share one token layout; `what` compares positions across problems, so a task of
+        several layouts is a one-line error."""
+        if self.groups:
+            sizes = [len(g) for g in self.groups]
+            raise Af1Error(
+                f"{what} compares positions across problems, and {self.spec.name} has {len(sizes)} token layouts "
+                f"(group sizes {sizes}): use --largest-layout to keep the largest group"
+            )
+        return self
+
     def subset(self, index: list[int] | torch.Tensor) -> Task:
         index = torch.as_tensor(index, dtype=torch.long)
         rows = index.tolist()
+        groups = []
+        if self.groups:
+            new_row = {r: n for n, r in enumerate(rows)}
+            for group in self.groups:
+                mine = sorted((new_row[r], j) for j, r in enumerate(group.where_P.tolist()) if r in new_row)
+                if mine:
+                    sub = group.subset([j for _, j in mine])
+                    sub.index_P = torch.tensor([n for n, _ in mine], dtype=torch.long)
+                    groups.append(sub)
         return dataclasses.replace(
             self,
             problems=[self.problems[i] for i in rows],
             input_ids_PT=self.input_ids_PT[index],
             answer_tokens=[self.answer_tokens[i] for i in rows],
             index_P=None if self.index_P is None else self.index_P[index],
+            groups=groups,
         )
 
     def n_steps(self) -> int:
+        if self.groups:
+            return max(g.n_steps() for g in self.groups)
         if self.step is not None or self.spec.scoring == "first" or not self.answer_tokens:
             return 1
         return max(len(a) for a in self.answer_tokens)
 
     def steps(self) -> list[Task]:
-        """The next-token predictions that score this task, each a task of one token layout."""
+        """The next-token predictions that score this task, each a task of one token layout (per layout group, then
+        per answer step); each step's index_P are its rows in this task."""
         if self.step is not None:
             return [self]
+        if self.groups:
+            return [
+                dataclasses.replace(part, index_P=group.where_P[part.where_P])
+                for group in self.groups
+                for part in dataclasses.replace(group, index_P=None).steps()
+            ]
         out = []
         for k in range(self.n_steps()):
             rows = [i for i, a in enumerate(self.answer_tokens) if len(a) > k]
@@ -341,10 +395,19 @@ class Task:
 
     def input_text(self, i: int) -> str:
         """The exact text fed to the model for problem i: the prepended BOS, the few-shot prefix, the prompt."""
+        for group in self.groups:
+            if i in group.where_P.tolist():
+                return group.input_text(group.where_P.tolist().index(i))
         return (self.bos[1] if self.bos else "") + self.problems[i].text
 
     def rows(self) -> list[dict[str, Any]]:
-        """Each problem as it was fed: enough to rerun exactly that input."""
+        """Each problem as it was fed: enough to rerun exactly that input (and its layout group, when several)."""
+        if self.groups:
+            out: list[dict[str, Any]] = [{} for _ in range(len(self))]
+            for group in self.groups:
+                for r, row in zip(group.where_P.tolist(), dataclasses.replace(group, groups=[]).rows(), strict=True):
+                    out[r] = {**row, "layout": group.layout_id}
+            return out
         return [
             {
                 "prompt": p.prompt,
@@ -357,9 +420,24 @@ class Task:
             for i, p in enumerate(self.problems)
         ]
 
+    def layouts(self) -> list[dict[str, Any]]:
+        """Each token layout's size and shape, with an example input; one entry for a task of one layout."""
+        return [
+            {
+                "layout": group.layout_id,
+                "n": len(group),
+                "n_positions": group.n_positions,
+                "context_len": group.context_len,
+                "roles": compact_roles(group.layout),
+                "example_input": group.input_text(0) if len(group) else None,
+            }
+            for group in self.groups or [self]
+        ]
+
     def describe(self) -> dict[str, Any]:
         return {
             "spec": self.spec.model_dump(),
+            "layouts": self.layouts(),
             "scoring": self.spec.scoring,
             "n_problems": len(self),
             "n_positions": self.n_positions,
@@ -444,12 +522,27 @@ def _encode(
     return problems, encoded, answers, False
 
 
+def compact_roles(layout: tuple[str, ...]) -> str:
+    """A layout as one line: 'context*25 a a const b const' (runs of context and BOS counted)."""
+    words: list[str] = []
+    for role, run in itertools.groupby(layout):
+        n = len(list(run))
+        words += [f"{role}*{n}"] if role in ("context", "bos") and n > 1 else [role] * n
+    return " ".join(words)
+
+
+MIN_LAYOUT = 5  # a layout shared by fewer evaluated problems is left out: its CAMA means would be over almost none
+PAD = -1  # pads the whole-task ids of a task of several layouts: not a token, so running them fails loudly
+
+
 def tokenize_task(
     spec: TaskSpec, examples: list[Problem], problems: list[Problem], tokenizer: Any, like: Task | None = None
 ) -> Task:
-    """Tokenize and check problems: one token layout, unambiguous answers, a context that is constant.
+    """Tokenize and check problems: unambiguous answers, grouped by token layout, each group's constant context.
 
-    With `like`, the problems take that task's layout, context and prepended BOS (a means distribution)."""
+    Prompts of several layouts become one task of several groups (`Task.groups`), each measured on its own;
+    --largest-layout keeps the largest group. With `like`, the problems take that task's layouts, contexts and
+    prepended BOS (a means distribution); problems of other layouts are left out."""
     problems, encoded, answers, moved = _encode(spec, problems, tokenizer)
     bad = [p for p, a in zip(problems, answers, strict=True) if a is None]
     if bad:
@@ -457,31 +550,110 @@ def tokenize_task(
             "the tokenizer merges the end of the prompt with the answer "
             f"(e.g. {bad[0].text!r} + {bad[0].answer_text!r}): the answer's tokens are ambiguous"
         )
-    groups: dict[tuple[str, ...], list[int]] = {}
+    by_roles: dict[tuple[str, ...], list[int]] = {}
     for i, (_, roles) in enumerate(encoded):
-        groups.setdefault(roles, []).append(i)
-    excluded = 0
+        by_roles.setdefault(roles, []).append(i)
+
+    def build(rows: list[int], like_group: Task | None) -> Task:
+        task = _layout_task(
+            spec,
+            examples,
+            [problems[i] for i in rows],
+            [encoded[i][0] for i in rows],
+            encoded[rows[0]][1],
+            [tuple(answers[i] or ()) for i in rows],
+            tokenizer,
+            like_group,
+        )
+        task.answer_moves_space = moved
+        return task
+
     if like is not None:
-        keep = groups.get(like.prompt_roles, [])
-    elif len(groups) > 1:
-        sizes = sorted((len(v) for v in groups.values()), reverse=True)
-        if not spec.largest_layout:
-            raise Af1Error(
-                f"the prompts have {len(groups)} different token layouts (group sizes {sizes}); "
-                "positions would not be comparable: use --largest-layout to keep the largest group"
-            )
-        keep = max(groups.values(), key=len)
-    else:
-        keep = list(range(len(problems)))
-    excluded = len(problems) - len(keep)
-    if not keep:
-        raise Af1Error("no problem of the task distribution has the evaluated problems' token layout")
-    problems = [problems[i] for i in keep]
-    encoded = [encoded[i] for i in keep]
-    answers = [answers[i] for i in keep]
-    input_ids = torch.tensor([ids for ids, _ in encoded], dtype=torch.long)
-    prompt_roles = encoded[0][1]
+        built = []
+        for target in like.groups or [like]:
+            rows = by_roles.get(target.prompt_roles, [])
+            if not rows:
+                raise Af1Error("no problem of the task distribution has the evaluated problems' token layout")
+            built.append(build(rows, target))
+            built[-1].layout_id = target.layout_id
+        kept = sum(len(t) + t.excluded_other_layouts for t in built)
+        return union(built, len(problems) - kept) if like.groups else _excluding(built[0], len(problems) - kept)
+    groups = sorted(by_roles.values(), key=lambda rows: (-len(rows), rows[0]))
+    if len(groups) == 1:
+        return build(groups[0], None)
+    if spec.largest_layout:
+        return _excluding(build(groups[0], None), len(problems) - len(groups[0]))
+    large = [rows for rows in groups if len(rows) >= MIN_LAYOUT]
+    if not large:
+        raise Af1Error(
+            f"the prompts have {len(groups)} different token layouts, none shared by {MIN_LAYOUT} or more problems "
+            f"(group sizes {[len(r) for r in groups]}): CAMA's means would be over almost nothing"
+        )
+    left_out = len(problems) - sum(map(len, large))
+    if len(large) == 1:
+        return _excluding(build(large[0], None), left_out)
+    built = [build(rows, None) for rows in large]
+    for n, task in enumerate(built):
+        task.layout_id = n
+    order = {i: n for n, i in enumerate(sorted(i for rows in large for i in rows))}  # rows in the sample's order
+    for task, rows in zip(built, large, strict=True):
+        task.index_P = torch.tensor([order[i] for i in rows], dtype=torch.long)
+    return union(built, left_out)
+
+
+def _excluding(task: Task, n: int) -> Task:
+    task.excluded_other_layouts += n
+    return task
+
+
+def union(groups: list[Task], excluded: int = 0) -> Task:
+    """One task of several token layouts from one task per layout (each group's index_P: its rows in the union,
+    or, when unset, the groups' rows one after another)."""
+    start = 0
+    for group in groups:
+        if group.index_P is None:
+            group.index_P = torch.arange(start, start + len(group))
+        start += len(group)
+    P, T = start, max(g.n_positions for g in groups)
+    ids_PT = torch.full((P, T), PAD, dtype=torch.long)
+    problems: list[Any] = [None] * P
+    answers: list[Any] = [None] * P
+    for group in groups:
+        ids_PT[group.where_P, : group.n_positions] = group.input_ids_PT
+        for j, r in enumerate(group.where_P.tolist()):
+            problems[r], answers[r] = group.problems[j], group.answer_tokens[j]
+    first = groups[0]
+    return Task(
+        first.spec,
+        problems,
+        ids_PT,
+        answers,
+        min(g.context_len for g in groups),
+        (),
+        (),
+        first.examples,
+        first.answer_moves_space,
+        excluded + sum(g.excluded_other_layouts for g in groups),
+        first.bos if all(g.bos == first.bos for g in groups) else None,
+        origin=first.origin,
+        groups=groups,
+    )
+
+
+def _layout_task(
+    spec: TaskSpec,
+    examples: list[Problem],
+    problems: list[Problem],
+    ids: list[list[int]],
+    prompt_roles: tuple[str, ...],
+    answers: list[tuple[int, ...]],
+    tokenizer: Any,
+    like: Task | None,
+) -> Task:
+    """Problems of one token layout: the constant context and, when the first token varies, a prepended BOS."""
+    input_ids = torch.tensor(ids, dtype=torch.long)
     bos = like.bos if like is not None else None
+    excluded = 0
     # an operand's token is never context, even when a small sample happens to hold it constant
     first_operand = next((t for t, r in enumerate(prompt_roles) if r != "const"), len(prompt_roles))
     if like is None:
@@ -505,7 +677,7 @@ def tokenize_task(
             raise Af1Error("no problem of the task distribution shares the evaluated problems' constant prefix")
         if not bool(same.all()):
             kept = same.nonzero().flatten().tolist()
-            excluded += len(problems) - len(kept)
+            excluded = len(problems) - len(kept)
             problems, answers = [problems[i] for i in kept], [answers[i] for i in kept]
             input_ids = input_ids[same]
     else:
@@ -518,14 +690,13 @@ def tokenize_task(
         spec,
         problems,
         input_ids,
-        [tuple(a) for a in answers if a is not None],
+        answers,
         context_len,
         layout,
         prompt_roles,
         examples,
-        moved,
-        excluded,
-        bos,
+        excluded_other_layouts=excluded,
+        bos=bos,
     )
 
 
@@ -560,7 +731,7 @@ def _identity(spec: TaskSpec, problem: Problem) -> Any:
 
 def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
     """The problems CAMA averages over: the whole distribution when it has at most GRID_MAX problems,
-    else a seeded sample of MEANS_SAMPLE disjoint from the evaluated ones; the evaluated task's layout."""
+    else a seeded sample of MEANS_SAMPLE disjoint from the evaluated ones; the evaluated task's layouts."""
     examples, pool = problem_pool(spec) if spec.file is None else file_pool(spec)
     origin = "grid" if spec.file is None else "every row"
     if len(pool) > GRID_MAX:
@@ -569,7 +740,8 @@ def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
         pool = random.Random(spec.seed + 1).sample(rest, min(MEANS_SAMPLE, len(rest)))
         origin = "disjoint sample"
     task = tokenize_task(spec, examples, pool, tokenizer, like=evaluated)
-    task.origin = origin
+    for part in [task, *task.groups]:
+        part.origin = origin
     return task
 
 

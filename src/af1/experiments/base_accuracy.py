@@ -10,7 +10,7 @@ from rich.table import Table
 
 from af1.evaluation import problem_rows
 from af1.experiments import base
-from af1.report.markup import ci_text, table_html, with_ci
+from af1.report.markup import ci_text, layout_html, layout_table, table_html, with_ci
 from af1.stats import baseline_warning
 
 
@@ -30,6 +30,7 @@ class Result(base.Result):
     base_accuracy: float
     base_accuracy_ci: list[float] | None = None
     base_accuracy_baseline: float | None = None
+    base_accuracy_by_layout: list[dict[str, Any]] | None = None  # a task of several token layouts: each one's
     mean_p_correct: float | None = None
     task_layout: dict[str, Any] = {}
     warnings: list[str] = []
@@ -61,6 +62,7 @@ class BaseAccuracy(base.Experiment):
             base_accuracy=r["value"],
             base_accuracy_ci=r["ci"],
             base_accuracy_baseline=r["baseline"],
+            base_accuracy_by_layout=r.get("by_layout"),
             mean_p_correct=scores.mean_p_correct,
             warnings=[w for w in (task.sampling_note, note) if w],
             task_layout=task.describe(),
@@ -85,6 +87,7 @@ class BaseAccuracy(base.Experiment):
                     ]
                 ],
             ),
+            layout_html("Base accuracy", result.base_accuracy_by_layout, result.task_layout.get("layouts")),
         ]
 
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
@@ -120,7 +123,7 @@ class BaseAccuracy(base.Experiment):
             f"{result.base_accuracy_baseline:.3f}",
             str(result.n_solved),
         )
-        return [table]
+        return [table, *layout_table(result.base_accuracy_by_layout, result.task_layout.get("layouts"))]
 
 
 def paired(a: Result, b: Result) -> dict[str, Any] | None:

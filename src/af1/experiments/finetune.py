@@ -22,7 +22,7 @@ class Options(base.Options):
     heads: str = Field(
         default="auto",
         description="auto (path patching on the 1-digit task of the same operation and style: other problems, "
-        "varied first tokens) or LAYER.HEAD,LAYER.HEAD,...",
+        "varied first tokens; for a task file, on its training rows) or LAYER.HEAD,LAYER.HEAD,...",
     )
     k: int = Field(default=10, ge=1, description="heads chosen by --heads auto")
     n_train: int = Field(default=400, ge=1, description="training problems")
@@ -71,12 +71,7 @@ class Finetune(base.Experiment):
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         spec = inputs.spec
         lm = inputs.resources.lm()
-        if options.heads == "auto" and spec.file is not None:
-            raise Af1Error(
-                "--heads auto chooses the heads on held-out 1-digit arithmetic: for a task file give "
-                "--heads LAYER.HEAD,... (e.g. the heads study's top heads on that file)"
-            )
-        if options.heads == "auto" and spec.digits == 1:
+        if options.heads == "auto" and spec.file is None and spec.digits == 1:
             raise Af1Error(
                 "--heads auto chooses the heads on the 1-digit problems: fine-tune on --digits 2 or more, "
                 "or give --heads LAYER.HEAD,..."
@@ -89,24 +84,31 @@ class Finetune(base.Experiment):
         if n > len(everything):
             raise Af1Error(
                 f"{options.n_train} + {n_val} + {n_eval} problems asked, the task has {len(everything)}: "
-                "use more --digits"
+                + ("use more --digits" if spec.file is None else "use smaller --n-train, --n-val or --n-eval")
             )
         eval_task = everything.subset(list(range(n_eval)))
         val_task = everything.subset(list(range(n_eval, n_eval + n_val)))
         train_task = everything.subset(list(range(n_eval + n_val, n)))
         chosen_on = None
-        if options.heads == "auto":  # on other problems whose first answer tokens vary (1-digit operands)
-            from af1.evaluation import evaluated, solved
+        if options.heads == "auto":  # built-in: other problems whose first answer tokens vary (1-digit operands)
+            from af1.evaluation import Evaluated, evaluate, evaluated, solved
             from af1.stats import baseline_warning, constant_baseline
 
-            heads_spec = spec.model_copy(update={"digits": 1, "n": None, "scoring": "full"})
-            done = evaluated(lm.model, lm.tokenizer, heads_spec)
+            if spec.file is None:
+                heads_spec = spec.model_copy(update={"digits": 1, "n": None, "scoring": "full"})
+                done = evaluated(lm.model, lm.tokenizer, heads_spec)
+                on = "other problems: the 1-digit task of the same operation and style"
+            else:  # a file: its training rows, never the validation or evaluation ones
+                heads_spec = train_task.spec
+                done = Evaluated(train_task, evaluate(lm.model, train_task), id(lm.model))
+                on = "the training rows"
             found = heads.study(lm, heads_spec, k=options.k, draws=1, done=done)
             chosen = [(h[0], h[1]) for h in found["top_heads"]]
             kept = solved(done.task, done.base)
             first = constant_baseline([str(a[0]) for a in kept.answer_tokens])  # what path patching reads
             chosen_on = {
                 "task": heads_spec.model_dump(),
+                "problems": on,
                 "n_solved": found["n_solved"],
                 "path": found["path"],
                 "first_token_constant_guess": first,

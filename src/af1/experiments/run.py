@@ -12,7 +12,7 @@ from af1 import measures
 from af1.allforone import Ablation
 from af1.experiments import base
 from af1.interventions.masks import ABPVariant
-from af1.report.markup import ci_text, stages_table, table_html, with_ci
+from af1.report.markup import ci_text, layout_html, layout_table, stages_table, table_html, with_ci
 
 
 class Options(base.ConfigOptions):
@@ -33,6 +33,8 @@ class Result(base.Result):
     stages: dict[str, list[int]]
     config: dict[str, Any]
     measured_on: str = "the solved problems"
+    faithfulness_by_layout: list[dict[str, Any]] | None = None  # a task of several token layouts: each one's
+    layouts: list[dict[str, Any]] = []
 
 
 class Run(base.Experiment):
@@ -66,6 +68,7 @@ class Run(base.Experiment):
                     ]
                 ],
             ),
+            layout_html("Faithfulness", result.faithfulness_by_layout, result.layouts),
             stages_table(result.stages),
         ]
 
@@ -83,4 +86,4 @@ class Run(base.Experiment):
             f"{result.faithfulness_baseline:.3f}",
             result.executor + (f" ({result.fallback_reason})" if result.fallback_reason else ""),
         )
-        return [table]
+        return [table, *layout_table(result.faithfulness_by_layout, result.layouts)]

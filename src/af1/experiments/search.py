@@ -11,7 +11,16 @@ from rich.table import Table
 
 from af1 import measures
 from af1.experiments import base
-from af1.report.markup import ci_text, image_html, stages_table, table_html, with_ci
+from af1.report.markup import (
+    ci_text,
+    image_html,
+    layout_html,
+    layout_table,
+    layouts_text,
+    stages_table,
+    table_html,
+    with_ci,
+)
 
 
 class Options(base.Options):
@@ -53,6 +62,8 @@ class Result(base.Result):
     split_seed: int = 0
     stages: dict[str, list[int]] | None = None
     best: dict[str, Any] | None = None
+    faithfulness_by_layout: list[dict[str, Any]] | None = None  # a task of several token layouts: each one's
+    layouts: list[dict[str, Any]] = []
 
 
 class Search(base.Experiment):
@@ -69,7 +80,8 @@ class Search(base.Experiment):
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         sweep = inputs.one("sweep")
         found = measures.search(sweep.data(), options.threshold, options.selection, options.split_seed)
-        return Result(**found, model=inputs.model_name, n_layers=sweep.n_layers, config=sweep.config)
+        layouts = sweep.data().get("layouts") or []
+        return Result(**found, model=inputs.model_name, n_layers=sweep.n_layers, config=sweep.config, layouts=layouts)
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         """The sweep again, with this threshold's confident cells, its frontier and its choice."""
@@ -92,6 +104,7 @@ class Search(base.Experiment):
                 f"{result.faithfulness_baseline or float('nan'):.3f}; selection "
                 f"{result.faithfulness_selection or float('nan'):.3f}).</p>"
             )
+            parts.append(layout_html("Confirmation faithfulness", result.faithfulness_by_layout, result.layouts))
             parts.append(stages_table(result.stages or {}))
         else:
             best = result.best
@@ -130,6 +143,7 @@ class Search(base.Experiment):
             f"{result.n_confirmation} others: faithfulness {ci_text(result.faithfulness, result.faithfulness_ci)}, "
             f"constant guess {result.faithfulness_baseline:.3f}",
             table,
+            *layout_table(result.faithfulness_by_layout, result.layouts),
         ]
 
 
@@ -157,6 +171,7 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
                 "faithfulness_ci": cell.get("faithfulness_ci"),
                 "faithfulness_baseline": result.faithfulness_baseline,
                 "n_confirmation": result.n_confirmation,
+                "faithfulness_by_layout": cell.get("faithfulness_by_layout"),
             }
         )
     parts = []
@@ -175,7 +190,7 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
         header = ["model", "task", "layers", "base accuracy", "solved", "AF1", "wait", "transfer"]
         parts.append(
             table_html(
-                [*header, "faithfulness (confirmation)", "n", "constant guess"],
+                [*header, "faithfulness (confirmation)", "n", "constant guess", "per token layout"],
                 [
                     [
                         r["model"],
@@ -189,6 +204,7 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
                         with_ci(r["faithfulness"], r["faithfulness_ci"]),
                         r["n_confirmation"],
                         r["faithfulness_baseline"],
+                        layouts_text(r["faithfulness_by_layout"]) or "one layout",
                     ]
                     for r in faith
                 ],
@@ -215,6 +231,8 @@ def verdict(search: Result, sweep: Any, description: str | None = None) -> str:
         f"({sweep.n_solved} solved)"
     )
     split = f"chosen on {search.n_selection} solved problems, confirmed on {search.n_confirmation} others"
+    if search.faithfulness_by_layout:
+        split += f", pooled over token layouts ({layouts_text(search.faithfulness_by_layout)})"
     if search.found:
         return (
             f"{name} ({search.n_layers} layers): AF1 subgraph at faithfulness >= {search.threshold}: L_wait "
@@ -223,6 +241,8 @@ def verdict(search: Result, sweep: Any, description: str | None = None) -> str:
             f"{search.faithfulness_baseline:.3f}); {base_text}."
         )
     best = search.best
+    if best and best.get("faithfulness_by_layout"):
+        split += f", pooled over token layouts ({layouts_text(best['faithfulness_by_layout'])})"
     tail = (
         f" Its best eligible cell is L_wait {best['wait']}, L_transfer {best['transfer']}: "
         f"{ci_text(best['faithfulness'], best['faithfulness_ci'])} ({split})."

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table
+
 STYLE = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 h1{font-size:1.6em} h2{margin-top:2em;border-bottom:1px solid #ddd}
@@ -73,3 +75,44 @@ def ci_text(value: float | None, ci: list[float] | None = None) -> str:
     if value is None:
         return "-"
     return f"{value:.3f} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{value:.3f}"
+
+
+LAYOUT_HEADERS = ["layout", "positions", "example input (its end)", "n", "rate [95 % CI]"]
+
+
+def layout_rows(by_layout: list[dict[str, Any]] | None, layouts: list[dict[str, Any]] | None) -> list[list[Any]]:
+    """A pooled rate's parts, one row per token layout (empty for a task of one layout)."""
+    shape = {row["layout"]: row for row in layouts or []}
+    rows = []
+    for r in by_layout or []:
+        found = shape.get(r["layout"], {})
+        example = str(found.get("example_input") or "")
+        rows.append([r["layout"], found.get("n_positions", ""), example[-40:], r["n"], with_ci(r["value"], r["ci"])])
+    return rows
+
+
+def layout_html(what: str, by_layout: list[dict[str, Any]] | None, layouts: list[dict[str, Any]] | None) -> str:
+    """The per-layout table under a pooled rate, with a line saying what is pooled; nothing for one layout."""
+    rows = layout_rows(by_layout, layouts)
+    if not rows:
+        return ""
+    return (
+        f"<p>{html.escape(what)}, pooled over {len(rows)} token layouts (each measured with its own CAMA means "
+        "and interventions):</p>" + table_html(LAYOUT_HEADERS, rows)
+    )
+
+
+def layout_table(by_layout: list[dict[str, Any]] | None, layouts: list[dict[str, Any]] | None) -> list[Table]:
+    """The same per-layout rows for a terminal: one table, or none for a task of one layout."""
+    rows = layout_rows(by_layout, layouts)
+    if not rows:
+        return []
+    table = Table(*LAYOUT_HEADERS, title="per token layout (pooled above)")
+    for row in rows:
+        table.add_row(*(str(c) for c in row))
+    return [table]
+
+
+def layouts_text(by_layout: list[dict[str, Any]] | None) -> str:
+    """A pooled rate's parts in one line ('' for one layout): 'layout 0: 0.967 [0.83, 0.99], n 30; layout 1: ...'."""
+    return "; ".join(f"layout {r['layout']}: {ci_text(r['value'], r['ci'])}, n {r['n']}" for r in by_layout or [])
