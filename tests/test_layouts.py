@@ -71,8 +71,7 @@ def test_problems_are_grouped_by_layout(mixed, tokenizer):
     sub = task.subset([30, 2, 17, 5])
     assert [p.prompt for p in sub.problems] == [task.problems[i].prompt for i in (30, 2, 17, 5)]
     assert [r["input_ids"] for r in sub.rows()] == [rows[i]["input_ids"] for i in (30, 2, 17, 5)]
-    with pytest.raises(Af1Error, match="2 token layouts"):
-        task.one_layout("this")
+    assert task.describe()["context_len"] is None  # no one context: each layout's is in `layouts`
 
 
 def test_small_layouts_are_left_out_and_largest_layout_keeps_one(tmp_path, tokenizer):
@@ -192,3 +191,33 @@ def test_the_command_line_shows_each_layout(mixed, tmp_path, monkeypatch, capsys
     result = json.loads((tmp_path / "eval.json").read_text())
     assert [r["n"] for r in result["base_accuracy_by_layout"]] == [21, 15]
     assert [r["n"] for r in result["task_layout"]["layouts"]] == [21, 15]
+
+
+def test_a_layout_without_a_counterfactual_is_left_out_of_path_patching(mixed, tokenizer):
+    lm, spec, _, _ = mixed
+    kept = measures.prepare(lm, spec).kept
+    one_long = [*kept.groups[0].where_P.tolist(), int(kept.groups[1].where_P[0])]
+    sub = kept.subset(one_long)  # layout 1 keeps one problem: no other row's value to swap in
+    pp, _ = heads.layout_path_patching(lm.adapter, sub, tokenizer, "direct")
+    assert pp["layouts_patched"] == [{"layout": 0, "n": 21}]
+    assert [s["layout"] for s in pp["layouts_not_patched"]] == [1]
+    alone, _ = heads.layout_path_patching(lm.adapter, kept.groups[0], tokenizer, "direct")
+    assert torch.allclose(pp["relative_logit_change_layer_head"], alone["relative_logit_change_layer_head"])
+
+
+def test_the_search_reports_each_layouts_confirmation_rate(mixed):
+    """The search's pooled confirmation rate is its layouts' parts; a split holding one layout runs that layout's
+    pieces only."""
+    from af1 import api
+
+    lm, spec, _, _ = mixed
+    held = api.session(lm)
+    search = api.run("search", held, spec, threshold=0.5)
+    parts = search.faithfulness_by_layout if search.found else search.best["faithfulness_by_layout"]
+    assert sum(p["n"] for p in parts) == search.n_confirmation and {p["layout"] for p in parts} == {0, 1}
+    setup = held.setup(spec)
+    only_short = setup.on(setup.kept.groups[0].where_P.tolist())
+    assert [s.kept.layout_id for s in only_short.steps] == [0] * len(only_short.steps)
+    config = measures.AF1Config(wait=1, transfer=0)
+    got = by_prompt(setup.kept, measures.faithfulness(setup, config).p_correct_P.tolist())
+    assert close(by_prompt(only_short.kept, measures.faithfulness(only_short, config).p_correct_P.tolist()), got)

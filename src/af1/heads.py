@@ -475,10 +475,25 @@ def pooled(weighted: list[tuple[float, Any]]) -> Any:
 def layout_path_patching(
     adapter: ModelAdapter, kept: Task, tokenizer: Any, path: str
 ) -> tuple[dict[str, Any], Counterfactual]:
-    """Path patching per token layout (each with its own counterfactual), pooled over layouts; the first layout's
-    counterfactual describes them."""
-    runs = [(w, group, counterfactual(group, tokenizer)) for w, group in per_layout(kept)]
-    return pooled([(w, path_patching(adapter, group, cf, path)) for w, group, cf in runs]), runs[0][2]
+    """Path patching per token layout (each with its own counterfactual), pooled over layouts by their n; a layout
+    without a counterfactual (too few solved problems) is left out and said so; the first layout's counterfactual
+    describes them."""
+    runs, skipped = [], []
+    for _, group in per_layout(kept):
+        try:  # a layout with one solved problem has no other row's value to swap in
+            runs.append((group, counterfactual(group, tokenizer)))
+        except Af1Error as exc:
+            if not kept.groups:
+                raise
+            skipped.append({"layout": group.layout_id, "n": len(group), "reason": str(exc)})
+    if not runs:
+        raise Af1Error(f"no token layout has a counterfactual: {skipped[0]['reason']}")
+    n = sum(len(group) for group, _ in runs)
+    result = pooled([(len(group) / n, path_patching(adapter, group, cf, path)) for group, cf in runs])
+    if kept.groups:
+        result["layouts_patched"] = [{"layout": g.layout_id, "n": len(g)} for g, _ in runs]
+        result["layouts_not_patched"] = skipped
+    return result, runs[0][1]
 
 
 @torch.no_grad()

@@ -36,7 +36,7 @@ from af1.progress import progress
 from af1.results import read_json, write_json
 from af1.shared_context import clean_suffix_states, shared_context_logits, supports_shared
 from af1.stats import baseline_warning, constant_baseline, mcnemar_exact, mean_std, rate, split_indices
-from af1.tasks import Task, TaskSpec, distribution_task
+from af1.tasks import MIN_LAYOUT, Task, TaskSpec, distribution_task
 
 LOW_COUNT = 5  # a conditional mean over fewer problems than this is flagged
 RESAMPLE_SEEDS = 5
@@ -127,8 +127,8 @@ class Setup:
             "layouts": layouts,
             "n_layers": self.adapter.n_layers,
             "n_heads": self.adapter.n_heads,
-            "context_len": self.task.context_len,
-            "n_positions": self.task.n_positions,
+            "context_len": None if self.task.groups else self.task.context_len,  # several layouts: see `layouts`
+            "n_positions": None if self.task.groups else self.task.n_positions,
             "bos_prepended": self.task.describe()["bos_prepended"],
             "means_from": {"origin": self.distribution.origin, "n_problems": len(self.distribution)},
             "warnings": self.warnings,
@@ -176,6 +176,11 @@ def make_setup(
             + (" and --largest-layout" if task.groups else "")
         )
     warnings: list[str] = [task.sampling_note] if task.sampling_note else []
+    if task.excluded_other_layouts:
+        warnings.append(
+            f"{task.excluded_other_layouts} problems left out: their token layout is shared by fewer than "
+            f"{MIN_LAYOUT} problems" + (" (or --largest-layout)" if spec.largest_layout else "")
+        )
     for what, on in ((f"base accuracy ({spec.scoring} scoring)", task), ("faithfulness on the solved problems", kept)):
         note = baseline_warning(what, constant_baseline(on.targets()), len(on))
         if note:
@@ -444,13 +449,15 @@ def search(
         out = []
         for g in sorted(set(layout_P)):
             rows = [i for i in conf if layout_P[i] == g]
+            if not rows:  # the split put none of this layout's problems on the confirmation side
+                continue
             r = rate([correct[i] for i in rows], [targets[i] for i in rows])
             out.append({"layout": g, **{kk: r[kk] for kk in ("value", "n", "ci")}})
         return out
 
     eligible = [m for m in measured.values() if m["eligible"]]
     if eligible:
-        result["best"] = max(eligible, key=lambda m: (m["faithfulness_selection"], m["wait"], -m["transfer"]))
+        result["best"] = dict(max(eligible, key=lambda m: (m["faithfulness_selection"], m["wait"], -m["transfer"])))
         if "kept_layouts" in sweep_result:
             result["best"]["faithfulness_by_layout"] = by_layout(result["best"]["wait"], result["best"]["transfer"])
     if passing:

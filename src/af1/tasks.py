@@ -319,17 +319,6 @@ class Task:
             out[group.where_P] = group.layout_id
         return out
 
-    def one_layout(self, what: str) -> Task:
-        """Itself, when its prompts share one token layout; `what` compares positions across problems, so a task of
-        several layouts is a one-line error."""
-        if self.groups:
-            sizes = [len(g) for g in self.groups]
-            raise Af1Error(
-                f"{what} compares positions across problems, and {self.spec.name} has {len(sizes)} token layouts "
-                f"(group sizes {sizes}): use --largest-layout to keep the largest group"
-            )
-        return self
-
     def subset(self, index: list[int] | torch.Tensor) -> Task:
         index = torch.as_tensor(index, dtype=torch.long)
         rows = index.tolist()
@@ -440,8 +429,8 @@ class Task:
             "layouts": self.layouts(),
             "scoring": self.spec.scoring,
             "n_problems": len(self),
-            "n_positions": self.n_positions,
-            "context_len": self.context_len,
+            "n_positions": None if self.groups else self.n_positions,  # several layouts: see `layouts`
+            "context_len": None if self.groups else self.context_len,
             "layout": list(self.layout),
             "bos_prepended": None if self.bos is None else {"id": self.bos[0], "text": self.bos[1]},
             "example_input": self.input_text(0) if self.problems else None,
