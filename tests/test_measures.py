@@ -71,8 +71,13 @@ def test_low_counts_of_the_means_are_named(tiny_setup):
     counts = tiny_setup.means.counts_TS
     assert counts.sum(1)[tiny_setup.kept.context_len] == len(tiny_setup.distribution)
     note = next(w for w in tiny_setup.warnings if "fewer than 5" in w)
-    low = measures.low_count_positions(tiny_setup.means, tiny_setup.steps[0].kept)
-    assert low and str(low) in note and all(t >= tiny_setup.kept.context_len for t in low)
+    kept = tiny_setup.steps[0].kept
+    low, n_low = measures.low_count_positions(tiny_setup.means, kept)
+    assert low and str(low) in note and f"for {n_low} of {len(kept)} solved" in note and 0 < n_low <= len(kept)
+    assert all(t > kept.context_len for t in low)  # the first varying position is its own mean: never named
+    slots = tiny_setup.means.slots(kept.input_ids_PT)
+    counts_PT = tiny_setup.means.counts_TS[torch.arange(kept.n_positions)[None], slots]
+    assert int((counts_PT[:, low] < 5).any(1).sum()) == n_low
 
 
 def synthetic_sweep(L: int, n: int, cells: dict[tuple[int, int], list[bool]], targets: list[str]) -> dict:

@@ -39,6 +39,38 @@ def test_the_arithmetic_template_is_the_built_in_task(tokenizer):
     assert evaluate_expr("(a + b) * 2 - c // 3 % 2", {"a": 1, "b": 2, "c": 9}) == 5
 
 
+def test_a_copy_task_answers_with_a_slot_and_keeps_slots_distinct(tmp_path, tokenizer):
+    """Induction as a template: a slot repeated in the prompt, the answer a slot's value, no repeated values."""
+    path = write(
+        tmp_path,
+        "t.yaml",
+        "template: '{x} {y} {z} {x} {y}'\nslots: {x: {file: w.txt}, y: {file: w.txt}, z: {file: w.txt}}\n"
+        "distinct: true\nanswer: {prefix: ' ', slot: z}\n",
+    )
+    write(tmp_path, "w.txt", "cat\ndog\nsun\ntree\n")
+    _, items = load_items(path)
+    assert len(items) == 4 * 3 * 2  # ordered triples of different words
+    for item in items:
+        x, y, z = (v for _, v in item.slots)
+        assert len({x, y, z}) == 3 and item.prompt == f"{x} {y} {z} {x} {y}" and item.answer == f" {z}"
+        assert [n for n, _, _ in item.spans] == ["x", "y", "z", "x", "y"]  # both places of a repeated slot
+    repeated = write(tmp_path, "r.yaml", path.read_text().replace("distinct: true\n", ""))
+    assert len(load_items(repeated)[1]) == 4**3
+    task = build_task(TaskSpec(file=str(path)), tokenizer)
+    assert task.layout[task.context_len - 1 :] == ("context", "x", "y", "z", "x", "y")
+
+
+def test_the_shipped_examples_load(tokenizer):
+    """Every file of examples/tasks builds a task, and the symbolic ones have the problems they say."""
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        task = build_task(TaskSpec(file=str(path), n_max=40), tokenizer)
+        assert len(task) > 0 and task.spec.file_sha256 is not None
+    _, induction = load_items(EXAMPLES / "induction.yaml")
+    assert len(induction) == 16 * 15 * 14 and all(i.answer == " " + i.prompt.split()[2] for i in induction)
+    _, upper = load_items(EXAMPLES / "uppercase.yaml")
+    assert [i.answer for i in upper] == [f" {c}" for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"]
+
+
 def test_rows_from_jsonl_and_csv_with_groups(tmp_path, tokenizer):
     write(
         tmp_path,
@@ -104,6 +136,12 @@ def test_a_large_rows_file_gets_a_disjoint_means_sample(tmp_path, tokenizer, mon
         ({"t.yaml": "rows: r.csv\n"}, "does not exist"),
         ({"t.yaml": "template: 'a {x}'\nslots: {x: {values: ['1']}}\nanswer: {expr: 'x +'}\n"}, "not an expression"),
         ({"t.yaml": "rows: r.csv\n", "r.csv": b"prompt,answer\n\xff,y\n"}, "not UTF-8 text"),
+        ({"t.yaml": "template: 'a {x}'\nslots: {x: {values: ['1']}}\nanswer: {slot: y}\n"}, "answer slot 'y' is not"),
+        (
+            {"t.yaml": "template: 'a {x}'\nslots: {x: {values: ['1']}}\nanswer: {slot: x, expr: x}\n"},
+            "exactly one of table, expr or slot",
+        ),
+        ({"t.yaml": "rows: r.csv\ndistinct: true\n", "r.csv": "prompt,answer\nx,y\n"}, "distinct is for templates"),
     ],
 )
 def test_bad_task_files_are_one_line_errors(tmp_path, capsys, files, message):
@@ -154,7 +192,8 @@ def test_every_study_runs_from_a_task_file(fitted, tokenizer):
 
     lm = LoadedModel(model, tokenizer, ModelAdapter(model), {"spec": "tiny-fitted"})
     held = api.session(lm)
-    assert api.run("eval", held, spec).n_solved == 40
+    evaluated = api.run("eval", held, spec)
+    assert evaluated.n_solved == 40 and evaluated.style == "task file" and evaluated.digits is None  # not a+b's
     search = api.run("search", held, spec, threshold=0.5)
     assert search.found is not None and search.n_layers == 3
     studies: list[tuple[str, dict[str, Any]]] = [

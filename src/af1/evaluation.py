@@ -144,7 +144,7 @@ def require_solved(n_solved: int, spec: Any) -> None:
     if n_solved == 0:
         from af1.errors import Af1Error
 
-        raise Af1Error(f"the model solves none of the {spec.name} problems ({spec.style}, {spec.shots} shots)")
+        raise Af1Error(f"the model solves none of the {spec.name} problems ({spec.style_name}, {spec.shots} shots)")
 
 
 def problem_rows(task: Task, scores: Scores) -> list[dict[str, Any]]:

@@ -704,7 +704,7 @@ def study(
     result: dict[str, Any] = {
         "model": lm.info.get("spec"),
         "task": spec.name,
-        "style": spec.style,
+        "style": spec.style_name,
         "n": len(task),
         "n_solved": len(kept),
         "layouts": kept.layouts(),  # path patching, knock-outs and attention per layout, pooled by each one's n

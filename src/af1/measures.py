@@ -115,7 +115,7 @@ class Setup:
         return {
             "model": self.lm.info.get("spec"),
             "task": self.spec.name,
-            "style": self.spec.style,
+            "style": self.spec.style_name,
             "shots": self.spec.shots,
             "scoring": self.spec.scoring,
             "n": len(self.task),
@@ -135,12 +135,15 @@ class Setup:
         }
 
 
-def low_count_positions(means: PositionMeans, task: Task) -> list[int]:
-    """Non-context positions where some token of the evaluated problems has a conditional mean over < LOW_COUNT."""
+def low_count_positions(means: PositionMeans, task: Task) -> tuple[list[int], int]:
+    """Positions CAMA replaces (after the first varying one) where some evaluated problem's token has a conditional
+    mean over fewer than LOW_COUNT states, and how many problems have such a position: for them the "mean" is in
+    good part their own state, so CAMA barely ablates there."""
     slots = means.slots(task.input_ids_PT)  # [P, T]
-    counts = means.counts_TS[torch.arange(task.n_positions)[None], slots]  # [P, T]
-    low = (counts < LOW_COUNT).any(0)
-    return [t for t in range(task.context_len, task.n_positions) if bool(low[t])]
+    counts_PT = means.counts_TS[torch.arange(task.n_positions)[None], slots]
+    low_PT = counts_PT < LOW_COUNT
+    low_PT[:, : task.context_len + 1] = False  # context, and the first varying position: already its own mean
+    return low_PT.any(0).nonzero().flatten().tolist(), int(low_PT.any(1).sum())
 
 
 def prepare(
@@ -192,12 +195,13 @@ def make_setup(
             means = PositionMeans.load(means_path, expected_key=means_key(lm.adapter, dist_k))
         else:
             means = cached_means(lm.adapter, dist_k) if cache_means else compute_means(lm.adapter, dist_k)
-        low = low_count_positions(means, kept_k)
+        low, n_low = low_count_positions(means, kept_k)
         if low:
             warnings.append(
                 (f"layout {kept_k.layout_id}, " if task.groups else "")
                 + f"step {kept_k.step}: CAMA means over fewer than {LOW_COUNT} problems at positions {low} "
-                f"({distribution.origin} of {len(dist_k)} problems)"
+                f"({distribution.origin} of {len(dist_k)} problems), for {n_low} of {len(kept_k)} solved problems: "
+                "there their own state is a large part of their mean"
             )
         steps.append(StepSetup(lm.adapter, kept_k, means, dist_k))
     return Setup(lm, spec, task, base, kept, distribution, steps, warnings)

@@ -2,9 +2,10 @@
 
 A task file (YAML or TOML) names its rows file, or a template such as "The capital of {country} is"
 with each slot's values (inline or one per line in a file) and the answer as a lookup table or an
-arithmetic expression over the slots. Optional: a constant prefix, few-shot examples drawn from the
-other rows, the scoring, and the slot a counterfactual replaces (the heads study). Unknown keys are
-refused; every problem of a file is one line of error, never a traceback.
+arithmetic expression over the slots, or one slot's value (a copy task such as induction). Optional: a
+constant prefix, few-shot examples drawn from the other rows, the scoring, and the slot a counterfactual
+replaces (the heads study). Unknown keys are refused; every problem of a file is one line of error, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -41,16 +42,18 @@ class SlotValues(_Strict):
 
 class Answer(_Strict):
     """The answer of a template row: a lookup table keyed by the slot's value (the values joined by "|" when the
-    template has several slots), or an arithmetic expression over integer slots such as "a + b"."""
+    template has several slots), an arithmetic expression over integer slots such as "a + b", or the value of one
+    slot (a copy task: "{x} {y} {z} {x} {y}" answered by z)."""
 
     table: dict[str, str] | None = None
     expr: str | None = None
+    slot: str | None = None
     prefix: str = ""  # put before every answer, e.g. " " when the prompt ends before the answer's space
 
     @model_validator(mode="after")
     def _one(self) -> Answer:
-        if (self.table is None) == (self.expr is None):
-            raise ValueError("answer needs exactly one of table or expr")
+        if sum(x is not None for x in (self.table, self.expr, self.slot)) != 1:
+            raise ValueError("answer needs exactly one of table, expr or slot")
         return self
 
 
@@ -73,6 +76,7 @@ class TaskFile(_Strict):
     separator: str = "\n"  # after each shot's answer
     scoring: Literal["full", "first"] | None = None
     counterfactual: CounterfactualSlot | None = None
+    distinct: bool = False  # the slots of a problem take pairwise different values (no "cat cat cat")
 
     @model_validator(mode="after")
     def _form(self) -> TaskFile:
@@ -86,7 +90,11 @@ class TaskFile(_Strict):
             if missing:
                 raise ValueError(f"the template's slot '{missing[0]}' has no values")
             if self.answer is None:
-                raise ValueError("a template task needs an answer (table or expr)")
+                raise ValueError("a template task needs an answer (table, expr or slot)")
+            if self.answer.slot is not None and self.answer.slot not in names:
+                raise ValueError(f"the answer slot '{self.answer.slot}' is not a slot of the template")
+        if self.distinct and self.template is None:
+            raise ValueError("distinct is for templates: rows are problems as they are")
         if self.counterfactual is not None and self.counterfactual.slot not in self.slots:
             raise ValueError(f"the counterfactual slot '{self.counterfactual.slot}' is not a slot of the template")
         if self.shots is not None and self.shots < 0:
@@ -253,6 +261,8 @@ def _template_items(path: Path, task: TaskFile) -> list[Item]:
     values = {n: _values(path, n, task.slots[n]) for n in names}
     items = []
     for combo in itertools.product(*(values[n] for n in names)):
+        if task.distinct and len(set(combo)) < len(combo):
+            continue  # a repeated value is not a problem of a task whose slots differ
         chosen = dict(zip(names, combo, strict=True))
         prompt, spans = "", []
         for literal, name, _, _ in parts:
@@ -270,6 +280,8 @@ def _template_items(path: Path, task: TaskFile) -> list[Item]:
 def _answer(path: Path, answer: Answer, names: list[str], chosen: dict[str, str]) -> str | None:
     if answer.table is not None:
         return answer.table.get("|".join(chosen[n] for n in names))
+    if answer.slot is not None:
+        return chosen[answer.slot]
     assert answer.expr is not None
     try:
         return str(evaluate_expr(answer.expr, {n: int(v) for n, v in chosen.items()}))

@@ -1,8 +1,9 @@
 """Mental-math tasks: operations, operand ranges, input styles, few-shot prefixes, tokenization.
 
 A task is a list of problems whose prompts share one constant prefix (the context) and, at
-each position, tokens that play the same role (the token layout). The answer of a problem
-is every token the tokenizer emits for it after the prompt; it is scored whole (teacher
+each position, tokens that play the same role (the token layout). Prompts of several layouts
+make a task of several groups, one per layout, each with its own context and measured on its own.
+The answer of a problem is every token the tokenizer emits for it after the prompt; it is scored whole (teacher
 forcing) or, as an option, by its first token. Context is only ever what is constant: when
 the first token varies, the tokenizer's document-start token is prepended and recorded.
 """
@@ -142,6 +143,11 @@ class TaskSpec(BaseModel):
     def name(self) -> str:
         """What the task is called in tables: the operation, or the task file's name (its stem by default)."""
         return self.operation if self._file_name is None else self._file_name
+
+    @property
+    def style_name(self) -> str:
+        """The input style in results and tables: a task file has none of the built-in ones (its template says)."""
+        return self.style if self.file is None else "task file"
 
     @field_validator("operation")
     @classmethod

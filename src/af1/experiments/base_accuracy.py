@@ -23,7 +23,7 @@ class Result(base.Result):
     task: str
     style: str
     shots: int
-    digits: int = 1
+    digits: int | None = 1  # None for a task file
     scoring: str = "first"
     n: int
     n_solved: int
@@ -53,9 +53,9 @@ class BaseAccuracy(base.Experiment):
         return Result(
             model=lm.info.get("spec"),
             task=spec.name,
-            style=spec.style,
+            style=spec.style_name,
             shots=spec.shots,
-            digits=spec.digits,
+            digits=spec.digits if spec.file is None else None,
             scoring=spec.scoring,
             n=len(task),
             n_solved=r["k"],
