@@ -234,3 +234,17 @@ def test_means_rows_keep_the_evaluated_constant_prefix(tmp_path, tokenizer):
     assert means_task.excluded_other_layouts == len(pool) - len(red)
     means = compute_means(ModelAdapter(tiny_model("llama")), means_task)
     assert means.cond_LTSD.isfinite().all()
+
+
+def test_attention_shares_count_a_last_slot_once(tokenizer):
+    """Induction's last token spells a slot: it is the 'last' group only, so each head's shares add up to 1."""
+    from af1.heads import last_query_attention
+    from af1.models import ModelAdapter
+
+    from conftest import tiny_model
+
+    task = build_task(TaskSpec(file=str(EXAMPLES / "induction.yaml"), n=8), tokenizer)
+    assert task.layout[-1] == "y"
+    looks = last_query_attention(ModelAdapter(tiny_model("llama")), task, [(0, 1), (1, 0)])
+    for shares in looks.values():
+        assert sum(shares.values()) == pytest.approx(1.0, abs=1e-5) and shares["last"] > 0

@@ -568,7 +568,8 @@ def last_query_attention(
     roles = list(task.layout)
     n = len(roles)
     groups = {
-        "operands": [t for t, r in enumerate(roles) if r not in NOT_OPERANDS],  # an operand or a task file's slot
+        # an operand or a task file's slot; the last position is its own group even when it spells a slot (induction)
+        "operands": [t for t, r in enumerate(roles) if r not in NOT_OPERANDS and t < n - 1],
         "operator": [
             t for t, r in enumerate(roles) if r == "const" and t < n - 1 and t > 0 and roles[t - 1] not in NOT_OPERANDS
         ],
