@@ -18,9 +18,14 @@ def task(tokenizer):
     return build_task(TaskSpec(operation="a+b", n=12, seed=1), tokenizer)
 
 
-@pytest.mark.parametrize(("style", "null"), [("original", "@"), ("calculate", "@"), ("verbal", None)])
-def test_counterfactual_keeps_the_layout(tokenizer, style, null):
-    task = build_task(TaskSpec(operation="a+b", style=style, shots=2, n=8), tokenizer)
+@pytest.mark.parametrize(
+    ("style", "null", "shots"), [("original", "@", 2), ("calculate", "@", 2), ("verbal", None, 2), ("original", "@", 0)]
+)
+def test_counterfactual_keeps_the_layout(tokenizer, style, null, shots):
+    task = build_task(TaskSpec(operation="a+b", style=style, shots=shots, n=8), tokenizer)
+    assert (task.bos is not None) == (
+        shots == 0
+    )  # a bare prompt runs behind the prepended BOS: so does its counterfactual
     cf = heads.counterfactual(task, tokenizer)
     assert cf.input_ids_PT.shape == task.input_ids_PT.shape
     changed = (cf.input_ids_PT != task.input_ids_PT).any(0).nonzero().flatten().tolist()

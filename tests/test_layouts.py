@@ -15,6 +15,7 @@ from af1.errors import Af1Error
 from af1.evaluation import evaluate, evaluated, problem_rows, recorded
 from af1.finetune import answer_batch
 from af1.models import LoadedModel, ModelAdapter
+from af1.stats import constant_baseline
 from af1.tasks import MIN_LAYOUT, PAD, TaskSpec, build_task, distribution_task
 
 from cli_helpers import run_cli
@@ -82,8 +83,19 @@ def test_small_layouts_are_left_out_and_largest_layout_keeps_one(tmp_path, token
         template(tmp_path, "both", SHORT + LONG).model_copy(update={"largest_layout": True}), tokenizer
     )
     assert not largest.groups and len(largest) == 21 and largest.excluded_other_layouts == 15
+    assert task.exclusion_note == "3 problems left out: their token layout is shared by fewer than 5 problems"
+    assert largest.exclusion_note is not None and "--largest-layout keeps only" in largest.exclusion_note
+    assert build_task(template(tmp_path, "one", SHORT), tokenizer).exclusion_note is None
     with pytest.raises(Af1Error, match="none shared by 5 or more"):
         build_task(template(tmp_path, "tiny", ["1", "12"]), tokenizer)
+
+
+def test_the_evaluation_says_what_it_left_out(mixed, tmp_path):
+    from af1 import api
+
+    lm = mixed[0]
+    result = api.run("eval", lm, template(tmp_path, "few", [*SHORT, "12"]))
+    assert result.n == 21 and "3 problems left out" in " ".join(result.warnings)
 
 
 def test_means_come_from_each_layouts_own_problems(mixed, tokenizer):
@@ -136,6 +148,8 @@ def test_pooled_rates_are_each_layouts_own_measurement(mixed):
         pooled = scores.rate(whole.kept)
         assert [r["n"] for r in pooled["by_layout"]] == [21, 15]
         assert pooled["k"] == sum(round(r["value"] * r["n"]) for r in pooled["by_layout"])
+        for part, group in zip(pooled["by_layout"], whole.kept.groups, strict=True):  # each with its own baseline
+            assert part["layout"] == group.layout_id and part["baseline"] == constant_baseline(group.targets())
     assert measures.faithfulness(whole, configs[0]).rate(whole.kept)["by_layout"][0]["value"] > 0
     half = whole.on(list(range(0, len(whole.kept), 2)))  # a split keeps each row's own layout's means
     got = by_prompt(whole.kept, measures.faithfulness(whole, configs[0]).p_correct_P.tolist())
@@ -187,7 +201,7 @@ def test_the_command_line_shows_each_layout(mixed, tmp_path, monkeypatch, capsys
 
     monkeypatch.setattr(af1.api, "load_model", lambda *a, **k: lm)
     code, out, _ = run_cli(capsys, "eval", "--model", "smollm2", "--task-file", str(spec.file), "--out", str(tmp_path))
-    assert code == 0 and "per token layout" in out
+    assert code == 0 and "per token layout" in out and "constant guess" in out
     result = json.loads((tmp_path / "eval.json").read_text())
     assert [r["n"] for r in result["base_accuracy_by_layout"]] == [21, 15]
     assert [r["n"] for r in result["task_layout"]["layouts"]] == [21, 15]

@@ -390,7 +390,7 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     html = (out / "report.html").read_text()
     for heading in ("Where each model waits", "CAMA alone", "Necessity", "Alternatives", "Head pruning"):
         assert heading in html
-    assert "Arithmetic heads" in html and "wall time" in html and html.count("data:image/png;base64,") >= 4
+    assert "Heads that carry the answer" in html and "wall time" in html and html.count("data:image/png;base64,") >= 4
     again = demo.run_demo(plan, out, said.append)
     assert again.ran == [] and len(again.skipped) == len(summary.units)
     code, text, _ = run_cli(capsys, "demo", "--model", str(tiny_dirs["llama"]), "--show-plan")

@@ -141,7 +141,15 @@ def test_a_large_rows_file_gets_a_disjoint_means_sample(tmp_path, tokenizer, mon
             {"t.yaml": "template: 'a {x}'\nslots: {x: {values: ['1']}}\nanswer: {slot: x, expr: x}\n"},
             "exactly one of table, expr or slot",
         ),
-        ({"t.yaml": "rows: r.csv\ndistinct: true\n", "r.csv": "prompt,answer\nx,y\n"}, "distinct is for templates"),
+        ({"t.yaml": "rows: r.csv\ndistinct: true\n", "r.csv": "prompt,answer\nx,y\n"}, "distinct are for templates"),
+        ({"t.yaml": "rows: r.csv\nanswer: {slot: x}\n", "r.csv": "prompt,answer\nx,y\n"}, "gives each prompt and"),
+        (
+            {
+                "t.yaml": "template: 'a {x}'\nslots: {x: {values: ['1']}, y: {values: ['2']}}\nanswer: {slot: x}\n"
+                "counterfactual: {slot: y}\n"
+            },
+            "counterfactual slot 'y' is not a slot of the template",
+        ),
     ],
 )
 def test_bad_task_files_are_one_line_errors(tmp_path, capsys, files, message):
@@ -178,6 +186,29 @@ def test_the_slot_counterfactual_changes_only_the_slot(tokenizer):
     cf = counterfactual(task, tokenizer)
     assert cf.operator_positions and all(task.layout[t] == "letter" for t in cf.operator_positions)
     assert (cf.input_ids_PT != task.input_ids_PT).any(1).all()  # every problem changed
+
+
+def test_a_repeated_slot_is_replaced_everywhere_by_a_distinct_value(tmp_path, tokenizer):
+    """Induction's x stands twice: the counterfactual changes both places to one other word, never to the problem's
+    y or z (the task is distinct), drawn per problem rather than one word for all."""
+    write(tmp_path, "w.txt", "cat\ndog\nsun\ntree\ncar\nbook\n")
+    path = write(
+        tmp_path,
+        "t.yaml",
+        "template: '{x} {y} {z} {x} {y}'\nslots: {x: {file: w.txt}, y: {file: w.txt}, z: {file: w.txt}}\n"
+        "distinct: true\nanswer: {prefix: ' ', slot: z}\ncounterfactual: {slot: x}\n",
+    )
+    task = build_task(TaskSpec(file=str(path)), tokenizer)
+    cf = counterfactual(task, tokenizer)
+    x_at = [t for t, r in enumerate(task.layout) if r == "x"]
+    assert len(x_at) == 2 and cf.operator_positions == x_at
+    replacements = set()
+    for i, p in enumerate(task.problems):
+        new, again = (tokenizer.decode(cf.input_ids_PT[i, t]).strip() for t in x_at)
+        assert new == again  # both places, the same word
+        assert new not in p.operands  # not its own x, nor its y or z
+        replacements.add(new)
+    assert len(replacements) > 1
 
 
 @pytest.fixture(scope="module")
@@ -248,3 +279,4 @@ def test_attention_shares_count_a_last_slot_once(tokenizer):
     looks = last_query_attention(ModelAdapter(tiny_model("llama")), task, [(0, 1), (1, 0)])
     for shares in looks.values():
         assert sum(shares.values()) == pytest.approx(1.0, abs=1e-5) and shares["last"] > 0
+        assert set(shares) == {"slots", "after a slot", "context", "last", "other"}  # no operands in a task file

@@ -14,7 +14,7 @@ import torch
 
 from af1.context import forward_last
 from af1.progress import progress
-from af1.stats import rate
+from af1.stats import LAYOUT_KEYS, rate
 from af1.tasks import Task, build_task
 
 
@@ -45,7 +45,7 @@ class Scores:
             for group in task.groups:
                 rows = group.where_P.tolist()
                 r = rate([correct[i] for i in rows], [targets[i] for i in rows])
-                pooled["by_layout"].append({"layout": group.layout_id, **{k: r[k] for k in ("value", "n", "ci")}})
+                pooled["by_layout"].append({"layout": group.layout_id, **{k: r[k] for k in LAYOUT_KEYS}})
         return pooled
 
     def subset(self, index: list[int]) -> Scores:

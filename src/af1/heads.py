@@ -88,29 +88,36 @@ def _operator_spans(prompt: str, style: str, operation: str, operands: tuple[int
 
 
 def slot_counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
-    """A task file's prompts with the slot it names replaced by its null value, or else by another row's value
-    that keeps the token layout (the first in a seeded order), changing only that slot's tokens."""
+    """A task file's prompts with the slot it names replaced, everywhere it stands, by its null value, or else by
+    another row's value (a seeded draw per problem; with `distinct`, none of the problem's other slot values) that
+    keeps the token layout, changing only that slot's tokens."""
     from af1.taskfile import read_task_file
 
     assert task.spec.file is not None
-    named = read_task_file(task.spec.file).counterfactual
+    described = read_task_file(task.spec.file)
+    named = described.counterfactual
     if named is None:
         raise Af1Error(
             f"task file {task.spec.file} names no counterfactual slot (counterfactual: {{slot: ..., null_value: ...}})"
         )
     values = sorted({p.prompt[a:b] for p in task.problems for n, a, b in p.spans if n == named.slot})
-    random.Random(task.spec.seed).shuffle(values)
+    rng = random.Random(task.spec.seed)
     bos = [task.bos[0]] if task.bos is not None else []
     rows, positions = [], set()
     for i, p in enumerate(task.problems):
-        span = next(((a, b) for n, a, b in p.spans if n == named.slot), None)
-        if span is None:
+        spans = sorted(((a, b) for n, a, b in p.spans if n == named.slot), reverse=True)  # right to left
+        if not spans:
             raise Af1Error(f"problem {p.prompt!r} has no slot '{named.slot}'")
+        own = p.prompt[spans[0][0] : spans[0][1]]
+        taken = set(p.operands) if described.distinct else {own}  # a distinct task's other slots stay distinct
+        candidates = [named.null_value] if named.null_value is not None else [v for v in values if v not in taken]
+        rng.shuffle(candidates)
         offset = len(p.text) - len(p.prompt)
-        own = p.text[offset + span[0] : offset + span[1]]
         found, changed = None, []
-        for value in [named.null_value] if named.null_value is not None else [v for v in values if v != own]:
-            text = p.text[: offset + span[0]] + value + p.text[offset + span[1] :]
+        for value in candidates:
+            text = p.text
+            for a, b in spans:
+                text = text[: offset + a] + value + text[offset + b :]
             ids = bos + tokenizer(text)["input_ids"]
             if len(ids) != task.n_positions:
                 continue
@@ -138,6 +145,7 @@ def counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
     if style not in OPERATOR_TEXT:
         raise Af1Error(f"no counterfactual is defined for style '{style}'")
     symbol = all(len(w) == 1 for w in OPERATOR_TEXT[style].values())
+    bos = [task.bos[0]] if task.bos is not None else []  # the prompts run with the BOS af1 prepended: so do these
     for null in NULL_SYMBOLS if symbol else NULL_WORDS:
         rows, ok = [], True
         for i, p in enumerate(task.problems):
@@ -146,7 +154,7 @@ def counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
             text = p.text
             for a, b in sorted(spans, reverse=True):
                 text = text[: offset + a] + null + text[offset + b :]
-            ids = tokenizer(text)["input_ids"]
+            ids = bos + tokenizer(text)["input_ids"]
             if len(ids) != task.n_positions:
                 ok = False
                 break
@@ -545,7 +553,8 @@ def activation_patching(
 def last_query_attention(
     adapter: ModelAdapter, task: Task, heads: list[tuple[int, int]]
 ) -> dict[str, dict[str, float]]:
-    """Share of each head's attention from the last position to operands, operator, context and the rest."""
+    """Share of each head's attention from the last position to operands, operator (a task file: slots, the token
+    after a slot), context, the last position itself and the rest."""
     from af1.interventions.attention import LayerPlan, attention_plans
 
     probs: dict[int, torch.Tensor] = {}
@@ -567,10 +576,11 @@ def last_query_attention(
         forward_last(adapter.model, ids, task.context_len)
     roles = list(task.layout)
     n = len(roles)
+    file = task.spec.file is not None  # a task file has slots, and the token after one, not operands and operators
     groups = {
-        # an operand or a task file's slot; the last position is its own group even when it spells a slot (induction)
-        "operands": [t for t, r in enumerate(roles) if r not in NOT_OPERANDS and t < n - 1],
-        "operator": [
+        # the last position is its own group even when it spells a slot (induction)
+        "slots" if file else "operands": [t for t, r in enumerate(roles) if r not in NOT_OPERANDS and t < n - 1],
+        "after a slot" if file else "operator": [
             t for t, r in enumerate(roles) if r == "const" and t < n - 1 and t > 0 and roles[t - 1] not in NOT_OPERANDS
         ],
         "context": [t for t, r in enumerate(roles) if r == "context"],

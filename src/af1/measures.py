@@ -35,8 +35,16 @@ from af1.models import LoadedModel, ModelAdapter
 from af1.progress import progress
 from af1.results import read_json, write_json
 from af1.shared_context import clean_suffix_states, shared_context_logits, supports_shared
-from af1.stats import baseline_warning, constant_baseline, mcnemar_exact, mean_std, rate, split_indices
-from af1.tasks import MIN_LAYOUT, Task, TaskSpec, distribution_task
+from af1.stats import (
+    LAYOUT_KEYS,
+    baseline_warning,
+    constant_baseline,
+    mcnemar_exact,
+    mean_std,
+    rate,
+    split_indices,
+)
+from af1.tasks import Task, TaskSpec, distribution_task
 
 LOW_COUNT = 5  # a conditional mean over fewer problems than this is flagged
 RESAMPLE_SEEDS = 5
@@ -137,8 +145,8 @@ class Setup:
 
 def low_count_positions(means: PositionMeans, task: Task) -> tuple[list[int], int]:
     """Positions CAMA replaces (after the first varying one) where some evaluated problem's token has a conditional
-    mean over fewer than LOW_COUNT states, and how many problems have such a position: for them the "mean" is in
-    good part their own state, so CAMA barely ablates there."""
+    mean over fewer than LOW_COUNT states, and how many problems have such a position: where the means include the
+    evaluated problems, such a "mean" is in good part the problem's own state, so CAMA barely ablates there."""
     slots = means.slots(task.input_ids_PT)  # [P, T]
     counts_PT = means.counts_TS[torch.arange(task.n_positions)[None], slots]
     low_PT = counts_PT < LOW_COUNT
@@ -178,12 +186,7 @@ def make_setup(
             "--means holds the means of one scoring step of one token layout: use it with --scoring first"
             + (" and --largest-layout" if task.groups else "")
         )
-    warnings: list[str] = [task.sampling_note] if task.sampling_note else []
-    if task.excluded_other_layouts:
-        warnings.append(
-            f"{task.excluded_other_layouts} problems left out: their token layout is shared by fewer than "
-            f"{MIN_LAYOUT} problems" + (" (or --largest-layout)" if spec.largest_layout else "")
-        )
+    warnings: list[str] = [w for w in (task.sampling_note, task.exclusion_note) if w]
     for what, on in ((f"base accuracy ({spec.scoring} scoring)", task), ("faithfulness on the solved problems", kept)):
         note = baseline_warning(what, constant_baseline(on.targets()), len(on))
         if note:
@@ -201,7 +204,11 @@ def make_setup(
                 (f"layout {kept_k.layout_id}, " if task.groups else "")
                 + f"step {kept_k.step}: CAMA means over fewer than {LOW_COUNT} problems at positions {low} "
                 f"({distribution.origin} of {len(dist_k)} problems), for {n_low} of {len(kept_k)} solved problems: "
-                "there their own state is a large part of their mean"
+                + (
+                    "there the mean is over few other problems, noisy (near a resample)"
+                    if distribution.origin == "disjoint sample"
+                    else "there their own state is a large part of their mean (CAMA barely ablates it)"
+                )
             )
         steps.append(StepSetup(lm.adapter, kept_k, means, dist_k))
     return Setup(lm, spec, task, base, kept, distribution, steps, warnings)
@@ -456,7 +463,7 @@ def search(
             if not rows:  # the split put none of this layout's problems on the confirmation side
                 continue
             r = rate([correct[i] for i in rows], [targets[i] for i in rows])
-            out.append({"layout": g, **{kk: r[kk] for kk in ("value", "n", "ci")}})
+            out.append({"layout": g, **{kk: r[kk] for kk in LAYOUT_KEYS}})
         return out
 
     eligible = [m for m in measured.values() if m["eligible"]]

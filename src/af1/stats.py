@@ -36,6 +36,9 @@ def constant_baseline(targets: Sequence[Hashable]) -> float:
     return Counter(targets).most_common(1)[0][1] / len(targets)
 
 
+LAYOUT_KEYS = ("value", "n", "ci", "baseline")  # what each token layout's part of a pooled rate reports
+
+
 def rate(correct: Sequence[bool], targets: Sequence[Hashable]) -> dict[str, Any]:
     """A rate with its n, 95 % Wilson interval and constant-guess baseline (same problems)."""
     if len(correct) != len(targets):

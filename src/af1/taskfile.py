@@ -82,8 +82,8 @@ class TaskFile(_Strict):
     def _form(self) -> TaskFile:
         if (self.rows is None) == (self.template is None):
             raise ValueError("a task file has either rows or a template (with slots and an answer)")
+        names = [n for _, n, _, _ in string.Formatter().parse(self.template or "") if n]
         if self.template is not None:
-            names = [n for _, n, _, _ in string.Formatter().parse(self.template) if n]
             if not names:
                 raise ValueError("the template has no {slot}")
             missing = [n for n in names if n not in self.slots]
@@ -93,9 +93,9 @@ class TaskFile(_Strict):
                 raise ValueError("a template task needs an answer (table, expr or slot)")
             if self.answer.slot is not None and self.answer.slot not in names:
                 raise ValueError(f"the answer slot '{self.answer.slot}' is not a slot of the template")
-        if self.distinct and self.template is None:
-            raise ValueError("distinct is for templates: rows are problems as they are")
-        if self.counterfactual is not None and self.counterfactual.slot not in self.slots:
+        if self.rows is not None and (self.answer is not None or self.slots or self.distinct):
+            raise ValueError("a rows file gives each prompt and answer: answer, slots and distinct are for templates")
+        if self.counterfactual is not None and self.counterfactual.slot not in names:
             raise ValueError(f"the counterfactual slot '{self.counterfactual.slot}' is not a slot of the template")
         if self.shots is not None and self.shots < 0:
             raise ValueError("shots must be >= 0")

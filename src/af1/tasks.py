@@ -293,6 +293,16 @@ class Task:
         )
 
     @property
+    def exclusion_note(self) -> str | None:
+        """Says how many problems were left out for their token layout, and why; None when none were."""
+        n = self.excluded_other_layouts
+        if not n:
+            return None
+        if self.spec.largest_layout:
+            return f"{n} problems left out: --largest-layout keeps only the largest token layout"
+        return f"{n} problems left out: their token layout is shared by fewer than {MIN_LAYOUT} problems"
+
+    @property
     def n_positions(self) -> int:
         return int(self.input_ids_PT.shape[1])
 

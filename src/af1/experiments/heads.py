@@ -197,8 +197,9 @@ class Heads(base.Experiment):
     def section(self, result: Result, out_dir: Path) -> list[str]:
         ko = result.knockout
         parts = [
-            "<h2>Arithmetic heads</h2>",
-            f"<p>{result.model} on <code>{html.escape(result.task)}</code> ({result.style}), counterfactual operator "
+            "<h2>Heads that carry the answer</h2>",
+            f"<p>{result.model} on <code>{html.escape(result.task)}</code> ({result.style}), counterfactual "
+            f"{'slot' if result.style == 'task file' else 'operator'} "
             f"<code>{html.escape(result.counterfactual)}</code>, {result.n_solved} solved problems. "
             f"Path patching ({result.path}): {len(result.key_heads)} of {result.n_heads} heads "
             f"({result.key_head_share:.1%}) pass {result.threshold:.0%} by the {result.metric} metric.</p>",

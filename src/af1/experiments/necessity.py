@@ -1,5 +1,5 @@
-"""necessity: faithfulness when the last token cannot read the operands in one layer or a window of layers;
-inside a found AF1 also the transfer window moved later (on the search's confirmation split)."""
+"""necessity: faithfulness when the last token cannot read the problem's tokens (operands, slots) in one layer or a
+window of layers; inside a found AF1 also the transfer window moved later (on the search's confirmation split)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class Result(base.Result):
 
 class Necessity(base.Experiment):
     name = "necessity"
-    help = "Faithfulness when the last token cannot read the operands, layer by layer and in windows."
+    help = "Faithfulness when the last token cannot read the problem's tokens, layer by layer and in windows."
     Options = Options
     Result = Result
     figure = "necessity.png"

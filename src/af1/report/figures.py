@@ -105,7 +105,7 @@ def necessity_plot(result: dict[str, Any], path: Path) -> Path:
     ax.set_xlabel("first blocked layer")
     ax.set_ylabel("faithfulness")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("last token cannot read the operands")
+    ax.set_title("last token cannot read the problem (operands, slots)")
     ax.legend(fontsize=8)
     if "shifted_transfer" in result:
         shifted = result["shifted_transfer"]

@@ -77,7 +77,7 @@ def ci_text(value: float | None, ci: list[float] | None = None) -> str:
     return f"{value:.3f} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{value:.3f}"
 
 
-LAYOUT_HEADERS = ["layout", "positions", "example input (its end)", "n", "rate [95 % CI]"]
+LAYOUT_HEADERS = ["layout", "positions", "example input (its end)", "n", "rate [95 % CI]", "constant guess"]
 
 
 def layout_rows(by_layout: list[dict[str, Any]] | None, layouts: list[dict[str, Any]] | None) -> list[list[Any]]:
@@ -87,7 +87,9 @@ def layout_rows(by_layout: list[dict[str, Any]] | None, layouts: list[dict[str, 
     for r in by_layout or []:
         found = shape.get(r["layout"], {})
         example = str(found.get("example_input") or "")
-        rows.append([r["layout"], found.get("n_positions", ""), example[-40:], r["n"], with_ci(r["value"], r["ci"])])
+        guess = "" if r.get("baseline") is None else f"{r['baseline']:.3f}"
+        rate = with_ci(r["value"], r["ci"])
+        rows.append([r["layout"], found.get("n_positions", ""), example[-40:], r["n"], rate, guess])
     return rows
 
 
@@ -114,5 +116,10 @@ def layout_table(by_layout: list[dict[str, Any]] | None, layouts: list[dict[str,
 
 
 def layouts_text(by_layout: list[dict[str, Any]] | None) -> str:
-    """A pooled rate's parts in one line ('' for one layout): 'layout 0: 0.967 [0.83, 0.99], n 30; layout 1: ...'."""
-    return "; ".join(f"layout {r['layout']}: {ci_text(r['value'], r['ci'])}, n {r['n']}" for r in by_layout or [])
+    """A pooled rate's parts in one line ('' for one layout): 'layout 0: 0.967 [0.83, 0.99], n 30 (constant guess
+    0.100); layout 1: ...'."""
+    return "; ".join(
+        f"layout {r['layout']}: {ci_text(r['value'], r['ci'])}, n {r['n']}"
+        + (f" (constant guess {r['baseline']:.3f})" if r.get("baseline") is not None else "")
+        for r in by_layout or []
+    )
