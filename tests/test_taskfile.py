@@ -39,15 +39,20 @@ def test_the_arithmetic_template_is_the_built_in_task(tokenizer):
     assert evaluate_expr("(a + b) * 2 - c // 3 % 2", {"a": 1, "b": 2, "c": 9}) == 5
 
 
-def test_a_copy_task_answers_with_a_slot_and_keeps_slots_distinct(tmp_path, tokenizer):
-    """Induction as a template: a slot repeated in the prompt, the answer a slot's value, no repeated values."""
-    path = write(
+def induction_file(tmp_path: Path, words: list[str], extra: str = "") -> Path:
+    """A copy task: three different words, the first two again, answered by the third (like induction.yaml)."""
+    write(tmp_path, "w.txt", "".join(f"{w}\n" for w in words))
+    return write(
         tmp_path,
         "t.yaml",
         "template: '{x} {y} {z} {x} {y}'\nslots: {x: {file: w.txt}, y: {file: w.txt}, z: {file: w.txt}}\n"
-        "distinct: true\nanswer: {prefix: ' ', slot: z}\n",
+        "distinct: true\nanswer: {prefix: ' ', slot: z}\n" + extra,
     )
-    write(tmp_path, "w.txt", "cat\ndog\nsun\ntree\n")
+
+
+def test_a_copy_task_answers_with_a_slot_and_keeps_slots_distinct(tmp_path, tokenizer):
+    """Induction as a template: a slot repeated in the prompt, the answer a slot's value, no repeated values."""
+    path = induction_file(tmp_path, ["cat", "dog", "sun", "tree"])
     _, items = load_items(path)
     assert len(items) == 4 * 3 * 2  # ordered triples of different words
     for item in items:
@@ -191,13 +196,7 @@ def test_the_slot_counterfactual_changes_only_the_slot(tokenizer):
 def test_a_repeated_slot_is_replaced_everywhere_by_a_distinct_value(tmp_path, tokenizer):
     """Induction's x stands twice: the counterfactual changes both places to one other word, never to the problem's
     y or z (the task is distinct), drawn per problem rather than one word for all."""
-    write(tmp_path, "w.txt", "cat\ndog\nsun\ntree\ncar\nbook\n")
-    path = write(
-        tmp_path,
-        "t.yaml",
-        "template: '{x} {y} {z} {x} {y}'\nslots: {x: {file: w.txt}, y: {file: w.txt}, z: {file: w.txt}}\n"
-        "distinct: true\nanswer: {prefix: ' ', slot: z}\ncounterfactual: {slot: x}\n",
-    )
+    path = induction_file(tmp_path, ["cat", "dog", "sun", "tree", "car", "book"], "counterfactual: {slot: x}\n")
     task = build_task(TaskSpec(file=str(path)), tokenizer)
     cf = counterfactual(task, tokenizer)
     x_at = [t for t, r in enumerate(task.layout) if r == "x"]

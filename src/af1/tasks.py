@@ -77,6 +77,7 @@ TWO_OPERAND_STYLES: dict[str, dict[str, str]] = {
     },
 }
 STYLES: tuple[str, ...] = ("original", "calculate", *TWO_OPERAND_STYLES)
+FILE_STYLE = "task file"  # the style results give a task file's problems (its template is its own)
 NAMES = "ABCDEFG"
 
 
@@ -147,7 +148,7 @@ class TaskSpec(BaseModel):
     @property
     def style_name(self) -> str:
         """The input style in results and tables: a task file has none of the built-in ones (its template says)."""
-        return self.style if self.file is None else "task file"
+        return self.style if self.file is None else FILE_STYLE
 
     @field_validator("operation")
     @classmethod

@@ -14,7 +14,7 @@ from af1 import heads
 from af1.errors import Af1Error
 from af1.experiments import base
 from af1.report.markup import ci_text, image_html, table_html, with_ci
-from af1.tasks import TaskSpec
+from af1.tasks import FILE_STYLE, TaskSpec
 
 
 class Options(base.GatedOptions):
@@ -199,7 +199,7 @@ class Heads(base.Experiment):
         parts = [
             "<h2>Heads that carry the answer</h2>",
             f"<p>{result.model} on <code>{html.escape(result.task)}</code> ({result.style}), counterfactual "
-            f"{'slot' if result.style == 'task file' else 'operator'} "
+            f"{'slot' if result.style == FILE_STYLE else 'operator'} "
             f"<code>{html.escape(result.counterfactual)}</code>, {result.n_solved} solved problems. "
             f"Path patching ({result.path}): {len(result.key_heads)} of {result.n_heads} heads "
             f"({result.key_head_share:.1%}) pass {result.threshold:.0%} by the {result.metric} metric.</p>",
