@@ -207,13 +207,14 @@ def test_the_command_line_shows_each_layout(mixed, tmp_path, monkeypatch, capsys
     assert [r["n"] for r in result["task_layout"]["layouts"]] == [21, 15]
 
 
-def test_a_layout_without_a_counterfactual_is_left_out_of_path_patching(mixed, tokenizer):
+def test_a_layout_without_a_counterfactual_is_left_out_of_path_patching(mixed, tokenizer, tmp_path):
+    """A null value of one token keeps only the one-token layout's shape: the other layout is left out, and said."""
     lm, spec, _, _ = mixed
-    kept = measures.prepare(lm, spec).kept
-    one_long = [*kept.groups[0].where_P.tolist(), int(kept.groups[1].where_P[0])]
-    sub = kept.subset(one_long)  # layout 1 keeps one problem: no other row's value to swap in
-    pp, _ = heads.layout_path_patching(lm.adapter, sub, tokenizer, "direct")
-    assert pp["layouts_patched"] == [{"layout": 0, "n": 21}]
+    text = Path(str(spec.file)).read_text().replace("slot: b\n", "slot: a\n  null_value: '9'\n")
+    (tmp_path / "null.yaml").write_text(text)
+    kept = measures.prepare(lm, TaskSpec(file=str(tmp_path / "null.yaml"))).kept
+    pp, _ = heads.layout_path_patching(lm.adapter, kept, tokenizer, "direct")
+    assert pp["layouts_patched"] == [{"layout": 0, "n": len(kept.groups[0])}]
     assert [s["layout"] for s in pp["layouts_not_patched"]] == [1]
     alone, _ = heads.layout_path_patching(lm.adapter, kept.groups[0], tokenizer, "direct")
     assert torch.allclose(pp["relative_logit_change_layer_head"], alone["relative_logit_change_layer_head"])

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from af1 import api
 from af1.errors import Af1Error
@@ -208,6 +209,8 @@ def test_a_repeated_slot_is_replaced_everywhere_by_a_distinct_value(tmp_path, to
         assert new not in p.operands  # not its own x, nor its y or z
         replacements.add(new)
     assert len(replacements) > 1
+    again = counterfactual(task.subset([5, 0, 3]), tokenizer)  # a problem's draw does not depend on the sample
+    assert torch.equal(again.input_ids_PT, cf.input_ids_PT[[5, 0, 3]])
 
 
 @pytest.fixture(scope="module")

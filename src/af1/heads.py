@@ -89,9 +89,11 @@ def _operator_spans(prompt: str, style: str, operation: str, operands: tuple[int
 
 def slot_counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
     """A task file's prompts with the slot it names replaced, everywhere it stands, by its null value, or else by
-    another row's value (a seeded draw per problem; with `distinct`, none of the problem's other slot values) that
-    keeps the token layout, changing only that slot's tokens."""
-    from af1.taskfile import read_task_file
+    another of the slot's values that keeps the token layout, changing only that slot's tokens. The value is drawn
+    per problem from the file's values, seeded by the task's seed and the prompt alone (so a problem gets the same
+    counterfactual in any sample or layout group); in a `distinct` task it is none of the problem's other slot
+    values."""
+    from af1.taskfile import read_task_file, slot_values
 
     assert task.spec.file is not None
     described = read_task_file(task.spec.file)
@@ -100,8 +102,7 @@ def slot_counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
         raise Af1Error(
             f"task file {task.spec.file} names no counterfactual slot (counterfactual: {{slot: ..., null_value: ...}})"
         )
-    values = sorted({p.prompt[a:b] for p in task.problems for n, a, b in p.spans if n == named.slot})
-    rng = random.Random(task.spec.seed)
+    values = sorted(set(slot_values(task.spec.file, described, named.slot)))
     bos = [task.bos[0]] if task.bos is not None else []
     rows, positions = [], set()
     for i, p in enumerate(task.problems):
@@ -111,7 +112,7 @@ def slot_counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
         own = p.prompt[spans[0][0] : spans[0][1]]
         taken = set(p.operands) if described.distinct else {own}  # a distinct task's other slots stay distinct
         candidates = [named.null_value] if named.null_value is not None else [v for v in values if v not in taken]
-        rng.shuffle(candidates)
+        random.Random(f"{task.spec.seed}:{p.prompt}").shuffle(candidates)
         offset = len(p.text) - len(p.prompt)
         found, changed = None, []
         for value in candidates:
@@ -132,7 +133,7 @@ def slot_counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
             )
         rows.append(found)
         positions |= set(changed)
-    replacement = named.null_value if named.null_value is not None else f"another row's {named.slot}"
+    replacement = named.null_value if named.null_value is not None else f"another value of {named.slot}"
     return Counterfactual(torch.tensor(rows), replacement, sorted(positions))
 
 

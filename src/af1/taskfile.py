@@ -58,7 +58,7 @@ class Answer(_Strict):
 
 
 class CounterfactualSlot(_Strict):
-    """The slot the heads study's counterfactual changes: to another row's value of the same token length, or to
+    """The slot the heads study's counterfactual changes: to another of its values of the same token length, or to
     `null_value` (a value that means nothing for the task)."""
 
     slot: str
@@ -208,6 +208,11 @@ def _text(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise Af1Error(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def slot_values(path: str | Path, task: TaskFile, name: str) -> list[str]:
+    """Every value a template's slot takes, as the file gives them (inline, then its values file)."""
+    return _values(Path(path), name, task.slots[name])
 
 
 def _values(path: Path, name: str, slot: SlotValues) -> list[str]:
