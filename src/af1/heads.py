@@ -489,7 +489,7 @@ def layout_path_patching(
     describes them."""
     runs, skipped = [], []
     for _, group in per_layout(kept):
-        try:  # a layout with one solved problem has no other row's value to swap in
+        try:  # a layout where no value of the slot (or its null value) keeps the token layout has none
             runs.append((group, counterfactual(group, tokenizer)))
         except Af1Error as exc:
             if not kept.groups:
