@@ -23,9 +23,8 @@ def task(tokenizer):
 )
 def test_counterfactual_keeps_the_layout(tokenizer, style, null, shots):
     task = build_task(TaskSpec(operation="a+b", style=style, shots=shots, n=8), tokenizer)
-    assert (task.bos is not None) == (
-        shots == 0
-    )  # a bare prompt runs behind the prepended BOS: so does its counterfactual
+    # a bare prompt runs behind the prepended BOS, and so does its counterfactual
+    assert (task.bos is not None) == (shots == 0)
     cf = heads.counterfactual(task, tokenizer)
     assert cf.input_ids_PT.shape == task.input_ids_PT.shape
     changed = (cf.input_ids_PT != task.input_ids_PT).any(0).nonzero().flatten().tolist()

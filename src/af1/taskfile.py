@@ -211,11 +211,8 @@ def _text(path: Path) -> str:
 
 
 def slot_values(path: str | Path, task: TaskFile, name: str) -> list[str]:
-    """Every value a template's slot takes, as the file gives them (inline, then its values file)."""
-    return _values(Path(path), name, task.slots[name])
-
-
-def _values(path: Path, name: str, slot: SlotValues) -> list[str]:
+    """Every value a template's slot takes, as the task file at `path` gives them (inline, then its values file)."""
+    path, slot = Path(path), task.slots[name]
     values = list(slot.values or [])
     if slot.file is not None:
         source = path.parent / slot.file
@@ -263,7 +260,7 @@ def _template_items(path: Path, task: TaskFile) -> list[Item]:
     assert task.template is not None and task.answer is not None
     parts = list(string.Formatter().parse(task.template))
     names = list(dict.fromkeys(n for _, n, _, _ in parts if n))
-    values = {n: _values(path, n, task.slots[n]) for n in names}
+    values = {n: slot_values(path, task, n) for n in names}
     items = []
     for combo in itertools.product(*(values[n] for n in names)):
         if task.distinct and len(set(combo)) < len(combo):
