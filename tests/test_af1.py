@@ -58,13 +58,50 @@ def test_no_intervention_is_bit_identical(tiny, task):
         assert torch.equal(last_logits(adapter.model, task.input_ids_PT, batch_size=32), plain)
 
 
+def outside(means: PositionMeans) -> PositionMeans:
+    """The same sums, as if over a copy of the problems: nobody is left out of their own mean."""
+    return dataclasses.replace(means, member_hashes=torch.empty(0, dtype=torch.int64))
+
+
 def test_cama_over_one_problem_changes_nothing(tiny, task):
     adapter, _ = tiny
     one = task.subset([4])
     means = compute_means(adapter, dataclasses.replace(one, context_len=0))  # from full forwards, as the hook path
     plain = last_logits(adapter.model, one.input_ids_PT)
     for wait in range(adapter.n_layers):
-        assert torch.equal(reference_logits(adapter, one, AF1Config(wait=wait, abp="none"), means), plain)
+        assert torch.equal(reference_logits(adapter, one, AF1Config(wait=wait, abp="none"), outside(means)), plain)
+
+
+def test_leave_one_out_is_the_mean_of_the_others(tiny, task):
+    """A problem inside the means is ablated to the mean of the other problems with its token at each position, or
+    where none has it, to the mean of all the others; a problem outside them to the mean of all."""
+    adapter, means = tiny
+    ids = task.input_ids_PT
+    with record(adapter, [residual(1)]) as cache:
+        adapter.model(input_ids=ids)
+    h_PTD = cache[residual(1)].float()
+    for p in (0, 5):
+        got = means.replacement(1, ids[p : p + 1], h_PTD[p : p + 1])[0]
+        got_mean = means.replacement(1, ids[p : p + 1], h_PTD[p : p + 1], conditional=False)[0]
+        others = torch.tensor([q != p for q in range(len(task))])
+        assert torch.allclose(got_mean, h_PTD[others].mean(0), atol=1e-5)
+        fell_back = means.fallbacks(ids[p : p + 1], task.context_len)[0]
+        for t in range(task.context_len, task.n_positions):
+            same = others & (ids[:, t] == ids[p, t])
+            want = h_PTD[same].mean(0)[t] if same.any() else h_PTD[others].mean(0)[t]
+            assert torch.allclose(got[t], want, atol=1e-5)
+            assert bool(fell_back[t]) == (not bool(same.any()))
+    mean_all = outside(means).replacement(1, ids[:1], h_PTD[:1])[0]
+    assert torch.allclose(mean_all, means.conditional(1, ids[:1])[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("ablation", ["cama", "mean"])
+def test_fast_equals_reference_without_leave_one_out(tiny, task, ablation):
+    adapter, means = tiny
+    config = AF1Config(wait=0, transfer=1, ablation=ablation)
+    ref = reference_logits(adapter, task, config, outside(means))
+    assert (ref - fast_logits(adapter, task, config, outside(means))).abs().max() <= TOL
+    assert (ref - reference_logits(adapter, task, config, means)).abs().max() > TOL  # leaving out changes logits
 
 
 def test_cama_changes_logits_of_a_real_distribution(tiny, task):

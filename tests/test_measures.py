@@ -67,17 +67,26 @@ def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
 
 
 def test_low_counts_of_the_means_are_named(tiny_setup):
-    """16 problems: most (position, token) means average fewer than 5 states, and the setup says where."""
+    """16 problems: most (position, token) means average fewer than 5 other states, and the setup says where; each
+    solved problem is inside the means (the whole grid), so it is left out of them and that is counted."""
     counts = tiny_setup.means.counts_TS
     assert counts.sum(1)[tiny_setup.kept.context_len] == len(tiny_setup.distribution)
-    note = next(w for w in tiny_setup.warnings if "fewer than 5" in w)
+    note = next(w for w in tiny_setup.warnings if "fewer than 5 other" in w)
     kept = tiny_setup.steps[0].kept
-    low, n_low = measures.low_count_positions(tiny_setup.means, kept)
+    thin = measures.low_count_positions(tiny_setup.means, kept)
+    low, n_low = thin["positions"], thin["n_problems_low"]
     assert low and str(low) in note and f"for {n_low} of {len(kept)} solved" in note and 0 < n_low <= len(kept)
+    assert "own state left out" in note and thin["n_inside"] == len(kept)
     assert all(t > kept.context_len for t in low)  # the first varying position is its own mean: never named
     slots = tiny_setup.means.slots(kept.input_ids_PT)
-    counts_PT = tiny_setup.means.counts_TS[torch.arange(kept.n_positions)[None], slots]
-    assert int((counts_PT[:, low] < 5).any(1).sum()) == n_low
+    others_PT = tiny_setup.means.counts_TS[torch.arange(kept.n_positions)[None], slots] - 1
+    assert int((others_PT[:, low] < 5).any(1).sum()) == n_low
+    after = others_PT[:, kept.context_len + 1 :]
+    assert thin["n_fallback_pairs"] == int((after == 0).sum())
+    described = tiny_setup.describe()["means_from"]
+    assert described["n_fallback_pairs"] == sum(n["n_fallback_pairs"] for n in described["per_step"])
+    if thin["n_fallback_pairs"]:
+        assert any("leave-one-out token-agnostic" in w for w in tiny_setup.warnings)
 
 
 def synthetic_sweep(L: int, n: int, cells: dict[tuple[int, int], list[bool]], targets: list[str]) -> dict:

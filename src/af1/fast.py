@@ -62,32 +62,52 @@ class ProblemKV:
 
 @dataclass
 class TokenLocalKV:
-    """Keys/values of positions 0..n-2 in blocks after `wait`, per token slot; and the last token's start."""
+    """Keys/values of the suffix positions c..n-2 in blocks after `wait`, per column; and the last token's start.
+
+    A column is a token slot of the means' table, or one problem's own: a problem inside the means it is ablated
+    with leaves its own state out of its mean (leave-one-out), so its positions are not a function of their token
+    alone and run as rows of their own."""
 
     wait: int
-    keys: dict[int, torch.Tensor]  # layer -> [position, slot, kv_heads, head_dim]
+    keys: dict[int, torch.Tensor]  # layer -> [suffix position, column, kv_heads, head_dim]
     values: dict[int, torch.Tensor]
-    start_TSD: torch.Tensor | None  # h[wait] per (position, slot), None for wait = -1
-    slot_tokens_TS: torch.Tensor
-    context_len: int
+    start_TSD: torch.Tensor | None  # h[wait] per (position, column), None for wait = -1
+    slot_tokens_TS: torch.Tensor  # [position, column]: a token slot's token id, -1 where unused or a problem's own
+    context: ProblemKV
+    own_columns: dict[bytes, int] = field(default_factory=dict)  # a prompt's ids -> its own column
+
+    @property
+    def context_len(self) -> int:
+        return self.context.context_len
 
     def slots(self, ids_BT: torch.Tensor) -> torch.Tensor:
-        """The slot of each (position, token); a token the table has not seen at its position is an error."""
-        hit_BTS = self.slot_tokens_TS[None] == ids_BT[..., None].cpu()
-        if not bool(hit_BTS.any(-1).all()):
+        """The column of each (position, token): a problem's own column at every position when it has one, else
+        its token's slot; a token the table has not seen at its position is an error."""
+        ids_BT = ids_BT.cpu()
+        hit_BTS = self.slot_tokens_TS[None] == ids_BT[..., None]
+        own = [self.own_columns.get(row.numpy().tobytes()) for row in ids_BT]
+        mine = torch.tensor([o is not None for o in own], dtype=torch.bool)
+        if not bool(hit_BTS[~mine].any(-1).all()):
             raise ValueError("a token at some position has no slot in the token-local table (means of another task?)")
-        return hit_BTS.float().argmax(-1)
+        slots = hit_BTS.float().argmax(-1)
+        for b, col in enumerate(own):
+            if col is not None:
+                slots[b] = col
+        return slots
 
     def prefix(self, layer: int, slots_BT: torch.Tensor, peek: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, kv_heads, m, head_dim] keys/values the last query reads: all earlier positions, or the context."""
-        T = slots_BT.shape[1]
-        if peek:
-            pos = torch.arange(T - 1)[None]
-            k, v = self.keys[layer][pos, slots_BT[:, : T - 1]], self.values[layer][pos, slots_BT[:, : T - 1]]
-        else:  # the context only: one copy for every row (a batch-1 prefix, `one_query_attention`)
-            c = self.context_len
-            k, v = self.keys[layer][:c, 0][None], self.values[layer][:c, 0][None]
-        return k.transpose(1, 2), v.transpose(1, 2)
+        """[B, kv_heads, m, head_dim] keys/values the last query reads: all earlier positions, or the context (one
+        copy for every row: a batch-1 prefix, `one_query_attention`)."""
+        ctx_k, ctx_v = self.context.keys[layer], self.context.values[layer]  # [1, kv_heads, c, head_dim]
+        if not peek:
+            return ctx_k, ctx_v
+        B, T = slots_BT.shape
+        c = self.context_len
+        pos = torch.arange(T - 1 - c)[None]
+        cols = slots_BT[:, c : T - 1]
+        k = self.keys[layer][pos, cols].transpose(1, 2)
+        v = self.values[layer][pos, cols].transpose(1, 2)
+        return torch.cat([ctx_k.expand(B, -1, -1, -1), k], 2), torch.cat([ctx_v.expand(B, -1, -1, -1), v], 2)
 
 
 def context_kv(adapter: ModelAdapter, task: Task) -> ProblemKV:
@@ -103,7 +123,7 @@ def _ablated_TSD(config: AF1Config, means: PositionMeans | None, table_TS: torch
     if config.ablation == "cama":
         if means is None:
             raise ValueError("CAMA needs position means")
-        return means.cond_LTSD[config.wait]
+        return means.sums_LTSD[config.wait] / means.counts_TS.clamp(min=1)[..., None]
     ids = table_TS.clamp(min=0).T  # S rows; every slot's token at every position (padding as token 0, unused)
     return ablated_states(config, means, ids).transpose(0, 1)
 
@@ -144,8 +164,42 @@ def _run_rows(
 
 
 @torch.no_grad()
+def own_states(adapter: ModelAdapter, task: Task, layer: int, batch_size: int = 64) -> torch.Tensor:
+    """The unmodified h[layer] of every problem at its suffix positions c..n-1: [P, n-c, D] (fp32, CPU)."""
+    s = task.n_positions - task.context_len
+    out = []
+    for sl in batches(len(task), batch_size):
+        with record(adapter, [residual(layer)]) as cache:
+            forward_last(adapter.model, task.input_ids_PT[sl], task.context_len)
+        out.append(cache[residual(layer)][:, -s:].float().cpu())
+    return torch.cat(out)
+
+
+def _own_columns(
+    adapter: ModelAdapter, config: AF1Config, means: PositionMeans | None, task: Task, own_PsD: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The problems that the ablation leaves out of their own means: (their rows in `task`, what the ablation
+    writes at their suffix positions [R, n-c, D]); None when there are none (a disjoint means sample, zero)."""
+    if config.wait < 0 or means is None or config.ablation not in ("cama", "mean"):
+        return None
+    rows = means.inside(task.input_ids_PT).nonzero().flatten()
+    if not len(rows):
+        return None
+    own = own_PsD[rows] if own_PsD is not None else own_states(adapter, task.subset(rows), config.wait)
+    start = ablated_states(config, means, task.input_ids_PT[rows], own).float()
+    if config.ablation == "cama":  # CAMA leaves the first varying position alone: its own state
+        start[:, 0] = own[:, 0].float()
+    return rows, start
+
+
+@torch.no_grad()
 def token_local_kv(
-    adapter: ModelAdapter, task: Task, config: AF1Config, means: PositionMeans | None, ctx: ProblemKV | None = None
+    adapter: ModelAdapter,
+    task: Task,
+    config: AF1Config,
+    means: PositionMeans | None,
+    ctx: ProblemKV | None = None,
+    own_PsD: torch.Tensor | None = None,
 ) -> TokenLocalKV:
     """Keys/values after `wait` per (position, token), and the last token's state entering block wait+1.
 
@@ -153,7 +207,8 @@ def token_local_kv(
     table runs once, as a one-token row on the context's cache: from block wait+1 with its ablated state (for
     wait = -1 from its embedding). CAMA's first varying position, which the reference path leaves alone, starts
     from its conditional mean too: it sees only the context and itself, so its state is that mean (up to the
-    rounding of the average)."""
+    rounding of the average). A problem inside the means (leave-one-out) runs its own positions instead, from its
+    own ablated states (its unablated h[wait] `own_PsD` [P, n-c, D] of `task`, computed when not given)."""
     if config.wait >= 0 and config.ablation not in ("cama", "mean", "zero"):
         raise ValueError(f"the {config.ablation} ablation does not make positions token-local")
     table = means.slot_tokens_TS if means is not None else slot_table(task.input_ids_PT)
@@ -161,21 +216,37 @@ def token_local_kv(
     c, w = task.context_len, config.wait
     ctx = ctx or context_kv(adapter, task)
     start_TSD = _ablated_TSD(config, means, table).float() if w >= 0 else None
-    row_pos, row_slot = (table[c : T - 1] >= 0).nonzero(as_tuple=True)
+    row_pos, row_col = (table[c : T - 1] >= 0).nonzero(as_tuple=True)
     row_pos = row_pos + c
-    hidden = start_TSD[row_pos, row_slot] if start_TSD is not None else None
-    captured = _run_rows(adapter, ctx, table[row_pos, row_slot], row_pos, w + 1, hidden) if len(row_pos) else {}
+    tokens = table[row_pos, row_col]
+    own_columns: dict[bytes, int] = {}
+    own = _own_columns(adapter, config, means, task, own_PsD) if w >= 0 else None
+    if own is not None and start_TSD is not None:
+        rows, own_start_RsD = own
+        R = len(rows)
+        ids_RT = task.input_ids_PT[rows]
+        own_columns = {row.numpy().tobytes(): S + i for i, row in enumerate(ids_RT)}
+        table = torch.cat([table, torch.full((T, R), -1, dtype=table.dtype)], 1)
+        own_TRD = torch.zeros(T, R, start_TSD.shape[-1])
+        own_TRD[c:] = own_start_RsD.transpose(0, 1)
+        start_TSD = torch.cat([start_TSD, own_TRD], 1)
+        own_pos = torch.arange(c, T - 1).repeat_interleave(R)
+        own_col = torch.arange(R).repeat(T - 1 - c)
+        row_pos, row_col = torch.cat([row_pos, own_pos]), torch.cat([row_col, S + own_col])
+        tokens = torch.cat([tokens, ids_RT[own_col, own_pos]])
+    hidden = start_TSD[row_pos, row_col] if start_TSD is not None else None
+    captured = _run_rows(adapter, ctx, tokens, row_pos, w + 1, hidden) if len(row_pos) else {}
     keys: dict[int, torch.Tensor] = {}
     values: dict[int, torch.Tensor] = {}
+    columns = table.shape[1]
     for layer in range(w + 1, adapter.n_layers):
-        for out, context, rows in ((keys, ctx.keys, 0), (values, ctx.values, 1)):
-            ctx_CHd = context[layer][0].transpose(0, 1)  # [c, kv heads, d]
-            full = torch.zeros(T - 1, S, *ctx_CHd.shape[1:], dtype=ctx_CHd.dtype, device=ctx_CHd.device)
-            full[:c] = ctx_CHd[:, None]
+        for out, context, kv in ((keys, ctx.keys, 0), (values, ctx.values, 1)):
+            ref = context[layer]  # [1, kv heads, c, d]
+            suffix = torch.zeros(T - 1 - c, columns, ref.shape[1], ref.shape[3], dtype=ref.dtype, device=ref.device)
             if layer in captured:
-                full[row_pos, row_slot] = captured[layer][rows][:, :, 0]
-            out[layer] = full
-    return TokenLocalKV(w, keys, values, start_TSD, table, c)
+                suffix[row_pos - c, row_col] = captured[layer][kv][:, :, 0]
+            out[layer] = suffix
+    return TokenLocalKV(w, keys, values, start_TSD, table, ctx, own_columns)
 
 
 def _plan(
@@ -265,6 +336,7 @@ def fast_sweep_wait(
     batch_size: int = 128,
     ctx: ProblemKV | None = None,
     greedy: bool = False,
+    kv: TokenLocalKV | None = None,
 ) -> dict[int, torch.Tensor]:
     """Logits [P, V] (or with `greedy` the greedy tokens [P], `af1.greedy`) for every transfer length at one `wait`.
 
@@ -275,7 +347,7 @@ def fast_sweep_wait(
     if supports(adapter, task, config) is not None:
         out = {k: reference_logits(adapter, task, config.model_copy(update={"transfer": k}), means) for k in wanted}
         return {k: v.argmax(-1) for k, v in out.items()} if greedy else out
-    kv = token_local_kv(adapter, task, config, means, ctx)
+    kv = kv or token_local_kv(adapter, task, config, means, ctx)
     L, w = adapter.n_layers, config.wait
     result: dict[int, list[torch.Tensor]] = {k: [] for k in wanted}
     dtype = next(adapter.model.parameters()).dtype

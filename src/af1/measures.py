@@ -55,10 +55,20 @@ class StepSetup:
     """One scoring step (answer token k): its solved problems, its CAMA means, resample donors, fast-path tables."""
 
     adapter: ModelAdapter
-    kept: Task  # step k of the solved problems
+    kept: Task  # step k of the solved problems (of a split of them, after `Setup.on`)
     means: PositionMeans  # over step k of the task distribution
     donors: Task  # step k of the task distribution
     tables: dict[Any, Any] = field(default_factory=dict, repr=False)  # fast-path caches, shared by subsets
+    solved: Task | None = None  # step k of every solved problem: what the shared tables cover (kept by splits)
+
+    def __post_init__(self) -> None:
+        if self.solved is None:
+            self.solved = self.kept
+
+    @property
+    def all_solved(self) -> Task:
+        assert self.solved is not None
+        return self.solved
 
     def context(self) -> ProblemKV:
         """The context's keys/values, computed once per setup."""
@@ -67,20 +77,44 @@ class StepSetup:
         return self.tables["context"]
 
     def clean(self) -> list[torch.Tensor]:
-        """The unmodified run's states at the suffix positions of the solved problems, every layer: where
-        shared-context configs resume ([P, n-c, D] per layer, in the model's dtype)."""
-        key = ("clean", self.kept.input_ids_PT.numpy().tobytes())  # per problem set: splits share the tables
-        if key not in self.tables:
-            self.tables[key] = clean_suffix_states(self.adapter, self.kept, self.context())
-        return self.tables[key]
+        """The unmodified run's states at the suffix positions of the kept problems, every layer: where
+        shared-context configs resume, and what a problem inside the means leaves out of them ([P, n-c, D] per
+        layer, in the model's dtype). Computed once for every solved problem; a split takes its rows."""
+        if "clean" not in self.tables:
+            self.tables["clean"] = clean_suffix_states(self.adapter, self.all_solved, self.context())
+        states = self.tables["clean"]
+        if self.kept is self.solved:
+            return states
+        rows = _rows_in(self.all_solved, self.kept)
+        return [h[rows] for h in states]
+
+    def build_local_kv(self, config: AF1Config) -> TokenLocalKV:
+        """Token-local keys/values after `wait` for every solved problem (a problem inside the means runs its own
+        positions, from its unablated state: leave-one-out)."""
+        solved = self.all_solved
+        own = None
+        leaves_out = config.wait >= 0 and config.ablation in ("cama", "mean")
+        if leaves_out and bool(self.means.inside(solved.input_ids_PT).any()):
+            own = self.clean_all()[config.wait]
+        return token_local_kv(self.adapter, solved, config, self.means, self.context(), own_PsD=own)
+
+    def clean_all(self) -> list[torch.Tensor]:
+        """`clean` of every solved problem."""
+        return replace(self, kept=self.all_solved).clean()
 
     def local_kv(self, config: AF1Config) -> TokenLocalKV:
         """Token-local keys/values after `wait`; they depend only on wait and ablation, so repeated configs
-        (pruning, alternatives, moved windows) share them."""
+        (pruning, alternatives, moved windows) and splits share them."""
         key = (config.wait, config.ablation)
         if key not in self.tables:
-            self.tables[key] = token_local_kv(self.adapter, self.kept, config, self.means, self.context())
+            self.tables[key] = self.build_local_kv(config)
         return self.tables[key]
+
+
+def _rows_in(whole: Task, part: Task) -> torch.Tensor:
+    """Where each row of `part` is in `whole` (the same prompts: a split of a step's problems)."""
+    index = {row.numpy().tobytes(): i for i, row in enumerate(whole.input_ids_PT)}
+    return torch.tensor([index[row.numpy().tobytes()] for row in part.input_ids_PT], dtype=torch.long)
 
 
 @dataclass
@@ -95,6 +129,7 @@ class Setup:
     distribution: Task  # what CAMA averages over
     steps: list[StepSetup]
     warnings: list[str] = field(default_factory=list)
+    means_notes: list[dict[str, Any]] = field(default_factory=list)  # per step: thin means, leave-one-out fallbacks
 
     @property
     def adapter(self) -> ModelAdapter:
@@ -138,20 +173,38 @@ class Setup:
             "context_len": None if self.task.groups else self.task.context_len,  # several layouts: see `layouts`
             "n_positions": None if self.task.groups else self.task.n_positions,
             "bos_prepended": self.task.describe()["bos_prepended"],
-            "means_from": {"origin": self.distribution.origin, "n_problems": len(self.distribution)},
+            "means_from": {
+                "origin": self.distribution.origin,
+                "n_problems": len(self.distribution),
+                "leave_one_out": "each solved problem inside the means is left out of them"
+                if any(n["n_inside"] for n in self.means_notes)
+                else "the means are over other problems only",
+                "n_fallback_pairs": sum(n["n_fallback_pairs"] for n in self.means_notes),
+                "per_step": self.means_notes,
+            },
             "warnings": self.warnings,
         }
 
 
-def low_count_positions(means: PositionMeans, task: Task) -> tuple[list[int], int]:
-    """Positions CAMA replaces (after the first varying one) where some evaluated problem's token has a conditional
-    mean over fewer than LOW_COUNT states, and how many problems have such a position: where the means include the
-    evaluated problems, such a "mean" is in good part the problem's own state, so CAMA barely ablates there."""
-    slots = means.slots(task.input_ids_PT)  # [P, T]
-    counts_PT = means.counts_TS[torch.arange(task.n_positions)[None], slots]
-    low_PT = counts_PT < LOW_COUNT
+def low_count_positions(means: PositionMeans, task: Task) -> dict[str, Any]:
+    """Where CAMA's means are thin for the evaluated problems (positions after the first varying one): positions
+    where some problem's conditional mean is over fewer than LOW_COUNT other problems (its own state left out when
+    it is inside the means), how many problems have one, and how many (problem, position) pairs have no other
+    problem with their token (the leave-one-out token-agnostic mean stands in there)."""
+    ids = task.input_ids_PT
+    slots = means.slots(ids)  # [P, T]
+    inside_P = means.inside(ids)
+    others_PT = means.counts_TS[torch.arange(task.n_positions)[None], slots] - inside_P[:, None].float()
+    low_PT = others_PT < LOW_COUNT
     low_PT[:, : task.context_len + 1] = False  # context, and the first varying position: already its own mean
-    return low_PT.any(0).nonzero().flatten().tolist(), int(low_PT.any(1).sum())
+    fallback_PT = means.fallbacks(ids, task.context_len + 1)
+    return {
+        "positions": low_PT.any(0).nonzero().flatten().tolist(),
+        "n_problems_low": int(low_PT.any(1).sum()),
+        "n_inside": int(inside_P.sum()),
+        "n_fallback_pairs": int(fallback_PT.sum()),
+        "n_problems_fallback": int(fallback_PT.any(1).sum()),
+    }
 
 
 def prepare(
@@ -192,26 +245,30 @@ def make_setup(
         if note:
             warnings.append(note)
     steps = []
+    means_notes: list[dict[str, Any]] = []
     for kept_k in kept_steps:
         dist_k = dist_steps[kept_k.part_key]
         if means_path is not None:
             means = PositionMeans.load(means_path, expected_key=means_key(lm.adapter, dist_k))
         else:
             means = cached_means(lm.adapter, dist_k) if cache_means else compute_means(lm.adapter, dist_k)
-        low, n_low = low_count_positions(means, kept_k)
-        if low:
+        thin = low_count_positions(means, kept_k)
+        where = (f"layout {kept_k.layout_id}, " if task.groups else "") + f"step {kept_k.step}"
+        means_notes.append({"layout": kept_k.layout_id, "step": kept_k.step, **thin})
+        if thin["positions"]:
             warnings.append(
-                (f"layout {kept_k.layout_id}, " if task.groups else "")
-                + f"step {kept_k.step}: CAMA means over fewer than {LOW_COUNT} problems at positions {low} "
-                f"({distribution.origin} of {len(dist_k)} problems), for {n_low} of {len(kept_k)} solved problems: "
-                + (
-                    "there the mean is over few other problems, noisy (near a resample)"
-                    if distribution.origin == "disjoint sample"
-                    else "there their own state is a large part of their mean (CAMA barely ablates it)"
-                )
+                f"{where}: CAMA means over fewer than {LOW_COUNT} other problems at positions {thin['positions']} "
+                f"({distribution.origin} of {len(dist_k)} problems"
+                + (", each problem's own state left out" if thin["n_inside"] else "")
+                + f"), for {thin['n_problems_low']} of {len(kept_k)} solved problems: noisy there (near a resample)"
+            )
+        if thin["n_fallback_pairs"]:
+            warnings.append(
+                f"{where}: at {thin['n_fallback_pairs']} (problem, position) pairs of {thin['n_problems_fallback']} "
+                "solved problems no other problem has the token: CAMA uses the leave-one-out token-agnostic mean there"
             )
         steps.append(StepSetup(lm.adapter, kept_k, means, dist_k))
-    return Setup(lm, spec, task, base, kept, distribution, steps, warnings)
+    return Setup(lm, spec, task, base, kept, distribution, steps, warnings, means_notes)
 
 
 def choose_executor(adapter: ModelAdapter, task: Task, config: AF1Config, reference: bool = False) -> dict[str, Any]:
@@ -347,7 +404,9 @@ def sweep(
                 )
             else:
                 per_step.append(
-                    fast_sweep_wait(step.adapter, step.kept, config, step.means, todo, ctx=step.context(), greedy=True)
+                    fast_sweep_wait(
+                        step.adapter, step.kept, config, step.means, todo, greedy=True, kv=step.build_local_kv(config)
+                    )
                 )
         for k in todo:
             scores = Scores.from_steps(setup.kept, [logits[k] for logits in per_step])

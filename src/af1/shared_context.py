@@ -10,6 +10,8 @@ suffix (about a fifth of a few-shot prompt). This covers what the fast executor 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from af1.allforone import AF1Config, ablated_states, ablation_start, plans_for, resample_donors, zeroed_outputs
@@ -90,6 +92,16 @@ def clean_suffix_states(adapter: ModelAdapter, task: Task, ctx: ProblemKV, batch
     return [torch.cat(h) for h in per_layer]
 
 
+def _ablation(
+    config: AF1Config, means: PositionMeans | None, ids_BT: torch.Tensor, donor_BsD: torch.Tensor | None, start: int
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The overwrite of the suffix's h[wait] from `start`: the donors' states (resample), else the ablation's, from
+    the unablated states themselves (a problem inside the means leaves its own out: `PositionMeans.replacement`)."""
+    if donor_BsD is not None:
+        return lambda h: replace_positions(h, donor_BsD, start)
+    return lambda h: replace_positions(h, ablated_states(config, means, ids_BT, h), start)
+
+
 def first_changed_layer(config: AF1Config, masks: dict[int, LayerPlan], zero: dict[int, list[int]], L: int) -> int:
     """The first block whose computation a config changes: before it the run is the unmodified one."""
     ablated = [config.wait + 1] if config.wait >= 0 and config.ablation != "none" else []
@@ -132,14 +144,12 @@ def shared_context_logits(
         inputs = _suffix_inputs(adapter, task, ids)
         h = inputs.hidden_BTD if first == 0 else clean[first - 1][sl].to(adapter.device)  # type: ignore[index]
         if ablate:
-            if pick is not None:
-                new = suffix_states(adapter, donors, ctx, config.wait, pick[sl])
-            else:
-                new = ablated_states(config, means, ids)[:, c:]
+            donor = suffix_states(adapter, donors, ctx, config.wait, pick[sl]) if pick is not None else None
+            edit = _ablation(config, means, ids, donor, start)
             if first == config.wait + 1:  # resuming right after the ablation: apply it to the resumed state
-                h = replace_positions(h, new.to(h.device, h.dtype), start)
+                h = edit(h)
             else:
-                edits[config.wait] = lambda h, new=new: replace_positions(h, new, start)
+                edits[config.wait] = edit
         with (
             edit_residual(adapter, edits),
             attention_plans(adapter, _plans(adapter, task, ctx, len(ids), masks, adapter.n_layers, first)),

@@ -1,8 +1,11 @@
-"""Position means of the residual stream for CAMA and the token-agnostic mean ablation.
+"""Position means of the residual stream for CAMA and the token-agnostic mean ablation, leave-one-out.
 
-One streaming pass over a task accumulates fp32 sums of h[l][t] per (layer, position,
-token at t): memory is independent of the number of problems. Means are saved as
-safetensors with a key of the model and the task's token layout, and reused.
+One streaming pass over a task accumulates fp32 sums of h[l][t] per (layer, position, token at t): memory is
+independent of the number of problems. The means keep those sums and their counts, and which prompts they
+averaged (`member_hashes`), so that a problem inside the averaged set is ablated to the mean of the *other*
+problems (SPEC.md §1: leave-one-out, exact: its own state is subtracted from the fp32 sum). Where no other problem
+has its token at a position, the leave-one-out token-agnostic mean stands in. Saved as safetensors with a key of
+the model and the task's token layout, and reused.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from af1.progress import progress
 from af1.results import write_atomic
 from af1.tasks import Task
 
+FORMAT = "sums-v2"  # fp32 sums, counts and member hashes: older files (means only) cannot leave a problem out
+
 
 def model_fingerprint(adapter: ModelAdapter) -> str:
     """The identity of a model's numbers: its config and every byte of every parameter (in its own dtype), so
@@ -37,22 +42,47 @@ def model_fingerprint(adapter: ModelAdapter) -> str:
 
 
 def means_key(adapter: ModelAdapter, task: Task) -> str:
-    digest = hashlib.sha256(model_fingerprint(adapter).encode())
+    digest = hashlib.sha256(f"{FORMAT}:{model_fingerprint(adapter)}".encode())
     digest.update(task.input_ids_PT.numpy().tobytes())
     digest.update(str(task.input_ids_PT.shape).encode())
     return digest.hexdigest()[:32]
 
 
+def row_hashes(input_ids_BT: torch.Tensor) -> torch.Tensor:
+    """A 63-bit hash of each prompt's ids ([B] int64): which problems a set of means averaged over."""
+    rows = input_ids_BT.cpu().to(torch.int64).numpy()
+    return torch.tensor(
+        [int.from_bytes(hashlib.blake2b(r.tobytes(), digest_size=8).digest(), "little") >> 1 for r in rows],
+        dtype=torch.int64,
+    )
+
+
 @dataclass
 class PositionMeans:
-    """fp32 means of every block's output per position: per token at that position, and overall."""
+    """fp32 sums of every block's output per position and token at that position, their counts, and the prompts
+    they are over: conditional and token-agnostic means, with or without the evaluated problem itself."""
 
-    cond_LTSD: torch.Tensor  # [layer, position, slot, d]: mean over problems with slot's token at t
-    mean_LTD: torch.Tensor  # [layer, position, d]: token-agnostic mean
+    sums_LTSD: torch.Tensor  # [layer, position, slot, d]: sum over problems with slot's token at t
     slot_tokens_TS: torch.Tensor  # [position, slot]: token id of a slot, -1 where unused
-    counts_TS: torch.Tensor  # [position, slot]: problems behind each mean
+    counts_TS: torch.Tensor  # [position, slot]: problems behind each sum
+    member_hashes: torch.Tensor  # [N] `row_hashes` of the prompts averaged over
     key: str
     meta: dict[str, Any]
+
+    @property
+    def n_problems(self) -> int:
+        """Problems averaged over (every one counted at the last position)."""
+        return int(self.counts_TS[-1].sum())
+
+    @property
+    def cond_LTSD(self) -> torch.Tensor:
+        """E[h | token at t] over every member: [layer, position, slot, d]."""
+        return self.sums_LTSD / self.counts_TS.clamp(min=1)[None, :, :, None]
+
+    @property
+    def mean_LTD(self) -> torch.Tensor:
+        """The token-agnostic mean over every member: [layer, position, d]."""
+        return self.sums_LTSD.sum(2) / self.n_problems
 
     def slots(self, input_ids_BT: torch.Tensor) -> torch.Tensor:
         """Slot index of each token at its position; unknown tokens are an error."""
@@ -61,23 +91,57 @@ class PositionMeans:
             raise Af1Error("a prompt has a token at a position that the means' task never had there")
         return hit.float().argmax(-1)
 
+    def inside(self, input_ids_BT: torch.Tensor) -> torch.Tensor:
+        """[B] bool: is each prompt one of the problems these means average over."""
+        return torch.isin(row_hashes(input_ids_BT), self.member_hashes)
+
     def conditional(self, layer: int, input_ids_BT: torch.Tensor) -> torch.Tensor:
-        """E[h[layer][t] | token at t] for every position of every prompt: [B, T, D]."""
+        """E[h[layer][t] | token at t] over every member, for every position of every prompt: [B, T, D]."""
         slots = self.slots(input_ids_BT)
         T = slots.shape[1]
         return self.cond_LTSD[layer][torch.arange(T)[None], slots]
 
+    def replacement(
+        self, layer: int, input_ids_BT: torch.Tensor, own_BsD: torch.Tensor | None, conditional: bool = True
+    ) -> torch.Tensor:
+        """What CAMA (`conditional`) or the token-agnostic mean ablation writes into h[layer] at the last s positions
+        of each prompt (s = own's length, else every position): [B, s, D] fp32. A prompt inside the means has its
+        own state `own` (its unablated h[layer] there) left out; where no other member has its token at a position,
+        the leave-one-out token-agnostic mean stands in (`fallbacks` counts those)."""
+        B, T = input_ids_BT.shape
+        s = T if own_BsD is None else own_BsD.shape[1]
+        sums_sSD = self.sums_LTSD[layer][T - s :]
+        total_sD = sums_sSD.sum(1)
+        left_B1 = torch.zeros(B, 1, 1) if own_BsD is None else self.inside(input_ids_BT).float()[:, None, None]
+        own_BsD = torch.zeros(1, 1, 1) if own_BsD is None else own_BsD.float().cpu()
+        agnostic = (total_sD[None] - left_B1 * own_BsD) / (self.n_problems - left_B1).clamp(min=1)
+        if not conditional:
+            return agnostic.expand(B, s, -1)
+        slots_Bs = self.slots(input_ids_BT)[:, T - s :]
+        n_cond = self.counts_TS[T - s :][torch.arange(s)[None], slots_Bs][..., None] - left_B1  # [B, s, 1]
+        cond = (sums_sSD[torch.arange(s)[None], slots_Bs] - left_B1 * own_BsD) / n_cond.clamp(min=1)
+        return torch.where(n_cond > 0, cond, agnostic)  # nobody else has the token: the token-agnostic mean
+
+    def fallbacks(self, input_ids_BT: torch.Tensor, start: int) -> torch.Tensor:
+        """[B, T] bool: positions from `start` where a prompt inside the means is the only member with its token
+        (its leave-one-out conditional mean is the token-agnostic one)."""
+        slots = self.slots(input_ids_BT)
+        counts = self.counts_TS[torch.arange(slots.shape[1])[None], slots]
+        only = (counts <= 1) & self.inside(input_ids_BT)[:, None]
+        only[:, :start] = False
+        return only
+
     def save(self, path: str | Path) -> Path:
         tensors = {
-            "cond_LTSD": self.cond_LTSD.contiguous(),
-            "mean_LTD": self.mean_LTD.contiguous(),
+            "sums_LTSD": self.sums_LTSD.contiguous(),
             "slot_tokens_TS": self.slot_tokens_TS.contiguous(),
             "counts_TS": self.counts_TS.contiguous(),
+            "member_hashes": self.member_hashes.contiguous(),
         }
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp")
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(tmp), metadata={"key": self.key, "meta": json.dumps(self.meta)})
+        save_file(tensors, str(tmp), metadata={"key": self.key, "format": FORMAT, "meta": json.dumps(self.meta)})
         write_atomic(path, tmp.read_bytes())
         tmp.unlink()
         return path
@@ -92,14 +156,18 @@ class PositionMeans:
             tensors = load_file(str(path))
         except Exception as exc:
             raise Af1Error(f"cannot read means file {path}: {exc}") from exc
+        if metadata.get("format") != FORMAT:
+            raise Af1Error(
+                f"means file {path} holds means only (an older af1): it cannot leave a problem out; compute it again"
+            )
         key = metadata.get("key", "")
         if expected_key is not None and key != expected_key:
             raise Af1Error(f"means file {path} was computed for another model or task layout")
         return cls(
-            tensors["cond_LTSD"],
-            tensors["mean_LTD"],
+            tensors["sums_LTSD"],
             tensors["slot_tokens_TS"],
             tensors["counts_TS"],
+            tensors["member_hashes"],
             key,
             json.loads(metadata.get("meta", "{}")),
         )
@@ -137,18 +205,14 @@ def compute_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> Po
             sums[layer].index_add_(0, index, cache[residual(layer)].reshape(-1, D).float().cpu())
         counts.index_add_(0, index, torch.ones(len(index)))
     counts[flat_PT[0, :c]] = P
-    counts_TS = counts.view(T, S)
-    cond = (sums / counts.clamp(min=1)[None, :, None]).view(L, T, S, D)
-    mean = sums.view(L, T, S, D).sum(2) / P
-    if c:  # the context's states, the same in every problem: their own means, from one full row
+    sums_LTSD = sums.view(L, T, S, D)
+    if c:  # the context's states, the same in every problem: P times the state of one full row
         with record(adapter, sites) as first:
             forward_last(adapter.model, ids[:1])
         for layer in range(L):
-            h_CD = first[residual(layer)][0, :c].float().cpu()
-            cond[layer, torch.arange(c), slots_PT[0, :c]] = h_CD
-            mean[layer, :c] = h_CD
+            sums_LTSD[layer, torch.arange(c), slots_PT[0, :c]] = first[residual(layer)][0, :c].float().cpu() * P
     meta = {"task": task.describe(), "n_problems": P, "n_layers": L}
-    return PositionMeans(cond, mean, table, counts_TS, means_key(adapter, task), meta)
+    return PositionMeans(sums_LTSD, table, counts.view(T, S), row_hashes(ids), means_key(adapter, task), meta)
 
 
 def cached_means(adapter: ModelAdapter, task: Task, cache_dir: Path | None = None) -> PositionMeans:
