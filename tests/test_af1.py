@@ -13,7 +13,7 @@ from af1.evaluation import last_logits
 from af1.fast import fast_logits, fast_pruned_logits, fast_sweep_wait, knockout_logits, supports, token_local_kv
 from af1.interventions.attention import attention_plans, check_maskable
 from af1.interventions.masks import abp_masks, last_token_knockout
-from af1.interventions.means import PositionMeans, compute_means, means_key
+from af1.interventions.means import PositionMeans, compute_means, compute_step_means, means_key
 from af1.interventions.sites import record, residual
 from af1.models.adapter import weight_of
 from af1.tasks import TaskSpec, build_task
@@ -102,6 +102,21 @@ def test_fast_equals_reference_without_leave_one_out(tiny, task, ablation):
     ref = reference_logits(adapter, task, config, outside(means))
     assert (ref - fast_logits(adapter, task, config, outside(means))).abs().max() <= TOL
     assert (ref - reference_logits(adapter, task, config, means)).abs().max() > TOL  # leaving out changes logits
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_step_means_in_one_pass_equal_each_step_on_its_own(family, tokenizer):
+    """Every answer step's means from one forward per problem (its prompt and every answer token but the last)
+    equal the means of each step's own forwards: a causal position never reads later tokens."""
+    adapter = ModelAdapter(tiny_model(family))
+    steps = build_task(TaskSpec(operation="a+b", shots=1, n=40, seed=3), tokenizer).steps()
+    assert len(steps) == 2 and len(steps[1]) < len(steps[0])
+    together = compute_step_means(adapter, steps, batch_size=7)
+    for step, one in zip(steps, together, strict=True):
+        alone = compute_means(adapter, step, batch_size=5)
+        assert (one.sums_LTSD - alone.sums_LTSD).abs().max() <= TOL * max(1.0, float(alone.counts_TS.max()))
+        assert torch.equal(one.counts_TS, alone.counts_TS) and torch.equal(one.slot_tokens_TS, alone.slot_tokens_TS)
+        assert torch.equal(one.member_hashes, alone.member_hashes) and one.key == alone.key == means_key(adapter, step)
 
 
 def test_cama_changes_logits_of_a_real_distribution(tiny, task):

@@ -312,6 +312,26 @@ def test_cli_run_json_and_errors(capsys, cli_on_smollm2, tmp_path):
     assert code == 2 and "[0, 1]" in err
 
 
+@pytest.mark.parametrize("experiment", ["run", "alternatives", "prune", "necessity"])
+def test_options_that_depend_on_the_model_are_refused_before_any_evaluation(capsys, monkeypatch, experiment):
+    """--wait past the last layer, a negative --transfer or one past the last layer: one line, right after
+    loading, before the task is evaluated (that can take minutes on a large model or task)."""
+    import af1.experiments.session
+
+    def no_work(*_args, **_kwargs):
+        raise AssertionError("the task was evaluated before the options were checked")
+
+    monkeypatch.setattr(measures, "prepare", no_work)
+    monkeypatch.setattr(af1.experiments.session, "evaluated", no_work)
+    for args, message in [
+        (["--wait", "99"], "out of range"),
+        (["--wait", "3", "--transfer", "-3"], "transfer"),
+        (["--wait", "20", "--transfer", "20"], "past the last layer"),
+    ]:
+        code, out, err = run_cli(capsys, experiment, "--shots", "3", *args)
+        assert code == 2 and message in err and out == "" and "Traceback" not in err, err
+
+
 def test_cli_refuses_a_model_that_solves_nothing(capsys, tmp_path, tokenizer):
     model = tiny_model("llama")
     model.save_pretrained(tmp_path)

@@ -116,8 +116,8 @@ def test_a_large_rows_file_gets_a_disjoint_means_sample(tmp_path, tokenizer, mon
     )
     spec = TaskSpec(file=str(write(tmp_path, "t.yaml", "rows: r.jsonl\nshots: 1\n")), n=12)
     task = build_task(spec, tokenizer)
-    monkeypatch.setattr(tasks, "GRID_MAX", 20)
-    monkeypatch.setattr(tasks, "MEANS_SAMPLE", 30)
+    monkeypatch.setattr(tasks, "MEANS_SAMPLE_MIN", 30)
+    monkeypatch.setattr(tasks, "MEANS_SAMPLE_MAX", 30)
     sample = tasks.distribution_task(spec, tokenizer, task)
     assert sample.origin == "disjoint sample" and len(sample) == 30
     assert not {p.prompt for p in sample.problems} & {p.prompt for p in task.problems}

@@ -62,18 +62,38 @@ def test_no_bos_to_prepend_is_a_one_line_error():
 
 
 @pytest.mark.parametrize("style", ["original", "verbal"])  # verbal ends in a space some tokenizers move
-def test_means_distribution_is_the_grid_or_a_disjoint_sample(tokenizer, monkeypatch, style):
+def test_means_distribution_is_a_disjoint_sample_sized_for_its_counts_or_the_grid(tokenizer, monkeypatch, style):
     import af1.tasks as tasks
 
     spec = TaskSpec(operation="a+b", digits=2, n=30, shots=1, style=style)
     task = build_task(spec, tokenizer)
+    size = tasks.means_sample_size(task)
+    assert tasks.MEANS_SAMPLE_MIN <= size <= tasks.MEANS_SAMPLE_MAX
+    sample = tasks.distribution_task(spec, tokenizer, task)
+    assert sample.origin == "disjoint sample" and len(sample) == size < 90 * 90 - 1
+    assert not {p.operands for p in sample.problems} & {p.operands for p in task.problems}
+    monkeypatch.setattr(tasks, "MEANS_SAMPLE_MIN", 9000)  # more than the grid holds besides the evaluated ones
     grid = tasks.distribution_task(spec, tokenizer, task)
     assert grid.origin == "grid" and len(grid) == 90 * 90 - 1 and grid.context_len == task.context_len
-    monkeypatch.setattr(tasks, "GRID_MAX", 1000)
-    monkeypatch.setattr(tasks, "MEANS_SAMPLE", 200)
-    sample = tasks.distribution_task(spec, tokenizer, task)
-    assert sample.origin == "disjoint sample" and len(sample) == 200
-    assert not {p.operands for p in sample.problems} & {p.operands for p in task.problems}
+    assert {p.operands for p in task.problems} <= {p.operands for p in grid.problems}
+
+
+def test_means_sample_size_follows_the_rarest_common_token(tokenizer):
+    """Each (position, token) held by at least 1 % of the evaluated problems is expected MEANS_MIN_COUNT times."""
+    import math
+
+    import af1.tasks as tasks
+
+    task = build_task(TaskSpec(operation="a+b", digits=2, n=200, shots=1), tokenizer)
+    shares = []
+    for t in range(task.context_len, task.n_positions):
+        _, counts = task.input_ids_PT[:, t].unique(return_counts=True)
+        shares += [c / len(task) for c in counts.tolist() if c / len(task) >= tasks.MEANS_COMMON]
+    for k in range(max(len(a) for a in task.answer_tokens)):
+        column = [a[k] for a in task.answer_tokens if len(a) > k]
+        shares += [column.count(x) / len(task) for x in set(column) if column.count(x) / len(task) >= 0.01]
+    want = max(tasks.MEANS_SAMPLE_MIN, min(tasks.MEANS_SAMPLE_MAX, math.ceil(tasks.MEANS_MIN_COUNT / min(shares))))
+    assert tasks.means_sample_size(task) == want and min(shares) < 0.1
 
 
 def test_means_sample_is_disjoint_when_the_prompts_lost_their_trailing_space(tokenizer, monkeypatch):
@@ -86,9 +106,10 @@ def test_means_sample_is_disjoint_when_the_prompts_lost_their_trailing_space(tok
     task = build_task(spec, tokenizer)
     stripped = [dataclasses.replace(p, prompt=p.prompt.rstrip(" ")) for p in task.problems]
     evaluated = dataclasses.replace(task, problems=stripped)
-    monkeypatch.setattr(tasks, "GRID_MAX", 1000)
-    monkeypatch.setattr(tasks, "MEANS_SAMPLE", 8000)  # nearly the whole pool: a leak would show
+    monkeypatch.setattr(tasks, "MEANS_SAMPLE_MIN", 8000)  # nearly the whole pool: a leak would show
+    monkeypatch.setattr(tasks, "MEANS_SAMPLE_MAX", 8000)
     sample = tasks.distribution_task(spec, tokenizer, evaluated)
+    assert sample.origin == "disjoint sample" and len(sample) == 8000
     assert not {p.operands for p in sample.problems} & {p.operands for p in task.problems}
 
 

@@ -30,7 +30,7 @@ from af1.fast import (
 )
 from af1.interventions.attention import check_maskable
 from af1.interventions.masks import ABP_VARIANTS
-from af1.interventions.means import PositionMeans, cached_means, compute_means, means_key
+from af1.interventions.means import PositionMeans, cached_step_means, compute_step_means, means_key
 from af1.models import LoadedModel, ModelAdapter
 from af1.progress import progress
 from af1.results import read_json, write_json
@@ -246,12 +246,10 @@ def make_setup(
             warnings.append(note)
     steps = []
     means_notes: list[dict[str, Any]] = []
+    all_means = step_means(lm.adapter, distribution, [k.part_key for k in kept_steps], means_path, cache_means)
     for kept_k in kept_steps:
         dist_k = dist_steps[kept_k.part_key]
-        if means_path is not None:
-            means = PositionMeans.load(means_path, expected_key=means_key(lm.adapter, dist_k))
-        else:
-            means = cached_means(lm.adapter, dist_k) if cache_means else compute_means(lm.adapter, dist_k)
+        means = all_means[kept_k.part_key]
         thin = low_count_positions(means, kept_k)
         where = (f"layout {kept_k.layout_id}, " if task.groups else "") + f"step {kept_k.step}"
         means_notes.append({"layout": kept_k.layout_id, "step": kept_k.step, **thin})
@@ -269,6 +267,26 @@ def make_setup(
             )
         steps.append(StepSetup(lm.adapter, kept_k, means, dist_k))
     return Setup(lm, spec, task, base, kept, distribution, steps, warnings, means_notes)
+
+
+def step_means(
+    adapter: ModelAdapter,
+    distribution: Task,
+    wanted: list[Any],
+    means_path: str | Path | None = None,
+    cache: bool = True,
+) -> dict[Any, PositionMeans]:
+    """The position means of the answer steps `wanted` (by `part_key`) over the distribution: each token layout's
+    steps in one pass (`compute_step_means`), from the cache or `means_path` when given."""
+    if means_path is not None:
+        (only,) = [s for s in distribution.steps() if s.part_key in wanted]
+        return {only.part_key: PositionMeans.load(means_path, expected_key=means_key(adapter, only))}
+    out: dict[Any, PositionMeans] = {}
+    for group in distribution.groups or [distribution]:
+        steps = [s for s in group.steps() if s.part_key in wanted]
+        means = cached_step_means(adapter, steps) if cache else compute_step_means(adapter, steps)
+        out.update({s.part_key: m for s, m in zip(steps, means, strict=True)})
+    return out
 
 
 def choose_executor(adapter: ModelAdapter, task: Task, config: AF1Config, reference: bool = False) -> dict[str, Any]:

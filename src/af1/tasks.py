@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import random
 import string
 from collections import Counter
@@ -97,8 +98,13 @@ def _template(operation: Operation, style: str) -> str:
 
 
 Scoring = Literal["full", "first"]
-GRID_MAX = 20_000  # a task distribution up to this size is enumerated whole for the CAMA means
-MEANS_SAMPLE = 2_000  # a larger one is sampled, disjoint from the evaluated problems
+# The CAMA means' sample: disjoint from the evaluated problems where the distribution has enough others, sized so
+# that every (position, token) held by at least MEANS_COMMON of the evaluated problems is expected MEANS_MIN_COUNT
+# times, within [MEANS_SAMPLE_MIN, MEANS_SAMPLE_MAX]; else the whole distribution (each problem left out of its mean).
+MEANS_MIN_COUNT = 10
+MEANS_COMMON = 0.01
+MEANS_SAMPLE_MIN = 200
+MEANS_SAMPLE_MAX = 2_000
 DEFAULT_N = 1_000  # without --n, a task of more distinct problems is sampled to this size (the paper's)
 ENUMERATE_MAX = 1_000_000  # operand tuples beyond this are sampled (seeded, distinct), not enumerated
 POOL_SAMPLE = 100_000  # how many then
@@ -735,15 +741,34 @@ def _identity(spec: TaskSpec, problem: Problem) -> Any:
     return problem.operands if spec.file is None else problem.prompt.rstrip(" ")
 
 
+def means_sample_size(evaluated: Task) -> int:
+    """How many problems the CAMA means need: every (position, token) that at least MEANS_COMMON of the evaluated
+    problems hold at a varying position of their prompt or answer is expected MEANS_MIN_COUNT times in a uniform
+    sample of this size (clamped to [MEANS_SAMPLE_MIN, MEANS_SAMPLE_MAX])."""
+    shares = []
+    for group in evaluated.groups or [evaluated]:
+        P = len(evaluated)
+        columns = [group.input_ids_PT[:, t].tolist() for t in range(group.context_len, group.n_positions)]
+        depth = max((len(a) for a in group.answer_tokens), default=0)
+        columns += [[a[k] for a in group.answer_tokens if len(a) > k] for k in range(depth)]
+        for column in columns:
+            shares += [n / P for n in Counter(column).values() if n / P >= MEANS_COMMON]
+    if not shares:
+        return MEANS_SAMPLE_MAX
+    return max(MEANS_SAMPLE_MIN, min(MEANS_SAMPLE_MAX, math.ceil(MEANS_MIN_COUNT / min(shares))))
+
+
 def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
-    """The problems CAMA averages over: the whole distribution when it has at most GRID_MAX problems,
-    else a seeded sample of MEANS_SAMPLE disjoint from the evaluated ones; the evaluated task's layouts."""
+    """The problems CAMA averages over: a seeded sample of `means_sample_size` problems disjoint from the evaluated
+    ones where the distribution has that many others, else the whole distribution (its origin says which: a problem
+    inside it is left out of its own mean); the evaluated task's layouts. Its cost follows the sample, not the grid."""
     examples, pool = problem_pool(spec) if spec.file is None else file_pool(spec)
     origin = "grid" if spec.file is None else "every row"
-    if len(pool) > GRID_MAX:
-        seen = {_identity(spec, p) for p in evaluated.problems}
-        rest = [p for p in pool if _identity(spec, p) not in seen]
-        pool = random.Random(spec.seed + 1).sample(rest, min(MEANS_SAMPLE, len(rest)))
+    size = means_sample_size(evaluated)
+    seen = {_identity(spec, p) for p in evaluated.problems}
+    rest = [p for p in pool if _identity(spec, p) not in seen]
+    if len(rest) >= size:
+        pool = random.Random(spec.seed + 1).sample(rest, size)
         origin = "disjoint sample"
     task = tokenize_task(spec, examples, pool, tokenizer, like=evaluated)
     for part in [task, *task.groups]:

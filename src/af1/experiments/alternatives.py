@@ -49,8 +49,8 @@ class Alternatives(base.Experiment):
     config_from_search = True
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
+        config = base.config_of(inputs, options, inputs.resources.lm().adapter.n_layers)  # refused before any work
         setup = inputs.resources.setup(inputs.spec)
-        config = base.config_of(inputs, options, setup.adapter.n_layers)
         on, where = base.measured_on(inputs, options, setup)
         return Result(**measures.alternatives(on, config), measured_on=where)
 

@@ -102,9 +102,11 @@ class GatedOptions(Options):
 class ConfigOptions(GatedOptions):
     """Options of an experiment that runs at one AF1 configuration: fixed, or the model's search's."""
 
-    wait: int | None = Field(default=None, description="CAMA at the output of this block (default: the search's)")
+    wait: int | None = Field(
+        default=None, ge=-1, description="CAMA at the output of this block (default: the search's)"
+    )
     transfer: int | None = Field(
-        default=None, description="layers in which the last token peeks (with --wait; default 0)"
+        default=None, ge=0, description="layers in which the last token peeks (with --wait; default 0)"
     )
 
     @model_validator(mode="after")

@@ -46,13 +46,15 @@ class Necessity(base.Experiment):
         return ("search",)
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
+        n_layers = inputs.resources.lm().adapter.n_layers
+        fixed = base.config_of(inputs, options, n_layers) if options.wait is not None else None  # before any work
         setup = inputs.resources.setup(inputs.spec)
         search = inputs.one("search")
         found: AF1Config | None = None
         found_on = None
         note = None
-        if options.wait is not None:
-            found = base.config_of(inputs, options, setup.adapter.n_layers)
+        if fixed is not None:
+            found = fixed
         elif search is not None:
             found = base.searched_config(search)
             if found is None:  # the unmodified model's windows still say where the last token reads

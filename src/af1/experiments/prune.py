@@ -48,8 +48,8 @@ class Prune(base.Experiment):
     figure = "pruning.png"
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
+        config = base.config_of(inputs, options, inputs.resources.lm().adapter.n_layers)  # refused before any work
         setup = inputs.resources.setup(inputs.spec)
-        config = base.config_of(inputs, options, setup.adapter.n_layers)
         selection, seed = options.selection, options.split_seed
         if options.wait is None:  # the search's split, so its confirmation half stays unseen
             if config.transfer == 0:

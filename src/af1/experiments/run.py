@@ -45,8 +45,8 @@ class Run(base.Experiment):
     config_from_search = True
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
+        config = base.config_of(inputs, options, inputs.resources.lm().adapter.n_layers)  # refused before any work
         setup = inputs.resources.setup(inputs.spec)
-        config = base.config_of(inputs, options, setup.adapter.n_layers)
         config = config.model_copy(update={"ablation": options.ablation, "abp": options.abp})
         on, where = base.measured_on(inputs, options, setup)
         return Result(**measures.run_result(on, config, options.reference), measured_on=where)

@@ -41,11 +41,10 @@ def model_fingerprint(adapter: ModelAdapter) -> str:
     return digest.hexdigest()[:32]
 
 
-def means_key(adapter: ModelAdapter, task: Task) -> str:
-    digest = hashlib.sha256(f"{FORMAT}:{model_fingerprint(adapter)}".encode())
-    digest.update(task.input_ids_PT.numpy().tobytes())
-    digest.update(str(task.input_ids_PT.shape).encode())
-    return digest.hexdigest()[:32]
+def means_key(adapter: ModelAdapter, task: Task, fingerprint: str | None = None) -> str:
+    """The cache key of a task's means: the model's numbers (`fingerprint`, computed when not given) and the exact
+    prompts averaged over."""
+    return _key(fingerprint or model_fingerprint(adapter), task.input_ids_PT)
 
 
 def row_hashes(input_ids_BT: torch.Tensor) -> torch.Tensor:
@@ -185,44 +184,107 @@ def slot_table(input_ids_PT: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def compute_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> PositionMeans:
-    """One pass over all problems of the task; sums in fp32 per (layer, position, token)."""
+    """One pass over all problems of the task (its prompts as they are); sums in fp32 per (layer, position, token)."""
+    return _pass(adapter, [task.input_ids_PT], [torch.arange(len(task))], task.context_len, batch_size)[0]
+
+
+@torch.no_grad()
+def compute_step_means(adapter: ModelAdapter, steps: list[Task], batch_size: int = 32) -> list[PositionMeans]:
+    """The means of several answer steps of one token layout (`Task.steps()`, rows `index_P` of one task) in one
+    pass: a causal position never reads later ones, so a problem's states at step k's positions are those of one
+    forward over its prompt and every answer token it is scored on but the last. Each problem runs once, not once
+    per step."""
+    if not steps:
+        return []
+    rows = [s.where_P if s.index_P is not None else torch.arange(len(s)) for s in steps]
+    return _pass(adapter, [s.input_ids_PT for s in steps], rows, steps[0].context_len, batch_size)
+
+
+def _pass(
+    adapter: ModelAdapter,
+    ids_per_step: list[torch.Tensor],
+    rows_per_step: list[torch.Tensor],
+    context_len: int,
+    batch_size: int,
+) -> list[PositionMeans]:
+    """Sums per (layer, position, token) of each step k's prompts `ids_per_step[k]` ([P_k, T_k]; step k+1's are
+    step k's with one more token, `rows_per_step[k]` naming each row's problem), every problem run once at its
+    deepest step."""
     L, D = adapter.n_layers, adapter.hidden_size
-    ids = task.input_ids_PT
-    P, T = ids.shape
-    table = slot_table(ids)
-    S = table.shape[1]
-    slots_PT = (table[None] == ids[..., None]).float().argmax(-1)
-    flat_PT = torch.arange(T)[None] * S + slots_PT
-    sums = torch.zeros(L, T * S, D, dtype=torch.float32)
-    counts = torch.zeros(T * S, dtype=torch.float32)
-    c = suffix_start(adapter.model, ids, task.context_len)  # the suffix runs on the shared context
+    tables = [slot_table(ids) for ids in ids_per_step]
+    flat = []  # per step: [P_k, T_k] index into its sums' (position, slot) rows
+    for ids, table in zip(ids_per_step, tables, strict=True):
+        slots = (table[None] == ids[..., None]).float().argmax(-1)
+        flat.append(torch.arange(ids.shape[1])[None] * table.shape[1] + slots)
+    sums = [torch.zeros(L, t.numel(), D, dtype=torch.float32) for t in tables]
+    counts = [torch.zeros(t.numel(), dtype=torch.float32) for t in tables]
+    where = [{int(r): i for i, r in enumerate(rows.tolist())} for rows in rows_per_step]  # problem -> row of step k
+    deepest = {r: k for k, w in enumerate(where) for r in w}  # the last step that scores each problem
     sites = [residual(layer) for layer in range(L)]
-    for sl in progress(list(batches(P, batch_size)), desc="position means"):
-        with record(adapter, sites) as cache:
-            forward_last(adapter.model, ids[sl], task.context_len)
-        index = flat_PT[sl, c:].flatten()
-        for layer in range(L):
-            sums[layer].index_add_(0, index, cache[residual(layer)].reshape(-1, D).float().cpu())
-        counts.index_add_(0, index, torch.ones(len(index)))
-    counts[flat_PT[0, :c]] = P
-    sums_LTSD = sums.view(L, T, S, D)
-    if c:  # the context's states, the same in every problem: P times the state of one full row
+    for d in sorted(set(deepest.values())):
+        problems = [r for r, k in deepest.items() if k == d]
+        ids = ids_per_step[d][[where[d][r] for r in problems]]
+        c = suffix_start(adapter.model, ids, context_len)  # the suffix runs on the shared context
+        for sl in progress(list(batches(len(problems), batch_size)), desc=f"position means (step {d})"):
+            with record(adapter, sites) as cache:
+                forward_last(adapter.model, ids[sl], context_len)
+            for k in range(d + 1):
+                step_rows = [where[k][r] for r in problems[sl]]
+                index = flat[k][step_rows, c:].flatten()
+                T_k = ids_per_step[k].shape[1]
+                for layer in range(L):
+                    h = cache[residual(layer)][:, : T_k - c]
+                    sums[k][layer].index_add_(0, index, h.reshape(-1, D).float().cpu())
+                counts[k].index_add_(0, index, torch.ones(len(index)))
+    first_row = ids_per_step[-1][:1]
+    c = suffix_start(adapter.model, first_row, context_len)
+    context_h: dict[int, torch.Tensor] = {}
+    if c:  # the context's states, the same in every problem: from one full row
         with record(adapter, sites) as first:
-            forward_last(adapter.model, ids[:1])
-        for layer in range(L):
-            sums_LTSD[layer, torch.arange(c), slots_PT[0, :c]] = first[residual(layer)][0, :c].float().cpu() * P
-    meta = {"task": task.describe(), "n_problems": P, "n_layers": L}
-    return PositionMeans(sums_LTSD, table, counts.view(T, S), row_hashes(ids), means_key(adapter, task), meta)
+            forward_last(adapter.model, first_row)
+        context_h = {layer: first[residual(layer)][0, :c].float().cpu() for layer in range(L)}
+    fingerprint = model_fingerprint(adapter)
+    out = []
+    for ids, table, flat_k, sums_k, counts_k in zip(ids_per_step, tables, flat, sums, counts, strict=True):
+        P, T = ids.shape
+        S = table.shape[1]
+        counts_k[flat_k[0, :c]] = P
+        sums_LTSD = sums_k.view(L, T, S, D)
+        for layer, h_CD in context_h.items():  # P times the context's state
+            sums_LTSD[layer, torch.arange(c), flat_k[0, :c] - torch.arange(c) * S] = h_CD * P
+        meta = {"n_problems": P, "n_layers": L, "n_positions": T}
+        out.append(PositionMeans(sums_LTSD, table, counts_k.view(T, S), row_hashes(ids), _key(fingerprint, ids), meta))
+    return out
+
+
+def _key(fingerprint: str, ids_PT: torch.Tensor) -> str:
+    digest = hashlib.sha256(f"{FORMAT}:{fingerprint}".encode())
+    digest.update(ids_PT.numpy().tobytes())
+    digest.update(str(ids_PT.shape).encode())
+    return digest.hexdigest()[:32]
+
+
+def cached_step_means(adapter: ModelAdapter, steps: list[Task], cache_dir: Path | None = None) -> list[PositionMeans]:
+    """Each step's means from the cache when the same model and step come back, the others computed together in
+    one pass (`compute_step_means`) and saved."""
+    from af1.models.loading import cache_root
+
+    folder = cache_dir or cache_root() / "means"
+    fingerprint = model_fingerprint(adapter)
+    keys = [means_key(adapter, step, fingerprint) for step in steps]
+    paths = [folder / f"{key}.safetensors" for key in keys]
+    missing = [i for i, path in enumerate(paths) if not path.is_file()]
+    computed = dict(zip(missing, compute_step_means(adapter, [steps[i] for i in missing]), strict=True))
+    out = []
+    for i, (key, path) in enumerate(zip(keys, paths, strict=True)):
+        if i in computed:
+            computed[i].save(path)
+            out.append(computed[i])
+        else:
+            out.append(PositionMeans.load(path, expected_key=key))
+    return out
 
 
 def cached_means(adapter: ModelAdapter, task: Task, cache_dir: Path | None = None) -> PositionMeans:
     """Means from the cache when the same model and task layout come back, else computed and saved."""
-    from af1.models.loading import cache_root
-
-    key = means_key(adapter, task)
-    path = (cache_dir or cache_root() / "means") / f"{key}.safetensors"
-    if path.is_file():
-        return PositionMeans.load(path, expected_key=key)
-    means = compute_means(adapter, task)
-    means.save(path)
-    return means
+    return cached_step_means(adapter, [task], cache_dir)[0]
