@@ -129,6 +129,12 @@ def forget_contexts(model: Any) -> None:
 def forward_last(model: Any, ids_BT: torch.Tensor, context_len: int = 0) -> torch.Tensor:
     """Next-token logits [B, V] at the last position (fp32, CPU), with explicit mask and position ids; the first
     `context_len` positions (the same in every row) come from the context's cache when the model can share it."""
+    return forward_tail(model, ids_BT, context_len, 1)[:, -1]
+
+
+def forward_tail(model: Any, ids_BT: torch.Tensor, context_len: int = 0, keep: int = 1) -> torch.Tensor:
+    """Next-token logits [B, keep, V] at the last `keep` positions (fp32, CPU): `forward_last` for several teacher-
+    forced answer steps at once (a causal position never reads later ones)."""
     B, T = ids_BT.shape
     ids = ids_BT.to(input_device(model))
     c = suffix_start(model, ids_BT, context_len)
@@ -138,5 +144,7 @@ def forward_last(model: Any, ids_BT: torch.Tensor, context_len: int = 0) -> torc
     extra: dict[str, Any] = {"use_cache": False}
     if c:
         extra = {"past_key_values": context_of(model, ids_BT[0, :c]).cache(model, B), "use_cache": True}
-    out = model(input_ids=ids[:, c:], attention_mask=torch.ones_like(ids), position_ids=pos, logits_to_keep=1, **extra)
-    return out.logits[:, -1].float().cpu()
+    out = model(
+        input_ids=ids[:, c:], attention_mask=torch.ones_like(ids), position_ids=pos, logits_to_keep=keep, **extra
+    )
+    return out.logits[:, -keep:].float().cpu()

@@ -6,13 +6,13 @@ and its probability of the answer is the product of the steps' probabilities.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from af1.context import forward_last
+from af1.context import forward_last, forward_tail
 from af1.progress import progress
 from af1.stats import LAYOUT_KEYS, rate
 from af1.tasks import Task, build_task
@@ -98,16 +98,38 @@ def last_logits(
     return torch.cat(out) if out else torch.empty(0)
 
 
-def score_steps(task: Task, logits_of_step: Callable[[Task], torch.Tensor]) -> Scores:
-    """Run every scoring step of a task through `logits_of_step` and combine."""
-    return Scores.from_steps(task, [logits_of_step(step) for step in task.steps()])
-
-
 def evaluate(model: Any, task: Task, batch_size: int = 64) -> Scores:
-    """Score the unmodified model: greedy exact match of the whole answer (or of its first token)."""
-    return score_steps(
-        task, lambda step: last_logits(model, step.input_ids_PT, batch_size, "evaluate", step.context_len)
-    )
+    """Score the unmodified model: greedy exact match of the whole answer (or of its first token). Every answer step
+    of a problem comes from one forward over its prompt and its answer but the last token (teacher forcing)."""
+    steps = task.steps()
+    logits: list[torch.Tensor | None] = [None] * len(steps)
+    by_layout: dict[Any, list[int]] = {}
+    for i, step in enumerate(steps):
+        by_layout.setdefault(step.part_key[:-1], []).append(i)
+    for order in by_layout.values():
+        for i, step_logits in zip(order, all_step_logits(model, [steps[i] for i in order], batch_size), strict=True):
+            logits[i] = step_logits
+    return Scores.from_steps(task, [x for x in logits if x is not None])
+
+
+@torch.no_grad()
+def all_step_logits(model: Any, steps: list[Task], batch_size: int = 64) -> list[torch.Tensor]:
+    """Last-position logits [P_k, V] of consecutive answer steps 0, 1, ... of one token layout (rows `index_P` of
+    one task), each problem run once at its deepest step: its logits at step k's last position are step k's."""
+    rows = [s.where_P if s.index_P is not None else torch.arange(len(s)) for s in steps]
+    where = [{int(r): i for i, r in enumerate(r_k.tolist())} for r_k in rows]
+    deepest = {r: k for k, w in enumerate(where) for r in w}
+    out: list[list[tuple[int, torch.Tensor]]] = [[] for _ in steps]
+    jobs = []
+    for d in sorted(set(deepest.values())):
+        problems = [r for r, k in deepest.items() if k == d]
+        jobs += [(d, problems[sl]) for sl in batches(len(problems), batch_size)]
+    for d, problems in progress(jobs, "evaluate"):
+        ids = steps[d].input_ids_PT[[where[d][r] for r in problems]]
+        tail = forward_tail(model, ids, steps[d].context_len, d + 1)  # [B, d+1, V]
+        for k in range(d + 1):
+            out[k] += [(where[k][r], tail[b, k]) for b, r in enumerate(problems)]
+    return [torch.stack([x for _, x in sorted(pairs, key=lambda pair: pair[0])]) for pairs in out]
 
 
 @dataclass(frozen=True)
