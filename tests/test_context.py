@@ -64,7 +64,7 @@ def test_means_and_captured_keys_equal_those_of_full_forwards(family, task):
 def test_knockout_and_evaluation_on_the_shared_context_match_full_forwards(tokenizer):
     adapter = ModelAdapter(tiny_model("qwen2"))
     task = build_task(TaskSpec(operation="a+b", shots=2, n=10, seed=1, scoring="full", answer_digits="any"), tokenizer)
-    assert task.n_steps() == 2
+    assert task.n_steps() == 3  # two answer digits, then the end of the answer (the worked examples' newline)
     heads = [(0, 1), (2, 3)]
     shared = knockout_scores(adapter, task, heads, step_means(adapter, task))
     plain = knockout_scores(adapter, full(task), heads, step_means(adapter, full(task)))

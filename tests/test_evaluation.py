@@ -25,7 +25,8 @@ def test_a_recorded_evaluation_is_reused_only_for_the_same_inputs(tokenizer):
     other_answer = copy.deepcopy(rows)
     other_answer[3]["answer_tokens"] = [*other_answer[3]["answer_tokens"], 5]  # another tokenization of the answer
     no_p = [{k: v for k, v in r.items() if k != "p_correct"} for r in rows]  # rows of an older version
-    for stale in (other_answer, no_p, rows[:-1], []):
+    no_end = [{k: v for k, v in r.items() if k != "stop_token"} for r in rows]  # scored before the end was checked
+    for stale in (other_answer, no_p, no_end, rows[:-1], []):
         assert recorded(model, tokenizer, spec, stale) is None
     assert recorded(model, tokenizer, spec.model_copy(update={"seed": 3}), rows) is None  # other problems
 
@@ -48,3 +49,33 @@ def test_every_answer_step_from_one_forward_equals_each_step_alone(tokenizer, fa
             task, [last_logits(model, s.input_ids_PT, 5, context_len=s.context_len) for s in steps]
         )
         assert scores.predicted_PA == per_step.predicted_PA and torch.equal(scores.correct_P, per_step.correct_P)
+
+
+def test_an_answer_that_does_not_stop_is_wrong_under_full_scoring(tokenizer):
+    """A model that says "14" for "1" (right first digit, then no newline) is wrong once the end is checked, and
+    was right before; first-token scoring is unchanged."""
+    spec = TaskSpec(operation="a+b", shots=1, n=30, seed=4)
+    V, four = len(tokenizer), tokenizer("4").input_ids[0]
+
+    def says(task, go_on: bool) -> Scores:
+        """Logits of a model that predicts every scored token, except "4" instead of the end after a 1-digit answer."""
+        logits = []
+        for step in task.steps():
+            target_P = step.answer_ids_P.clone()
+            if go_on and step.step == 1:  # the end of one-digit answers is due at step 1
+                short = torch.tensor([len(a) == 1 for a in step.answer_tokens])
+                target_P[short] = four
+            logits.append(torch.nn.functional.one_hot(target_P, V).float() * 10)
+        return Scores.from_steps(task, logits)
+
+    task = build_task(spec, tokenizer)
+    short_P = torch.tensor([len(a) == 1 for a in task.answer_tokens])
+    assert 0 < int(short_P.sum()) < len(task)
+    assert says(task, go_on=False).correct_P.all()
+    going_on = says(task, go_on=True)
+    assert torch.equal(going_on.correct_P, ~short_P)  # "14" for "1": wrong; two-digit answers unaffected
+    assert all(going_on.predicted_PA[i][-1] == four for i in short_P.nonzero().flatten().tolist())
+    unchecked = build_task(spec.model_copy(update={"check_end": False}), tokenizer)
+    assert says(unchecked, go_on=True).correct_P.all()  # the old scoring: nothing after "1" was read
+    first = build_task(spec.model_copy(update={"scoring": "first"}), tokenizer)
+    assert len(first.steps()) == 1 and first.end["checked"] is False

@@ -150,6 +150,9 @@ def test_pooled_rates_are_each_layouts_own_measurement(mixed):
         assert pooled["k"] == sum(round(r["value"] * r["n"]) for r in pooled["by_layout"])
         for part, group in zip(pooled["by_layout"], whole.kept.groups, strict=True):  # each with its own baseline
             assert part["layout"] == group.layout_id and part["baseline"] == constant_baseline(group.targets())
+        # the pooled baseline guesses per layout (the prompt shows it): sum of n_g * b_g over n
+        n_b = sum(r["n"] * r["baseline"] for r in pooled["by_layout"])
+        assert pooled["baseline"] == pytest.approx(n_b / pooled["n"])
     assert measures.faithfulness(whole, configs[0]).rate(whole.kept)["by_layout"][0]["value"] > 0
     half = whole.on(list(range(0, len(whole.kept), 2)))  # a split keeps each row's own layout's means
     got = by_prompt(whole.kept, measures.faithfulness(whole, configs[0]).p_correct_P.tolist())

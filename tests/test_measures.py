@@ -15,18 +15,18 @@ from af1.report.html import build_report
 from af1.tasks import TaskSpec, build_task
 
 from cli_helpers import run_cli
-from conftest import tiny_model
+from conftest import VOCAB, tiny_model
 
 
 @pytest.fixture(scope="module")
 def tiny_setup(tokenizer):
     """A tiny random model treated as if it solved every problem (it solves none); answers of one and two
-    digits, so every measurement runs two scoring steps."""
+    digits and their end (the newline of the worked example), so every measurement runs three scoring steps."""
     model = tiny_model("llama")
     adapter = ModelAdapter(model)
     spec = TaskSpec(operation="a+b", shots=1, n=16)
     task = build_task(spec, tokenizer)
-    assert task.n_steps() == 2
+    assert task.n_steps() == 3
     all_right = Scores([list(a) for a in task.answer_tokens], torch.ones(len(task)), torch.ones(len(task)) > 0)
     lm = LoadedModel(model, tokenizer, adapter, {"spec": "tiny-llama"})
     return measures.make_setup(lm, spec, task, all_right, task, cache_means=False)
@@ -202,6 +202,40 @@ def test_greedy_pruning_reranks_after_every_removal(tiny_setup, monkeypatch):
         assert all(s[:i] == order[:i] for s in sets)  # every candidate extends the removals so far
 
 
+def crafted_scores(task, margin: float, wrong: int = 0) -> Scores:
+    """Scores from logits that put the answer `margin` nats above every other token at every step, except the first
+    `wrong` problems, whose first step prefers another token by 5 nats."""
+    logits = []
+    for step in task.steps():
+        z_PV = torch.zeros(len(step), VOCAB)
+        z_PV[torch.arange(len(step)), step.answer_ids_P] = margin
+        if step.step == 0:
+            z_PV[torch.arange(wrong), (step.answer_ids_P[:wrong] + 1) % VOCAB] = margin + 5
+        logits.append(z_PV)
+    return Scores.from_steps(task, logits)
+
+
+def test_pruning_ranks_past_float32_saturation_and_stops_at_the_first_dip(tiny_setup, monkeypatch):
+    """Every candidate's p rounds to 1.0 in float32 (margins of 30+ nats), yet the log-probability ranks the heads;
+    and the pruned set is the last before faithfulness first falls below 95 %, not the largest above it after a
+    dip (here the curve is 1, 1, 0.5, 1, 1: one head, not four)."""
+
+    def pruned(setup, config, head_sets):
+        n = len(head_sets[0])  # the round: heads removed with this candidate
+        wrong = len(setup.kept) // 2 if n == 2 else 0
+        return [crafted_scores(setup.kept, 30.0 + 5 * hs[-1][1], wrong) for hs in head_sets]
+
+    monkeypatch.setattr(measures, "pruned_scores", pruned)
+    monkeypatch.setattr(measures, "faithfulness", lambda setup, config, reference=False: crafted_scores(setup.kept, 30))
+    scores = crafted_scores(tiny_setup.kept, 30.0)
+    assert bool((scores.p_correct_P == 1.0).all()) and scores.mean_log_p_correct < 0  # saturated p, not log p
+    result = measures.prune_heads(tiny_setup, AF1Config(wait=0, transfer=1))
+    assert [tuple(h) for h in result["prune_order"]] == [(1, 3), (1, 2), (1, 1), (1, 0)]  # largest margin first
+    assert result["faithfulness_vs_pruned"] == [1.0, 1.0, pytest.approx(0.5, abs=0.1), 1.0, 1.0]
+    assert result["max_pruned_at_95pct"] == 1
+    assert result["mean_log_p_correct_vs_pruned"][1] > result["mean_log_p_correct_vs_pruned"][0]
+
+
 def test_map_config_by_relative_depth():
     config = AF1Config(wait=14, transfer=2)
     assert measures.map_config(config, 32, 30, "absolute").wait == 14
@@ -259,8 +293,9 @@ def test_smollm2_cama_and_abp_alone_match_the_spec(smol_first):
 
 
 def test_smollm2_fast_equals_reference(smol_setup):
-    """Every answer step (the second one's last token is the answer's first digit), fast path = hook path."""
-    assert len(smol_setup.steps) == 2 and smol_setup.spec.scoring == "full"
+    """Every answer step (the second one's last token is the answer's first digit; the third checks the end, the
+    newline after the worked examples' answers), fast path = hook path."""
+    assert len(smol_setup.steps) == 3 and smol_setup.spec.scoring == "full" and smol_setup.task.end["checked"]
     for wait, transfer in [(-1, 4), (13, 5), (20, 3), (26, 1)]:
         config = AF1Config(wait=wait, transfer=transfer)
         for step in smol_setup.steps:

@@ -65,6 +65,22 @@ def test_study_on_a_tiny_model(tokenizer):
     assert result["window_start"] == "<|im_start|>"  # the tokenizer's BOS leads every window
     assert set(result["perplexity_vs_swap"]) == {str(f) for f in positional.SWAP_FRACTIONS}
     assert result["band_logit_variance_share"].shape == (8,)
+    assert result["median_ci_n_windows"] == 2 and "over the 2 windows" in result["median_ci_note"]
+    assert any("only 2 windows" in w for w in result["warnings"])  # an interval over 2 windows says little
+
+
+def test_the_default_windows_are_enough_for_an_interval(tokenizer):
+    """The shipped chapter cut the default way gives at least MIN_CI_WINDOWS windows (4 of 128 tokens gave
+    "0.901 [0.90, 0.90]"); asking for more than the corpus holds is said."""
+    adapter = ModelAdapter(tiny_model("llama"))
+    config = positional.PositionalConfig()
+    ids = positional.corpus_windows(adapter, tokenizer, positional.load_corpus(), config.window, config.n_windows, 1)
+    assert ids.shape == (config.n_windows, config.window) and config.n_windows >= positional.MIN_CI_WINDOWS
+    assert positional.window_warnings(config.n_windows, config.n_windows, config.window) == []
+    short = positional.window_warnings(8, 40, 128)
+    assert len(short) == 2 and "fewer than the 40 asked for" in short[0] and "only 8 windows" in short[1]
+    single = positional.median_ci(torch.rand(3, 4, 1))
+    assert all(v != v for v in single)  # one window: no interval (NaN), not a zero-width one
 
 
 def test_families_without_plain_rope_skip_only_the_rope_analyses(tokenizer):

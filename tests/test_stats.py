@@ -22,6 +22,10 @@ def test_constant_baseline_and_rate():
     r = rate([True, False, True, True], ["a", "b", "a", "c"])
     assert (r["value"], r["k"], r["n"], r["baseline"], r["near_constant"]) == (0.75, 3, 4, 0.5, True)
     assert r["ci"] == list(wilson(3, 4))
+    # two token layouts, each answered by its own constant guess: 3 of 4 and 2 of 2, not the 3 of 6 of one guess
+    targets, layouts = ["1", "1", "1", "2", "2", "2"], ["a", "a", "a", "a", "b", "b"]
+    assert constant_baseline(targets) == 0.5 and constant_baseline(targets, layouts) == 5 / 6
+    assert rate([True] * 6, targets, layouts)["baseline"] == 5 / 6 and constant_baseline(targets, [0] * 6) == 0.5
     assert baseline_warning("x", 0.49, 10) is None and "near constant" in str(baseline_warning("x", 0.5, 10))
     with pytest.raises(ValueError):
         rate([True], ["a", "b"])

@@ -301,6 +301,7 @@ def test_tasks_that_differ_anywhere_get_their_own_units(tmp_path):
         "allow_negative": True,
         "largest_layout": True,
         "scoring": "first",
+        "check_end": False,
     }
     fields = {"operation", "style", "digits", "shots", "file", "file_sha256", *changes}
     assert set(TaskSpec.model_fields) == fields  # the label names all (a file by its name and content hash)

@@ -175,6 +175,26 @@ def test_an_answer_that_merges_with_the_prompt_is_refused(tmp_path, tokenizer):
         build_task(TaskSpec(file=str(path)), tokenizer)
 
 
+def test_a_task_file_says_where_its_answers_end(tmp_path, tokenizer):
+    """The end checked is the first token of the file's separator after the answer; none without shots, when the
+    file turns it off, or when the separator would merge with the answer's last token (" cat" + "s" is " cats")."""
+    animals = "template: 'The animal is {w}'\nslots: {w: {values: [a, b, c, d, e, f]}}\nanswer: {table: {a: ' cat', "
+    animals += "b: ' dog', c: ' cow', d: ' pig', e: ' hen', f: ' owl'}}\n"
+
+    def end(extra: str, name: str) -> Any:
+        return build_task(TaskSpec(file=str(write(tmp_path, name, animals + extra))), tokenizer)
+
+    semicolon = end("shots: 2\nseparator: '; '\n", "semi.yaml")
+    assert semicolon.end["checked"] and semicolon.end["stop_tokens"] == {str(tokenizer(";").input_ids[0]): ";"}
+    assert all(len(a) == 1 for a in semicolon.answer_tokens) and semicolon.n_steps() == 2
+    assert not end("shots: 0\n", "zero.yaml").end["checked"]
+    off = end("shots: 2\ncheck_end: false\n", "off.yaml")
+    assert not off.end["checked"] and off.n_steps() == 1 and "--no-check-end" in off.end["note"]
+    merged = end("shots: 2\nseparator: 's'\n", "merged.yaml")
+    assert not merged.end["checked"] and "merges" in merged.end["note"] and merged.n_steps() == 1
+    assert merged.end_note is not None and "not checked" in merged.end_note
+
+
 def test_a_counterfactual_that_changes_the_layout_is_refused(tmp_path, tokenizer):
     path = write(
         tmp_path,

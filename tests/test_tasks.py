@@ -24,7 +24,7 @@ def test_answers_are_right_and_non_negative(op):
 
 
 def test_full_scoring_steps_are_teacher_forced(tokenizer):
-    task = build_task(TaskSpec(operation="a+b", shots=2), tokenizer)
+    task = build_task(TaskSpec(operation="a+b", shots=2, check_end=False), tokenizer)
     assert task.spec.scoring == "full" and {len(a) for a in task.answer_tokens} == {1, 2}
     steps = task.steps()
     assert [s.step for s in steps] == [0, 1]
@@ -39,6 +39,34 @@ def test_full_scoring_steps_are_teacher_forced(tokenizer):
     assert task.targets()[0] == " ".join(map(str, task.answer_tokens[0]))
     first = build_task(TaskSpec(operation="a+b", shots=2, scoring="first"), tokenizer)
     assert len(first.steps()) == 1 and first.targets() == [str(int(t)) for t in first.answer_ids_P]
+    assert first.end["checked"] is False and first.end_note is None  # first-token scoring: not a full answer
+
+
+def test_full_scoring_checks_that_the_answer_ends(tokenizer):
+    """With worked examples, the token after their answers ("\n") is one more step: the model must stop there."""
+    task = build_task(TaskSpec(operation="a+b", shots=2), tokenizer)
+    newline = tokenizer("\n").input_ids[0]
+    assert task.end == {"checked": True, "separator": "\n", "stop_tokens": {str(newline): "\n"}, "note": None}
+    assert task.stop_tokens == [newline] * len(task) and task.end_note is None
+    assert {len(a) for a in task.answer_tokens} == {1, 2}  # the answer itself is unchanged
+    steps = task.steps()
+    assert [s.step for s in steps] == [0, 1, 2] and len(steps[1]) == len(task)
+    assert steps[1].index_P is not None
+    for row, i in enumerate(steps[1].index_P.tolist()):
+        p = task.problems[i]
+        assert steps[1].input_ids_PT[row].tolist() == tokenizer(p.text + str(p.answer)[0]).input_ids
+        # a one-digit answer must end after its digit, a two-digit one go on with its second digit
+        assert tokenizer.decode([int(steps[1].answer_ids_P[row])]) == (str(p.answer) + "\n")[1]
+    assert len(steps[2]) == sum(int(p.answer) >= 10 for p in task.problems)
+    assert (steps[2].answer_ids_P == newline).all() and steps[2].layout[-2:] == ("answer0", "answer1")
+    assert task.targets()[0] == " ".join(map(str, (*task.answer_tokens[0], newline)))
+    row = task.rows()[0]
+    assert row["answer_tokens"] == list(task.answer_tokens[0]) and row["stop_token"] == newline
+    sub = task.subset([0, 1])
+    assert sub.stop_tokens == [newline] * 2 and sub.scored_tokens == [(*a, newline) for a in sub.answer_tokens]
+    zero = build_task(TaskSpec(operation="a+b", style="calculate"), tokenizer)  # no shots: no separator shown
+    assert zero.end["checked"] is False and "no worked example" in zero.end["note"]
+    assert zero.n_steps() == 2 and zero.end_note is not None and "not checked" in zero.end_note
 
 
 def test_varying_first_token_gets_a_bos_never_context(tokenizer):

@@ -51,6 +51,14 @@ AnswersOpt = Annotated[
 ScoringOpt = Annotated[
     str, typer.Option("--scoring", help="full: every answer token (teacher forced); first: the first token only")
 ]
+CheckEndOpt = Annotated[
+    bool,
+    typer.Option(
+        "--check-end/--no-check-end",
+        help="full scoring also checks that the model stops after the answer, where the worked examples show what "
+        "follows it (their separator)",
+    ),
+]
 NegativeOpt = Annotated[bool, typer.Option("--allow-negative", help="keep problems with negative results")]
 TaskFileOpt = Annotated[
     str | None,
@@ -98,6 +106,7 @@ TASK_OPTIONS: dict[str, Any] = {
     "answers": AnswersOpt,
     "allow_negative": NegativeOpt,
     "scoring": ScoringOpt,
+    "check_end": CheckEndOpt,
     "task_file": TaskFileOpt,
 }
 TASK_FIELDS = {

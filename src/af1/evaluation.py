@@ -1,7 +1,8 @@
 """Scoring: does the model's greedy prediction give the whole answer (or its first token)?
 
 A task is scored in steps (see `Task.steps`); a problem is right when every step is right,
-and its probability of the answer is the product of the steps' probabilities.
+and its probability of the answer is the product of the steps' probabilities. Where the task
+checks the answer's end, the last step is the token that ends it: "14" is not the answer "1".
 """
 
 from __future__ import annotations
@@ -22,10 +23,15 @@ from af1.tasks import Task, build_task
 class Scores:
     """Per-problem outcome of one (possibly intervened) evaluation over every scoring step."""
 
-    predicted_PA: list[list[int]]  # greedy token at each step (teacher forced)
-    p_correct_P: torch.Tensor  # probability of the whole answer (of its first token for first-token scoring)
+    predicted_PA: list[list[int]]  # greedy token at each step (teacher forced; the last one the end, where checked)
+    p_correct_P: (
+        torch.Tensor
+    )  # probability of the whole answer and its end (of its first token for first-token scoring)
     correct_P: torch.Tensor  # bool: every step right
     executor: dict[str, Any] | None = None  # under an intervention: which executor ran it and, on a fallback, why
+    # log-probability of the whole answer (summed over steps), float64 from the logits: it keeps ranking where
+    # p_correct rounds to 1.0 in float32 (large margins); None when only greedy tokens were computed
+    log_p_correct_P: torch.Tensor | None = None
 
     @property
     def accuracy(self) -> float:
@@ -35,11 +41,19 @@ class Scores:
     def mean_p_correct(self) -> float:
         return float(self.p_correct_P.mean()) if len(self.p_correct_P) else float("nan")
 
+    @property
+    def mean_log_p_correct(self) -> float:
+        """Mean over problems of the answer's log-probability; NaN without logits."""
+        if self.log_p_correct_P is None or not len(self.log_p_correct_P):
+            return float("nan")
+        return float(self.log_p_correct_P.mean())
+
     def rate(self, task: Task) -> dict[str, Any]:
         """Accuracy with its n, 95 % interval and the constant-guess baseline on the same problems; for a task of
-        several token layouts, pooled over them, with each layout's own (`by_layout`)."""
+        several token layouts, pooled over them (the baseline: one constant guess per layout, which the prompt
+        shows), with each layout's own (`by_layout`)."""
         correct, targets = self.correct_P.tolist(), task.targets()
-        pooled = rate(correct, targets)
+        pooled = rate(correct, targets, task.layout_P.tolist())
         if task.groups:
             pooled["by_layout"] = []
             for group in task.groups:
@@ -50,7 +64,11 @@ class Scores:
 
     def subset(self, index: list[int]) -> Scores:
         return Scores(
-            [self.predicted_PA[i] for i in index], self.p_correct_P[index], self.correct_P[index], self.executor
+            [self.predicted_PA[i] for i in index],
+            self.p_correct_P[index],
+            self.correct_P[index],
+            self.executor,
+            None if self.log_p_correct_P is None else self.log_p_correct_P[index],
         )
 
     @classmethod
@@ -64,7 +82,8 @@ class Scores:
         logits_PV = logits_PV.float()
         predicted = logits_PV.argmax(-1).cpu()
         p = torch.softmax(logits_PV, -1).gather(-1, answer_ids_P[:, None].to(logits_PV.device))[:, 0]
-        return cls([[int(t)] for t in predicted], p.cpu(), predicted == answer_ids_P.cpu())
+        log_p = answer_log_prob(logits_PV, answer_ids_P.to(logits_PV.device)).cpu()
+        return cls([[int(t)] for t in predicted], p.cpu(), predicted == answer_ids_P.cpu(), None, log_p)
 
     @classmethod
     def from_steps(cls, task: Task, step_logits: list[torch.Tensor]) -> Scores:
@@ -72,15 +91,29 @@ class Scores:
         P = len(task)
         correct = torch.ones(P, dtype=torch.bool)
         p = torch.ones(P)
+        log_p: torch.Tensor | None = torch.zeros(P, dtype=torch.float64)
         predicted: list[list[int]] = [[] for _ in range(P)]
         for step, logits in zip(task.steps(), step_logits, strict=True):
             s = cls.from_logits(logits, step.answer_ids_P)
             rows = step.index_P if step.index_P is not None else torch.arange(P)
             correct[rows] &= s.correct_P
             p[rows] *= s.p_correct_P
+            log_p = None if log_p is None or s.log_p_correct_P is None else log_p.index_add(0, rows, s.log_p_correct_P)
             for r, tok in zip(rows.tolist(), s.predicted_PA, strict=True):
                 predicted[r].extend(tok)
-        return cls(predicted, p, correct)
+        return cls(predicted, p, correct, None, log_p)
+
+
+def answer_log_prob(logits_PV: torch.Tensor, answer_ids_P: torch.Tensor) -> torch.Tensor:
+    """log p(answer) per row [P], float64, as -log(1 + sum over other tokens of exp(z_other - z_answer)): exact where
+    p is near 1 (a float32 softmax or log_softmax rounds it to 1.0 / 0.0 once the margin passes about 17 nats; this
+    keeps telling margins apart up to about 700)."""
+    out = []
+    for rows in batches(len(logits_PV), 128):  # float64 rows of a large vocabulary: a few at a time
+        z_BV, answer_B1 = logits_PV[rows].double(), answer_ids_P[rows, None]
+        rivals_BV = (z_BV - z_BV.gather(-1, answer_B1)).scatter(-1, answer_B1, -float("inf"))
+        out.append(-torch.nn.functional.softplus(torch.logsumexp(rivals_BV, -1)))
+    return torch.cat(out) if out else torch.empty(0, dtype=torch.float64)
 
 
 def batches(n: int, batch_size: int) -> Iterator[slice]:
@@ -185,8 +218,8 @@ def recorded(model: Any, tokenizer: Any, spec: Any, rows: list[dict[str, Any]]) 
     task = build_task(spec, tokenizer)
     if len(rows) != len(task) or any("p_correct" not in r for r in rows):
         return None
-    inputs = [(r.get("input_ids"), r.get("answer_tokens")) for r in rows]
-    if inputs != [(r["input_ids"], r["answer_tokens"]) for r in task.rows()]:
+    inputs = [(r.get("input_ids"), r.get("answer_tokens"), r.get("stop_token")) for r in rows]
+    if inputs != [(r["input_ids"], r["answer_tokens"], r["stop_token"]) for r in task.rows()]:
         return None
     scores = Scores(
         [list(r["predicted_tokens"]) for r in rows],

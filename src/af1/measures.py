@@ -173,6 +173,7 @@ class Setup:
             "context_len": None if self.task.groups else self.task.context_len,  # several layouts: see `layouts`
             "n_positions": None if self.task.groups else self.task.n_positions,
             "bos_prepended": self.task.describe()["bos_prepended"],
+            "end": self.task.end,  # whether full scoring checks that the model stops after the answer
             "means_from": {
                 "origin": self.distribution.origin,
                 "n_problems": len(self.distribution),
@@ -239,9 +240,9 @@ def make_setup(
             "--means holds the means of one scoring step of one token layout: use it with --scoring first"
             + (" and --largest-layout" if task.groups else "")
         )
-    warnings: list[str] = [w for w in (task.sampling_note, task.exclusion_note) if w]
+    warnings: list[str] = [w for w in (task.sampling_note, task.exclusion_note, task.end_note) if w]
     for what, on in ((f"base accuracy ({spec.scoring} scoring)", task), ("faithfulness on the solved problems", kept)):
-        note = baseline_warning(what, constant_baseline(on.targets()), len(on))
+        note = baseline_warning(what, constant_baseline(on.targets(), on.layout_P.tolist()), len(on))
         if note:
             warnings.append(note)
     steps = []
@@ -431,12 +432,12 @@ def sweep(
             done[f"{w},{k}"] = {"correct": _bits(scores.correct_P), **how}
         if state_path is not None:
             write_json(state_path, {"key": key, "cells": done})
-    targets = setup.kept.targets()
+    targets, layouts = setup.kept.targets(), setup.kept.layout_P.tolist()
     faith_WX = torch.full((L + 1, L + 1), float("nan"))
     low_WX, high_WX = faith_WX.clone(), faith_WX.clone()
     for cell, value in done.items():
         w, k = map(int, cell.split(","))
-        r = rate(_unbits(value["correct"]), targets)
+        r = rate(_unbits(value["correct"]), targets, layouts)
         faith_WX[w + 1, k], (low_WX[w + 1, k], high_WX[w + 1, k]) = r["value"], r["ci"]
     fallbacks = sorted({v["fallback_reason"] for v in done.values() if v["executor"] != "fast"})
     executors = {v["executor"] for v in done.values()}
@@ -448,7 +449,7 @@ def sweep(
         "faithfulness_wait_transfer": faith_WX,
         "ci_low_wait_transfer": low_WX,
         "ci_high_wait_transfer": high_WX,
-        "faithfulness_baseline": rate([True] * len(targets), targets)["baseline"],
+        "faithfulness_baseline": constant_baseline(targets, layouts),
         "targets": targets,
         "cells": {cell: v["correct"] for cell, v in done.items()},
         "cell_executors": {cell: v["executor"] for cell, v in done.items()},
@@ -487,16 +488,18 @@ def search(
         raise Af1Error(f"--selection must be in (0, 1), got {selection}")
     L = int(sweep_result["n_layers"])
     targets = list(sweep_result["targets"])
+    layouts = sweep_result.get("kept_layouts") or [0] * len(targets)  # the baselines guess per layout
     sel, conf = split_indices(len(targets), selection, seed)
     sel_targets, conf_targets = [targets[i] for i in sel], [targets[i] for i in conf]
+    sel_layouts, conf_layouts = [layouts[i] for i in sel], [layouts[i] for i in conf]
 
     def measure(w: int, k: int) -> dict[str, Any] | None:
         bits = sweep_result["cells"].get(f"{w},{k}")
         if bits is None:
             return None
         correct = _unbits(bits)
-        s = rate([correct[i] for i in sel], sel_targets)
-        c = rate([correct[i] for i in conf], conf_targets)
+        s = rate([correct[i] for i in sel], sel_targets, sel_layouts)
+        c = rate([correct[i] for i in conf], conf_targets, conf_layouts)
         return {
             "wait": w,
             "transfer": k,
@@ -510,7 +513,8 @@ def search(
     measured = {(w, k): m for w in range(-1, L) for k in range(L - w) if (m := measure(w, k)) is not None}
     passing = {wk: m for wk, m in measured.items() if m["eligible"] and m["faithfulness_selection"] >= threshold}
     frontier = [passing[(w, min(k for ww, k in passing if ww == w))] for w in sorted({w for w, _ in passing})]
-    base_sel, base_conf = rate([True] * len(sel), sel_targets), rate([True] * len(conf), conf_targets)
+    base_sel = rate([True] * len(sel), sel_targets, sel_layouts)
+    base_conf = rate([True] * len(conf), conf_targets, conf_layouts)
     result: dict[str, Any] = {
         "threshold": threshold,
         "scoring": sweep_result.get("scoring"),
@@ -576,7 +580,7 @@ def components(setup: Setup, waits: list[int], transfer: int = 2) -> dict[str, A
         out[name] = {w: r["value"] for w, r in rates.items()}
         out[f"{name}_ci"] = {w: r["ci"] for w, r in rates.items()}
         out[f"{name}_executor"] = {w: s.executor for w, s in scores.items()}
-    out["faithfulness_baseline"] = rate([True] * len(setup.kept), setup.kept.targets())["baseline"]
+    out["faithfulness_baseline"] = constant_baseline(setup.kept.targets(), setup.kept.layout_P.tolist())
     return out
 
 
@@ -611,7 +615,7 @@ def necessity(
         **setup.describe(),
         "windows": per_window,
         "windows_ci": per_window_ci,
-        "faithfulness_baseline": rate([True] * len(setup.kept), setup.kept.targets())["baseline"],
+        "faithfulness_baseline": constant_baseline(setup.kept.targets(), setup.kept.layout_P.tolist()),
     }
     if found is not None and found.transfer > 0:
         on = found_on or setup
@@ -762,8 +766,14 @@ def prune_heads(
     setup: Setup, config: AF1Config, keep: float = 0.95, selection: float = 0.5, seed: int = 0
 ) -> dict[str, Any]:
     """Stop transfer-layer heads peeking one at a time, greedily: each round removes the head whose removal keeps
-    the mean probability of the correct answer highest (re-ranked after every removal), on a selection split.
-    The largest pruned set keeping `keep` of the unpruned faithfulness is then checked on the confirmation split."""
+    the mean log-probability of the correct answer highest (re-ranked after every removal), on a selection split.
+    The pruned set just before faithfulness first falls below `keep` of the unpruned is then checked on the
+    confirmation split.
+
+    The log-probability (of the whole answer, summed over its steps; `Scores.log_p_correct_P`) is computed in
+    float64 from the margins, so it does not saturate: a float32 p rounds to 1.0 once the margin passes about 17
+    nats (large models), and every head then ties. Unlike the runner-up logit margin it weighs every rival token
+    and stays the probability the earlier measure averaged, on a log scale."""
     if config.transfer == 0:
         raise Af1Error("head pruning needs a config with transfer layers (--transfer > 0)")
     sel, conf = split_indices(len(setup.kept), selection, seed)
@@ -772,15 +782,18 @@ def prune_heads(
     unpruned = faithfulness(on_sel, config)
     order: list[tuple[int, int]] = []
     faith_curve, p_curve, ci_curve = [unpruned.accuracy], [unpruned.mean_p_correct], [unpruned.rate(on_sel.kept)["ci"]]
+    log_p_curve = [unpruned.mean_log_p_correct]
     remaining = list(heads)
     for _ in progress(range(len(heads)), desc="prune heads"):
         scores = pruned_scores(on_sel, config, [[*order, h] for h in remaining])
-        best = max(range(len(remaining)), key=lambda i: (scores[i].mean_p_correct, -i))
+        best = max(range(len(remaining)), key=lambda i: (scores[i].mean_log_p_correct, -i))
         order.append(remaining.pop(best))
         faith_curve.append(scores[best].accuracy)
         ci_curve.append(scores[best].rate(on_sel.kept)["ci"])
         p_curve.append(scores[best].mean_p_correct)
-    n_pruned = max(i for i, f in enumerate(faith_curve) if f >= keep * faith_curve[0])
+        log_p_curve.append(scores[best].mean_log_p_correct)
+    # the last set before the curve first falls below keep x unpruned (a later recovery does not count)
+    n_pruned = next((i for i, f in enumerate(faith_curve) if f < keep * faith_curve[0]), len(faith_curve)) - 1
     pruned = config.model_copy(update={"pruned_heads": order[:n_pruned]})
     conf_full, conf_pruned = faithfulness(on_conf, config), faithfulness(on_conf, pruned)
     return {
@@ -788,7 +801,8 @@ def prune_heads(
         "wait": config.wait,
         "transfer": config.transfer,
         "n_transfer_heads": len(heads),
-        "measure": "mean probability of the correct answer (selection split), re-ranked after every removal",
+        "measure": "mean log-probability of the correct answer, summed over its steps, float64 (selection split), "
+        "re-ranked after every removal",
         "n_selection": len(sel),
         "n_confirmation": len(conf),
         "faithfulness_full": faith_curve[0],
@@ -797,6 +811,7 @@ def prune_heads(
         "faithfulness_vs_pruned": faith_curve,
         "faithfulness_vs_pruned_ci": ci_curve,
         "mean_p_correct_vs_pruned": p_curve,
+        "mean_log_p_correct_vs_pruned": log_p_curve,
         "keep": keep,
         "max_pruned_at_95pct": n_pruned,
         "confirmation": {

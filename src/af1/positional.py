@@ -13,7 +13,9 @@ controls: the architecture with random weights, random weights rescaled to the t
 norm of every weight tensor (is additivity learned, or a property of the architecture at the
 trained scale?), and shuffled tokens; each reports the plain and the row-centred r, the measure
 softmax sees (a constant per query row does not change attention). Medians come with a
-bootstrap interval over windows.
+bootstrap interval over windows: the default is many short windows (16 of 64 tokens, about all the
+shipped chapter holds) rather than a few long ones, and fewer than MIN_CI_WINDOWS windows are warned
+about (an interval over 4 windows has 35 distinct resamples and says almost nothing).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from af1.models.adapter import ModelAdapter
 CORPUS_NAME = "austen_pride_and_prejudice_ch1.txt"
 CORPUS_SOURCE = "Jane Austen, Pride and Prejudice (1813), chapter 1; public domain"
 SWAP_FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)
+MIN_CI_WINDOWS = 10  # fewer windows than this: the bootstrap interval over windows is flagged
 
 
 def load_corpus(path: str | Path | None = None) -> str:
@@ -178,8 +181,11 @@ def head_fit(logits_LHNTT: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def median_ci(r_LHN: torch.Tensor, draws: int = 1000, seed: int = 0) -> list[float]:
-    """95 % bootstrap interval of the median over heads of the per-head mean r, resampling windows."""
+    """95 % bootstrap interval of the median over heads of the per-head mean r, resampling windows; NaN for one
+    window (nothing to resample)."""
     N = r_LHN.shape[-1]
+    if N < 2:
+        return [float("nan"), float("nan")]
     g = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, N, (draws, N), generator=g)
     medians = torch.stack([r_LHN[..., pick].mean(-1).flatten().median() for pick in picks])
@@ -325,10 +331,24 @@ def perturbation_curve(adapter: ModelAdapter, ids_NT: torch.Tensor, seed: int = 
 # --- the study -------------------------------------------------------------------------------
 
 
+def window_warnings(n_windows: int, asked: int, window: int) -> list[str]:
+    """Lines saying that the corpus held fewer windows than asked, and that an interval over few windows means
+    little."""
+    out = []
+    if n_windows < asked:
+        out.append(f"the corpus holds {n_windows} windows of {window} tokens, fewer than the {asked} asked for")
+    if n_windows < MIN_CI_WINDOWS:
+        out.append(
+            f"the bootstrap intervals (median_ci) resample only {n_windows} windows, fewer than {MIN_CI_WINDOWS}: "
+            "they say little (a shorter --window, more --windows or a longer --corpus give more)"
+        )
+    return out
+
+
 @dataclass
 class PositionalConfig:
-    window: int = 128
-    n_windows: int = 4
+    window: int = 64
+    n_windows: int = 16
     seed: int = 0
     n_queries: int = 8
 
@@ -398,7 +418,10 @@ def study(adapter: ModelAdapter, tokenizer: Any, config: PositionalConfig, corpu
         "r_shuffled_layer_head": per_head["shuffled"],
         "distribution": {name: summary(v) for name, v in per_head.items()},
         "median_ci": {name: median_ci(v, seed=config.seed) for name, v in windows.items()},
-        "median_ci_note": "95 % bootstrap over windows (1000 draws) of the median over heads",
+        "median_ci_n_windows": ids.shape[0],
+        "median_ci_note": f"95 % bootstrap over the {ids.shape[0]} windows of {ids.shape[1]} tokens (1000 draws) of "
+        "the median over heads; the windows are passages of one text, so the interval is over passages, not genres",
+        "warnings": window_warnings(ids.shape[0], config.n_windows, ids.shape[1]),
     }
     d = result["distribution"]
     result.update(

@@ -29,23 +29,35 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     return low, high
 
 
-def constant_baseline(targets: Sequence[Hashable]) -> float:
-    """Share of problems whose target is the most common one: what a constant guess scores."""
+def constant_baseline(targets: Sequence[Hashable], layouts: Sequence[Hashable] | None = None) -> float:
+    """Share of problems whose target is the most common one: what a constant guess scores. With `layouts` (each
+    problem's token layout, which its prompt shows), one constant guess per layout: sum over layouts of n_g * b_g,
+    over n."""
     if not targets:
         return float("nan")
-    return Counter(targets).most_common(1)[0][1] / len(targets)
+    if layouts is None:
+        return Counter(targets).most_common(1)[0][1] / len(targets)
+    if len(layouts) != len(targets):
+        raise ValueError(f"{len(layouts)} layouts for {len(targets)} targets")
+    best: dict[Hashable, int] = {}
+    for (layout, _), count in Counter(zip(layouts, targets, strict=True)).items():
+        best[layout] = max(best.get(layout, 0), count)
+    return sum(best.values()) / len(targets)
 
 
 LAYOUT_KEYS = ("value", "n", "ci", "baseline")  # what each token layout's part of a pooled rate reports
 
 
-def rate(correct: Sequence[bool], targets: Sequence[Hashable]) -> dict[str, Any]:
-    """A rate with its n, 95 % Wilson interval and constant-guess baseline (same problems)."""
+def rate(
+    correct: Sequence[bool], targets: Sequence[Hashable], layouts: Sequence[Hashable] | None = None
+) -> dict[str, Any]:
+    """A rate with its n, 95 % Wilson interval and constant-guess baseline (same problems; per token layout when
+    `layouts` gives each problem's)."""
     if len(correct) != len(targets):
         raise ValueError(f"{len(correct)} outcomes for {len(targets)} targets")
     k, n = sum(bool(c) for c in correct), len(correct)
     low, high = wilson(k, n)
-    baseline = constant_baseline(targets)
+    baseline = constant_baseline(targets, layouts)
     return {
         "value": k / n if n else float("nan"),
         "k": k,

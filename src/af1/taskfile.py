@@ -3,9 +3,9 @@
 A task file (YAML or TOML) names its rows file, or a template such as "The capital of {country} is"
 with each slot's values (inline or one per line in a file) and the answer as a lookup table or an
 arithmetic expression over the slots, or one slot's value (a copy task such as induction). Optional: a
-constant prefix, few-shot examples drawn from the other rows, the scoring, and the slot a counterfactual
-replaces (the heads study). Unknown keys are refused; every problem of a file is one line of error, never a
-traceback.
+constant prefix, few-shot examples drawn from the other rows and what separates them (where an answer ends), the
+scoring, and the slot a counterfactual replaces (the heads study). Unknown keys are refused; every problem of a file
+is one line of error, never a traceback.
 """
 
 from __future__ import annotations
@@ -73,8 +73,9 @@ class TaskFile(_Strict):
     answer: Answer | None = None
     prefix: str = ""  # a constant text before the shots and every prompt
     shots: int | None = None  # few-shot examples drawn from the other rows (seeded)
-    separator: str = "\n"  # after each shot's answer
+    separator: str = "\n"  # after each shot's answer: with shots, full scoring checks that the model stops there
     scoring: Literal["full", "first"] | None = None
+    check_end: bool | None = None  # false: full scoring does not check the end (the separator) after the answer
     counterfactual: CounterfactualSlot | None = None
     distinct: bool = False  # the slots of a problem take pairwise different values (no "cat cat cat")
 

@@ -4,7 +4,9 @@ A task is a list of problems whose prompts share one constant prefix (the contex
 each position, tokens that play the same role (the token layout). Prompts of several layouts
 make a task of several groups, one per layout, each with its own context and measured on its own.
 The answer of a problem is every token the tokenizer emits for it after the prompt; it is scored whole (teacher
-forcing) or, as an option, by its first token. Context is only ever what is constant: when
+forcing) or, as an option, by its first token. Where the task shows what follows an answer (the separator of its
+worked examples), full scoring also checks that the model stops there: one more step whose target is the first token
+of the separator ("14" is not the answer "1"). Context is only ever what is constant: when
 the first token varies, the tokenizer's document-start token is prepended and recorded.
 """
 
@@ -98,6 +100,7 @@ def _template(operation: Operation, style: str) -> str:
 
 
 Scoring = Literal["full", "first"]
+SEPARATOR = "\n"  # what follows each worked example's answer in a built-in task's few-shot prefix
 # The CAMA means' sample: disjoint from the evaluated problems where the distribution has enough others, sized so
 # that every (position, token) held by at least MEANS_COMMON of the evaluated problems is expected MEANS_MIN_COUNT
 # times, within [MEANS_SAMPLE_MIN, MEANS_SAMPLE_MAX]; else the whole distribution (each problem left out of its mean).
@@ -123,6 +126,7 @@ class TaskSpec(BaseModel):
     allow_negative: bool = False
     answer_digits: Literal["auto", "constant", "any"] = "auto"  # auto: any for full scoring, constant for first
     scoring: Scoring = "full"
+    check_end: bool = True  # full scoring also checks that the model stops after the answer (see `answer_end`)
     largest_layout: bool = False
     file: str | None = None  # a task file (`af1.taskfile`): its rows or template replace operation and style
     file_sha256: str | None = None  # of the file and what it reads, filled in: a changed file is another task
@@ -143,6 +147,8 @@ class TaskSpec(BaseModel):
                 object.__setattr__(self, "shots", task.shots)
             if task.scoring is not None:
                 object.__setattr__(self, "scoring", task.scoring)
+            if task.check_end is not None:
+                object.__setattr__(self, "check_end", task.check_end)
             self._file_name = task.name or Path(self.file).stem
         return self
 
@@ -217,7 +223,7 @@ def problem_pool(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
         raise Af1Error(f"--shots {spec.shots} leaves no problems: the task has {len(pool)} distinct problems")
     shots, rest = pool[: spec.shots], pool[spec.shots :]
     examples = [Problem(ops, v, format_prompt(operation, spec.style, ops), "", str(v)) for ops, v in shots]
-    prefix = "".join(f"{e.prompt}{e.answer}\n" for e in examples)
+    prefix = "".join(f"{e.prompt}{e.answer}{SEPARATOR}" for e in examples)
     problems = []
     for ops, v in rest:
         prompt = format_prompt(operation, spec.style, ops)
@@ -263,9 +269,10 @@ class Task:
     """Tokenized problems of one token layout, ready for the model.
 
     A task is scored in steps: step k reads the prompt and the first k answer tokens and must
-    predict answer token k (teacher forcing, equal to greedy exact match). First-token scoring
-    has step 0 only. `steps()` gives each step as a task of its own (`step` set), whose rows
-    are the problems whose answer has more than k tokens.
+    predict answer token k (teacher forcing, equal to greedy exact match). Where the end is checked
+    (`stop_tokens`), a problem whose answer has k tokens must at step k predict the token that ends it.
+    First-token scoring has step 0 only. `steps()` gives each step as a task of its own (`step` set),
+    whose rows are the problems with a target at step k.
     """
 
     spec: TaskSpec
@@ -287,6 +294,10 @@ class Task:
     # input_ids_PT are then right-padded with PAD and only its `steps()`, one layout each, are ever run
     groups: list[Task] = field(default_factory=list)
     layout_id: int = 0  # which of the evaluated task's layout groups this is (kept by subsets and distributions)
+    # each row's first token after its answer in a worked example: one more step of full scoring (the model must
+    # stop there); empty when the end is not checked. Kept apart from answer_tokens, which stay the answer itself
+    stop_tokens: list[int] = field(default_factory=list)
+    end: dict[str, Any] = field(default_factory=dict)  # whether the end is checked, with which token, or why not
 
     @property
     def sampling_note(self) -> str | None:
@@ -310,14 +321,29 @@ class Task:
         return f"{n} problems left out: their token layout is shared by fewer than {MIN_LAYOUT} problems"
 
     @property
+    def end_note(self) -> str | None:
+        """Says that full scoring does not check where the answer ends, and why; None when it does (or scores the
+        first token only)."""
+        if self.spec.scoring == "first" or self.end.get("checked", True):
+            return None
+        return f'the end of the answer is not checked ({self.end.get("note")}): "14" would count for "1"'
+
+    @property
     def n_positions(self) -> int:
         return int(self.input_ids_PT.shape[1])
 
     @property
+    def scored_tokens(self) -> list[tuple[int, ...]]:
+        """Each row's targets, step by step: its answer's tokens, then the token that ends it where that is checked."""
+        if not self.stop_tokens:
+            return self.answer_tokens
+        return [(*a, s) for a, s in zip(self.answer_tokens, self.stop_tokens, strict=True)]
+
+    @property
     def answer_ids_P(self) -> torch.Tensor:
-        """The next-token target of every row: answer token `step` (the first for a whole task)."""
+        """The next-token target of every row: scored token `step` (the answer's first for a whole task)."""
         k = self.step or 0
-        return torch.tensor([a[k] for a in self.answer_tokens], dtype=torch.long)
+        return torch.tensor([a[k] for a in self.scored_tokens], dtype=torch.long)
 
     def __len__(self) -> int:
         return len(self.problems)
@@ -359,6 +385,7 @@ class Task:
             problems=[self.problems[i] for i in rows],
             input_ids_PT=self.input_ids_PT[index],
             answer_tokens=[self.answer_tokens[i] for i in rows],
+            stop_tokens=[self.stop_tokens[i] for i in rows] if self.stop_tokens else [],
             index_P=None if self.index_P is None else self.index_P[index],
             groups=groups,
         )
@@ -368,7 +395,7 @@ class Task:
             return max(g.n_steps() for g in self.groups)
         if self.step is not None or self.spec.scoring == "first" or not self.answer_tokens:
             return 1
-        return max(len(a) for a in self.answer_tokens)
+        return max(len(a) for a in self.scored_tokens)
 
     def steps(self) -> list[Task]:
         """The next-token predictions that score this task, each a task of one token layout (per layout group, then
@@ -382,15 +409,17 @@ class Task:
                 for part in dataclasses.replace(group, index_P=None).steps()
             ]
         out = []
+        scored = self.scored_tokens
         for k in range(self.n_steps()):
-            rows = [i for i, a in enumerate(self.answer_tokens) if len(a) > k]
-            appended = torch.tensor([list(self.answer_tokens[i][:k]) for i in rows], dtype=torch.long)
+            rows = [i for i, a in enumerate(scored) if len(a) > k]
+            appended = torch.tensor([list(scored[i][:k]) for i in rows], dtype=torch.long)
             out.append(
                 dataclasses.replace(
                     self,
                     problems=[self.problems[i] for i in rows],
                     input_ids_PT=torch.cat([self.input_ids_PT[rows], appended.view(len(rows), k)], 1),
                     answer_tokens=[self.answer_tokens[i] for i in rows],
+                    stop_tokens=[self.stop_tokens[i] for i in rows] if self.stop_tokens else [],
                     layout=self.layout + tuple(f"answer{j}" for j in range(k)),
                     step=k,
                     index_P=torch.tensor(rows, dtype=torch.long),
@@ -399,11 +428,12 @@ class Task:
         return out
 
     def targets(self) -> list[str]:
-        """What a problem must produce: the whole answer (full scoring) or its first token (first-token scoring)."""
+        """What a problem must produce: the whole answer and, where checked, its end (full scoring), or its first
+        token (first-token scoring); a step's: its target token."""
         if self.spec.scoring == "first" or self.step is not None:
             k = self.step or 0
-            return [str(a[k]) for a in self.answer_tokens]
-        return [" ".join(map(str, a)) for a in self.answer_tokens]
+            return [str(a[k]) for a in self.scored_tokens]
+        return [" ".join(map(str, a)) for a in self.scored_tokens]
 
     def input_text(self, i: int) -> str:
         """The exact text fed to the model for problem i: the prepended BOS, the few-shot prefix, the prompt."""
@@ -428,6 +458,7 @@ class Task:
                 "answer": p.answer,
                 "answer_text": p.answer_text,
                 "answer_tokens": list(self.answer_tokens[i]),
+                "stop_token": self.stop_tokens[i] if self.stop_tokens else None,
             }
             for i, p in enumerate(self.problems)
         ]
@@ -458,6 +489,7 @@ class Task:
             "bos_prepended": None if self.bos is None else {"id": self.bos[0], "text": self.bos[1]},
             "example_input": self.input_text(0) if self.problems else None,
             "answer_lengths": dict(sorted(Counter(len(a) for a in self.answer_tokens).items())),
+            "end": self.end,
             "excluded_other_layouts": self.excluded_other_layouts,
             "n_distinct": self.n_distinct,
         }
@@ -497,6 +529,58 @@ def answer_token(tokenizer: Any, text: str, answer: str, prompt_ids: list[int]) 
     """The first token the tokenizer emits for `answer` right after `text`, or None if they merge."""
     tokens = answer_tokens(tokenizer, text, answer, prompt_ids)
     return None if tokens is None else tokens[0]
+
+
+def answer_end(spec: TaskSpec) -> str | None:
+    """What follows an answer in the task's worked examples (their separator); None when it shows none (no shots, or
+    a task file's empty separator): then nothing says where an answer ends."""
+    if spec.shots == 0:
+        return None
+    if spec.file is None:
+        return SEPARATOR
+    from af1.taskfile import read_task_file
+
+    return read_task_file(spec.file).separator or None
+
+
+def stop_token(
+    tokenizer: Any, text: str, answer: str, separator: str, prompt_ids: list[int], answer_ids: tuple[int, ...]
+) -> int | None:
+    """The first token the tokenizer emits for `separator` after `text` + `answer`, or None when it merges with the
+    answer (the answer's own tokens would change)."""
+    head = list(prompt_ids) + list(answer_ids)
+    full = tokenizer(text + answer + separator)["input_ids"]
+    if full[: len(head)] != head or len(full) == len(head):
+        return None
+    return int(full[len(head)])
+
+
+def end_tokens(
+    spec: TaskSpec, problems: list[Problem], prompt_ids: list[list[int]], answers: list[tuple[int, ...]], tokenizer: Any
+) -> tuple[list[int], dict[str, Any]]:
+    """Each problem's token after its answer in a worked example (empty when the end is not checked), and whether
+    full scoring checks the end, with which token, or why not."""
+    separator = answer_end(spec)
+    end: dict[str, Any] = {"checked": False, "separator": separator, "stop_tokens": None, "note": None}
+    if spec.scoring == "first":
+        return [], {**end, "note": "first-token scoring"}
+    if not spec.check_end:
+        return [], {**end, "note": "turned off: --no-check-end"}
+    if separator is None:
+        return [], {
+            **end,
+            "note": "no worked example shows what follows an answer (no shots, or an empty separator)",
+        }
+    stops = []
+    for p, ids, a in zip(problems, prompt_ids, answers, strict=True):
+        stop = stop_token(tokenizer, p.text, p.answer_text, separator, ids, a)
+        if stop is None:
+            note = f"the separator {separator!r} merges with the answer's tokens (e.g. after {p.answer_text!r})"
+            return [], {**end, "note": note}
+        stops.append(stop)
+    decode = getattr(tokenizer, "decode", None)
+    texts = {str(t): decode([t]) if decode else None for t in sorted(set(stops))}
+    return stops, {**end, "checked": True, "stop_tokens": texts}
 
 
 def document_start(tokenizer: Any) -> tuple[int, str] | None:
@@ -562,6 +646,11 @@ def tokenize_task(
             "the tokenizer merges the end of the prompt with the answer "
             f"(e.g. {bad[0].text!r} + {bad[0].answer_text!r}): the answer's tokens are ambiguous"
         )
+    stops, end = end_tokens(spec, problems, [ids for ids, _ in encoded], [tuple(a or ()) for a in answers], tokenizer)
+    if like is not None and not like.end.get("checked"):
+        stops, end = [], like.end  # a means distribution is scored as the evaluated task is
+    elif like is not None and not stops:
+        raise Af1Error(f"the evaluated task checks the answer's end but its distribution cannot: {end['note']}")
     by_roles: dict[tuple[str, ...], list[int]] = {}
     for i, (_, roles) in enumerate(encoded):
         by_roles.setdefault(roles, []).append(i)
@@ -574,10 +663,11 @@ def tokenize_task(
             [encoded[i][0] for i in rows],
             encoded[rows[0]][1],
             [tuple(answers[i] or ()) for i in rows],
+            [stops[i] for i in rows] if stops else [],
             tokenizer,
             like_group,
         )
-        task.answer_moves_space = moved
+        task.answer_moves_space, task.end = moved, end
         return task
 
     if like is not None:
@@ -630,10 +720,12 @@ def union(groups: list[Task], excluded: int = 0) -> Task:
     ids_PT = torch.full((P, T), PAD, dtype=torch.long)
     problems: list[Any] = [None] * P
     answers: list[Any] = [None] * P
+    stops: list[Any] = [None] * P
     for group in groups:
         ids_PT[group.where_P, : group.n_positions] = group.input_ids_PT
         for j, r in enumerate(group.where_P.tolist()):
             problems[r], answers[r] = group.problems[j], group.answer_tokens[j]
+            stops[r] = group.stop_tokens[j] if group.stop_tokens else None
     first = groups[0]
     return Task(
         first.spec,
@@ -649,6 +741,8 @@ def union(groups: list[Task], excluded: int = 0) -> Task:
         first.bos if all(g.bos == first.bos for g in groups) else None,
         origin=first.origin,
         groups=groups,
+        stop_tokens=stops if all(s is not None for s in stops) else [],
+        end=first.end,
     )
 
 
@@ -659,6 +753,7 @@ def _layout_task(
     ids: list[list[int]],
     prompt_roles: tuple[str, ...],
     answers: list[tuple[int, ...]],
+    stops: list[int],
     tokenizer: Any,
     like: Task | None,
 ) -> Task:
@@ -691,6 +786,7 @@ def _layout_task(
             kept = same.nonzero().flatten().tolist()
             excluded = len(problems) - len(kept)
             problems, answers = [problems[i] for i in kept], [answers[i] for i in kept]
+            stops = [stops[i] for i in kept] if stops else []
             input_ids = input_ids[same]
     else:
         varying = (input_ids != input_ids[:1]).any(0).nonzero().flatten()
@@ -709,6 +805,7 @@ def _layout_task(
         examples,
         excluded_other_layouts=excluded,
         bos=bos,
+        stop_tokens=stops,
     )
 
 

@@ -64,7 +64,7 @@ class BaseAccuracy(base.Experiment):
             base_accuracy_baseline=r["baseline"],
             base_accuracy_by_layout=r.get("by_layout"),
             mean_p_correct=scores.mean_p_correct,
-            warnings=[w for w in (task.sampling_note, task.exclusion_note, note) if w],
+            warnings=[w for w in (task.sampling_note, task.exclusion_note, task.end_note, note) if w],
             task_layout=task.describe(),
             problems=problem_rows(task, scores),
         )

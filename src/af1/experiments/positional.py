@@ -15,9 +15,12 @@ from af1.report.markup import image_html, table_html
 
 
 class Options(base.Options):
-    window: int = Field(default=128, ge=8, description="tokens per window of the corpus")
+    window: int = Field(default=64, ge=8, description="tokens per window of the corpus")
     n_windows: int = Field(
-        default=4, ge=1, description="windows of the corpus", json_schema_extra={"flag": "--windows"}
+        default=16,
+        ge=1,
+        description="windows of the corpus (the intervals resample them: fewer than 10 are warned about)",
+        json_schema_extra={"flag": "--windows"},
     )
     seed: int = Field(default=0, description="seed of the random-init and shuffled controls")
     corpus: str | None = Field(default=None, description="a text file (default: the shipped public-domain sample)")
@@ -37,6 +40,8 @@ class Result(base.Result):
     dummy_distance_r2_median: float | None = None
     distribution: dict[str, dict[str, float | None]]
     median_ci: dict[str, list[float | None]] = {}
+    median_ci_n_windows: int | None = None
+    warnings: list[str] = []
     window_start: str | None = None
     perplexity_vs_swap: dict[str, float | None]
 
@@ -78,7 +83,8 @@ class Positional(base.Experiment):
         data = result.data()
         parts = [
             "<h2>Attention logits: position + meaning</h2>",
-            f"<p>Corpus: {html.escape(result.corpus)}; {result.n_windows} windows of {result.window} tokens. Per "
+            f"<p>Corpus: {html.escape(result.corpus)}; {result.n_windows} windows of {result.window} tokens (the "
+            "intervals resample them). Per "
             "head, W[i,j] ~ a[i-j] + b[i] + c[j] over the causal triangle (backfitting); the paper reports r = 0.959 "
             "on its own (unpublished) corpus and averaging.</p>",
             table_html(

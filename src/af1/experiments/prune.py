@@ -1,5 +1,5 @@
-"""prune: stop the transfer layers' heads peeking one by one (greedy, on a selection split); the largest set that
-keeps 95 % of the faithfulness is checked on the confirmation split."""
+"""prune: stop the transfer layers' heads peeking one by one (greedy, on a selection split); the last set before the
+faithfulness first falls below 95 % of the unpruned is checked on the confirmation split."""
 
 from __future__ import annotations
 
@@ -75,8 +75,8 @@ class Prune(base.Experiment):
             )
         return [
             f"<h2>Head pruning in the transfer layers</h2><p>{result.n_transfer_heads} heads; ranked greedily by "
-            f"{result.measure}: up to {result.max_pruned_at_95pct} of them stop peeking with faithfulness &ge; 95 % "
-            f"of the unpruned {result.faithfulness_full:.3f} on {result.n_selection} selection problems."
+            f"{result.measure}: {result.max_pruned_at_95pct} of them stop peeking before faithfulness first falls "
+            f"below 95 % of the unpruned {result.faithfulness_full:.3f} on {result.n_selection} selection problems."
             f"{confirmed}</p>",
             image_html(out_dir, "pruning.png"),
         ]

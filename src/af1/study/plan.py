@@ -122,6 +122,7 @@ def task_label(spec: TaskSpec) -> str:
         "seed": f"s{spec.seed}",
         "answer_digits": f"{spec.answer_digits}digits",
         "scoring": f"{spec.scoring}token" if spec.scoring == "first" else "fullanswer",
+        "check_end": "endunchecked",
         "allow_negative": "neg",
         "largest_layout": "largest",
     }
