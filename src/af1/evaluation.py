@@ -7,11 +7,14 @@ checks the answer's end, the last step is the token that ends it: "14" is not th
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 
 from af1.context import forward_last, forward_tail
 from af1.progress import progress
@@ -210,6 +213,35 @@ def problem_rows(task: Task, scores: Scores) -> list[dict[str, Any]]:
     ):
         row.update(predicted_tokens=predicted, p_correct=p, solved=bool(right))
     return rows
+
+
+def inputs_sha256(rows: list[dict[str, Any]]) -> str:
+    """A fingerprint of problem rows' exact inputs (token ids and answer tokens, in order): two results, or a result
+    and an eval unit's `problems`, with the same fingerprint were measured on the same inputs."""
+    fed = [[r["input_ids"], r["answer_tokens"]] for r in rows]
+    return hashlib.sha256(json.dumps(fed, separators=(",", ":")).encode()).hexdigest()
+
+
+class ProblemInputs(BaseModel):
+    """The exact inputs of a result: every problem of its task once, as fed to the model (`problem_rows`: text, token
+    ids, answer tokens, the unmodified model's greedy prediction), and each set of them a number was measured on
+    (the solved problems, a split's halves, training rows) as row indices, so any problem can be rerun from the JSON.
+    A result's `inputs` is None only when it was written before results listed them."""
+
+    sha256: str  # inputs_sha256 of `problems`
+    problems: list[dict[str, Any]]
+    sets: dict[str, list[int]]  # name -> indices into `problems`
+
+    @classmethod
+    def of(cls, task: Task, base: Scores, **sets: Task) -> ProblemInputs:
+        """`task`'s rows with the unmodified model's `base` scores, and each named subset of it (`Task.subset`)."""
+        rows = problem_rows(task, base)
+        row_of = {p: i for i, p in enumerate(task.problems)}
+        return cls(
+            sha256=inputs_sha256(rows),
+            problems=rows,
+            sets={name: [row_of[p] for p in part.problems] for name, part in sets.items()},
+        )
 
 
 def recorded(model: Any, tokenizer: Any, spec: Any, rows: list[dict[str, Any]]) -> Evaluated | None:

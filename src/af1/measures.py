@@ -15,7 +15,7 @@ import torch
 
 from af1.allforone import ABLATIONS, AF1Config, reference_logits
 from af1.errors import Af1Error
-from af1.evaluation import Evaluated, Scores, evaluated, require_solved, solved
+from af1.evaluation import Evaluated, ProblemInputs, Scores, evaluated, require_solved, solved
 from af1.fast import (
     ProblemKV,
     TokenLocalKV,
@@ -359,6 +359,12 @@ def problem_rows(setup: Setup, intervened: Scores | None = None) -> list[dict[st
     return rows
 
 
+def setup_inputs(setup: Setup, **halves: Setup) -> ProblemInputs:
+    """The inputs of a result measured on a setup: every evaluated problem, the solved ones, and each further set
+    its numbers were measured on (a split's half, `Setup.on`), by name."""
+    return ProblemInputs.of(setup.task, setup.base, solved=setup.kept, **{k: h.kept for k, h in halves.items()})
+
+
 def run_result(setup: Setup, config: AF1Config, reference: bool = False) -> dict[str, Any]:
     """One AF1 evaluation with every problem listed."""
     config.check(setup.adapter.n_layers, setup.adapter.n_heads)
@@ -685,25 +691,33 @@ def styles_table(
     base_spec: TaskSpec,
     styles: list[str],
     operations: tuple[str, ...] = ("a+b", "a-b"),
-    known: Setup | None = None,
+    own: tuple[Setup, Setup, str] | None = None,
 ) -> dict[str, Any]:
-    """The Table-4 analogue: per style and operation, base accuracy and faithfulness at one config; `known` is a
-    setup already made for one of the cells (its spec's), reused instead of prepared again."""
+    """The Table-4 analogue: per style and operation, base accuracy and faithfulness at one config, each row with
+    its problems and the ones its faithfulness is measured on. `own` is the task's own cell, already prepared: its
+    setup, the problems to measure it on (the search's confirmation half, when the config is the search's, so that
+    the row stands beside the search's number on the same problems) and what they are."""
     rows = []
     for style in progress(styles, desc="styles"):
         for op in operations:
             spec = base_spec.model_copy(update={"operation": op, "style": style})
             row: dict[str, Any] = {"style": style, "operation": op}
             try:
-                setup = known if known is not None and known.spec == spec else prepare(lm, spec)
+                if own is not None and own[0].spec == spec:
+                    setup, on, where = own
+                else:
+                    setup = prepare(lm, spec)
+                    on, where = setup, "the solved problems"
             except Af1Error as exc:
                 row.update(error=str(exc))
                 rows.append(row)
                 continue
             described = setup.describe()
             row.update({k: described[k] for k in ("n", "n_solved", "base_accuracy", "base_accuracy_ci")})
-            row.update(base_accuracy_baseline=described["base_accuracy_baseline"])
-            row.update(faith_fields(setup, faithfulness(setup, config)))
+            row.update(base_accuracy_baseline=described["base_accuracy_baseline"], measured_on=where)
+            row.update(faith_fields(on, faithfulness(on, config)))
+            halves = {} if on is setup else {"confirmation": on}
+            row.update(inputs=setup_inputs(setup, **halves).model_dump())
             rows.append(row)
     return {"wait": config.wait, "transfer": config.transfer, "scoring": base_spec.scoring, "rows": rows}
 
@@ -814,6 +828,7 @@ def prune_heads(
         "mean_log_p_correct_vs_pruned": log_p_curve,
         "keep": keep,
         "max_pruned_at_95pct": n_pruned,
+        "inputs": setup_inputs(setup, selection=on_sel, confirmation=on_conf).model_dump(),
         "confirmation": {
             "unpruned": faith_fields(on_conf, conf_full),
             "pruned": faith_fields(on_conf, conf_pruned),

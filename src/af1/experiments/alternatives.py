@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from af1 import measures
+from af1.evaluation import ProblemInputs
 from af1.experiments import base
 from af1.report.markup import ci_text, table_html
 
@@ -24,6 +25,7 @@ class Result(base.Result):
     ablations_detail: dict[str, dict[str, Any]]
     abp_variants_detail: dict[str, dict[str, Any]]
     measured_on: str = "the solved problems"
+    inputs: ProblemInputs | None = None  # sets: solved; confirmation when measured there
 
 
 def rows(detail: dict[str, Any]) -> list[list[str]]:
@@ -52,7 +54,10 @@ class Alternatives(base.Experiment):
         config = base.config_of(inputs, options, inputs.resources.lm().adapter.n_layers)  # refused before any work
         setup = inputs.resources.setup(inputs.spec)
         on, where = base.measured_on(inputs, options, setup)
-        return Result(**measures.alternatives(on, config), measured_on=where)
+        halves = {} if on is setup else {"confirmation": on}
+        return Result(
+            **measures.alternatives(on, config), measured_on=where, inputs=measures.setup_inputs(setup, **halves)
+        )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         header = ["faithfulness [95 % CI]", "McNemar p vs CAMA + ABP"]

@@ -8,6 +8,7 @@ from pydantic import Field
 from rich.table import Table
 
 from af1 import measures
+from af1.evaluation import ProblemInputs
 from af1.experiments import base
 from af1.report.markup import ci_text, table_html, with_ci
 
@@ -24,6 +25,7 @@ class Result(base.Result):
     abp_only: dict[int, float]
     abp_only_ci: dict[int, list[float]]
     faithfulness_baseline: float | None = None
+    inputs: ProblemInputs | None = None  # sets: solved
 
 
 class Components(base.Experiment):
@@ -36,7 +38,7 @@ class Components(base.Experiment):
         setup = inputs.resources.setup(inputs.spec)
         L = setup.adapter.n_layers
         waits = options.waits or sorted({0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3})
-        return Result(**measures.components(setup, waits, options.transfer))
+        return Result(**measures.components(setup, waits, options.transfer), inputs=measures.setup_inputs(setup))
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [

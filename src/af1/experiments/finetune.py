@@ -11,6 +11,7 @@ from rich.table import Table
 
 from af1 import finetune, heads, positional
 from af1.errors import Af1Error
+from af1.evaluation import ProblemInputs, evaluate
 from af1.experiments import base
 from af1.report.markup import table_html
 from af1.tasks import build_task
@@ -46,6 +47,7 @@ class Result(base.Result):
     precise: dict
     random_heads: dict
     full: dict
+    inputs: ProblemInputs | None = None  # sets: train, validation, evaluation (predictions: the base model's)
 
 
 def parse_heads(text: str, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
@@ -89,9 +91,16 @@ class Finetune(base.Experiment):
         eval_task = everything.subset(list(range(n_eval)))
         val_task = everything.subset(list(range(n_eval, n_eval + n_val)))
         train_task = everything.subset(list(range(n_eval + n_val, n)))
+        problems = ProblemInputs.of(  # before any training: the base model's predictions
+            everything,
+            evaluate(lm.model, everything),
+            train=train_task,
+            validation=val_task,
+            evaluation=eval_task,
+        )
         chosen_on = None
         if options.heads == "auto":  # built-in: other problems whose first answer tokens vary (1-digit operands)
-            from af1.evaluation import Evaluated, evaluate, evaluated, solved
+            from af1.evaluation import Evaluated, evaluated, solved
             from af1.stats import baseline_warning, constant_baseline
 
             if spec.file is None:
@@ -113,6 +122,7 @@ class Finetune(base.Experiment):
                 "path": found["path"],
                 "first_token_constant_guess": first,
                 "warning": baseline_warning("the first answer token heads are chosen on", first, len(kept)),
+                "inputs": ProblemInputs.of(done.task, done.base, solved=kept).model_dump(),
             }
         else:
             chosen = parse_heads(options.heads, lm.adapter.n_layers, lm.adapter.n_heads)
@@ -130,7 +140,7 @@ class Finetune(base.Experiment):
             tuple(range(spec.seed, spec.seed + options.seeds)),
             inputs.state_dir,
         )
-        return Result(**result, heads_chosen_on=chosen_on, text_corpus=positional.CORPUS_SOURCE)
+        return Result(**result, heads_chosen_on=chosen_on, text_corpus=positional.CORPUS_SOURCE, inputs=problems)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from af1 import heads
 from af1.errors import Af1Error
+from af1.evaluation import ProblemInputs, solved
 from af1.experiments import base
 from af1.report.markup import ci_text, image_html, table_html, with_ci
 from af1.tasks import FILE_STYLE, TaskSpec
@@ -54,6 +55,7 @@ class Result(base.Result):
     overlap: list[dict] = []
     placement: list[dict] | None = None
     af1_consistency: dict[str, Any] | None = None
+    inputs: ProblemInputs | None = None  # clean; sets: solved, confirmation (AF1 rows)
 
 
 RANDOM_DRAWS = 10
@@ -151,9 +153,14 @@ class Heads(base.Experiment):
         study = heads.study(
             lm, spec, options.threshold, k, options.draws, others, done, path=options.path, metric=options.metric
         )
-        result = Result(**study)
         search = inputs.one("search")
         config = base.searched_config(search) if search is not None else None
+        sets = {"solved": solved(done.task, done.base)}
+        if search is not None and config is not None and config.transfer > 0:  # the AF1 consistency rows' problems
+            from af1 import measures
+
+            sets["confirmation"] = measures.confirmation(inputs.resources.setup(spec), search.data()).kept
+        result = Result(**study, inputs=ProblemInputs.of(done.task, done.base, **sets))
         if config is not None:  # where the top heads sit among the AF1 stages
             stages = config.stages(lm.adapter.n_layers)
             result.placement = [

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from af1 import measures
 from af1.allforone import AF1Config
+from af1.evaluation import ProblemInputs
 from af1.experiments import base
 from af1.report.markup import image_html, table_html, with_ci
 
@@ -33,6 +34,7 @@ class Result(base.Result):
     faithfulness_baseline: float | None = None
     shifted_transfer: dict[str, Any] | None = None
     no_config: str | None = None
+    inputs: ProblemInputs | None = None  # sets: solved (windows); confirmation (the moved transfer window), if any
 
 
 class Necessity(base.Experiment):
@@ -62,7 +64,8 @@ class Necessity(base.Experiment):
             else:
                 found_on = measures.confirmation(setup, search.data())
         result = measures.necessity(setup, tuple(options.windows), found, found_on)
-        return Result(**result, no_config=note)
+        halves = {} if found_on is None else {"confirmation": found_on}
+        return Result(**result, no_config=note, inputs=measures.setup_inputs(setup, **halves))
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing

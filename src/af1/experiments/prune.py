@@ -9,6 +9,7 @@ from pydantic import Field
 from rich.table import Table
 
 from af1 import measures
+from af1.evaluation import ProblemInputs
 from af1.experiments import base
 from af1.report.markup import ci_text, image_html, with_ci
 
@@ -34,6 +35,7 @@ class Result(base.Result):
     max_pruned_at_95pct: int
     measure: str = ""
     confirmation: dict[str, dict] = {}
+    inputs: ProblemInputs | None = None  # sets: solved, selection (pruning ranks on it), confirmation
 
 
 class Prune(base.Experiment):

@@ -1,4 +1,6 @@
-"""styles: the paper's Table 4 analogue, base accuracy and AF1 faithfulness per input style and operation."""
+"""styles: the paper's Table 4 analogue, base accuracy and AF1 faithfulness per input style and operation. At the
+search's config the task's own row is measured on the search's confirmation half (the problems that did not choose
+it); every other row is another task, measured on all its solved problems. Each row lists its problems."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ class Result(base.Result):
     wait: int
     transfer: int
     scoring: str | None = None
-    rows: list[dict]
+    rows: list[dict]  # each with `measured_on`, `faithfulness_n` and its `inputs` (ProblemInputs)
 
 
 class Styles(base.Experiment):
@@ -52,16 +54,27 @@ class Styles(base.Experiment):
         own = None  # the task's own cell reuses the setup the other experiments share
         if spec.style in options.styles and spec.operation in operations:
             try:
-                own = inputs.resources.setup(spec)
+                setup = inputs.resources.setup(spec)
             except Af1Error:  # a cell the model solves nothing of is a row with its error
-                own = None
-        return Result(**measures.styles_table(lm, config, spec, options.styles, operations, known=own))
+                setup = None
+            if setup is not None:  # at the search's config: on its confirmation half, beside its number
+                own = (setup, *base.measured_on(inputs, options, setup))
+        return Result(**measures.styles_table(lm, config, spec, options.styles, operations, own=own))
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [
             f"<h2>Input styles (Table 4) at L_wait = {result.wait}, L_transfer = {result.transfer}</h2>",
             table_html(
-                ["style", "operation", "n", "base accuracy", "solved", "AF1 faithfulness", "constant guess"],
+                [
+                    "style",
+                    "operation",
+                    "n",
+                    "base accuracy",
+                    "solved",
+                    "AF1 faithfulness",
+                    "constant guess",
+                    "faithfulness measured on (n)",
+                ],
                 [
                     [
                         r["style"],
@@ -71,6 +84,7 @@ class Styles(base.Experiment):
                         r.get("n_solved", ""),
                         with_ci(r.get("faithfulness"), r.get("faithfulness_ci")),
                         r.get("faithfulness_baseline", ""),
+                        f"{r['measured_on']} ({r['faithfulness_n']})" if "measured_on" in r else "",
                     ]
                     for r in result.rows
                 ],
@@ -78,7 +92,7 @@ class Styles(base.Experiment):
         ]
 
     def show(self, result: Result) -> list[Table | str]:
-        table = Table("style", "operation", "n", "base accuracy [95 % CI]", "faithfulness [95 % CI]")
+        table = Table("style", "operation", "n", "base accuracy [95 % CI]", "faithfulness [95 % CI]", "on (n)")
         for r in result.rows:
             table.add_row(
                 r["style"],
@@ -86,5 +100,6 @@ class Styles(base.Experiment):
                 str(r.get("n", "")),
                 ci_text(r.get("base_accuracy"), r.get("base_accuracy_ci")) if "base_accuracy" in r else r["error"],
                 ci_text(r.get("faithfulness"), r.get("faithfulness_ci")),
+                f"{r['measured_on']} ({r['faithfulness_n']})" if "measured_on" in r else "",
             )
         return [table]

@@ -10,6 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from af1 import measures
+from af1.evaluation import ProblemInputs
 from af1.experiments import base
 from af1.report.markup import ci_text, table_html, with_ci
 
@@ -25,6 +26,7 @@ class Result(base.Result):
     sources_without_config: dict[str, str] = {}
     measured_on: str = "solved problems"
     n_measured: int = 0
+    inputs: ProblemInputs | None = None  # sets: solved; confirmation when measured there
 
 
 def own_text(row: dict[str, Any]) -> str:
@@ -123,6 +125,7 @@ class Transfer(base.Experiment):
             sources_without_config=without,
             measured_on=where,
             n_measured=len(on.kept),
+            inputs=measures.setup_inputs(setup, **({} if on is setup else {"confirmation": on})),
         )
 
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
