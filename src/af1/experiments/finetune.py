@@ -31,6 +31,12 @@ class Options(base.Options):
     steps: int = Field(default=200, ge=1, description="optimiser steps")
     lrs: list[float] = Field(default_factory=lambda: [1e-5, 1e-4, 1e-3], description="learning rates tried")
     seeds: int = Field(default=3, ge=1, description="runs per variant at its chosen learning rate")
+    random_draws: int = Field(
+        default=3,
+        ge=1,
+        description="random head sets (seeded draws from the heads not chosen), draw i trained with the i-th seed "
+        "(cycling) at the learning rate chosen on the first: mean ± std over draws",
+    )
 
 
 class Result(base.Result):
@@ -91,8 +97,7 @@ class Finetune(base.Experiment):
         train_task = everything.subset(list(range(n_eval + n_val, n)))
         chosen_on = None
         if options.heads == "auto":  # built-in: other problems whose first answer tokens vary (1-digit operands)
-            from af1.evaluation import Evaluated, evaluate, evaluated, solved
-            from af1.stats import baseline_warning, constant_baseline
+            from af1.evaluation import Evaluated, evaluate, evaluated
 
             if spec.file is None:
                 heads_spec = spec.model_copy(update={"digits": 1, "n": None, "scoring": "full"})
@@ -102,17 +107,14 @@ class Finetune(base.Experiment):
                 heads_spec = train_task.spec
                 done = Evaluated(train_task, evaluate(lm.model, train_task), id(lm.model))
                 on = "the training rows"
-            found = heads.study(lm, heads_spec, k=options.k, draws=1, done=done)
-            chosen = [(h[0], h[1]) for h in found["top_heads"]]
-            kept = solved(done.task, done.base)
-            first = constant_baseline([str(a[0]) for a in kept.answer_tokens])  # what path patching reads
+            found = heads.choose_heads(lm, done, options.k)  # every answer step of all its solved problems
+            chosen = found["top_heads"]
             chosen_on = {
                 "task": heads_spec.model_dump(),
                 "problems": on,
                 "n_solved": found["n_solved"],
                 "path": found["path"],
-                "first_token_constant_guess": first,
-                "warning": baseline_warning("the first answer token heads are chosen on", first, len(kept)),
+                "scoring": found["scoring"],
             }
         else:
             chosen = parse_heads(options.heads, lm.adapter.n_layers, lm.adapter.n_heads)
@@ -129,6 +131,7 @@ class Finetune(base.Experiment):
             tuple(options.lrs),
             tuple(range(spec.seed, spec.seed + options.seeds)),
             inputs.state_dir,
+            options.random_draws,
         )
         return Result(**result, heads_chosen_on=chosen_on, text_corpus=positional.CORPUS_SOURCE)
 
