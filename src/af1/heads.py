@@ -1,7 +1,15 @@
 """Arithmetic heads (SPEC.md §2, Zhang et al. 2024): path patching, key heads, knockout, overlap.
 
 Each sender (a head or an MLP) has its output at the last position taken from the counterfactual
-run (the operator replaced by a null word or symbol); the receiver is the last position's logits.
+run (the operator replaced by a null word or symbol, or an operand by another value drawn per problem);
+the receiver is the last position's logits. Every teacher-forced answer step is scored, as AF1 scores
+(`SCORED`): at step k the clean run reads the prompt and the first k answer tokens, the counterfactual run
+the counterfactual prompt and the same k tokens; per problem the SPEC's effect (the relative change of the
+correct token's logit, and the change of the logit difference) is averaged over its steps, then over
+problems, so that each problem counts once and the threshold of -5 % keeps its meaning per token. (The
+change of the whole answer's log-probability would need the full softmax of every patched row; the
+relative logit change is what Zhang et al. threshold.) First-token scoring is the task's `--scoring first`,
+reported with its first-token constant guess.
 Three definitions of what else changes (`PATHS`):
 
 - wang (Wang et al. 2023, which Zhang et al. use): every other head's output stays at its clean
@@ -1009,6 +1017,7 @@ def study(
     chosen = list(dict.fromkeys(top + keys))
     means = step_means(adapter, task)
     rand_sets = [random_heads(adapter, k, seed, chosen) for seed in range(draws)]
+    second: dict[str, Any] | None = None
     with progress_stage(f"knock-outs: top {k} and {draws} random sets"):
         top_scores, *rand_scores = knockouts(adapter, tested_on, [top, *rand_sets], means)
     randoms_detail = [s.rate(tested_on) for s in rand_scores]
@@ -1080,7 +1089,11 @@ def study(
         "warnings": warnings,
     }
     if second_kind is not None:
-        second = ranked(adapter, chosen_on, lm.tokenizer, path, metric, k, second_kind)
+        try:
+            second = ranked(adapter, chosen_on, lm.tokenizer, path, metric, k, second_kind)
+        except Af1Error as exc:  # e.g. no other operand value keeps a problem's token layout: said, not fatal
+            result["second_counterfactual"] = {"counterfactual_kind": second_kind, "error": str(exc)}
+    if second_kind is not None and second is not None:
         second_rows = second["pp"]["counterfactual_rows"]
         result["second_counterfactual"] = {
             "counterfactual": second["counterfactual"],

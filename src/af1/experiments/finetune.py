@@ -141,7 +141,8 @@ class Finetune(base.Experiment):
             f"<p>{len(result.heads)} heads; {result.gqa}. {result.n_train} training problems, {result.n_val} "
             f"validation problems (each variant's learning rate), {result.n_eval} held-out (constant guess "
             f"{result.arithmetic_baseline}); every answer token trained and scored; text measure on "
-            f"{result.text_corpus}. Mean ± std over seeds.</p>",
+            f"{result.text_corpus}. Mean ± std over seeds (random heads: over "
+            f"{result.random_heads.get('draws', 1)} seeded draws of heads, none of the chosen ones).</p>",
             table_html(
                 ["variant", "lr", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters"],
                 [row(result.data(), v) for v in VARIANTS],

@@ -270,7 +270,11 @@ class Heads(base.Experiment):
             ),
         ]
         second = result.second_counterfactual
-        if second:
+        if second and "error" in second:
+            parts.append(
+                f"<p>No second counterfactual ({second['counterfactual_kind']}): {html.escape(second['error'])}</p>"
+            )
+        elif second:
             parts.append(
                 f"<p>Top heads by each counterfactual, on the same {split.get('n_selection')} selection problems "
                 f"(the second: path patching only). The key heads, knock-outs"
@@ -373,7 +377,7 @@ class Heads(base.Experiment):
             "heads chosen on / tested on", f"{split.get('n_selection')} / {split.get('n_confirmation')} solved problems"
         )
         table.add_row("top heads", " ".join(f"{h[0]}.{h[1]}" for h in result.top_heads))
-        if result.second_counterfactual:
+        if result.second_counterfactual and "top_heads" in result.second_counterfactual:
             second = result.second_counterfactual
             table.add_row(
                 f"top heads with the {second['counterfactual_kind']} counterfactual (path patching only)",
