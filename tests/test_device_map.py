@@ -100,7 +100,7 @@ def test_every_intervention_matches_the_whole_model(pair, tokenizer):
     for path in heads.PATHS:
         a, b = heads.path_patching(whole.adapter, task, cf, path), heads.path_patching(placed.adapter, task, cf, path)
         assert a.keys() == b.keys() and all(
-            a[k] == b[k] if isinstance(a[k], str | float) else torch.equal(a[k], b[k]) for k in a
+            a[k] == b[k] if isinstance(a[k], str | float | dict) else torch.equal(a[k], b[k]) for k in a
         )
     lens, whole_lens = heads.mlp_logit_lens(placed.adapter, task), heads.mlp_logit_lens(whole.adapter, task)
     assert lens is not None and whole_lens is not None and torch.equal(lens, whole_lens)

@@ -111,6 +111,26 @@ def brute_force_correct_logits(adapter, task, cf, path, sender):
     return logits.gather(1, task.answer_ids_P[:, None])[:, 0]
 
 
+def brute_force_effect(adapter, task, cf, path, sender, scoring="full"):
+    """The sender's mean relative change of the correct logit by full forwards: per answer step (the counterfactual
+    prompt followed by the same clean answer tokens), per problem the mean over its steps, then over problems."""
+    from af1.context import forward_last
+
+    total = torch.zeros(len(task))
+    count = torch.zeros(len(task))
+    for step in task.steps():
+        if scoring == "first" and step.step:
+            continue
+        rows = step.where_P
+        T = task.n_positions
+        step_cf = heads.Counterfactual(torch.cat([cf.input_ids_PT[rows], step.input_ids_PT[:, T:]], 1), "", [])
+        clean = forward_last(adapter.model, step.input_ids_PT).gather(1, step.answer_ids_P[:, None])[:, 0]
+        patched = brute_force_correct_logits(adapter, step, step_cf, path, sender)
+        total[rows] += (patched - clean) / clean.abs().clamp(min=1e-6)
+        count[rows] += 1
+    return float((total / count).mean())
+
+
 @pytest.mark.parametrize(
     ("family", "path"),
     [
@@ -125,22 +145,21 @@ def brute_force_correct_logits(adapter, task, cf, path, sender):
     ],
 )
 def test_each_path_equals_its_definition_by_full_forwards(family, path, task):
-    from af1.context import forward_last
-
     adapter = ModelAdapter(tiny_model(family))
     cf = heads.Counterfactual(task.input_ids_PT.flip(0), "", [])
-    pp = heads.path_patching(adapter, task, cf, path, batch_size=5)  # batches of 5, 5 and 2 problems
-    clean = forward_last(adapter.model, task.input_ids_PT).gather(1, task.answer_ids_P[:, None])[:, 0]
-    senders = [(0, 1), (1, 3), (adapter.n_layers - 1, 0), (0, "mlp"), (1, "mlp")]
-    for layer, which in senders:
-        patched = brute_force_correct_logits(adapter, task, cf, path, (layer, which))
-        expected = ((patched - clean) / clean.abs().clamp(min=1e-6)).mean()
-        got = (
-            pp["relative_logit_change_mlp_layer"][layer]
-            if which == "mlp"
-            else pp["relative_logit_change_layer_head"][layer, which]
-        )
-        assert float(got) == pytest.approx(float(expected), rel=1e-3, abs=1e-5), (layer, which)
+    assert task.n_steps() == 2  # answers of one and of two tokens: every step scored, each problem once
+    for scoring in ("full", "first"):
+        pp = heads.path_patching(adapter, task, cf, path, batch_size=5, scoring=scoring)  # batches of 5, 5 and 2
+        assert pp["scoring"] == scoring and set(pp["answer_steps_n"]) == ({"0", "1"} if scoring == "full" else {"0"})
+        senders = [(0, 1), (1, 3), (adapter.n_layers - 1, 0), (0, "mlp"), (1, "mlp")]
+        for layer, which in senders[: 5 if scoring == "full" else 2]:
+            expected = brute_force_effect(adapter, task, cf, path, (layer, which), scoring)
+            got = (
+                pp["relative_logit_change_mlp_layer"][layer]
+                if which == "mlp"
+                else pp["relative_logit_change_layer_head"][layer, which]
+            )
+            assert float(got) == pytest.approx(expected, rel=1e-3, abs=1e-5), (scoring, layer, which)
 
 
 def test_gptj_has_no_total_path(task):
@@ -177,10 +196,14 @@ def test_one_head_that_writes_has_the_only_effect_and_the_same_under_every_path(
 
 
 def test_knockout_and_key_heads(task):
+    from af1.interventions.heads import head_sums
+
     adapter = ModelAdapter(tiny_model("llama"))
-    means = heads.head_means(adapter, task)
-    base = heads.knockout_correct(adapter, task, [], means)  # nothing ablated: the plain model's first tokens
-    assert base == (last_logits(adapter.model, task.input_ids_PT).argmax(-1) == task.answer_ids_P).tolist()
+    (base,) = heads.knocked_step(adapter, task, [[]], head_sums(adapter, task))  # nothing ablated: the plain model
+    assert (
+        base.correct_P.tolist()
+        == (last_logits(adapter.model, task.input_ids_PT).argmax(-1) == task.answer_ids_P).tolist()
+    )
     effect = torch.tensor([[0.0, -0.2, -0.01, -0.06], [0.1, -0.5, 0.0, 0.0]])
     assert heads.key_heads(effect) == [(1, 1), (0, 1), (0, 3)]
     assert heads.overlap([(1, 1), (0, 1)], [(0, 1), (2, 2)]) == {"jaccard": 1 / 3, "top_k_overlap": 0.5, "k": 2}
@@ -338,7 +361,7 @@ def test_knockout_scores_every_answer_token_and_nothing_ablated_is_the_plain_mod
     two_steps = build_task(TaskSpec(operation="a+b", n=16, seed=3, answer_digits="any"), tokenizer)
     assert two_steps.n_steps() == 2
     means = heads.step_means(adapter, two_steps)
-    assert [m[0].shape[0] for m in means.values()] == [two_steps.n_positions, two_steps.n_positions + 1]
+    assert [m.sums[0].shape[0] for m in means.values()] == [two_steps.n_positions, two_steps.n_positions + 1]
     plain = evaluate(adapter.model, two_steps)
     nothing = heads.knockout_scores(adapter, two_steps, [], means)
     assert torch.equal(nothing.correct_P, plain.correct_P) and nothing.predicted_PA == plain.predicted_PA
@@ -414,7 +437,11 @@ def test_compare_chooses_each_learning_rate_on_validation_and_runs_every_seed(to
     for name in ("precise", "random_heads", "full"):
         r = result[name]
         assert r["lr"] in (1e-4, 1e-2) and set(r["validation_by_lr"]) == {"0.0001", "0.01"}
-        assert [run["seed"] for run in r["runs"]] == [0, 1] and "arithmetic_accuracy_std" in r
+        seeds = [0, 1, 0] if name == "random_heads" else [0, 1]  # random heads: 3 draws, each with one seed in turn
+        assert [run["seed"] for run in r["runs"]] == seeds and "arithmetic_accuracy_std" in r
+    draws = [run["heads"] for run in result["random_heads"]["runs"]]
+    assert len({tuple(map(tuple, h)) for h in draws}) == 3  # three different seeded sets
+    assert all(len(h) == 2 and not {tuple(x) for x in h} & {(0, 1), (1, 2)} for h in draws)  # none of the chosen
     assert result["n_val"] == 8 and result["base"]["arithmetic_accuracy_ci"]
     assert all(torch.equal(v, before[k]) for k, v in adapter.model.state_dict().items())  # the base restored
     with pytest.raises(Af1Error, match="also evaluation problems"):
@@ -449,3 +476,137 @@ def test_a_learning_rate_that_diverges_is_not_chosen(tokenizer, monkeypatch):
     text = torch.randint(0, 1000, (1, 16))
     result = finetune.compare(adapter, train_t, val_t, eval_t, text, [(0, 1)], config, (1e-4, 1.0), (0,))
     assert result["full"]["lr"] == 1e-4 and result["full"]["validation_by_lr"]["1.0"]["diverged"]
+
+
+def two_step_heads_model(task):
+    """A tiny llama in which only head (0, 1) and head (1, 2) write, each into its own dimensions of the residual
+    stream (0-31 and 32-47; the token embeddings live in 48-63), and no MLP does; the first answer token's
+    unembedding row reads only head (0, 1)'s dimensions and every later answer token's row only head (1, 2)'s. So
+    the first token is carried by one head, the second by the other (the final norm's shared scale aside)."""
+    model = tiny_model("llama")
+    d = model.config.head_dim
+    first = sorted({a[0] for a in task.answer_tokens})
+    later = sorted({t for a in task.answer_tokens for t in a[1:]})
+    assert not set(first) & set(later)
+    with torch.no_grad():
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.clone(), requires_grad=False)
+        model.model.embed_tokens.weight[:, :48] = 0
+        for i, layer in enumerate(model.model.layers):
+            layer.mlp.down_proj.weight.zero_()
+            W = layer.self_attn.o_proj.weight
+            keep = W.clone()
+            W.zero_()
+            if i == 0:
+                W[:32, d : 2 * d] = keep[:32, d : 2 * d]
+            if i == 1:
+                W[32:48, 2 * d : 3 * d] = keep[32:48, 2 * d : 3 * d]
+        U = model.lm_head.weight
+        U[first, 32:] = 0
+        U[later, :32] = 0
+        U[later, 48:] = 0
+    return model, first, later
+
+
+def test_the_full_answer_ranking_finds_the_head_of_each_answer_token_and_the_first_token_one_misses_the_second(
+    tokenizer,
+):
+    everything = build_task(TaskSpec(operation="a+b", n=100, seed=0, answer_digits="any"), tokenizer)
+    rows = [i for i, p in enumerate(everything.problems) if int(p.answer) >= 10 and int(p.answer) != 11][:12]
+    task = everything.subset(rows)  # answers 1x, x != 1: the first token always "1", the second never
+    assert all(len(a) == 2 for a in task.answer_tokens)
+    model, first, later = two_step_heads_model(task)
+    adapter = ModelAdapter(model)
+    cf = heads.counterfactual(task, tokenizer, "b")
+
+    def effects():
+        return {s: heads.path_patching(adapter, task, cf, "direct", scoring=s) for s in ("full", "first")}
+
+    pp = effects()
+    step0 = pp["first"]["relative_logit_change_layer_head"]
+    step1 = 2 * pp["full"]["relative_logit_change_layer_head"] - step0  # full: each problem's mean of two steps
+    with torch.no_grad():  # orient each head to support its token (a negative effect), without moving anything else
+        if float(step0[0, 1]) > 0:
+            model.lm_head.weight[first] *= -1
+        if float(step1[1, 2]) > 0:
+            model.lm_head.weight[later] *= -1
+    pp = effects()
+    full, only_first = (pp[s]["relative_logit_change_layer_head"] for s in ("full", "first"))
+    others = full.clone()
+    others[0, 1] = others[1, 2] = 0
+    assert float(others.abs().max()) < 1e-6  # no other head writes
+    # the first token reads the second token's head only through the final norm's scale (measured: 0.0035 vs 0.17)
+    assert float(only_first[1, 2].abs()) < 0.1 * float(full[1, 2].abs())
+    assert set(heads.top_heads(full, 2)) == {(0, 1), (1, 2)}
+    assert set(heads.key_heads(full)) == {(0, 1), (1, 2)}
+    assert heads.key_heads(only_first) == [(0, 1)]  # the first-token ranking misses the second token's head
+    assert pp["full"]["answer_steps_n"] == {"0": 12, "1": 12} and pp["first"]["answer_steps_n"] == {"0": 12}
+
+
+def test_knock_outs_leave_each_problems_own_state_out_of_its_mean(tokenizer):
+    """A knock-out with leave-one-out head means equals, problem by problem, a knock-out to the mean over the other
+    problems alone; several head sets in one forward equal each set alone."""
+    from af1.interventions.heads import HeadSums, head_sums
+
+    adapter = ModelAdapter(tiny_model("llama"))
+    task = build_task(TaskSpec(operation="a+b", shots=2, n=6, seed=2, scoring="first"), tokenizer)
+    knocked = [(0, 1), (1, 2), (2, 3)]
+    sums = head_sums(adapter, task)
+    loo, nothing, one = heads.knocked_step(adapter, task, [knocked, [], [(1, 0)]], sums, batch_size=4)
+    assert (
+        nothing.correct_P.tolist()
+        == (last_logits(adapter.model, task.input_ids_PT).argmax(-1) == task.answer_ids_P).tolist()
+    )
+    (alone,) = heads.knocked_step(adapter, task, [[(1, 0)]], sums)
+    assert torch.allclose(one.p_correct_P, alone.p_correct_P, atol=1e-6)
+    for i in range(len(task)):
+        others = head_sums(adapter, task.subset([j for j in range(len(task)) if j != i]))
+        (brute,) = heads.knocked_step(adapter, task.subset([i]), [knocked], others)
+        assert float(brute.p_correct_P[0]) == pytest.approx(float(loo.p_correct_P[i]), rel=2e-5, abs=0)
+    with_self = HeadSums(sums.sums, sums.n, frozenset())  # the old mean, each problem inside its own
+    (old,) = heads.knocked_step(adapter, task, [knocked], with_self)
+    assert float(((old.p_correct_P - loo.p_correct_P) / loo.p_correct_P).abs().max()) > 1e-3  # it matters
+
+
+def test_an_operand_counterfactual_is_drawn_per_problem_and_keeps_the_layout(tokenizer):
+    task = build_task(TaskSpec(operation="a+b", style="calculate", digits=2, shots=2, n=10, seed=3), tokenizer)
+    cf = heads.counterfactual(task, tokenizer, "b")
+    assert cf.kind == "B" and cf.input_ids_PT.shape == task.input_ids_PT.shape
+    assert all(task.layout[t] == "B" for t in cf.operator_positions)
+    for i, (p, value) in enumerate(zip(task.problems, cf.replacements, strict=True)):
+        assert value != str(p.operands[1]) and len(value) == 2
+        text = p.text[: len(p.text) - len(p.prompt)] + p.prompt.replace(str(p.operands[1]), value, 1)
+        if p.operands[0] != p.operands[1]:  # the replaced one is the second operand
+            assert tokenizer(text)["input_ids"] == cf.input_ids_PT[i].tolist()
+    again = heads.counterfactual(task.subset([3, 7]), tokenizer, "b")  # drawn per problem: the same in any sample
+    assert again.replacements == [cf.replacements[3], cf.replacements[7]]
+    assert cf.rows()[0] == {"counterfactual_input_ids": cf.input_ids_PT[0].tolist(), "replacement": cf.replacements[0]}
+    with pytest.raises(Af1Error, match="operator or one of a, b"):
+        heads.counterfactual(task, tokenizer, "z")
+
+
+def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokenizer):
+    """On a tiny model told it solved every problem: heads come from path patching on the selection half alone,
+    knock-outs and attention are measured on the confirmation half, random sets avoid the chosen heads, and every
+    patched problem's counterfactual is recorded."""
+    from types import SimpleNamespace
+
+    from af1.evaluation import Evaluated, Scores
+
+    model = tiny_model("llama")
+    spec = TaskSpec(operation="a+b", shots=2, n=10, seed=1, answer_digits="any")
+    task = build_task(spec, tokenizer)
+    everything = Scores([[0]] * len(task), torch.ones(len(task)), torch.ones(len(task), dtype=torch.bool))
+    lm = SimpleNamespace(adapter=ModelAdapter(model), model=model, tokenizer=tokenizer, info={})
+    done = Evaluated(task, everything, id(model))
+    result = heads.study(lm, spec, k=3, draws=2, done=done, path="direct", kind="b", split=(0.5, 4))
+    from af1.stats import split_indices
+
+    sel, conf = split_indices(len(task), 0.5, 4)
+    assert result["split"]["n_selection"] == len(sel) and result["knockout"]["n"] == len(conf)
+    alone = heads.ranked(lm.adapter, task.subset(sel), tokenizer, "direct", "relative", 3, "b")
+    assert result["top_heads"] == [list(h) for h in alone["top_heads"]]
+    chosen = {tuple(h) for h in result["top_heads"] + result["key_heads"]}
+    assert all(not chosen & {tuple(h) for h in heads_} for heads_ in result["knockout"]["random_heads"])
+    rows = result["counterfactual_problems"]
+    assert [r["solved_index"] for r in rows] == sel and all(len(r["replacement"]) == 1 for r in rows)
+    assert result["path_patching_scoring"]["scoring"] == "full" and result["answer_steps_n"]["1"] > 0

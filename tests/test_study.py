@@ -381,6 +381,10 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     assert heads["placement"] and {p["stage"] for p in heads["placement"]} <= {"wait", "transfer", "compute"}
     assert heads["path"] == "wang" and len(heads["knockout"]["accuracy_random_k"]) == 10
     search = results[f"{analysed}/a+b.original.1d.1shot.n30/search"]
+    # heads chosen on the search's selection half, knocked out on its confirmation half
+    assert heads["split"]["from"] == "the search's split"
+    assert heads["split"]["n_selection"] == search["n_selection"]
+    assert heads["knockout"]["n"] == heads["split"]["n_confirmation"] == search["n_confirmation"]
     if search["transfer"] > 0:  # the key heads against AF1, on the search's confirmation split
         rows = {r["variant"]: r for r in heads["af1_consistency"]["rows"]}
         assert rows["all heads peek"]["faithfulness"] == search["faithfulness"]

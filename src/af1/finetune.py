@@ -189,10 +189,14 @@ def compare(
     lrs: tuple[float, ...] = (1e-5, 1e-4, 1e-3),
     seeds: tuple[int, ...] = (0, 1, 2),
     out_dir: Path | None = None,
+    random_draws: int = 3,
 ) -> dict[str, Any]:
     """Precise vs random heads vs full fine-tuning from the same base weights: each variant's learning rate chosen
     on the validation problems, then one run per seed; full-answer accuracy on held-out problems and the text
-    measures, mean and spread over seeds. The three problem sets are disjoint."""
+    measures, mean and spread over seeds. Random heads: `random_draws` seeded sets of as many heads, none of the
+    chosen ones, the learning rate chosen on the first, draw i run with seed i (cycling through the seeds): mean and
+    spread over draws, at the cost of as many runs as seeds when draws = seeds. The three problem sets are
+    disjoint."""
     from af1.evaluation import evaluate
     from af1.stats import mean_std
 
@@ -220,14 +224,20 @@ def compare(
         "base": measure(),
     }
     pool = [(layer, h) for layer in range(adapter.n_layers) for h in range(adapter.n_heads) if (layer, h) not in heads]
-    random_set = random.Random(config.seed).sample(pool, len(heads))
-    result["random_heads"] = [list(h) for h in random_set]
-    variants = {"precise": head_slices(adapter, heads), "random_heads": head_slices(adapter, random_set), "full": None}
+    if len(heads) > len(pool):
+        raise Af1Error(f"{len(heads)} random heads cannot be drawn from the {len(pool)} heads not chosen")
+    random_sets = [random.Random(config.seed + d).sample(pool, len(heads)) for d in range(random_draws)]
+    variants: dict[str, list[dict[str, torch.Tensor] | None]] = {
+        "precise": [head_slices(adapter, heads)],
+        "random_heads": [head_slices(adapter, h) for h in random_sets],
+        "full": [None],
+    }
     from af1.progress import stage
 
-    for name, masks in variants.items():
+    for name, draws in variants.items():
+        masks = draws[0]
         grid = {}
-        for lr in lrs:  # chosen on the validation problems, with the first seed
+        for lr in lrs:  # chosen on the validation problems, with the first seed (random heads: the first draw)
             adapter.model.load_state_dict(base_state)
             with stage(f"finetune {name}: lr {lr} on the validation problems"):
                 train(adapter, train_task, config.model_copy(update={"lr": lr, "seed": seeds[0]}), masks)
@@ -242,12 +252,18 @@ def compare(
             raise Af1Error(f"fine-tuning ({name}) diverged at every learning rate of {list(lrs)}: try smaller ones")
         best = max(usable, key=lambda lr: (grid[str(lr)]["accuracy"], grid[str(lr)]["mean_p_correct"], -lr))
         runs = []
-        for seed in seeds:
+        # one run per seed; random heads: one run per draw, draw i with seed i (cycling)
+        plan = [(masks, seed, None) for seed in seeds] if name != "random_heads" else []
+        plan += [(m, seeds[d % len(seeds)], d) for d, m in enumerate(draws) if name == "random_heads"]
+        for masks, seed, draw in plan:
             adapter.model.load_state_dict(base_state)
-            with stage(f"finetune {name}: lr {best}, seed {seed}"):
+            with stage(f"finetune {name}: lr {best}, seed {seed}" + (f", draw {draw}" if draw is not None else "")):
                 trained = train(adapter, train_task, config.model_copy(update={"lr": best, "seed": seed}), masks)
             check_frozen(adapter, base_state, masks)
-            runs.append({"seed": seed, **measure(), "loss_first": trained.losses[0], "loss_last": trained.losses[-1]})
+            drawn = {} if draw is None else {"draw": draw, "heads": [list(h) for h in random_sets[draw]]}
+            runs.append(
+                {"seed": seed, **drawn, **measure(), "loss_first": trained.losses[0], "loss_last": trained.losses[-1]}
+            )
             if name == "precise" and out_dir is not None and seed == seeds[0] and masks is not None:
                 save_slices(adapter, masks, out_dir / "precise_heads.safetensors", {"heads": result["heads"]})
         summary = {
@@ -265,5 +281,12 @@ def compare(
         }
         if name == "full":
             result[name]["note"] = "full fine-tuning also updates the (tied) embedding"
+        if name == "random_heads":
+            result[name]["draws"] = len(random_sets)
+            result[name]["note"] = (
+                f"{len(random_sets)} seeded draws of {len(heads)} heads from the {len(pool)} not chosen; learning "
+                "rate chosen on the first draw; mean ± std over draws (each with one seed: the spread is over "
+                "both the heads and the seed)"
+            )
     adapter.model.load_state_dict(base_state)
     return result

@@ -1,7 +1,15 @@
 """Arithmetic heads (SPEC.md §2, Zhang et al. 2024): path patching, key heads, knockout, overlap.
 
 Each sender (a head or an MLP) has its output at the last position taken from the counterfactual
-run (the operator replaced by a null word or symbol); the receiver is the last position's logits.
+run (the operator replaced by a null word or symbol, or an operand by another value drawn per problem);
+the receiver is the last position's logits. Every teacher-forced answer step is scored, as AF1 scores
+(`SCORED`): at step k the clean run reads the prompt and the first k answer tokens, the counterfactual run
+the counterfactual prompt and the same k tokens; per problem the SPEC's effect (the relative change of the
+correct token's logit, and the change of the logit difference) is averaged over its steps, then over
+problems, so that each problem counts once and the threshold of -5 % keeps its meaning per token. (The
+change of the whole answer's log-probability would need the full softmax of every patched row; the
+relative logit change is what Zhang et al. threshold.) First-token scoring is the task's `--scoring first`,
+reported with its first-token constant guess.
 Three definitions of what else changes (`PATHS`):
 
 - wang (Wang et al. 2023, which Zhang et al. use): every other head's output stays at its clean
@@ -17,10 +25,11 @@ Three definitions of what else changes (`PATHS`):
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,7 +38,7 @@ from af1.context import forward_last, suffix_start
 from af1.errors import Af1Error
 from af1.evaluation import Evaluated, Scores, batches, evaluated, require_solved, solved
 from af1.interventions.attention import LayerPlan, attention_plans
-from af1.interventions.heads import head_means, replace_heads
+from af1.interventions.heads import HeadSums, head_sums, replace_heads
 from af1.interventions.sites import (
     FINAL,
     Site,
@@ -43,7 +52,8 @@ from af1.interventions.sites import (
 )
 from af1.models.adapter import ModelAdapter, execution_device, weight_of
 from af1.progress import progress
-from af1.stats import constant_baseline
+from af1.progress import stage as progress_stage
+from af1.stats import baseline_warning, constant_baseline, split_indices
 from af1.tasks import NAMES, OPERATIONS, Task, _template
 
 NOT_OPERANDS = ("context", "const", "bos")  # roles that are not an operand (or a task file's slot)
@@ -64,18 +74,44 @@ NULL_WORDS = ("nothing", "thing", "stuff", "none", "null", "blank")
 
 @dataclass
 class Counterfactual:
+    """One counterfactual prompt per problem (same length and positions as its clean prompt), what was put in:
+    `replacement` says it in one line, `replacements` per problem (drawn per problem for an operand or a slot), and
+    the positions that change in some problem."""
+
     input_ids_PT: torch.Tensor
     replacement: str
-    operator_positions: list[int]
+    operator_positions: list[int]  # the changed positions (an operand's or a slot's, for those counterfactuals)
+    replacements: list[str] = field(default_factory=list)
+    kind: str = "operator"  # operator, an operand's name (A, B, ...) or, for a task file, "slot <name>"
+
+    def at_step(self, step: Task) -> Counterfactual:
+        """The counterfactual of an answer step (`Task.steps()`): each of its rows' counterfactual prompt followed by
+        the same teacher-forced answer tokens as the clean row."""
+        rows = step.index_P if step.index_P is not None else torch.arange(len(step))
+        T = self.input_ids_PT.shape[1]
+        ids = torch.cat([self.input_ids_PT[rows], step.input_ids_PT[:, T:]], 1)
+        drawn = [self.replacements[i] for i in rows.tolist()] if self.replacements else []
+        return dataclasses.replace(self, input_ids_PT=ids, replacements=drawn)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Per problem: the counterfactual's token ids and what was put in (enough to rerun it)."""
+        drawn = self.replacements or [self.replacement] * len(self.input_ids_PT)
+        return [
+            {"counterfactual_input_ids": ids, "replacement": r}
+            for ids, r in zip(self.input_ids_PT.tolist(), drawn, strict=True)
+        ]
 
 
-def _operator_spans(prompt: str, style: str, operation: str, operands: tuple[int, ...]) -> list[tuple[int, int]]:
-    """Character spans of the operator text inside the problem's own prompt (not the few-shot prefix)."""
+def _spans(
+    prompt: str, style: str, operation: str, operands: tuple[int, ...], operand: str | None
+) -> list[tuple[int, int]]:
+    """Character spans inside the problem's own prompt (not the few-shot prefix) of the operator text, or with
+    `operand` of that operand's digits."""
     op = OPERATIONS[operation]
     template = _template(op, style)
     spans, rendered = [], ""
     for literal, name, _, _ in string.Formatter().parse(template):
-        for o in set(op.operators):
+        for o in set(op.operators) if operand is None else ():
             word = OPERATOR_TEXT[style][o]
             start = 0
             while (k := literal.find(word, start)) >= 0:
@@ -83,8 +119,39 @@ def _operator_spans(prompt: str, style: str, operation: str, operands: tuple[int
                 start = k + len(word)
         rendered += literal
         if name:
-            rendered += str(operands[NAMES.index(name)])
+            value = str(operands[NAMES.index(name)])
+            if name == operand:
+                spans.append((len(rendered), len(rendered) + len(value)))
+            rendered += value
     return spans
+
+
+def _operator_spans(prompt: str, style: str, operation: str, operands: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Character spans of the operator text inside the problem's own prompt (not the few-shot prefix)."""
+    return _spans(prompt, style, operation, operands, None)
+
+
+def _draw(
+    task: Task, tokenizer: Any, i: int, spans: list[tuple[int, int]], candidates: list[str], role: str
+) -> tuple[list[int], str, list[int]] | None:
+    """The first candidate (in a seeded order per problem: the task's seed and the prompt) that, put in every span,
+    keeps the token layout and changes nothing but the `role` positions: (ids, value, changed positions)."""
+    p = task.problems[i]
+    candidates = list(candidates)
+    random.Random(f"{task.spec.seed}:{p.prompt}").shuffle(candidates)
+    offset = len(p.text) - len(p.prompt)
+    bos = [task.bos[0]] if task.bos is not None else []  # the prompts run with the BOS af1 prepended: so do these
+    for value in candidates:
+        text = p.text
+        for a, b in sorted(spans, reverse=True):  # right to left
+            text = text[: offset + a] + value + text[offset + b :]
+        ids = bos + tokenizer(text)["input_ids"]
+        if len(ids) != task.n_positions:
+            continue
+        changed = (torch.tensor(ids) != task.input_ids_PT[i]).nonzero().flatten().tolist()
+        if all(task.layout[t] == role for t in changed):
+            return ids, value, changed
+    return None
 
 
 def slot_counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
@@ -103,45 +170,66 @@ def slot_counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
             f"task file {task.spec.file} names no counterfactual slot (counterfactual: {{slot: ..., null_value: ...}})"
         )
     values = sorted(set(slot_values(task.spec.file, described, named.slot)))
-    bos = [task.bos[0]] if task.bos is not None else []
-    rows, positions = [], set()
+    rows, drawn, positions = [], [], set()
     for i, p in enumerate(task.problems):
-        spans = sorted(((a, b) for n, a, b in p.spans if n == named.slot), reverse=True)  # right to left
+        spans = [(a, b) for n, a, b in p.spans if n == named.slot]
         if not spans:
             raise Af1Error(f"problem {p.prompt!r} has no slot '{named.slot}'")
         own = p.prompt[spans[0][0] : spans[0][1]]
         taken = set(p.operands) if described.distinct else {own}  # a distinct task's other slots stay distinct
         candidates = [named.null_value] if named.null_value is not None else [v for v in values if v not in taken]
-        random.Random(f"{task.spec.seed}:{p.prompt}").shuffle(candidates)
-        offset = len(p.text) - len(p.prompt)
-        found, changed = None, []
-        for value in candidates:
-            text = p.text
-            for a, b in spans:
-                text = text[: offset + a] + value + text[offset + b :]
-            ids = bos + tokenizer(text)["input_ids"]
-            if len(ids) != task.n_positions:
-                continue
-            changed = (torch.tensor(ids) != task.input_ids_PT[i]).nonzero().flatten().tolist()
-            if all(task.layout[t] == named.slot for t in changed):  # nothing but the slot's tokens moved
-                found = ids
-                break
+        found = _draw(task, tokenizer, i, spans, candidates, named.slot)
         if found is None:
             raise Af1Error(
                 f"no value of slot '{named.slot}' keeps the token layout of {p.prompt!r} "
                 + ("(its null value has another token length)" if named.null_value is not None else "")
             )
-        rows.append(found)
-        positions |= set(changed)
+        rows.append(found[0])
+        drawn.append(found[1])
+        positions |= set(found[2])
     replacement = named.null_value if named.null_value is not None else f"another value of {named.slot}"
-    return Counterfactual(torch.tensor(rows), replacement, sorted(positions))
+    return Counterfactual(torch.tensor(rows), replacement, sorted(positions), drawn, f"slot {named.slot}")
 
 
-def counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
-    """The task's prompts with the operator replaced by a null symbol or word that keeps the token layout (for a
-    task file: its named slot replaced, `slot_counterfactual`)."""
+def operand_counterfactual(task: Task, tokenizer: Any, operand: str) -> Counterfactual:
+    """A built-in task's prompts with one operand replaced by another value of its range with the same digits that
+    keeps the token layout (only that operand's tokens change), drawn per problem like a task file's slot."""
+    spec = task.spec
+    if operand not in NAMES[: OPERATIONS[spec.operation].n_operands]:
+        names = ", ".join(n.lower() for n in NAMES[: OPERATIONS[spec.operation].n_operands])
+        raise Af1Error(f"unknown counterfactual '{operand.lower()}' for {spec.operation}: operator or one of {names}")
+    rows, drawn, positions = [], [], set()
+    for i, p in enumerate(task.problems):
+        own = str(p.operands[NAMES.index(operand)])
+        spans = _spans(p.prompt, spec.style, spec.operation, p.operands, operand)
+        candidates = [str(v) for v in spec.operand_range if str(v) != own and len(str(v)) == len(own)]
+        found = _draw(task, tokenizer, i, spans, candidates, operand)
+        if found is None:
+            raise Af1Error(f"no other value of operand {operand.lower()} keeps the token layout of {p.prompt!r}")
+        rows.append(found[0])
+        drawn.append(found[1])
+        positions |= set(found[2])
+    return Counterfactual(
+        torch.tensor(rows), f"another value of operand {operand.lower()}", sorted(positions), drawn, operand
+    )
+
+
+COUNTERFACTUALS = "operator, or an operand: a, b, ..."
+
+
+def counterfactual(task: Task, tokenizer: Any, kind: str | None = None) -> Counterfactual:
+    """The task's prompts with the operator replaced by a null symbol or word that keeps the token layout, or
+    (kind an operand's name) that operand replaced per problem (`operand_counterfactual`); a task file replaces
+    the slot it names (`slot_counterfactual`)."""
     if task.spec.file is not None:
+        if kind not in (None, "operator"):
+            raise Af1Error(
+                f"--counterfactual {kind} is for built-in tasks: a task file names its slot "
+                "(counterfactual: {slot: ...})"
+            )
         return slot_counterfactual(task, tokenizer)
+    if kind not in (None, "operator"):
+        return operand_counterfactual(task, tokenizer, kind.upper())
     style, operation = task.spec.style, task.spec.operation
     if style not in OPERATOR_TEXT:
         raise Af1Error(f"no counterfactual is defined for style '{style}'")
@@ -166,7 +254,7 @@ def counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
             cf = torch.tensor(rows)
             diff = (cf != task.input_ids_PT).any(0).nonzero().flatten().tolist()
             if diff == changed and len(diff) > 0:
-                return Counterfactual(cf, null, diff)
+                return Counterfactual(cf, null, diff, [null] * len(rows), "operator")
     raise Af1Error(f"no null replacement of the operator keeps the token layout of {operation} ({style})")
 
 
@@ -224,34 +312,83 @@ class AnswerRows:
 
 
 def _direct_effects(
-    adapter: ModelAdapter, final_BD: torch.Tensor, deltas_ZBD: torch.Tensor, answer: AnswerRows
+    adapter: ModelAdapter, final_BD: torch.Tensor, deltas_ZBD: torch.Tensor, answer: AnswerRows, weight_B: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """For N residual deltas, summed over problems: the relative change of the correct logit and the change of
+    """For N residual deltas, weighted sums over problems: the relative change of the correct logit and the change of
     (correct - top wrong). The clean reference goes through the same arithmetic, so a zero delta gives zero."""
     deltas_ZBD = deltas_ZBD.to(final_BD.device)
     both = torch.cat([torch.zeros_like(deltas_ZBD[:1]), deltas_ZBD])
-    return logit_changes(answer.logits(adapter, final_BD[None] + both))
+    return logit_changes(answer.logits(adapter, final_BD[None] + both), weight_B)
 
 
-def logit_changes(logits_ZBR: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row 0 the clean reference, rows 1.. patched ([Z, B, correct/wrong]): per patched row, summed over problems,
-    the relative change of the correct logit and the change of (correct - top wrong)."""
+def logit_changes(logits_ZBR: torch.Tensor, weight_B: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row 0 the clean reference, rows 1.. patched ([Z, B, correct/wrong]): per patched row, summed over problems
+    (each weighted, when weights are given), the relative change of the correct logit and the change of
+    (correct - top wrong)."""
     (c0, w0), (c1, w1) = logits_ZBR[0].unbind(-1), logits_ZBR[1:].unbind(-1)
-    rel = ((c1 - c0) / c0.abs().clamp(min=1e-6)).sum(-1)
-    return rel.cpu(), ((c1 - w1) - (c0 - w0)).sum(-1).cpu()
+    w = torch.ones_like(c0) if weight_B is None else weight_B.to(c0.device, c0.dtype)
+    rel = ((c1 - c0) / c0.abs().clamp(min=1e-6) * w).sum(-1)
+    return rel.cpu(), (((c1 - w1) - (c0 - w0)) * w).sum(-1).cpu()
 
 
-def _effects(
-    rel_LH: torch.Tensor, diff_LH: torch.Tensor, rel_L: torch.Tensor, diff_L: torch.Tensor, clean_diff: float, P: int
-) -> dict[str, Any]:
-    """Sums over problems as the per-problem means path patching reports."""
-    return {
-        "relative_logit_change_layer_head": rel_LH / P,
-        "logit_diff_change_layer_head": diff_LH / P,
-        "relative_logit_change_mlp_layer": rel_L / P,
-        "logit_diff_change_mlp_layer": diff_L / P,
-        "clean_logit_diff": clean_diff / P,
-    }
+@dataclass
+class EffectSums:
+    """Path-patching effects summed over weighted problem rows (of one or several answer steps)."""
+
+    rel_LH: torch.Tensor
+    diff_LH: torch.Tensor
+    rel_L: torch.Tensor
+    diff_L: torch.Tensor
+    clean_diff: float = 0.0
+
+    @classmethod
+    def zeros(cls, L: int, H: int) -> EffectSums:
+        return cls(torch.zeros(L, H), torch.zeros(L, H), torch.zeros(L), torch.zeros(L))
+
+    def add(self, other: EffectSums) -> EffectSums:
+        return EffectSums(
+            self.rel_LH + other.rel_LH,
+            self.diff_LH + other.diff_LH,
+            self.rel_L + other.rel_L,
+            self.diff_L + other.diff_L,
+            self.clean_diff + other.clean_diff,
+        )
+
+    def means(self, P: int) -> dict[str, Any]:
+        """Divided by the number of problems: the per-problem means path patching reports."""
+        return {
+            "relative_logit_change_layer_head": self.rel_LH / P,
+            "logit_diff_change_layer_head": self.diff_LH / P,
+            "relative_logit_change_mlp_layer": self.rel_L / P,
+            "logit_diff_change_mlp_layer": self.diff_L / P,
+            "clean_logit_diff": self.clean_diff / P,
+        }
+
+
+SCORED = {
+    "full": "every teacher-forced answer step: per problem the mean over its answer steps of the relative change of "
+    "the correct token's logit, (patched - clean) / |clean|, and of the change of (correct - clean top wrong), then "
+    "the mean over problems (each problem counts once); the counterfactual at step k is the counterfactual prompt "
+    "followed by the same k clean answer tokens",
+    "first": "the first answer token only: per problem the relative change of its logit, (patched - clean) / "
+    "|clean|, and the change of (correct - clean top wrong), then the mean over problems",
+}
+
+
+def scored_steps(task: Task, scoring: str | None = None) -> tuple[str, list[tuple[Task, torch.Tensor]]]:
+    """What path patching, attention shares and the logit lens score (the task's own scoring unless `scoring` says
+    first): the answer steps (`Task.steps()`), each with its rows' weights, 1 / (the problem's number of scored
+    steps), so that summed over steps and divided by the problems each problem counts once."""
+    first = scoring == "first" or task.spec.scoring == "first"
+    steps = [s for s in task.steps() if not first or not s.step]
+    count = torch.zeros(len(task))
+    for step in steps:
+        count[_rows(step)] += 1
+    return ("first" if first else "full"), [(step, 1 / count[_rows(step)]) for step in steps]
+
+
+def _rows(step: Task) -> torch.Tensor:
+    return step.index_P if step.index_P is not None else torch.arange(len(step))
 
 
 def head_deltas(adapter: ModelAdapter, layer: int, z_clean_BE: torch.Tensor, z_new_BE: torch.Tensor) -> torch.Tensor:
@@ -274,21 +411,37 @@ PATHS = ("wang", "direct", "total")
 
 
 def path_patching(
-    adapter: ModelAdapter, task: Task, cf: Counterfactual, path: str = "wang", batch_size: int = 32
+    adapter: ModelAdapter,
+    task: Task,
+    cf: Counterfactual,
+    path: str = "wang",
+    batch_size: int = 32,
+    scoring: str | None = None,
 ) -> dict[str, Any]:
-    """The effect of every head and MLP on the last-position logits, by one of `PATHS`: per sender the mean
+    """The effect of every head and MLP on the last-position logits, by one of `PATHS`, over every teacher-forced
+    answer step (first-token scoring: the first; `SCORED` says how they are averaged): per sender the mean
     relative change of the correct logit and the mean change of (correct - clean top wrong), with the clean
-    logit difference they are measured against."""
-    if path == "direct":
-        return {**direct_path_patching(adapter, task, cf, batch_size), "path": path}
+    logit difference they are measured against. `task` is of one token layout."""
     if path not in PATHS:
         raise Af1Error(f"unknown path '{path}': one of {', '.join(PATHS)}")
+    if path == "direct":
+        check_direct_paths(adapter)
     if path == "total" and not adapter.family.uses_attention_interface:
         raise Af1Error(
             f"--path total reads earlier keys/values through the attention interface, which the "
             f"{adapter.family.name} family does not use: try --path wang"
         )
-    return {**downstream_path_patching(adapter, task, cf, path == "total", batch_size), "path": path}
+    scored, steps = scored_steps(task, scoring)
+    total = EffectSums.zeros(adapter.n_layers, adapter.n_heads)
+    for step, weight in steps:
+        step_cf = cf.at_step(step)
+        if path == "direct":
+            sums = direct_path_patching(adapter, step, step_cf, batch_size, weight)
+        else:
+            sums = downstream_path_patching(adapter, step, step_cf, path == "total", batch_size, weight)
+        total = total.add(sums)
+    steps_n = {str(step.step or 0): len(step) for step, _ in steps}
+    return {**total.means(len(task)), "path": path, "scoring": scored, "answer_steps_n": steps_n}
 
 
 def _rows_of(adapter: ModelAdapter, value_ZBD: torch.Tensor, layer: int, dtype: torch.dtype) -> torch.Tensor:
@@ -309,17 +462,22 @@ def _patch_rows(rows: slice, new_BD: torch.Tensor):
 
 @torch.no_grad()
 def downstream_path_patching(
-    adapter: ModelAdapter, task: Task, cf: Counterfactual, recompute_attention: bool, batch_size: int = 32
-) -> dict[str, Any]:
+    adapter: ModelAdapter,
+    task: Task,
+    cf: Counterfactual,
+    recompute_attention: bool,
+    batch_size: int = 32,
+    weight_P: torch.Tensor | None = None,
+) -> EffectSums:
     """Wang's path patching (heads frozen, MLPs recompute) or, with recompute_attention, activation patching
-    at the last position. Per layer one last-token pass with rows [clean, H heads, the MLP] x problems."""
+    at the last position, on one answer step (its rows weighted by weight_P). Per layer one last-token pass with
+    rows [clean, H heads, the MLP] x problems."""
     from af1.fast import _last_token_inputs, capture_problem_kv
 
     L, H = adapter.n_layers, adapter.n_heads
-    rel_heads, diff_heads = torch.zeros(L, H), torch.zeros(L, H)
-    rel_mlp, diff_mlp = torch.zeros(L), torch.zeros(L)
-    clean_diff = 0.0
+    sums = EffectSums.zeros(L, H)
     P = len(task)
+    weight_P = torch.ones(P) if weight_P is None else weight_P
     Z = H + 2  # row groups: the clean reference, each head, the MLP
     path = "total (activation patching)" if recompute_attention else "wang"
     for sl in progress(list(batches(P, batch_size)), desc=f"path patching, {path}"):
@@ -362,103 +520,152 @@ def downstream_path_patching(
             with edit_outputs(adapter, edits), fixed_attention(adapter, fixed), attention_plans(adapter, plans):
                 h = adapter.run_layers(h, inputs, layer)
             logits = unembed.logits(adapter, h[:, -1].reshape(Z, B, -1))
-            rel, diff = logit_changes(logits)
-            rel_heads[layer] += rel[:H]
-            diff_heads[layer] += diff[:H]
-            rel_mlp[layer] += rel[H]
-            diff_mlp[layer] += diff[H]
+            w = weight_P[sl].to(logits.device)
+            rel, diff = logit_changes(logits, w)
+            sums.rel_LH[layer] += rel[:H]
+            sums.diff_LH[layer] += diff[:H]
+            sums.rel_L[layer] += rel[H]
+            sums.diff_L[layer] += diff[H]
             if layer == 0:  # the clean row is the same at every layer
-                clean_diff += float((logits[0, :, 0] - logits[0, :, 1]).sum())
-    return _effects(rel_heads, diff_heads, rel_mlp, diff_mlp, clean_diff, P)
+                sums.clean_diff += float(((logits[0, :, 0] - logits[0, :, 1]) * w).sum())
+    return sums
 
 
 @torch.no_grad()
-def direct_path_patching(adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_size: int = 32) -> dict[str, Any]:
-    """Direct-path effect of every head and MLP on the last-position logits of the correct answer.
-
-    Returns relative change of the correct logit [layer, head] / [layer] (mean over problems) and
-    the change of (correct - clean top wrong) logit difference.
-    """
+def direct_path_patching(
+    adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_size: int = 32, weight_P: torch.Tensor | None = None
+) -> EffectSums:
+    """Direct-path effect of every head and MLP on the last-position logits of the correct answer, on one answer
+    step (its rows weighted by weight_P): summed relative changes of the correct logit and changes of
+    (correct - clean top wrong)."""
     check_direct_paths(adapter)
     L, H = adapter.n_layers, adapter.n_heads
-    rel_heads, diff_heads = torch.zeros(L, H), torch.zeros(L, H)
-    rel_mlp, diff_mlp = torch.zeros(L), torch.zeros(L)
-    clean_diff = 0.0
+    sums = EffectSums.zeros(L, H)
     P = len(task)
+    weight_P = torch.ones(P) if weight_P is None else weight_P
     for sl in batches(P, batch_size):
         clean, base = run_last(adapter, task.input_ids_PT[sl], task.context_len)
         corrupt, _ = run_last(adapter, cf.input_ids_PT[sl], task.context_len)
         unembed = AnswerRows.of(adapter, base, task.answer_ids_P[sl].to(base.device))
+        w = weight_P[sl]
         c0, w0 = unembed.logits(adapter, clean[FINAL][None])[0].unbind(-1)
-        clean_diff += float((c0 - w0).sum())
+        sums.clean_diff += float(((c0 - w0) * w.to(c0.device)).sum())
         for layer in range(L):
             deltas = head_deltas(adapter, layer, clean[head_inputs(layer)], corrupt[head_inputs(layer)])
-            r, g = _direct_effects(adapter, clean[FINAL], deltas, unembed)
-            rel_heads[layer] += r
-            diff_heads[layer] += g
+            r, g = _direct_effects(adapter, clean[FINAL], deltas, unembed, w)
+            sums.rel_LH[layer] += r
+            sums.diff_LH[layer] += g
             dm = (corrupt[mlp_output(layer)] - clean[mlp_output(layer)])[None]
-            r, g = _direct_effects(adapter, clean[FINAL], dm, unembed)
-            rel_mlp[layer] += r[0]
-            diff_mlp[layer] += g[0]
-    return _effects(rel_heads, diff_heads, rel_mlp, diff_mlp, clean_diff, P)
+            r, g = _direct_effects(adapter, clean[FINAL], dm, unembed, w)
+            sums.rel_L[layer] += r[0]
+            sums.diff_L[layer] += g[0]
+    return sums
 
 
 # --- activation patching and mean ablation of heads ------------------------------------------------
 
 
 @torch.no_grad()
-def mean_ablated_logits(
+def knocked_step(
     adapter: ModelAdapter,
-    task: Task,
-    heads: list[tuple[int, int]],
-    means: dict[int, torch.Tensor],
+    step: Task,
+    head_sets: list[list[tuple[int, int]]],
+    sums: HeadSums,
     batch_size: int = 32,
-) -> torch.Tensor:
-    """Last-position logits [P, V] with the listed heads mean-ablated at every position (means [T, E] per layer).
-    At the shared context's positions a head's mean is its own output (the same in every problem): only the suffix
-    is rewritten, and it runs on the context's cache."""
-    d = adapter.head_dim
-    c = suffix_start(adapter.model, task.input_ids_PT, task.context_len)
-    by_layer: dict[int, list[int]] = {}
-    for layer, h in heads:
-        by_layer.setdefault(layer, []).append(h)
+) -> list[Scores]:
+    """One answer step's next-token scores with each set of heads mean-ablated at every position, a `Scores` per set.
+    The mean leaves the problem's own state out where the problem is inside it (`HeadSums.loo`: its clean,
+    unablated head input, recorded in one clean forward per batch for the knocked layers only). Several sets share
+    a forward (rows set x problem). At the shared context's positions a head's mean is its own output (the same in
+    every problem): only the suffix is rewritten, and it runs on the context's cache."""
+    c = suffix_start(adapter.model, step.input_ids_PT, step.context_len)
+    layers = sorted({layer for heads in head_sets for layer, _ in heads})
+    member_P = sums.member_B(step.input_ids_PT)
+    parts: list[list[Scores]] = [[] for _ in head_sets]
+    for sl in batches(len(step), batch_size):
+        ids = step.input_ids_PT[sl]
+        B = len(ids)
+        own: dict[Site, torch.Tensor] = {}
+        if layers:
+            with record(adapter, [head_inputs(layer) for layer in layers]) as own:
+                forward_last(adapter.model, ids, step.context_len)
+        loo = {layer: sums.loo(layer, c, own[head_inputs(layer)], member_P[sl]) for layer in layers}
+        for chunk in batches(len(head_sets), max(1, batch_size // B)):
+            sets = head_sets[chunk]
 
-    def ablate(layer: int, hs: list[int]):
-        cols = torch.cat([torch.arange(h * d, (h + 1) * d) for h in hs])
-
-        def fn(z: torch.Tensor) -> torch.Tensor:
-            z = z.clone()
-            z[..., cols] = means[layer][c:, cols].to(z.dtype).to(z.device)
-            return z
-
-        return fn
-
-    out = []
-    with replace_heads(adapter, {layer: ablate(layer, hs) for layer, hs in by_layer.items()}):
-        for sl in batches(len(task), batch_size):
-            out.append(forward_last(adapter.model, task.input_ids_PT[sl], task.context_len))
-    return torch.cat(out)
-
-
-def knockout_correct(
-    adapter: ModelAdapter, task: Task, heads: list[tuple[int, int]], means: dict[int, torch.Tensor]
-) -> list[bool]:
-    """Per problem: is the first answer token still predicted with the listed heads mean-ablated everywhere."""
-    return Scores.from_logits(mean_ablated_logits(adapter, task, heads, means), task.answer_ids_P).correct_P.tolist()
+            edits = {layer: _ablation(adapter, layer, sets, loo[layer]) for layer in layers}
+            knocked = {layer for heads in sets for layer, _ in heads}
+            with replace_heads(adapter, {layer: edit for layer, edit in edits.items() if layer in knocked}):
+                logits = forward_last(adapter.model, ids.repeat(len(sets), 1), step.context_len)
+            for s in range(len(sets)):
+                parts[chunk.start + s].append(Scores.from_logits(logits[s * B : (s + 1) * B], step.answer_ids_P[sl]))
+    return [_joined(p) for p in parts]
 
 
-def step_means(adapter: ModelAdapter, task: Task) -> dict[Any, dict[int, torch.Tensor]]:
-    """Head means per token layout and answer step (teacher forced) over all the task's problems, by `part_key`:
-    what knockout ablates to."""
-    return {step.part_key: head_means(adapter, step) for step in task.steps()}
+def _ablation(adapter: ModelAdapter, layer: int, sets: list[list[tuple[int, int]]], mean_BTE: torch.Tensor):
+    """The edit of a layer's head inputs for rows set x problem (row s*B + b: set s, problem b): each set's heads
+    of this layer take the problem's mean."""
+    d, B = adapter.head_dim, len(mean_BTE)
+    mask_SE = torch.zeros(len(sets), adapter.n_heads * d, dtype=torch.bool)
+    for s, heads in enumerate(sets):
+        for hl, h in heads:
+            if hl == layer:
+                mask_SE[s, h * d : (h + 1) * d] = True
+    mask_R1E = mask_SE.repeat_interleave(B, 0)[:, None]
+    mean_RTE = mean_BTE.repeat(len(sets), 1, 1)
+
+    def fn(z: torch.Tensor) -> torch.Tensor:
+        return torch.where(mask_R1E.to(z.device), mean_RTE.to(z.device, z.dtype), z)
+
+    return fn
+
+
+def _joined(parts: list[Scores]) -> Scores:
+    """Scores of consecutive batches of problems as one."""
+    predicted = [row for part in parts for row in part.predicted_PA]
+    return Scores(predicted, torch.cat([p.p_correct_P for p in parts]), torch.cat([p.correct_P for p in parts]))
+
+
+def _over_steps(task: Task, step_scores: list[Scores]) -> Scores:
+    """Per-problem scores over every step of `task.steps()` from each step's own (`Scores.from_steps` on scores)."""
+    P = len(task)
+    correct, p = torch.ones(P, dtype=torch.bool), torch.ones(P)
+    predicted: list[list[int]] = [[] for _ in range(P)]
+    for step, s in zip(task.steps(), step_scores, strict=True):
+        rows = _rows(step)
+        correct[rows] &= s.correct_P
+        p[rows] *= s.p_correct_P
+        for r, tokens in zip(rows.tolist(), s.predicted_PA, strict=True):
+            predicted[r].extend(tokens)
+    return Scores(predicted, p, correct)
+
+
+def step_means(adapter: ModelAdapter, task: Task) -> dict[Any, HeadSums]:
+    """Head sums per token layout and answer step (teacher forced) over all the task's problems, by `part_key`:
+    what knockout ablates to (leave-one-out for the problems among them)."""
+    return {step.part_key: head_sums(adapter, step) for step in task.steps()}
+
+
+def knockouts(
+    adapter: ModelAdapter, kept: Task, head_sets: list[list[tuple[int, int]]], means: dict[Any, HeadSums]
+) -> list[Scores]:
+    """Every answer step of the solved problems with each set of heads mean-ablated (leave-one-out means), a
+    `Scores` per set; the sets share forwards."""
+    per_step = [knocked_step(adapter, step, head_sets, means[step.part_key]) for step in kept.steps()]
+    return [_over_steps(kept, [scores[i] for scores in per_step]) for i in range(len(head_sets))]
 
 
 def knockout_scores(
-    adapter: ModelAdapter, kept: Task, heads: list[tuple[int, int]], means: dict[Any, dict[int, torch.Tensor]]
+    adapter: ModelAdapter, kept: Task, heads: list[tuple[int, int]], means: dict[Any, HeadSums]
 ) -> Scores:
-    """Every answer step of the solved problems with the listed heads mean-ablated (full-answer scoring)."""
-    return Scores.from_steps(
-        kept, [mean_ablated_logits(adapter, step, heads, means[step.part_key]) for step in kept.steps()]
+    """Every answer step of the solved problems with the listed heads mean-ablated (leave-one-out means)."""
+    return knockouts(adapter, kept, [heads], means)[0]
+
+
+def loo_fallbacks(kept: Task, means: dict[Any, HeadSums]) -> int:
+    """(problem, answer step) pieces whose mean has no other problem (a sum of one): they keep their own state."""
+    return sum(
+        int(sums.member_B(step.input_ids_PT).sum()) for step in kept.steps() if (sums := means[step.part_key]).n == 1
     )
 
 
@@ -482,15 +689,21 @@ def pooled(weighted: list[tuple[float, Any]]) -> Any:
 
 
 def layout_path_patching(
-    adapter: ModelAdapter, kept: Task, tokenizer: Any, path: str
+    adapter: ModelAdapter,
+    kept: Task,
+    tokenizer: Any,
+    path: str,
+    kind: str | None = None,
+    scoring: str | None = None,
 ) -> tuple[dict[str, Any], Counterfactual]:
-    """Path patching per token layout (each with its own counterfactual), pooled over layouts by their n; a layout
-    without a counterfactual (too few solved problems) is left out and said so; the first layout's counterfactual
-    describes them."""
+    """Path patching per token layout (each with its own counterfactual of `kind`), pooled over layouts by their n;
+    a layout without a counterfactual (too few solved problems) is left out and said so; the first layout's
+    counterfactual describes them. `counterfactual_rows`: per problem of `kept`, its counterfactual (None where its
+    layout was left out)."""
     runs, skipped = [], []
     for _, group in per_layout(kept):
         try:  # a layout where no value of the slot (or its null value) keeps the token layout has none
-            runs.append((group, counterfactual(group, tokenizer)))
+            runs.append((group, counterfactual(group, tokenizer, kind)))
         except Af1Error as exc:
             if not kept.groups:
                 raise
@@ -498,7 +711,18 @@ def layout_path_patching(
     if not runs:
         raise Af1Error(f"no token layout has a counterfactual: {skipped[0]['reason']}")
     n = sum(len(group) for group, _ in runs)
-    result = pooled([(len(group) / n, path_patching(adapter, group, cf, path)) for group, cf in runs])
+    parts = [(len(group) / n, path_patching(adapter, group, cf, path, scoring=scoring)) for group, cf in runs]
+    steps_n: dict[str, int] = {}
+    for _, part in parts:  # layouts may have answers of different lengths: their steps' counts add up
+        for k, count in part.pop("answer_steps_n").items():
+            steps_n[k] = steps_n.get(k, 0) + count
+    result = {**pooled(parts), "answer_steps_n": steps_n}
+    rows: list[dict[str, Any] | None] = [None] * len(kept)
+    for group, cf in runs:
+        where = group.where_P.tolist() if kept.groups else range(len(kept))
+        for r, row in zip(where, cf.rows(), strict=True):
+            rows[r] = {**row, "layout": group.layout_id} if kept.groups else row
+    result["counterfactual_rows"] = rows
     if kept.groups:
         result["layouts_patched"] = [{"layout": g.layout_id, "n": len(g)} for g, _ in runs]
         result["layouts_not_patched"] = skipped
@@ -552,10 +776,27 @@ def activation_patching(
 
 @torch.no_grad()
 def last_query_attention(
-    adapter: ModelAdapter, task: Task, heads: list[tuple[int, int]]
+    adapter: ModelAdapter, task: Task, heads: list[tuple[int, int]], scoring: str | None = None
 ) -> dict[str, dict[str, float]]:
     """Share of each head's attention from the last position to operands, operator (a task file: slots, the token
-    after a slot), context, the last position itself and the rest."""
+    after a slot), context, the earlier answer tokens, the last position itself and the rest, at every scored
+    answer step (`scored_steps`: per problem the mean over its steps, then over problems)."""
+    if task.groups:
+        return pooled([(w, last_query_attention(adapter, group, heads, scoring)) for w, group in per_layout(task)])
+    scored, steps = scored_steps(task, scoring)
+    out: dict[str, dict[str, float]] = {}
+    for step, weight in steps:
+        for head, shares in _step_attention(adapter, step, heads, task.n_positions, scored == "full").items():
+            into = out.setdefault(head, {})
+            for g, share_P in shares.items():
+                into[g] = into.get(g, 0.0) + float((share_P * weight).sum()) / len(task)
+    return out
+
+
+def _step_attention(
+    adapter: ModelAdapter, step: Task, heads: list[tuple[int, int]], n_prompt: int, answer_group: bool
+) -> dict[str, dict[str, torch.Tensor]]:
+    """At one answer step: per head and position group, each problem's share of the last query's attention [P]."""
     from af1.interventions.attention import LayerPlan, attention_plans
 
     probs: dict[int, torch.Tensor] = {}
@@ -569,30 +810,31 @@ def last_query_attention(
 
         return fn
 
-    if task.groups:
-        return pooled([(w, last_query_attention(adapter, group, heads)) for w, group in per_layout(task)])
     layers = sorted({layer for layer, _ in heads})
-    ids = task.input_ids_PT.to(adapter.device)
+    ids = step.input_ids_PT.to(adapter.device)
     with attention_plans(adapter, {layer: LayerPlan(capture=capture(layer)) for layer in layers}):
-        forward_last(adapter.model, ids, task.context_len)
-    roles = list(task.layout)
+        forward_last(adapter.model, ids, step.context_len)
+    roles = list(step.layout)
     n = len(roles)
-    file = task.spec.file is not None  # a task file has slots, and the token after one, not operands and operators
+    prompt = range(n_prompt - 1)  # the prompt's positions but its last (the query at step 0; "other" after it)
+    file = step.spec.file is not None  # a task file has slots, and the token after one, not operands and operators
     groups = {
         # the last position is its own group even when it spells a slot (induction)
-        "slots" if file else "operands": [t for t, r in enumerate(roles) if r not in NOT_OPERANDS and t < n - 1],
+        "slots" if file else "operands": [t for t in prompt if roles[t] not in NOT_OPERANDS],
         "after a slot" if file else "operator": [
-            t for t, r in enumerate(roles) if r == "const" and t < n - 1 and t > 0 and roles[t - 1] not in NOT_OPERANDS
+            t for t in prompt if roles[t] == "const" and t > 0 and roles[t - 1] not in NOT_OPERANDS
         ],
-        "context": [t for t, r in enumerate(roles) if r == "context"],
+        "context": [t for t in prompt if roles[t] == "context"],
     }
+    if answer_group:
+        groups["earlier answer tokens"] = list(range(n_prompt, n - 1))
     groups["last"] = [n - 1]
     named = {t for g in groups.values() for t in g}
     groups["other"] = [t for t in range(n) if t not in named]
     out = {}
     for layer, h in heads:
-        p = probs[layer][:, h].mean(0).cpu()
-        out[f"{layer}.{h}"] = {g: float(p[idx].sum()) for g, idx in groups.items()}
+        p = probs[layer][:, h].cpu()  # [P, T]
+        out[f"{layer}.{h}"] = {g: p[:, idx].sum(-1) for g, idx in groups.items()}
     return out
 
 
@@ -613,24 +855,26 @@ def norm_read(norm: torch.nn.Module, x_BD: torch.Tensor, m_BD: torch.Tensor) -> 
 
 
 @torch.no_grad()
-def mlp_logit_lens(adapter: ModelAdapter, task: Task) -> torch.Tensor | None:
-    """Per layer: mean over problems of what the MLP's output at the last position adds to the correct answer's
-    logit, read through the final norm with its scale frozen at the final residual (`norm_read`) and the
-    unembedding. None for families whose MLP output is normalised again before the residual sum (post-norms)."""
+def mlp_logit_lens(adapter: ModelAdapter, task: Task, scoring: str | None = None) -> torch.Tensor | None:
+    """Per layer: what the MLP's output at the last position adds to the correct token's logit, read through the
+    final norm with its scale frozen at the final residual (`norm_read`) and the unembedding, at every scored answer
+    step (`scored_steps`: per problem the mean over its steps, then over problems). None for families whose MLP
+    output is normalised again before the residual sum (post-norms)."""
     if adapter.family.post_norms:
         return None
     if task.groups:
-        return pooled([(w, mlp_logit_lens(adapter, group)) for w, group in per_layout(task)])
-    cache, _ = run_last(adapter, task.input_ids_PT, task.context_len)
-    final = cache[FINAL].to(execution_device(adapter.final_norm))
-    with adapter.onloaded(adapter.lm_head):
-        W_U = weight_of(adapter.lm_head)
-        answer_rows = W_U[task.answer_ids_P.to(W_U.device)]  # [P, D]
-        out = []
-        for layer in range(adapter.n_layers):
-            read = norm_read(adapter.final_norm, final, cache[mlp_output(layer)].to(final.device, final.dtype))
-            out.append((read.to(W_U.device) * answer_rows).sum(-1).mean().cpu())
-        return torch.stack(out)
+        return pooled([(w, mlp_logit_lens(adapter, group, scoring)) for w, group in per_layout(task)])
+    total = torch.zeros(adapter.n_layers)
+    for step, weight in scored_steps(task, scoring)[1]:
+        cache, _ = run_last(adapter, step.input_ids_PT, step.context_len)
+        final = cache[FINAL].to(execution_device(adapter.final_norm))
+        with adapter.onloaded(adapter.lm_head):
+            W_U = weight_of(adapter.lm_head)
+            answer_rows = W_U[step.answer_ids_P.to(W_U.device)]  # [P, D]
+            for layer in range(adapter.n_layers):
+                read = norm_read(adapter.final_norm, final, cache[mlp_output(layer)].to(final.device, final.dtype))
+                total[layer] += float(((read.to(W_U.device) * answer_rows).sum(-1).cpu() * weight).sum())
+    return total / len(task)
 
 
 METRICS = ("relative", "logit_diff")
@@ -664,8 +908,11 @@ def overlap(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], k: int | Non
 def random_heads(
     adapter: ModelAdapter, k: int, seed: int, exclude: list[tuple[int, int]] | None = None
 ) -> list[tuple[int, int]]:
+    """k heads drawn (seeded) from those not excluded (the chosen ones)."""
     skip = set(exclude or [])
     pool = [(layer, h) for layer in range(adapter.n_layers) for h in range(adapter.n_heads) if (layer, h) not in skip]
+    if k > len(pool):
+        raise Af1Error(f"{k} random heads cannot be drawn from the {len(pool)} heads that were not chosen")
     return random.Random(seed).sample(pool, k)
 
 
@@ -674,6 +921,65 @@ def top_heads(effect_LH: torch.Tensor, k: int) -> list[tuple[int, int]]:
     order = effect_LH.flatten().argsort()[:k].tolist()
     H = effect_LH.shape[1]
     return [(i // H, i % H) for i in order]
+
+
+def scoring_note(on: Task, scored: str) -> dict[str, Any]:
+    """What path patching scored on these problems, with the constant guess of what it scored: the whole answer
+    and each answer step's token (full), or the first token (first, with a warning when it is near constant)."""
+    first = constant_baseline([str(a[0]) for a in on.answer_tokens])
+    by_step = {
+        str(k): constant_baseline([str(a[k]) for a in on.answer_tokens if len(a) > k])
+        for k in range(max(map(len, on.answer_tokens)) if scored == "full" else 1)
+    }
+    return {
+        "scoring": scored,
+        "definition": SCORED[scored],
+        "n": len(on),
+        "constant_guess": first if scored == "first" else constant_baseline([tuple(a) for a in on.answer_tokens]),
+        "constant_guess_by_step": by_step,
+        "warning": baseline_warning("the first answer token path patching scores", first, len(on))
+        if scored == "first"
+        else None,
+    }
+
+
+def ranked(
+    adapter: ModelAdapter,
+    on: Task,
+    tokenizer: Any,
+    path: str,
+    metric: str,
+    k: int,
+    kind: str | None = None,
+    scoring: str | None = None,
+) -> dict[str, Any]:
+    """Path patching on these problems with one counterfactual and the heads it ranks: the effects, the top k
+    (by `metric`), what was scored, the counterfactual and each problem's counterfactual input."""
+    pp, cf = layout_path_patching(adapter, on, tokenizer, path, kind, scoring)
+    effect = effect_of(pp, metric)
+    return {
+        "pp": pp,
+        "counterfactual": cf.replacement,
+        "counterfactual_kind": cf.kind,
+        "top_heads": top_heads(effect, k),
+        "effect": effect,
+        "scoring": scoring_note(on, pp["scoring"]),
+    }
+
+
+def problem_split(n: int, split: tuple[float, int]) -> tuple[list[int], list[int]]:
+    """(selection, confirmation) rows of n solved problems: heads are chosen on the first and tested on the
+    second."""
+    if n < 2:
+        raise Af1Error(
+            f"{n} solved problem: heads are chosen on one half of the solved problems and tested on the other, "
+            "which needs at least 2"
+        )
+    selection, seed = split
+    sel, conf = split_indices(n, selection, seed)
+    if not sel or not conf:
+        raise Af1Error(f"the split of {n} solved problems at {selection} leaves one half empty: use more problems")
+    return sel, conf
 
 
 def study(
@@ -686,33 +992,43 @@ def study(
     done: Evaluated | None = None,
     path: str = "wang",
     metric: str = "relative",
+    kind: str | None = None,
+    second_kind: str | None = None,
+    split: tuple[float, int] = (0.5, 0),
+    split_from: str = "the heads study's own seeded split",
 ) -> dict[str, Any]:
-    """Path patching (by `path`), key heads (by `metric`, both metrics kept), knockout of the top k against `draws`
-    random sets of k (every answer token scored, with intervals), where the top heads look, the MLP logit lens,
-    overlap with other tasks; `done` is an evaluation of the same spec already made."""
+    """Path patching (by `path`, counterfactual `kind`, every answer step unless the task scores the first token)
+    and key and top-k heads (by `metric`, both metrics kept), chosen on the selection part of the solved problems
+    (`split`: the search's where there is one); on the confirmation part, knockout of the top k against `draws`
+    random sets of k drawn from the heads not chosen (leave-one-out head means, every answer token scored, with
+    intervals) and where the top heads look; the MLP logit lens on all solved problems; the ranking of a second
+    counterfactual (`second_kind`, path patching only); overlap with other tasks (each chosen on its own selection
+    part); `done` is an evaluation of the same spec already made."""
     adapter = lm.adapter
     done = evaluated(lm.model, lm.tokenizer, spec, done)
     task, base = done.task, done.base
     require_solved(int(base.correct_P.sum()), spec)
     kept = solved(task, base)
-    pp, cf = layout_path_patching(adapter, kept, lm.tokenizer, path)
-    effect = effect_of(pp, metric)
+    sel, conf = problem_split(len(kept), split)
+    chosen_on, tested_on = kept.subset(sel), kept.subset(conf)
+    main = ranked(adapter, chosen_on, lm.tokenizer, path, metric, k, kind)
+    pp, effect, top = main["pp"], main["effect"], main["top_heads"]
     keys = key_heads(effect, threshold)
-    top = top_heads(effect, k)
+    chosen = list(dict.fromkeys(top + keys))
     means = step_means(adapter, task)
-    targets = kept.targets()
-
-    def knocked(heads_: list[tuple[int, int]]) -> dict[str, Any]:
-        r = knockout_scores(adapter, kept, heads_, means).rate(kept)
-        return {"accuracy": r["value"], "accuracy_ci": r["ci"], "n": r["n"]}
-
-    randoms_detail = [
-        knocked(random_heads(adapter, k, seed, top)) for seed in progress(range(draws), "random knock-outs")
-    ]
-    randoms = [r["accuracy"] for r in randoms_detail]
+    rand_sets = [random_heads(adapter, k, seed, chosen) for seed in range(draws)]
+    second: dict[str, Any] | None = None
+    with progress_stage(f"knock-outs: top {k} and {draws} random sets"):
+        top_scores, *rand_scores = knockouts(adapter, tested_on, [top, *rand_sets], means)
+    randoms_detail = [s.rate(tested_on) for s in rand_scores]
+    randoms = [r["value"] for r in randoms_detail]
     rand = torch.tensor(randoms)
-    top_knocked = knocked(top)
+    top_rate = top_scores.rate(tested_on)
     n_heads = adapter.n_layers * adapter.n_heads
+    warnings = [w for w in [main["scoring"]["warning"]] if w]
+    knock_warning = baseline_warning(f"the knock-outs ({spec.scoring} answer)", top_rate["baseline"], len(tested_on))
+    warnings += [knock_warning] if knock_warning else []
+    pp_rows = pp.pop("counterfactual_rows")
     result: dict[str, Any] = {
         "model": lm.info.get("spec"),
         "task": spec.name,
@@ -721,8 +1037,23 @@ def study(
         "n_solved": len(kept),
         "layouts": kept.layouts(),  # path patching, knock-outs and attention per layout, pooled by each one's n
         "scoring": spec.scoring,
+        "path_patching_scoring": main["scoring"],
         "base_accuracy_all": base.accuracy,
-        "counterfactual": cf.replacement,
+        "split": {
+            "from": split_from,
+            "selection_fraction": split[0],
+            "split_seed": split[1],
+            "n_selection": len(sel),
+            "n_confirmation": len(conf),
+            "heads_chosen_on": "the selection part (path patching)",
+            "tested_on": "the confirmation part (knock-outs, attention of the top heads)",
+        },
+        "counterfactual": main["counterfactual"],
+        "counterfactual_kind": main["counterfactual_kind"],
+        "counterfactual_problems": [
+            {"solved_index": i, "prompt": kept.problems[i].prompt, **(row or {"counterfactual_input_ids": None})}
+            for i, row in zip(sel, pp_rows, strict=True)
+        ],
         "n_heads": n_heads,
         "threshold": threshold,
         "metric": metric,
@@ -735,27 +1066,56 @@ def study(
             "k": k,
             "heads": [list(h) for h in top],
             "scoring": spec.scoring,
-            "means": "per answer step and position, over all the task's problems",
-            "n": len(kept),
-            "accuracy_top_k": top_knocked["accuracy"],
-            "accuracy_top_k_ci": top_knocked["accuracy_ci"],
+            "means": "per answer step and position, over all the task's problems, each knocked-out problem's own "
+            "clean state left out (leave-one-out)",
+            "means_without_other_problems": loo_fallbacks(tested_on, means),
+            "measured_on": "the confirmation part of the solved problems",
+            "n": len(tested_on),
+            "accuracy_top_k": top_rate["value"],
+            "accuracy_top_k_ci": top_rate["ci"],
+            "random_drawn_from": f"the {n_heads - len(chosen)} heads neither in the top {k} nor key heads",
+            "random_heads": [[list(h) for h in heads] for heads in rand_sets],
             "accuracy_random_k_mean": float(rand.mean()),
             "accuracy_random_k_std": float(rand.std()) if draws > 1 else 0.0,
             "accuracy_random_k": randoms,
-            "accuracy_random_k_ci": [r["accuracy_ci"] for r in randoms_detail],
-            "accuracy_baseline": constant_baseline(targets),
+            "accuracy_random_k_ci": [r["ci"] for r in randoms_detail],
+            "accuracy_baseline": top_rate["baseline"],
             "base_accuracy": 1.0,
         },
-        "attention_of_top_heads": last_query_attention(adapter, kept, top[: min(k, 5)]),
+        "attention_of_top_heads": last_query_attention(adapter, tested_on, top[: min(k, 5)]),
+        "attention_measured_on": "the confirmation part of the solved problems",
         "mlp_logit_lens_layer": mlp_logit_lens(adapter, kept),
+        "mlp_logit_lens_measured_on": "all solved problems (no head is chosen by it)",
+        "warnings": warnings,
     }
+    if second_kind is not None:
+        try:
+            second = ranked(adapter, chosen_on, lm.tokenizer, path, metric, k, second_kind)
+        except Af1Error as exc:  # e.g. no other operand value keeps a problem's token layout: said, not fatal
+            result["second_counterfactual"] = {"counterfactual_kind": second_kind, "error": str(exc)}
+    if second_kind is not None and second is not None:
+        second_rows = second["pp"]["counterfactual_rows"]
+        result["second_counterfactual"] = {
+            "counterfactual": second["counterfactual"],
+            "counterfactual_kind": second["counterfactual_kind"],
+            "measured": "path patching only, on the same selection part (no knock-outs)",
+            "top_heads": [list(h) for h in second["top_heads"]],
+            "key_heads": [list(h) for h in key_heads(second["effect"], threshold)],
+            "effect_layer_head": second["effect"],
+            "top_k_overlap": overlap(top, second["top_heads"], k)["top_k_overlap"],
+            "counterfactual_problems": [
+                {"solved_index": i, **(row or {"counterfactual_input_ids": None})}
+                for i, row in zip(sel, second_rows, strict=True)
+            ],
+        }
     overlaps = []
     for other in compare_specs or []:
         try:
             o = evaluated(lm.model, lm.tokenizer, other)
             o_kept = solved(o.task, o.base)
             require_solved(len(o_kept), other)
-            o_effect = effect_of(layout_path_patching(adapter, o_kept, lm.tokenizer, path)[0], metric)
+            o_sel, _ = problem_split(len(o_kept), split)
+            o_effect = ranked(adapter, o_kept.subset(o_sel), lm.tokenizer, path, metric, k, kind)["effect"]
         except Af1Error as exc:
             overlaps.append({"task": other.operation, "style": other.style, "error": str(exc)})
             continue
@@ -764,6 +1124,7 @@ def study(
                 "task": other.operation,
                 "style": other.style,
                 "n_solved": len(o_kept),
+                "n_selection": len(o_sel),
                 "key_heads": [list(h) for h in key_heads(o_effect, threshold)],
                 "key_heads_jaccard": overlap(keys, key_heads(o_effect, threshold))["jaccard"],
                 **{f"top_{k}_overlap": overlap(top, top_heads(o_effect, k), k)["top_k_overlap"]},
@@ -771,3 +1132,12 @@ def study(
         )
     result["overlap"] = overlaps
     return result
+
+
+def choose_heads(lm: Any, done: Evaluated, k: int, path: str = "wang", metric: str = "relative") -> dict[str, Any]:
+    """The top-k heads by path patching on all of an evaluation's solved problems (for fine-tuning, which tests
+    them on other problems): the heads, what was scored and on how many."""
+    kept = solved(done.task, done.base)
+    require_solved(len(kept), done.task.spec)
+    found = ranked(lm.adapter, kept, lm.tokenizer, path, metric, k)
+    return {"top_heads": found["top_heads"], "n_solved": len(kept), "path": path, "scoring": found["scoring"]}

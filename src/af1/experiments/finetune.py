@@ -11,7 +11,7 @@ from rich.table import Table
 
 from af1 import finetune, heads, positional
 from af1.errors import Af1Error
-from af1.evaluation import ProblemInputs, evaluate
+from af1.evaluation import Evaluated, ProblemInputs, evaluate, evaluated, solved
 from af1.experiments import base
 from af1.report.markup import table_html
 from af1.tasks import build_task
@@ -32,6 +32,12 @@ class Options(base.Options):
     steps: int = Field(default=200, ge=1, description="optimiser steps")
     lrs: list[float] = Field(default_factory=lambda: [1e-5, 1e-4, 1e-3], description="learning rates tried")
     seeds: int = Field(default=3, ge=1, description="runs per variant at its chosen learning rate")
+    random_draws: int = Field(
+        default=3,
+        ge=1,
+        description="random head sets (seeded draws from the heads not chosen), draw i trained with the i-th seed "
+        "(cycling) at the learning rate chosen on the first: mean ± std over draws",
+    )
 
 
 class Result(base.Result):
@@ -100,9 +106,6 @@ class Finetune(base.Experiment):
         )
         chosen_on = None
         if options.heads == "auto":  # built-in: other problems whose first answer tokens vary (1-digit operands)
-            from af1.evaluation import Evaluated, evaluated, solved
-            from af1.stats import baseline_warning, constant_baseline
-
             if spec.file is None:
                 heads_spec = spec.model_copy(update={"digits": 1, "n": None, "scoring": "full"})
                 done = evaluated(lm.model, lm.tokenizer, heads_spec)
@@ -111,18 +114,15 @@ class Finetune(base.Experiment):
                 heads_spec = train_task.spec
                 done = Evaluated(train_task, evaluate(lm.model, train_task), id(lm.model))
                 on = "the training rows"
-            found = heads.study(lm, heads_spec, k=options.k, draws=1, done=done)
-            chosen = [(h[0], h[1]) for h in found["top_heads"]]
-            kept = solved(done.task, done.base)
-            first = constant_baseline([str(a[0]) for a in kept.answer_tokens])  # what path patching reads
+            found = heads.choose_heads(lm, done, options.k)  # every answer step of all its solved problems
+            chosen = found["top_heads"]
             chosen_on = {
                 "task": heads_spec.model_dump(),
                 "problems": on,
                 "n_solved": found["n_solved"],
                 "path": found["path"],
-                "first_token_constant_guess": first,
-                "warning": baseline_warning("the first answer token heads are chosen on", first, len(kept)),
-                "inputs": ProblemInputs.of(done.task, done.base, solved=kept).model_dump(),
+                "scoring": found["scoring"],
+                "inputs": ProblemInputs.of(done.task, done.base, solved=solved(done.task, done.base)).model_dump(),
             }
         else:
             chosen = parse_heads(options.heads, lm.adapter.n_layers, lm.adapter.n_heads)
@@ -139,6 +139,7 @@ class Finetune(base.Experiment):
             tuple(options.lrs),
             tuple(range(spec.seed, spec.seed + options.seeds)),
             inputs.state_dir,
+            options.random_draws,
         )
         return Result(**result, heads_chosen_on=chosen_on, text_corpus=positional.CORPUS_SOURCE, inputs=problems)
 
@@ -148,7 +149,8 @@ class Finetune(base.Experiment):
             f"<p>{len(result.heads)} heads; {result.gqa}. {result.n_train} training problems, {result.n_val} "
             f"validation problems (each variant's learning rate), {result.n_eval} held-out (constant guess "
             f"{result.arithmetic_baseline}); every answer token trained and scored; text measure on "
-            f"{result.text_corpus}. Mean ± std over seeds.</p>",
+            f"{result.text_corpus}. Mean ± std over seeds (random heads: over "
+            f"{result.random_heads.get('draws', 1)} seeded draws of heads, none of the chosen ones).</p>",
             table_html(
                 ["variant", "lr", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters"],
                 [row(result.data(), v) for v in VARIANTS],

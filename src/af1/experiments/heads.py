@@ -33,7 +33,23 @@ class Options(base.GatedOptions):
     k: int | None = Field(
         default=None, ge=1, description="heads knocked out, top-k vs random-k (default: 10, at most a quarter)"
     )
-    draws: int = Field(default=10, ge=1, description="random draws of k heads")
+    draws: int = Field(default=10, ge=1, description="random draws of k heads (from the heads not chosen)")
+    counterfactual: str | None = Field(
+        default=None,
+        description="built-in tasks: operator (the operator replaced by a null symbol or word) or an operand, a, b, "
+        "... (replaced per problem by another value of the same token length); a task file replaces the slot it "
+        "names. It ranks the key and top heads that are knocked out and compared with AF1 (default: operator)",
+    )
+    second_counterfactual: bool = Field(
+        default=True,
+        description="built-in tasks: also path-patch with the other counterfactual (operand a beside the operator, "
+        "the operator beside an operand) on the same selection part, to show both rankings side by side (path "
+        "patching only: about doubles its time, no knock-outs)",
+    )
+    selection: float = Field(
+        default=0.5, gt=0, lt=1, description="share of solved problems heads are chosen on (without a search)"
+    )
+    split_seed: int = Field(default=0, description="seed of that split (without a search; else the search's)")
     compare: list[str] = Field(default_factory=list, description="other TASK or TASK:STYLE to compare key heads with")
 
 
@@ -45,6 +61,9 @@ class Result(base.Result):
     n_heads: int
     threshold: float
     counterfactual: str
+    counterfactual_kind: str = "operator"
+    second_counterfactual: dict[str, Any] | None = None
+    split: dict[str, Any] = {}
     path: str = "direct"
     metric: str = "relative"
     key_heads: list[list[int]]
@@ -75,6 +94,7 @@ def consistency(inputs: base.Inputs, config: Any, result: Result) -> dict[str, A
     transfer_heads = [(layer, h) for layer in config.peek_layers() for h in range(setup.adapter.n_heads)]
     keys = {tuple(h) for h in result.key_heads}
     top = {tuple(h) for h in result.top_heads}
+    others = [h for h in transfer_heads if h not in top]  # random heads: never the chosen ones
     variants = {
         "all heads peek": [],
         "only key heads peek": [h for h in transfer_heads if h not in keys],
@@ -84,13 +104,13 @@ def consistency(inputs: base.Inputs, config: Any, result: Result) -> dict[str, A
     full = measures.faithfulness(on, config)
     rows = []
     k_top = sum(h in top for h in transfer_heads)
-    if 0 < k_top < len(transfer_heads):  # as many random heads of the same layers: is the top set special?
+    if 0 < k_top <= len(others):  # as many random heads of the same layers, not top ones: is the top set special?
         rng = random.Random(0)
-        draws = [set(rng.sample(transfer_heads, k_top)) for _ in range(RANDOM_DRAWS)]
+        draws = [set(rng.sample(others, k_top)) for _ in range(RANDOM_DRAWS)]
         scores = measures.pruned_scores(on, config, [[h for h in transfer_heads if h not in d] for d in draws])
         spread = mean_std([s.accuracy for s in scores])
         random_row = {
-            "variant": f"{k_top} random heads of these layers peek ({RANDOM_DRAWS} draws)",
+            "variant": f"{k_top} random heads of these layers, none of the top, peek ({RANDOM_DRAWS} draws)",
             "peeking": k_top,
             "faithfulness": spread["mean"],
             "faithfulness_std": spread["std"],
@@ -122,7 +142,8 @@ def consistency(inputs: base.Inputs, config: Any, result: Result) -> dict[str, A
         "top_heads_in_transfer_layers": sorted([list(h) for h in top if h in set(transfer_heads)]),
         "n": len(on.kept),
         "measured_on": "the search's confirmation split",
-        "heads_chosen_on": "all solved problems, the confirmation split included (path patching, not faithfulness)",
+        "heads_chosen_on": "the search's selection split (path patching, not faithfulness)",
+        "counterfactual": f"{result.counterfactual_kind} ({result.counterfactual})",
         "rows": rows,
     }
 
@@ -149,17 +170,38 @@ class Heads(base.Experiment):
             op, _, style = item.partition(":")
             fields = {**spec.model_dump(), "operation": op, "style": style or spec.style, "file": None}
             others.append(TaskSpec.model_validate({**fields, "file_sha256": None}))  # arithmetic, even beside a file
+        kind = options.counterfactual
+        if spec.file is not None and kind not in (None, "operator"):
+            raise Af1Error(
+                f"--counterfactual {kind}: a task file names the slot it replaces (counterfactual: {{slot: ...}})"
+            )
+        second = None
+        if spec.file is None and options.second_counterfactual:
+            second = "a" if kind in (None, "operator") else "operator"
+        search = inputs.one("search")
+        split, split_from = (options.selection, options.split_seed), "the heads study's own seeded split"
+        if search is not None:  # the search's split: the heads are chosen on its selection half only
+            split, split_from = (search.selection_fraction, search.split_seed), "the search's split"
         done = inputs.resources.evaluated(spec)
         study = heads.study(
-            lm, spec, options.threshold, k, options.draws, others, done, path=options.path, metric=options.metric
+            lm,
+            spec,
+            options.threshold,
+            k,
+            options.draws,
+            others,
+            done,
+            path=options.path,
+            metric=options.metric,
+            kind=kind,
+            second_kind=second,
+            split=split,
+            split_from=split_from,
         )
-        search = inputs.one("search")
         config = base.searched_config(search) if search is not None else None
-        sets = {"solved": solved(done.task, done.base)}
-        if search is not None and config is not None and config.transfer > 0:  # the AF1 consistency rows' problems
-            from af1 import measures
-
-            sets["confirmation"] = measures.confirmation(inputs.resources.setup(spec), search.data()).kept
+        kept = solved(done.task, done.base)
+        sel, conf = heads.problem_split(len(kept), split)  # heads chosen on the first, tested on the second
+        sets = {"solved": kept, "selection": kept.subset(sel), "confirmation": kept.subset(conf)}
         result = Result(**study, inputs=ProblemInputs.of(done.task, done.base, **sets))
         if config is not None:  # where the top heads sit among the AF1 stages
             stages = config.stages(lm.adapter.n_layers)
@@ -203,17 +245,23 @@ class Heads(base.Experiment):
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         ko = result.knockout
+        split = result.split
+        scored = result.data().get("path_patching_scoring") or {}
         parts = [
             "<h2>Heads that carry the answer</h2>",
             f"<p>{result.model} on <code>{html.escape(result.task)}</code> ({result.style}), counterfactual "
-            f"{'slot' if result.style == FILE_STYLE else 'operator'} "
-            f"<code>{html.escape(result.counterfactual)}</code>, {result.n_solved} solved problems. "
-            f"Path patching ({result.path}): {len(result.key_heads)} of {result.n_heads} heads "
+            f"{'slot' if result.style == FILE_STYLE else result.counterfactual_kind} "
+            f"<code>{html.escape(result.counterfactual)}</code>, {result.n_solved} solved problems: heads chosen on "
+            f"{split.get('n_selection')} of them, tested on the other {split.get('n_confirmation')} "
+            f"({html.escape(str(split.get('from')))}). "
+            f"Path patching ({result.path}) scores {html.escape(str(scored.get('definition', '')))} (constant guess of "
+            f"what it scores {scored.get('constant_guess', float('nan')):.2f}). "
+            f"{len(result.key_heads)} of {result.n_heads} heads "
             f"({result.key_head_share:.1%}) pass {result.threshold:.0%} by the {result.metric} metric.</p>",
             table_html(
                 [
-                    "knockout (mean ablation)",
-                    f"accuracy ({ko['scoring']} answer) on {ko['n']} solved problems (constant guess "
+                    "knockout (mean ablation, leave-one-out)",
+                    f"accuracy ({ko['scoring']} answer) on {ko['n']} confirmation problems (constant guess "
                     f"{ko['accuracy_baseline']:.2f})",
                 ],
                 [
@@ -226,6 +274,29 @@ class Heads(base.Experiment):
                 ],
             ),
         ]
+        second = result.second_counterfactual
+        if second and "error" in second:
+            parts.append(
+                f"<p>No second counterfactual ({second['counterfactual_kind']}): {html.escape(second['error'])}</p>"
+            )
+        elif second:
+            parts.append(
+                f"<p>Top heads by each counterfactual, on the same {split.get('n_selection')} selection problems "
+                f"(the second: path patching only). The key heads, knock-outs"
+                f"{' and the AF1 consistency table' if result.af1_consistency else ''} use the first. Top-"
+                f"{len(result.top_heads)} overlap {second['top_k_overlap']:.2f}.</p>"
+            )
+            used = f"{result.counterfactual_kind} ({result.counterfactual}), used"
+            other = f"{second['counterfactual_kind']} ({second['counterfactual']})"
+            parts.append(
+                table_html(
+                    ["rank", html.escape(used), html.escape(other)],
+                    [
+                        [i + 1, f"{a[0]}.{a[1]}", f"{b[0]}.{b[1]}"]
+                        for i, (a, b) in enumerate(zip(result.top_heads, second["top_heads"], strict=False))
+                    ],
+                )
+            )
         looks = result.attention_of_top_heads
         if looks:
             parts.append(
@@ -306,4 +377,15 @@ class Heads(base.Experiment):
             f"accuracy, {ko['k']} random heads (mean ± std)",
             f"{ko['accuracy_random_k_mean']:.3f} ± {ko['accuracy_random_k_std']:.3f}",
         )
+        split = result.split
+        table.add_row(
+            "heads chosen on / tested on", f"{split.get('n_selection')} / {split.get('n_confirmation')} solved problems"
+        )
+        table.add_row("top heads", " ".join(f"{h[0]}.{h[1]}" for h in result.top_heads))
+        if result.second_counterfactual and "top_heads" in result.second_counterfactual:
+            second = result.second_counterfactual
+            table.add_row(
+                f"top heads with the {second['counterfactual_kind']} counterfactual (path patching only)",
+                " ".join(f"{h[0]}.{h[1]}" for h in second["top_heads"]),
+            )
         return [table]

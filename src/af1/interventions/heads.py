@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,24 +33,57 @@ def replace_heads(adapter: ModelAdapter, per_layer: dict[int, HeadEdit]) -> cont
     )
 
 
+@dataclass
+class HeadSums:
+    """The o_proj input summed over a task's problems per layer and position ({layer: [T, E]}, fp32, on the CPU),
+    with their count and their token ids: a problem inside the sum gets its own state left out (`loo`)."""
+
+    sums: dict[int, torch.Tensor]
+    n: int
+    members: frozenset[tuple[int, ...]]
+
+    def mean(self, layer: int) -> torch.Tensor:
+        return self.sums[layer] / self.n
+
+    def member_B(self, ids_BT: torch.Tensor) -> torch.Tensor:
+        """[B] bool: which rows are problems of the sum (by their token ids)."""
+        return torch.tensor([tuple(row) in self.members for row in ids_BT.tolist()], dtype=torch.bool)
+
+    def loo(self, layer: int, start: int, own_BTE: torch.Tensor, member_B: torch.Tensor) -> torch.Tensor:
+        """[B, T-start, E]: each row's mean from position `start` on, without its own state where it is a member
+        ((sum - own) / (n - 1)); a member that is the sum's only problem keeps the plain mean (its own state)."""
+        sum_TE = self.sums[layer][start:].to(own_BTE.device)
+        out = (sum_TE / self.n).expand_as(own_BTE).clone()
+        leave = member_B.to(own_BTE.device) & (self.n > 1)
+        if bool(leave.any()):
+            out[leave] = (sum_TE - own_BTE[leave].float()) / (self.n - 1)
+        return out
+
+
 @torch.no_grad()
-def head_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> dict[int, torch.Tensor]:
-    """Mean o_proj input per layer and position over the task: {layer: [T, E]} (fp32, on the CPU). The suffix runs
-    on the shared context; the context's positions, the same in every problem, come from one full row."""
+def head_sums(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> HeadSums:
+    """The o_proj input summed per layer and position over the task (`HeadSums`). The suffix runs on the shared
+    context; the context's positions, the same in every problem, come from one full row (times the count)."""
 
     def add(kept_TE: torch.Tensor | None, z_BTE: torch.Tensor) -> torch.Tensor:
         z_TE = z_BTE.float().sum(0).cpu()  # reduced during the forward: memory stays one [T, E] per layer
         return z_TE if kept_TE is None else kept_TE + z_TE
 
-    L = adapter.n_layers
+    L, N = adapter.n_layers, len(task)
     sites = [head_inputs(layer) for layer in range(L)]
-    with record(adapter, sites, reduce=add) as sums:
-        for sl in batches(len(task), batch_size):
+    with record(adapter, sites, reduce=add) as recorded:
+        for sl in batches(N, batch_size):
             forward_last(adapter.model, task.input_ids_PT[sl], task.context_len)
-    means = {layer: sums[head_inputs(layer)] / len(task) for layer in range(L)}
+    sums = {layer: recorded[head_inputs(layer)] for layer in range(L)}
     c = suffix_start(adapter.model, task.input_ids_PT, task.context_len)
     if c:
         with record(adapter, sites) as first:
             forward_last(adapter.model, task.input_ids_PT[:1])
-        means = {layer: torch.cat([first[head_inputs(layer)][0, :c].float().cpu(), m]) for layer, m in means.items()}
-    return means
+        sums = {layer: torch.cat([first[head_inputs(layer)][0, :c].float().cpu() * N, s]) for layer, s in sums.items()}
+    return HeadSums(sums, N, frozenset(tuple(row) for row in task.input_ids_PT.tolist()))
+
+
+def head_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> dict[int, torch.Tensor]:
+    """Mean o_proj input per layer and position over the task: {layer: [T, E]} (fp32, on the CPU)."""
+    sums = head_sums(adapter, task, batch_size)
+    return {layer: sums.mean(layer) for layer in sums.sums}
