@@ -19,8 +19,8 @@ from af1.allforone import AF1Config, reference_logits
 from af1.context import forget_contexts
 from af1.evaluation import last_logits
 from af1.fast import context_kv
-from af1.heads import mean_ablated_logits
-from af1.interventions.heads import head_means
+from af1.heads import knocked_step
+from af1.interventions.heads import head_means, head_sums
 from af1.interventions.means import compute_means
 from af1.shared_context import shared_context_logits
 from af1.tasks import Task
@@ -63,12 +63,12 @@ def main() -> None:
         print(f"{name}: {t_ref:.2f} s -> {t_shared:.2f} s ({t_ref / t_shared:.1f}x)")
     full = dataclasses.replace(task, context_len=0)  # the same task said to share nothing
     heads = [(layer, 0) for layer in range(0, adapter.n_layers, 3)]
-    z_means = head_means(adapter, full)
+    z_sums = head_sums(adapter, full)
     forwards: dict[str, Callable[[Task], torch.Tensor]] = {
         "base evaluation": lambda t: last_logits(lm.model, t.input_ids_PT, 64, context_len=t.context_len),
         "position means (CAMA)": lambda t: compute_means(adapter, t).cond_LTSD,
         "head means": lambda t: torch.stack(list(head_means(adapter, t).values())),
-        "knockout of 10 heads": lambda t: mean_ablated_logits(adapter, t, heads, z_means),
+        "knockout of 10 heads": lambda t: knocked_step(adapter, t, [heads], z_sums)[0].p_correct_P,
     }
     other = {}
     for name, fn in forwards.items():
