@@ -95,6 +95,28 @@ def test_leave_one_out_is_the_mean_of_the_others(tiny, task):
     assert torch.allclose(mean_all, means.conditional(1, ids[:1])[0], atol=1e-6)
 
 
+@pytest.mark.parametrize("ablation", ["cama", "mean", "zero"])
+def test_a_token_the_means_never_saw_gets_the_token_agnostic_mean(tiny, task, ablation):
+    """Means over some of the problems only (as a sample can be): a token they never had at a position is ablated
+    to the token-agnostic mean there, counted as a fallback, and the fast path equals the hook path."""
+    adapter, _ = tiny
+    part = task.subset(list(range(len(task) // 2)))
+    means = compute_means(adapter, part, batch_size=5)
+    unseen = means.unseen(task.input_ids_PT)
+    assert unseen.any() and not unseen[: len(part)].any()
+    with record(adapter, [residual(0)]) as cache:
+        adapter.model(input_ids=task.input_ids_PT)
+    h_PTD = cache[residual(0)].float()
+    got = means.replacement(0, task.input_ids_PT, h_PTD)
+    agnostic = means.replacement(0, task.input_ids_PT, h_PTD, conditional=False)
+    never = means.counts(task.input_ids_PT) == 0
+    assert torch.equal(got[never], agnostic[never]) and bool(means.fallbacks(task.input_ids_PT, 0)[never].all())
+    config = AF1Config(wait=0, transfer=1, ablation=ablation)
+    assert (
+        reference_logits(adapter, task, config, means) - fast_logits(adapter, task, config, means)
+    ).abs().max() <= TOL
+
+
 @pytest.mark.parametrize("ablation", ["cama", "mean"])
 def test_fast_equals_reference_without_leave_one_out(tiny, task, ablation):
     adapter, means = tiny
@@ -110,7 +132,7 @@ def test_step_means_in_one_pass_equal_each_step_on_its_own(family, tokenizer):
     equal the means of each step's own forwards: a causal position never reads later tokens."""
     adapter = ModelAdapter(tiny_model(family))
     steps = build_task(TaskSpec(operation="a+b", shots=1, n=40, seed=3), tokenizer).steps()
-    assert len(steps) == 2 and len(steps[1]) < len(steps[0])
+    assert len(steps) == 3 and len(steps[2]) < len(steps[1]) == len(steps[0])  # the end is a step of its own
     together = compute_step_means(adapter, steps, batch_size=7)
     for step, one in zip(steps, together, strict=True):
         alone = compute_means(adapter, step, batch_size=5)

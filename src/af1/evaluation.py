@@ -216,9 +216,10 @@ def problem_rows(task: Task, scores: Scores) -> list[dict[str, Any]]:
 
 
 def inputs_sha256(rows: list[dict[str, Any]]) -> str:
-    """A fingerprint of problem rows' exact inputs (token ids and answer tokens, in order): two results, or a result
-    and an eval unit's `problems`, with the same fingerprint were measured on the same inputs."""
-    fed = [[r["input_ids"], r["answer_tokens"]] for r in rows]
+    """A fingerprint of problem rows' exact inputs (token ids, answer tokens and the end-of-answer token, in order):
+    two results, or a result and an eval unit's `problems`, with the same fingerprint were measured on the same
+    inputs and targets."""
+    fed = [[r["input_ids"], r["answer_tokens"], r.get("stop_token")] for r in rows]
     return hashlib.sha256(json.dumps(fed, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -25,7 +25,7 @@ from af1.evaluation import batches
 from af1.greedy import greedy_tokens
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.masks import last_token_knockout
-from af1.interventions.means import PositionMeans, slot_table
+from af1.interventions.means import PositionMeans, row_hashes, slot_table
 from af1.interventions.sites import record, residual
 from af1.models.adapter import LayerInputs, ModelAdapter
 from af1.progress import progress
@@ -75,6 +75,7 @@ class TokenLocalKV:
     slot_tokens_TS: torch.Tensor  # [position, column]: a token slot's token id, -1 where unused or a problem's own
     context: ProblemKV
     own_columns: dict[bytes, int] = field(default_factory=dict)  # a prompt's ids -> its own column
+    members: torch.Tensor | None = None  # `row_hashes` of the means' problems, where a member needs its own column
 
     @property
     def context_len(self) -> int:
@@ -89,6 +90,8 @@ class TokenLocalKV:
         mine = torch.tensor([o is not None for o in own], dtype=torch.bool)
         if not bool(hit_BTS[~mine].any(-1).all()):
             raise ValueError("a token at some position has no slot in the token-local table (means of another task?)")
+        if self.members is not None and bool(torch.isin(row_hashes(ids_BT[~mine]), self.members).any()):
+            raise ValueError("a problem inside the means has no column of its own: the table is another problem set's")
         slots = hit_BTS.float().argmax(-1)
         for b, col in enumerate(own):
             if col is not None:
@@ -178,11 +181,16 @@ def own_states(adapter: ModelAdapter, task: Task, layer: int, batch_size: int = 
 def _own_columns(
     adapter: ModelAdapter, config: AF1Config, means: PositionMeans | None, task: Task, own_PsD: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The problems that the ablation leaves out of their own means: (their rows in `task`, what the ablation
-    writes at their suffix positions [R, n-c, D]); None when there are none (a disjoint means sample, zero)."""
-    if config.wait < 0 or means is None or config.ablation not in ("cama", "mean"):
+    """The problems whose ablated states are not a function of (position, token): those the ablation leaves out of
+    their own means, and those with a token the means never saw (the token-agnostic mean there): (their rows in
+    `task`, what the ablation writes at their suffix positions [R, n-c, D]); None when there are none."""
+    if config.wait < 0 or means is None:
         return None
-    rows = means.inside(task.input_ids_PT).nonzero().flatten()
+    ids = task.input_ids_PT
+    rows_P = means.unseen(ids)  # a token the means never saw at a position has no slot
+    if config.ablation in ("cama", "mean"):
+        rows_P |= means.inside(ids)
+    rows = rows_P.nonzero().flatten()
     if not len(rows):
         return None
     own = own_PsD[rows] if own_PsD is not None else own_states(adapter, task.subset(rows), config.wait)
@@ -211,7 +219,7 @@ def token_local_kv(
     own ablated states (its unablated h[wait] `own_PsD` [P, n-c, D] of `task`, computed when not given)."""
     if config.wait >= 0 and config.ablation not in ("cama", "mean", "zero"):
         raise ValueError(f"the {config.ablation} ablation does not make positions token-local")
-    table = means.slot_tokens_TS if means is not None else slot_table(task.input_ids_PT)
+    table = means.slot_tokens_TS if means is not None and config.wait >= 0 else slot_table(task.input_ids_PT)
     T, S = table.shape
     c, w = task.context_len, config.wait
     ctx = ctx or context_kv(adapter, task)
@@ -246,7 +254,8 @@ def token_local_kv(
             if layer in captured:
                 suffix[row_pos - c, row_col] = captured[layer][kv][:, :, 0]
             out[layer] = suffix
-    return TokenLocalKV(w, keys, values, start_TSD, table, ctx, own_columns)
+    members = means.member_hashes if means is not None and w >= 0 and config.ablation in ("cama", "mean") else None
+    return TokenLocalKV(w, keys, values, start_TSD, table, ctx, own_columns, members)
 
 
 def _plan(

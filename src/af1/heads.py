@@ -366,7 +366,7 @@ class EffectSums:
 
 
 SCORED = {
-    "full": "every teacher-forced answer step: per problem the mean over its answer steps of the relative change of "
+    "full": "every teacher-forced step of the answer's tokens (not the end-of-answer step): per problem the mean over its answer steps of the relative change of "
     "the correct token's logit, (patched - clean) / |clean|, and of the change of (correct - clean top wrong), then "
     "the mean over problems (each problem counts once); the counterfactual at step k is the counterfactual prompt "
     "followed by the same k clean answer tokens",
@@ -377,10 +377,11 @@ SCORED = {
 
 def scored_steps(task: Task, scoring: str | None = None) -> tuple[str, list[tuple[Task, torch.Tensor]]]:
     """What path patching, attention shares and the logit lens score (the task's own scoring unless `scoring` says
-    first): the answer steps (`Task.steps()`), each with its rows' weights, 1 / (the problem's number of scored
-    steps), so that summed over steps and divided by the problems each problem counts once."""
+    first): the answer's steps (`Task.steps()` without the end-of-answer step: heads are ranked by the arithmetic,
+    not by the separator after it), each with its rows' weights, 1 / (the problem's number of scored steps), so that
+    summed over steps and divided by the problems each problem counts once."""
     first = scoring == "first" or task.spec.scoring == "first"
-    steps = [s for s in task.steps() if not first or not s.step]
+    steps = [s for s in task.answer_only().steps() if not first or not s.step]
     count = torch.zeros(len(task))
     for step in steps:
         count[_rows(step)] += 1

@@ -193,9 +193,8 @@ def low_count_positions(means: PositionMeans, task: Task) -> dict[str, Any]:
     it is inside the means), how many problems have one, and how many (problem, position) pairs have no other
     problem with their token (the leave-one-out token-agnostic mean stands in there)."""
     ids = task.input_ids_PT
-    slots = means.slots(ids)  # [P, T]
     inside_P = means.inside(ids)
-    others_PT = means.counts_TS[torch.arange(task.n_positions)[None], slots] - inside_P[:, None].float()
+    others_PT = means.counts(ids) - inside_P[:, None].float()
     low_PT = others_PT < LOW_COUNT
     low_PT[:, : task.context_len + 1] = False  # context, and the first varying position: already its own mean
     fallback_PT = means.fallbacks(ids, task.context_len + 1)

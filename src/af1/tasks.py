@@ -332,6 +332,11 @@ class Task:
     def n_positions(self) -> int:
         return int(self.input_ids_PT.shape[1])
 
+    def answer_only(self) -> Task:
+        """The same problems scored on their answer's tokens alone (no end-of-answer step): what the heads study
+        ranks heads by (the arithmetic, not the newline after it)."""
+        return dataclasses.replace(self, stop_tokens=[], groups=[g.answer_only() for g in self.groups])
+
     @property
     def scored_tokens(self) -> list[tuple[int, ...]]:
         """Each row's targets, step by step: its answer's tokens, then the token that ends it where that is checked."""
@@ -857,17 +862,27 @@ def means_sample_size(evaluated: Task) -> int:
 
 def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
     """The problems CAMA averages over: a seeded sample of `means_sample_size` problems disjoint from the evaluated
-    ones where the distribution has that many others, else the whole distribution (its origin says which: a problem
-    inside it is left out of its own mean); the evaluated task's layouts. Its cost follows the sample, not the grid."""
+    ones where the distribution has that many others and the sample holds every layout and answer step of theirs,
+    else the whole distribution (its origin says which: a problem inside it is left out of its own mean); the
+    evaluated task's layouts. Its cost follows the sample, not the grid."""
     examples, pool = problem_pool(spec) if spec.file is None else file_pool(spec)
     origin = "grid" if spec.file is None else "every row"
     size = means_sample_size(evaluated)
     seen = {_identity(spec, p) for p in evaluated.problems}
     rest = [p for p in pool if _identity(spec, p) not in seen]
+    task = None
     if len(rest) >= size:
-        pool = random.Random(spec.seed + 1).sample(rest, size)
-        origin = "disjoint sample"
-    task = tokenize_task(spec, examples, pool, tokenizer, like=evaluated)
+        sample = random.Random(spec.seed + 1).sample(rest, size)
+        try:
+            task = tokenize_task(spec, examples, sample, tokenizer, like=evaluated)
+            origin = "disjoint sample"
+        except Af1Error:  # a small layout the sample missed: the whole distribution
+            task = None
+        wanted = {part.part_key for part in evaluated.steps()}
+        if task is not None and not wanted <= {part.part_key for part in task.steps()}:
+            task = None  # an answer length (a layout's deepest step) the sample missed: the whole distribution
+    if task is None:
+        task = tokenize_task(spec, examples, pool, tokenizer, like=evaluated)
     for part in [task, *task.groups]:
         part.origin = origin
     return task

@@ -3,8 +3,9 @@
 One streaming pass over a task accumulates fp32 sums of h[l][t] per (layer, position, token at t): memory is
 independent of the number of problems. The means keep those sums and their counts, and which prompts they
 averaged (`member_hashes`), so that a problem inside the averaged set is ablated to the mean of the *other*
-problems (SPEC.md §1: leave-one-out, exact: its own state is subtracted from the fp32 sum). Where no other problem
-has its token at a position, the leave-one-out token-agnostic mean stands in. Saved as safetensors with a key of
+problems (SPEC.md §1: leave-one-out: its own state, from the run being intervened on, is subtracted from the fp32
+sum; equal to a mean over the others up to float rounding). Where no other problem has its token at a position (or
+the sample never saw it there), the leave-one-out token-agnostic mean stands in. Saved as safetensors with a key of
 the model and the task's token layout, and reused.
 """
 
@@ -83,12 +84,23 @@ class PositionMeans:
         """The token-agnostic mean over every member: [layer, position, d]."""
         return self.sums_LTSD.sum(2) / self.n_problems
 
-    def slots(self, input_ids_BT: torch.Tensor) -> torch.Tensor:
-        """Slot index of each token at its position; unknown tokens are an error."""
+    def slots(self, input_ids_BT: torch.Tensor, strict: bool = True) -> torch.Tensor:
+        """Slot index of each token at its position; a token the means never saw there is an error, or with
+        `strict` off the index S, whose sum and count are zero (`counts`, `replacement`)."""
         hit = self.slot_tokens_TS[None] == input_ids_BT[..., None].cpu()  # [B, T, S]
-        if not bool(hit.any(-1).all()):
+        seen = hit.any(-1)
+        if strict and not bool(seen.all()):
             raise Af1Error("a prompt has a token at a position that the means' task never had there")
-        return hit.float().argmax(-1)
+        return torch.where(seen, hit.float().argmax(-1), self.slot_tokens_TS.shape[1])
+
+    def counts(self, input_ids_BT: torch.Tensor) -> torch.Tensor:
+        """[B, T] members with each prompt's token at each position (0 where the means never saw it)."""
+        padded_TS = torch.cat([self.counts_TS, torch.zeros(len(self.counts_TS), 1)], 1)
+        return padded_TS[torch.arange(input_ids_BT.shape[1])[None], self.slots(input_ids_BT, strict=False)]
+
+    def unseen(self, input_ids_BT: torch.Tensor) -> torch.Tensor:
+        """[B] bool: prompts with a token at some position that no member had there."""
+        return (self.counts(input_ids_BT) == 0).any(1)
 
     def inside(self, input_ids_BT: torch.Tensor) -> torch.Tensor:
         """[B] bool: is each prompt one of the problems these means average over."""
@@ -116,19 +128,19 @@ class PositionMeans:
         agnostic = (total_sD[None] - left_B1 * own_BsD) / (self.n_problems - left_B1).clamp(min=1)
         if not conditional:
             return agnostic.expand(B, s, -1)
-        slots_Bs = self.slots(input_ids_BT)[:, T - s :]
-        n_cond = self.counts_TS[T - s :][torch.arange(s)[None], slots_Bs][..., None] - left_B1  # [B, s, 1]
+        slots_Bs = self.slots(input_ids_BT, strict=False)[:, T - s :]  # a token never seen: slot S, zero sum
+        n_cond = self.counts(input_ids_BT)[:, T - s :, None] - left_B1  # [B, s, 1]
+        sums_sSD = torch.cat([sums_sSD, torch.zeros(s, 1, sums_sSD.shape[-1])], 1)
         cond = (sums_sSD[torch.arange(s)[None], slots_Bs] - left_B1 * own_BsD) / n_cond.clamp(min=1)
         return torch.where(n_cond > 0, cond, agnostic)  # nobody else has the token: the token-agnostic mean
 
     def fallbacks(self, input_ids_BT: torch.Tensor, start: int) -> torch.Tensor:
-        """[B, T] bool: positions from `start` where a prompt inside the means is the only member with its token
-        (its leave-one-out conditional mean is the token-agnostic one)."""
-        slots = self.slots(input_ids_BT)
-        counts = self.counts_TS[torch.arange(slots.shape[1])[None], slots]
-        only = (counts <= 1) & self.inside(input_ids_BT)[:, None]
-        only[:, :start] = False
-        return only
+        """[B, T] bool: positions from `start` where no other member has the prompt's token (it is the only one, or
+        the means never saw the token there): CAMA uses the (leave-one-out) token-agnostic mean there."""
+        others = self.counts(input_ids_BT) - self.inside(input_ids_BT)[:, None].float()
+        none = others < 1
+        none[:, :start] = False
+        return none
 
     def save(self, path: str | Path) -> Path:
         tensors = {
