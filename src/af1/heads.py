@@ -366,7 +366,8 @@ class EffectSums:
 
 
 SCORED = {
-    "full": "every teacher-forced step of the answer's tokens (not the end-of-answer step): per problem the mean over its answer steps of the relative change of "
+    "full": "every teacher-forced step of the answer's tokens (not the end-of-answer step): per problem the mean "
+    "over its answer steps of the relative change of "
     "the correct token's logit, (patched - clean) / |clean|, and of the change of (correct - clean top wrong), then "
     "the mean over problems (each problem counts once); the counterfactual at step k is the counterfactual prompt "
     "followed by the same k clean answer tokens",
