@@ -16,18 +16,21 @@ from conftest import tiny_model
 
 
 def test_evaluate_matches_a_manual_forward(tokenizer):
-    """Full scoring = greedy exact match under teacher forcing: every answer token, from one manual forward each."""
+    """Full scoring = greedy exact match under teacher forcing: every answer token and the end-of-answer token (the
+    few-shot separator), from one manual forward each."""
     model = tiny_model("llama")
     task = build_task(TaskSpec(operation="a+b", shots=1), tokenizer)
     scores = evaluate(model, task, batch_size=7)
+    assert task.end["checked"] and all(s[-1] == task.stop_tokens[i] for i, s in enumerate(task.scored_tokens))
     for i in range(len(task)):
-        ids = task.input_ids_PT[i].tolist() + list(task.answer_tokens[i])
+        targets = list(task.scored_tokens[i])
+        ids = task.input_ids_PT[i].tolist() + targets
         logits = model(torch.tensor([ids]), use_cache=False).logits[0]  # teacher-forced, all steps at once
-        n, k = task.n_positions, len(task.answer_tokens[i])
+        n, k = task.n_positions, len(targets)
         steps = logits[n - 1 : n - 1 + k]
         assert scores.predicted_PA[i] == steps.argmax(-1).tolist()
-        assert bool(scores.correct_P[i]) == (steps.argmax(-1).tolist() == list(task.answer_tokens[i]))
-        p = steps.softmax(-1).gather(1, torch.tensor(task.answer_tokens[i])[:, None]).prod()
+        assert bool(scores.correct_P[i]) == (steps.argmax(-1).tolist() == targets)
+        p = steps.softmax(-1).gather(1, torch.tensor(targets)[:, None]).prod()
         assert torch.allclose(scores.p_correct_P[i], p, rtol=1e-4)
 
 
