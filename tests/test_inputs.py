@@ -59,9 +59,11 @@ def rerun(model: Any, row: dict[str, Any]) -> list[int]:
 
 
 def check_row(model: Any, row: dict[str, Any]) -> None:
+    """The rerun's tokens are the recorded ones, and right exactly when the answer and its end token are."""
     predicted = rerun(model, row)
     assert predicted == row["predicted_tokens"]
-    assert row["solved"] == (predicted == row["answer_tokens"][: len(predicted)])
+    targets = row["answer_tokens"] + ([row["stop_token"]] if row.get("stop_token") is not None else [])
+    assert row["solved"] == (predicted == targets[: len(predicted)])
 
 
 @pytest.mark.parametrize("name", list(RUNS))

@@ -80,19 +80,19 @@ class AF1Config(BaseModel):
 
 
 def ablated_states(
-    config: AF1Config, means: PositionMeans | None, ids_BT: torch.Tensor, own_BsD: torch.Tensor | None = None
+    config: AF1Config, means: PositionMeans | None, ids_BT: torch.Tensor, own_BUD: torch.Tensor | None = None
 ) -> torch.Tensor:
     """What CAMA, the token-agnostic mean or the zero ablation writes into h[wait] at the last s positions of each
     prompt ([B, s, D]; s = own's length, else every position). `own` is the prompts' unablated h[wait] there: a
     prompt inside the means is ablated to the mean of the other problems (leave-one-out, `PositionMeans`)."""
-    s = ids_BT.shape[1] if own_BsD is None else own_BsD.shape[1]
+    s = ids_BT.shape[1] if own_BUD is None else own_BUD.shape[1]
     if config.ablation == "zero":
         if means is None:
             raise Af1Error("the zero ablation needs the position means for the hidden size")
         return torch.zeros(ids_BT.shape[0], s, means.sums_LTSD.shape[-1])
     if means is None:
         raise Af1Error(f"the {config.ablation} ablation needs position means")
-    return means.replacement(config.wait, ids_BT, own_BsD, conditional=config.ablation == "cama")
+    return means.replacement(config.wait, ids_BT, own_BUD, conditional=config.ablation == "cama")
 
 
 def ablation_start(config: AF1Config, task: Task) -> int:

@@ -179,7 +179,7 @@ def own_states(adapter: ModelAdapter, task: Task, layer: int, batch_size: int = 
 
 
 def _own_columns(
-    adapter: ModelAdapter, config: AF1Config, means: PositionMeans | None, task: Task, own_PsD: torch.Tensor | None
+    adapter: ModelAdapter, config: AF1Config, means: PositionMeans | None, task: Task, own_PUD: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The problems whose ablated states are not a function of (position, token): those the ablation leaves out of
     their own means, and those with a token the means never saw (the token-agnostic mean there): (their rows in
@@ -193,7 +193,7 @@ def _own_columns(
     rows = rows_P.nonzero().flatten()
     if not len(rows):
         return None
-    own = own_PsD[rows] if own_PsD is not None else own_states(adapter, task.subset(rows), config.wait)
+    own = own_PUD[rows] if own_PUD is not None else own_states(adapter, task.subset(rows), config.wait)
     start = ablated_states(config, means, task.input_ids_PT[rows], own).float()
     if config.ablation == "cama":  # CAMA leaves the first varying position alone: its own state
         start[:, 0] = own[:, 0].float()
@@ -207,7 +207,7 @@ def token_local_kv(
     config: AF1Config,
     means: PositionMeans | None,
     ctx: ProblemKV | None = None,
-    own_PsD: torch.Tensor | None = None,
+    own_PUD: torch.Tensor | None = None,
 ) -> TokenLocalKV:
     """Keys/values after `wait` per (position, token), and the last token's state entering block wait+1.
 
@@ -216,7 +216,7 @@ def token_local_kv(
     wait = -1 from its embedding). CAMA's first varying position, which the reference path leaves alone, starts
     from its conditional mean too: it sees only the context and itself, so its state is that mean (up to the
     rounding of the average). A problem inside the means (leave-one-out) runs its own positions instead, from its
-    own ablated states (its unablated h[wait] `own_PsD` [P, n-c, D] of `task`, computed when not given)."""
+    own ablated states (its unablated h[wait] `own_PUD` [P, n-c, D] of `task`, computed when not given)."""
     if config.wait >= 0 and config.ablation not in ("cama", "mean", "zero"):
         raise ValueError(f"the {config.ablation} ablation does not make positions token-local")
     table = means.slot_tokens_TS if means is not None and config.wait >= 0 else slot_table(task.input_ids_PT)
@@ -228,15 +228,15 @@ def token_local_kv(
     row_pos = row_pos + c
     tokens = table[row_pos, row_col]
     own_columns: dict[bytes, int] = {}
-    own = _own_columns(adapter, config, means, task, own_PsD) if w >= 0 else None
+    own = _own_columns(adapter, config, means, task, own_PUD) if w >= 0 else None
     if own is not None and start_TSD is not None:
-        rows, own_start_RsD = own
+        rows, own_start_PUD = own
         R = len(rows)
         ids_RT = task.input_ids_PT[rows]
         own_columns = {row.numpy().tobytes(): S + i for i, row in enumerate(ids_RT)}
         table = torch.cat([table, torch.full((T, R), -1, dtype=table.dtype)], 1)
         own_TRD = torch.zeros(T, R, start_TSD.shape[-1])
-        own_TRD[c:] = own_start_RsD.transpose(0, 1)
+        own_TRD[c:] = own_start_PUD.transpose(0, 1)
         start_TSD = torch.cat([start_TSD, own_TRD], 1)
         own_pos = torch.arange(c, T - 1).repeat_interleave(R)
         own_col = torch.arange(R).repeat(T - 1 - c)

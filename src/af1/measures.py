@@ -96,7 +96,7 @@ class StepSetup:
         leaves_out = config.wait >= 0 and config.ablation in ("cama", "mean")
         if leaves_out and bool(self.means.inside(solved.input_ids_PT).any()):
             own = self.clean_all()[config.wait]
-        return token_local_kv(self.adapter, solved, config, self.means, self.context(), own_PsD=own)
+        return token_local_kv(self.adapter, solved, config, self.means, self.context(), own_PUD=own)
 
     def clean_all(self) -> list[torch.Tensor]:
         """`clean` of every solved problem."""

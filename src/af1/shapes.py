@@ -24,7 +24,7 @@ LEGEND: dict[str, str] = {
     "R": "readout rows: the correct answer token and the clean run's best wrong token",
     "S": "slots of a token-local table: one (position, token) pair each",
     "T": "positions of a sequence",
-    "U": "suffix positions: the ones after the context",
+    "U": "suffix positions: the ones after the context (or the last positions a caller passes)",
     "V": "vocabulary",
     "W": "L_wait values (-1 .. L-1)",
     "X": "L_transfer values (0 .. L)",

@@ -93,12 +93,12 @@ def clean_suffix_states(adapter: ModelAdapter, task: Task, ctx: ProblemKV, batch
 
 
 def _ablation(
-    config: AF1Config, means: PositionMeans | None, ids_BT: torch.Tensor, donor_BsD: torch.Tensor | None, start: int
+    config: AF1Config, means: PositionMeans | None, ids_BT: torch.Tensor, donor_BUD: torch.Tensor | None, start: int
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """The overwrite of the suffix's h[wait] from `start`: the donors' states (resample), else the ablation's, from
     the unablated states themselves (a problem inside the means leaves its own out: `PositionMeans.replacement`)."""
-    if donor_BsD is not None:
-        return lambda h: replace_positions(h, donor_BsD, start)
+    if donor_BUD is not None:
+        return lambda h: replace_positions(h, donor_BUD, start)
     return lambda h: replace_positions(h, ablated_states(config, means, ids_BT, h), start)
 
 

@@ -40,7 +40,7 @@ class Options(base.GatedOptions):
         "... (replaced per problem by another value of the same token length); a task file replaces the slot it "
         "names. It ranks the key and top heads that are knocked out and compared with AF1 (default: operator)",
     )
-    second_counterfactual: bool = Field(
+    rank_both: bool = Field(
         default=True,
         description="built-in tasks: also path-patch with the other counterfactual (operand a beside the operator, "
         "the operator beside an operand) on the same selection part, to show both rankings side by side (path "
@@ -176,7 +176,7 @@ class Heads(base.Experiment):
                 f"--counterfactual {kind}: a task file names the slot it replaces (counterfactual: {{slot: ...}})"
             )
         second = None
-        if spec.file is None and options.second_counterfactual:
+        if spec.file is None and options.rank_both:
             second = "a" if kind in (None, "operator") else "operator"
         search = inputs.one("search")
         split, split_from = (options.selection, options.split_seed), "the heads study's own seeded split"

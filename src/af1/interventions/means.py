@@ -113,25 +113,25 @@ class PositionMeans:
         return self.cond_LTSD[layer][torch.arange(T)[None], slots]
 
     def replacement(
-        self, layer: int, input_ids_BT: torch.Tensor, own_BsD: torch.Tensor | None, conditional: bool = True
+        self, layer: int, input_ids_BT: torch.Tensor, own_BUD: torch.Tensor | None, conditional: bool = True
     ) -> torch.Tensor:
         """What CAMA (`conditional`) or the token-agnostic mean ablation writes into h[layer] at the last s positions
         of each prompt (s = own's length, else every position): [B, s, D] fp32. A prompt inside the means has its
         own state `own` (its unablated h[layer] there) left out; where no other member has its token at a position,
         the leave-one-out token-agnostic mean stands in (`fallbacks` counts those)."""
         B, T = input_ids_BT.shape
-        s = T if own_BsD is None else own_BsD.shape[1]
-        sums_sSD = self.sums_LTSD[layer][T - s :]
-        total_sD = sums_sSD.sum(1)
-        left_B1 = torch.zeros(B, 1, 1) if own_BsD is None else self.inside(input_ids_BT).float()[:, None, None]
-        own_BsD = torch.zeros(1, 1, 1) if own_BsD is None else own_BsD.float().cpu()
-        agnostic = (total_sD[None] - left_B1 * own_BsD) / (self.n_problems - left_B1).clamp(min=1)
+        s = T if own_BUD is None else own_BUD.shape[1]
+        sums_USD = self.sums_LTSD[layer][T - s :]
+        total_UD = sums_USD.sum(1)
+        left_B1 = torch.zeros(B, 1, 1) if own_BUD is None else self.inside(input_ids_BT).float()[:, None, None]
+        own_BUD = torch.zeros(1, 1, 1) if own_BUD is None else own_BUD.float().cpu()
+        agnostic = (total_UD[None] - left_B1 * own_BUD) / (self.n_problems - left_B1).clamp(min=1)
         if not conditional:
             return agnostic.expand(B, s, -1)
-        slots_Bs = self.slots(input_ids_BT, strict=False)[:, T - s :]  # a token never seen: slot S, zero sum
+        slots_BU = self.slots(input_ids_BT, strict=False)[:, T - s :]  # a token never seen: slot S, zero sum
         n_cond = self.counts(input_ids_BT)[:, T - s :, None] - left_B1  # [B, s, 1]
-        sums_sSD = torch.cat([sums_sSD, torch.zeros(s, 1, sums_sSD.shape[-1])], 1)
-        cond = (sums_sSD[torch.arange(s)[None], slots_Bs] - left_B1 * own_BsD) / n_cond.clamp(min=1)
+        sums_USD = torch.cat([sums_USD, torch.zeros(s, 1, sums_USD.shape[-1])], 1)
+        cond = (sums_USD[torch.arange(s)[None], slots_BU] - left_B1 * own_BUD) / n_cond.clamp(min=1)
         return torch.where(n_cond > 0, cond, agnostic)  # nobody else has the token: the token-agnostic mean
 
     def fallbacks(self, input_ids_BT: torch.Tensor, start: int) -> torch.Tensor:
