@@ -173,7 +173,10 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
     assert "Transfer on" in html and "tiny-qwen2" in html and "data:image/png;base64" in html
     styles = results(out)["tiny-llama/a+b.original.1d.1shot.n30/styles"]
     verbal = [r for r in styles["rows"] if r["style"] == "verbal"]  # fitted on the original style only
-    assert verbal and all(r["base_accuracy"] < 0.5 for r in verbal)
+    # with the end of the answer checked it may solve none of them: that row is a one-line error, not a number
+    assert verbal and all(
+        r["base_accuracy"] < 0.5 if "base_accuracy" in r else "solves none" in r["error"] for r in verbal
+    ), verbal
 
     again = run_study(load_plan(plan), out)
     assert again.ran == [] and len(again.skipped) == 30
