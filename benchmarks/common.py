@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from af1 import load_model
+from af1.greedy import bf16_pays
 from af1.results import provenance, write_json
 from af1.tasks import TaskSpec, build_task
 
@@ -45,7 +46,13 @@ def write(name: str, lm, task, data: dict[str, Any]) -> Path:
         "n_problems": len(task),
         "tokens_per_prompt": task.n_positions,
         "layers": lm.adapter.n_layers,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "bf16_screen_used": bf16_pays(),  # the grid's greedy screen (af1.greedy) runs only where it pays
+        },
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         **data,
         "provenance": provenance(lm.info),

@@ -28,7 +28,7 @@ def test_counterfactual_keeps_the_layout(tokenizer, style, null, shots):
     cf = heads.counterfactual(task, tokenizer)
     assert cf.input_ids_PT.shape == task.input_ids_PT.shape
     changed = (cf.input_ids_PT != task.input_ids_PT).any(0).nonzero().flatten().tolist()
-    assert changed == cf.operator_positions and len(changed) == 1
+    assert changed == cf.changed_positions and len(changed) == 1
     assert all(task.layout[t] in ("const", "context") for t in changed)  # never an operand
     if null:
         assert cf.replacement == null
@@ -574,7 +574,7 @@ def test_an_operand_counterfactual_is_drawn_per_problem_and_keeps_the_layout(tok
     task = build_task(TaskSpec(operation="a+b", style="calculate", digits=2, shots=2, n=10, seed=3), tokenizer)
     cf = heads.counterfactual(task, tokenizer, "b")
     assert cf.kind == "B" and cf.input_ids_PT.shape == task.input_ids_PT.shape
-    assert all(task.layout[t] == "B" for t in cf.operator_positions)
+    assert all(task.layout[t] == "B" for t in cf.changed_positions)
     for i, (p, value) in enumerate(zip(task.problems, cf.replacements, strict=True)):
         assert value != str(p.operands[1]) and len(value) == 2
         text = p.text[: len(p.text) - len(p.prompt)] + p.prompt.replace(str(p.operands[1]), value, 1)

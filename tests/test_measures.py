@@ -71,7 +71,8 @@ def test_low_counts_of_the_means_are_named(tiny_setup):
     solved problem is inside the means (the whole grid), so it is left out of them and that is counted."""
     counts = tiny_setup.means.counts_TS
     assert counts.sum(1)[tiny_setup.kept.context_len] == len(tiny_setup.distribution)
-    note = next(w for w in tiny_setup.warnings if "fewer than 5 other" in w)
+    warnings = tiny_setup.describe()["warnings"]
+    note = next(w for w in warnings if "fewer than 5 other" in w)
     kept = tiny_setup.steps[0].kept
     thin = measures.low_count_positions(tiny_setup.means, kept)
     low, n_low = thin["positions"], thin["n_problems_low"]
@@ -86,7 +87,14 @@ def test_low_counts_of_the_means_are_named(tiny_setup):
     described = tiny_setup.describe()["means_from"]
     assert described["n_fallback_pairs"] == sum(n["n_fallback_pairs"] for n in described["per_step"])
     if thin["n_fallback_pairs"]:
-        assert any("leave-one-out token-agnostic" in w for w in tiny_setup.warnings)
+        assert any("leave-one-out token-agnostic" in w for w in warnings)
+    half = tiny_setup.on(list(range(len(kept) // 2)))  # a split counts its own problems
+    assert half.means_notes[0] == {
+        "layout": 0,
+        "step": 0,
+        **measures.low_count_positions(tiny_setup.means, half.steps[0].kept),
+    }
+    assert half.means_notes[0]["n_inside"] == len(kept) // 2
 
 
 def synthetic_sweep(L: int, n: int, cells: dict[tuple[int, int], list[bool]], targets: list[str]) -> dict:
@@ -232,7 +240,7 @@ def test_pruning_ranks_past_float32_saturation_and_stops_at_the_first_dip(tiny_s
     result = measures.prune_heads(tiny_setup, AF1Config(wait=0, transfer=1))
     assert [tuple(h) for h in result["prune_order"]] == [(1, 3), (1, 2), (1, 1), (1, 0)]  # largest margin first
     assert result["faithfulness_vs_pruned"] == [1.0, 1.0, pytest.approx(0.5, abs=0.1), 1.0, 1.0]
-    assert result["max_pruned_at_95pct"] == 1
+    assert result["n_pruned_before_first_drop"] == 1
     assert result["mean_log_p_correct_vs_pruned"][1] > result["mean_log_p_correct_vs_pruned"][0]
 
 

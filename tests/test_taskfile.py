@@ -210,7 +210,7 @@ def test_a_counterfactual_that_changes_the_layout_is_refused(tmp_path, tokenizer
 def test_the_slot_counterfactual_changes_only_the_slot(tokenizer):
     task = build_task(TaskSpec(file=str(EXAMPLES / "next_letter.yaml")), tokenizer)
     cf = counterfactual(task, tokenizer)
-    assert cf.operator_positions and all(task.layout[t] == "letter" for t in cf.operator_positions)
+    assert cf.changed_positions and all(task.layout[t] == "letter" for t in cf.changed_positions)
     assert (cf.input_ids_PT != task.input_ids_PT).any(1).all()  # every problem changed
 
 
@@ -221,7 +221,7 @@ def test_a_repeated_slot_is_replaced_everywhere_by_a_distinct_value(tmp_path, to
     task = build_task(TaskSpec(file=str(path)), tokenizer)
     cf = counterfactual(task, tokenizer)
     x_at = [t for t, r in enumerate(task.layout) if r == "x"]
-    assert len(x_at) == 2 and cf.operator_positions == x_at
+    assert len(x_at) == 2 and cf.changed_positions == x_at
     replacements = set()
     for i, p in enumerate(task.problems):
         new, again = (tokenizer.decode(cf.input_ids_PT[i, t]).strip() for t in x_at)

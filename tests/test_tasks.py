@@ -106,6 +106,27 @@ def test_means_distribution_is_a_disjoint_sample_sized_for_its_counts_or_the_gri
     assert {p.operands for p in task.problems} <= {p.operands for p in grid.problems}
 
 
+def test_means_sample_missing_an_answer_step_is_topped_up_not_the_grid(tokenizer, monkeypatch):
+    """A sample without some layout or answer step gets MEANS_MIN_COUNT problems of it, never the whole grid."""
+    import af1.tasks as tasks
+
+    spec = TaskSpec(operation="a+b", digits=2, n=40, shots=1)
+    task = build_task(spec, tokenizer)
+    assert max(len(a) for a in task.answer_tokens) == 3  # some sums have three digits: one more answer step
+    examples, pool = tasks.problem_pool(spec)
+    small = [p for p in pool if len(p.answer_text.strip()) < 3 and p not in task.problems][:5]
+    large = [p for p in pool if len(p.answer_text.strip()) == 3 and p not in task.problems]
+    extra = tasks._missing_parts(spec, examples, small, large, tokenizer, task)
+    assert len(extra) == tasks.MEANS_MIN_COUNT and all(len(p.answer_text.strip()) == 3 for p in extra)
+    assert tasks._missing_parts(spec, examples, small + extra, large, tokenizer, task) == []
+    monkeypatch.setattr(tasks, "MEANS_SAMPLE_MIN", 1)
+    monkeypatch.setattr(tasks, "MEANS_SAMPLE_MAX", 1)
+    sample = tasks.distribution_task(spec, tokenizer, task)
+    assert sample.origin == "disjoint sample" and len(sample) <= 1 + 4 * tasks.MEANS_MIN_COUNT
+    assert {s.part_key for s in task.steps()} <= {s.part_key for s in sample.steps()}
+    assert not {p.operands for p in sample.problems} & {p.operands for p in task.problems}
+
+
 def test_means_sample_size_follows_the_rarest_common_token(tokenizer):
     """Each (position, token) held by at least 1 % of the evaluated problems is expected MEANS_MIN_COUNT times."""
     import math

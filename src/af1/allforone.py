@@ -44,6 +44,12 @@ class AF1Config(BaseModel):
     seed: int = 0  # for the resample ablation
 
     @property
+    def leaves_one_out(self) -> bool:
+        """Whether h[wait] takes a mean a problem may be inside of (CAMA, the token-agnostic mean): its own state is
+        then left out of it."""
+        return self.wait >= 0 and self.ablation in ("cama", "mean")
+
+    @property
     def first_peek(self) -> int:
         return self.wait + 1 if self.transfer_start is None else self.transfer_start
 
@@ -111,11 +117,20 @@ def ablation_edit(
     """The overwrite of h[wait] for one batch: positions after the first varying one."""
     if config.wait < 0 or config.ablation == "none":
         return None
-    start = ablation_start(config, task)
     if config.ablation == "resample":
         assert donor_BTD is not None
-        return lambda h: replace_positions(h, donor_BTD, start)
-    return lambda h: replace_positions(h, ablated_states(config, means, ids_BT, h), start)  # h: its own state
+    return overwrite_from(config, means, ids_BT, donor_BTD, ablation_start(config, task))
+
+
+def overwrite_from(
+    config: AF1Config, means: PositionMeans | None, ids_BT: torch.Tensor, donor_BUD: torch.Tensor | None, start: int
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The overwrite of h[wait] from position `start` (of the rows it sees): the donors' states (resample), else
+    the ablation's, from the unablated states themselves (a problem inside the means leaves its own out:
+    `PositionMeans.replacement`)."""
+    if donor_BUD is not None:
+        return lambda h: replace_positions(h, donor_BUD, start)
+    return lambda h: replace_positions(h, ablated_states(config, means, ids_BT, h), start)
 
 
 def plans_for(

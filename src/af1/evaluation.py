@@ -91,20 +91,39 @@ class Scores:
     @classmethod
     def from_steps(cls, task: Task, step_logits: list[torch.Tensor]) -> Scores:
         """Combine the logits (or greedy tokens) of each step of `task.steps()` into per-problem scores."""
+        steps = task.steps()
+        return cls.combine(
+            task, [cls.from_logits(x, step.answer_ids_P) for step, x in zip(steps, step_logits, strict=True)]
+        )
+
+    @classmethod
+    def combine(cls, task: Task, step_scores: list[Scores]) -> Scores:
+        """Per-problem scores from each step's of `task.steps()`: right when every step is, the probabilities
+        multiplied, the log-probabilities summed."""
         P = len(task)
-        correct = torch.ones(P, dtype=torch.bool)
-        p = torch.ones(P)
+        correct, p = torch.ones(P, dtype=torch.bool), torch.ones(P)
         log_p: torch.Tensor | None = torch.zeros(P, dtype=torch.float64)
         predicted: list[list[int]] = [[] for _ in range(P)]
-        for step, logits in zip(task.steps(), step_logits, strict=True):
-            s = cls.from_logits(logits, step.answer_ids_P)
-            rows = step.index_P if step.index_P is not None else torch.arange(P)
+        for step, s in zip(task.steps(), step_scores, strict=True):
+            rows = step.rows_in_parent
             correct[rows] &= s.correct_P
             p[rows] *= s.p_correct_P
             log_p = None if log_p is None or s.log_p_correct_P is None else log_p.index_add(0, rows, s.log_p_correct_P)
             for r, tok in zip(rows.tolist(), s.predicted_PA, strict=True):
                 predicted[r].extend(tok)
         return cls(predicted, p, correct, None, log_p)
+
+    @classmethod
+    def concat(cls, parts: list[Scores]) -> Scores:
+        """Scores of consecutive batches of problems as one."""
+        logs = [x.log_p_correct_P for x in parts]
+        return cls(
+            [row for x in parts for row in x.predicted_PA],
+            torch.cat([x.p_correct_P for x in parts]),
+            torch.cat([x.correct_P for x in parts]),
+            None,
+            None if any(x is None for x in logs) else torch.cat([x for x in logs if x is not None]),
+        )
 
 
 def answer_log_prob(logits_PV: torch.Tensor, answer_ids_P: torch.Tensor) -> torch.Tensor:
@@ -145,6 +164,7 @@ def evaluate(model: Any, task: Task, batch_size: int = 64) -> Scores:
     for order in by_layout.values():
         for i, step_logits in zip(order, all_step_logits(model, [steps[i] for i in order], batch_size), strict=True):
             logits[i] = step_logits
+    assert all(x is not None for x in logits), "every answer step is some layout's"
     return Scores.from_steps(task, [x for x in logits if x is not None])
 
 
@@ -152,7 +172,7 @@ def evaluate(model: Any, task: Task, batch_size: int = 64) -> Scores:
 def all_step_logits(model: Any, steps: list[Task], batch_size: int = 64) -> list[torch.Tensor]:
     """Last-position logits [P_k, V] of consecutive answer steps 0, 1, ... of one token layout (rows `index_P` of
     one task), each problem run once at its deepest step: its logits at step k's last position are step k's."""
-    rows = [s.where_P if s.index_P is not None else torch.arange(len(s)) for s in steps]
+    rows = [s.rows_in_parent for s in steps]
     where = [{int(r): i for i, r in enumerate(r_k.tolist())} for r_k in rows]
     deepest = {r: k for k, w in enumerate(where) for r in w}
     out: list[list[tuple[int, torch.Tensor]]] = [[] for _ in steps]

@@ -21,6 +21,7 @@ import torch
 
 from af1.allforone import AF1Config, ablated_states, reference_logits
 from af1.context import context_of, forward_last, unshared_reason
+from af1.errors import Af1Error
 from af1.evaluation import batches
 from af1.greedy import greedy_tokens
 from af1.interventions.attention import LayerPlan, attention_plans
@@ -89,9 +90,9 @@ class TokenLocalKV:
         own = [self.own_columns.get(row.numpy().tobytes()) for row in ids_BT]
         mine = torch.tensor([o is not None for o in own], dtype=torch.bool)
         if not bool(hit_BTS[~mine].any(-1).all()):
-            raise ValueError("a token at some position has no slot in the token-local table (means of another task?)")
+            raise Af1Error("a token at some position has no slot in the token-local table (means of another task?)")
         if self.members is not None and bool(torch.isin(row_hashes(ids_BT[~mine]), self.members).any()):
-            raise ValueError("a problem inside the means has no column of its own: the table is another problem set's")
+            raise Af1Error("a problem inside the means has no column of its own: the table is another problem set's")
         slots = hit_BTS.float().argmax(-1)
         for b, col in enumerate(own):
             if col is not None:
@@ -188,7 +189,7 @@ def _own_columns(
         return None
     ids = task.input_ids_PT
     rows_P = means.unseen(ids)  # a token the means never saw at a position has no slot
-    if config.ablation in ("cama", "mean"):
+    if config.leaves_one_out:
         rows_P |= means.inside(ids)
     rows = rows_P.nonzero().flatten()
     if not len(rows):
@@ -254,7 +255,7 @@ def token_local_kv(
             if layer in captured:
                 suffix[row_pos - c, row_col] = captured[layer][kv][:, :, 0]
             out[layer] = suffix
-    members = means.member_hashes if means is not None and w >= 0 and config.ablation in ("cama", "mean") else None
+    members = means.member_hashes if means is not None and config.leaves_one_out else None
     return TokenLocalKV(w, keys, values, start_TSD, table, ctx, own_columns, members)
 
 

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from af1.errors import Af1Error
 from af1.evaluation import batches
+from af1.interventions.heads import random_heads
 from af1.models.adapter import ModelAdapter, weight_of
 from af1.tasks import PAD, Task
 
@@ -223,10 +224,7 @@ def compare(
         "arithmetic_baseline": baseline,
         "base": measure(),
     }
-    pool = [(layer, h) for layer in range(adapter.n_layers) for h in range(adapter.n_heads) if (layer, h) not in heads]
-    if len(heads) > len(pool):
-        raise Af1Error(f"{len(heads)} random heads cannot be drawn from the {len(pool)} heads not chosen")
-    random_sets = [random.Random(config.seed + d).sample(pool, len(heads)) for d in range(random_draws)]
+    random_sets = [random_heads(adapter, len(heads), config.seed + d, heads) for d in range(random_draws)]
     variants: dict[str, list[dict[str, torch.Tensor] | None]] = {
         "precise": [head_slices(adapter, heads)],
         "random_heads": [head_slices(adapter, h) for h in random_sets],
@@ -284,7 +282,8 @@ def compare(
         if name == "random_heads":
             result[name]["draws"] = len(random_sets)
             result[name]["note"] = (
-                f"{len(random_sets)} seeded draws of {len(heads)} heads from the {len(pool)} not chosen; learning "
+                f"{len(random_sets)} seeded draws of {len(heads)} heads from the "
+                f"{adapter.n_layers * adapter.n_heads - len(heads)} not chosen; learning "
                 "rate chosen on the first draw; mean ± std over draws (each with one seed: the spread is over "
                 "both the heads and the seed)"
             )

@@ -11,6 +11,8 @@ do; the tests check the tokens against the float32 argmax on every family and on
 
 from __future__ import annotations
 
+import functools
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -59,9 +61,27 @@ def screen_of(lm_head: torch.nn.Module) -> Screen:
 
 
 def usable(adapter: ModelAdapter) -> bool:
-    """The screen needs the unembedding on the CPU in float32 (elsewhere the plain logits are as cheap)."""
+    """The screen needs the unembedding on the CPU in float32 (elsewhere the plain logits are as cheap), and a CPU
+    whose bfloat16 products are faster than its float32 ones (without bf16 dot products they are ~100x slower)."""
     W = weight_of(adapter.lm_head)
-    return W.device.type == "cpu" and W.dtype == torch.float32 and not adapter.offloaded()
+    return W.device.type == "cpu" and W.dtype == torch.float32 and not adapter.offloaded() and bf16_pays()
+
+
+@functools.cache
+def bf16_pays() -> bool:
+    """Whether a bfloat16 matrix product beats the float32 one on this CPU: measured once per process on a slice of
+    an unembedding's shape (a few ms where it pays, about 0.1 s where it does not). The tokens are the same
+    either way; only the time differs."""
+    x_BD, w_DV = torch.randn(16, 512), torch.randn(512, 4096)
+    times = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = x_BD.to(dtype), w_DV.to(dtype)
+        a @ b  # warm-up
+        start = time.perf_counter()
+        for _ in range(3):
+            a @ b
+        times[dtype] = time.perf_counter() - start
+    return times[torch.bfloat16] < 0.8 * times[torch.float32]
 
 
 MAX_CANDIDATES = 64  # a row with more candidates is scored in full (the screen did not narrow it)
@@ -73,6 +93,12 @@ def greedy_tokens(adapter: ModelAdapter, h_BD: torch.Tensor) -> torch.Tensor:
     """The argmax token [B] of the logits `adapter.logits` gives for final hidden states h [B, D]."""
     if not usable(adapter):
         return adapter.logits(h_BD[:, None])[:, -1].float().argmax(-1).cpu()
+    return screened_tokens(adapter, h_BD)
+
+
+@torch.no_grad()
+def screened_tokens(adapter: ModelAdapter, h_BD: torch.Tensor) -> torch.Tensor:
+    """`greedy_tokens` through the screen whether or not it pays on this CPU (a float32 unembedding on the CPU)."""
     return torch.cat([_screened(adapter, h_BD[i : i + ROWS]) for i in range(0, len(h_BD), ROWS)])
 
 

@@ -2,8 +2,9 @@
 
 Each sender (a head or an MLP) has its output at the last position taken from the counterfactual
 run (the operator replaced by a null word or symbol, or an operand by another value drawn per problem);
-the receiver is the last position's logits. Every teacher-forced answer step is scored, as AF1 scores
-(`SCORED`): at step k the clean run reads the prompt and the first k answer tokens, the counterfactual run
+the receiver is the last position's logits. Every teacher-forced step of the answer's tokens is scored
+(`SCORED`; not the end-of-answer step AF1 also scores: heads are ranked by the arithmetic, not the newline):
+at step k the clean run reads the prompt and the first k answer tokens, the counterfactual run
 the counterfactual prompt and the same k tokens; per problem the SPEC's effect (the relative change of the
 correct token's logit, and the change of the logit difference) is averaged over its steps, then over
 problems, so that each problem counts once and the threshold of -5 % keeps its meaning per token. (The
@@ -28,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,7 @@ from af1.context import forward_last, suffix_start
 from af1.errors import Af1Error
 from af1.evaluation import Evaluated, Scores, batches, evaluated, require_solved, solved
 from af1.interventions.attention import LayerPlan, attention_plans
-from af1.interventions.heads import HeadSums, head_sums, replace_heads
+from af1.interventions.heads import HeadSums, head_sums, random_heads, replace_heads
 from af1.interventions.sites import (
     FINAL,
     Site,
@@ -80,14 +81,14 @@ class Counterfactual:
 
     input_ids_PT: torch.Tensor
     replacement: str
-    operator_positions: list[int]  # the changed positions (an operand's or a slot's, for those counterfactuals)
+    changed_positions: list[int]  # the positions the counterfactual changes (the operator, an operand or a slot)
     replacements: list[str] = field(default_factory=list)
     kind: str = "operator"  # operator, an operand's name (A, B, ...) or, for a task file, "slot <name>"
 
     def at_step(self, step: Task) -> Counterfactual:
         """The counterfactual of an answer step (`Task.steps()`): each of its rows' counterfactual prompt followed by
         the same teacher-forced answer tokens as the clean row."""
-        rows = step.index_P if step.index_P is not None else torch.arange(len(step))
+        rows = step.rows_in_parent
         T = self.input_ids_PT.shape[1]
         ids = torch.cat([self.input_ids_PT[rows], step.input_ids_PT[:, T:]], 1)
         drawn = [self.replacements[i] for i in rows.tolist()] if self.replacements else []
@@ -126,9 +127,15 @@ def _spans(
     return spans
 
 
-def _operator_spans(prompt: str, style: str, operation: str, operands: tuple[int, ...]) -> list[tuple[int, int]]:
-    """Character spans of the operator text inside the problem's own prompt (not the few-shot prefix)."""
-    return _spans(prompt, style, operation, operands, None)
+def _splice(task: Task, tokenizer: Any, i: int, spans: list[tuple[int, int]], value: str) -> list[int]:
+    """Problem i's whole input (few-shot prefix and the BOS af1 prepends included) with `value` in every span of
+    its own prompt."""
+    p = task.problems[i]
+    offset = len(p.text) - len(p.prompt)
+    text = p.text
+    for a, b in sorted(spans, reverse=True):  # right to left
+        text = text[: offset + a] + value + text[offset + b :]
+    return ([task.bos[0]] if task.bos is not None else []) + tokenizer(text)["input_ids"]
 
 
 def _draw(
@@ -136,22 +143,38 @@ def _draw(
 ) -> tuple[list[int], str, list[int]] | None:
     """The first candidate (in a seeded order per problem: the task's seed and the prompt) that, put in every span,
     keeps the token layout and changes nothing but the `role` positions: (ids, value, changed positions)."""
-    p = task.problems[i]
     candidates = list(candidates)
-    random.Random(f"{task.spec.seed}:{p.prompt}").shuffle(candidates)
-    offset = len(p.text) - len(p.prompt)
-    bos = [task.bos[0]] if task.bos is not None else []  # the prompts run with the BOS af1 prepended: so do these
+    random.Random(f"{task.spec.seed}:{task.problems[i].prompt}").shuffle(candidates)
     for value in candidates:
-        text = p.text
-        for a, b in sorted(spans, reverse=True):  # right to left
-            text = text[: offset + a] + value + text[offset + b :]
-        ids = bos + tokenizer(text)["input_ids"]
+        ids = _splice(task, tokenizer, i, spans, value)
         if len(ids) != task.n_positions:
             continue
         changed = (torch.tensor(ids) != task.input_ids_PT[i]).nonzero().flatten().tolist()
         if all(task.layout[t] == role for t in changed):
             return ids, value, changed
     return None
+
+
+def _drawn(
+    task: Task,
+    tokenizer: Any,
+    choices: Callable[[int], tuple[list[tuple[int, int]], list[str], str]],
+    role: str,
+    replacement: str,
+    kind: str,
+) -> Counterfactual:
+    """Every problem's drawn counterfactual (`_draw`); `choices(i)` gives its spans, its candidates and the error
+    to raise when none keeps the layout."""
+    rows, drawn, positions = [], [], set()
+    for i in range(len(task)):
+        spans, candidates, error = choices(i)
+        found = _draw(task, tokenizer, i, spans, candidates, role)
+        if found is None:
+            raise Af1Error(error)
+        rows.append(found[0])
+        drawn.append(found[1])
+        positions |= set(found[2])
+    return Counterfactual(torch.tensor(rows), replacement, sorted(positions), drawn, kind)
 
 
 def slot_counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
@@ -170,25 +193,22 @@ def slot_counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
             f"task file {task.spec.file} names no counterfactual slot (counterfactual: {{slot: ..., null_value: ...}})"
         )
     values = sorted(set(slot_values(task.spec.file, described, named.slot)))
-    rows, drawn, positions = [], [], set()
-    for i, p in enumerate(task.problems):
+
+    def choices(i: int) -> tuple[list[tuple[int, int]], list[str], str]:
+        p = task.problems[i]
         spans = [(a, b) for n, a, b in p.spans if n == named.slot]
         if not spans:
             raise Af1Error(f"problem {p.prompt!r} has no slot '{named.slot}'")
         own = p.prompt[spans[0][0] : spans[0][1]]
         taken = set(p.operands) if described.distinct else {own}  # a distinct task's other slots stay distinct
         candidates = [named.null_value] if named.null_value is not None else [v for v in values if v not in taken]
-        found = _draw(task, tokenizer, i, spans, candidates, named.slot)
-        if found is None:
-            raise Af1Error(
-                f"no value of slot '{named.slot}' keeps the token layout of {p.prompt!r} "
-                + ("(its null value has another token length)" if named.null_value is not None else "")
-            )
-        rows.append(found[0])
-        drawn.append(found[1])
-        positions |= set(found[2])
+        error = f"no value of slot '{named.slot}' keeps the token layout of {p.prompt!r} " + (
+            "(its null value has another token length)" if named.null_value is not None else ""
+        )
+        return spans, candidates, error
+
     replacement = named.null_value if named.null_value is not None else f"another value of {named.slot}"
-    return Counterfactual(torch.tensor(rows), replacement, sorted(positions), drawn, f"slot {named.slot}")
+    return _drawn(task, tokenizer, choices, named.slot, replacement, f"slot {named.slot}")
 
 
 def operand_counterfactual(task: Task, tokenizer: Any, operand: str) -> Counterfactual:
@@ -198,23 +218,15 @@ def operand_counterfactual(task: Task, tokenizer: Any, operand: str) -> Counterf
     if operand not in NAMES[: OPERATIONS[spec.operation].n_operands]:
         names = ", ".join(n.lower() for n in NAMES[: OPERATIONS[spec.operation].n_operands])
         raise Af1Error(f"unknown counterfactual '{operand.lower()}' for {spec.operation}: operator or one of {names}")
-    rows, drawn, positions = [], [], set()
-    for i, p in enumerate(task.problems):
+
+    def choices(i: int) -> tuple[list[tuple[int, int]], list[str], str]:
+        p = task.problems[i]
         own = str(p.operands[NAMES.index(operand)])
         spans = _spans(p.prompt, spec.style, spec.operation, p.operands, operand)
         candidates = [str(v) for v in spec.operand_range if str(v) != own and len(str(v)) == len(own)]
-        found = _draw(task, tokenizer, i, spans, candidates, operand)
-        if found is None:
-            raise Af1Error(f"no other value of operand {operand.lower()} keeps the token layout of {p.prompt!r}")
-        rows.append(found[0])
-        drawn.append(found[1])
-        positions |= set(found[2])
-    return Counterfactual(
-        torch.tensor(rows), f"another value of operand {operand.lower()}", sorted(positions), drawn, operand
-    )
+        return spans, candidates, f"no other value of operand {operand.lower()} keeps the token layout of {p.prompt!r}"
 
-
-COUNTERFACTUALS = "operator, or an operand: a, b, ..."
+    return _drawn(task, tokenizer, choices, operand, f"another value of operand {operand.lower()}", operand)
 
 
 def counterfactual(task: Task, tokenizer: Any, kind: str | None = None) -> Counterfactual:
@@ -234,16 +246,10 @@ def counterfactual(task: Task, tokenizer: Any, kind: str | None = None) -> Count
     if style not in OPERATOR_TEXT:
         raise Af1Error(f"no counterfactual is defined for style '{style}'")
     symbol = all(len(w) == 1 for w in OPERATOR_TEXT[style].values())
-    bos = [task.bos[0]] if task.bos is not None else []  # the prompts run with the BOS af1 prepended: so do these
     for null in NULL_SYMBOLS if symbol else NULL_WORDS:
         rows, ok = [], True
         for i, p in enumerate(task.problems):
-            spans = _operator_spans(p.prompt, style, operation, p.operands)
-            offset = len(p.text) - len(p.prompt)
-            text = p.text
-            for a, b in sorted(spans, reverse=True):
-                text = text[: offset + a] + null + text[offset + b :]
-            ids = bos + tokenizer(text)["input_ids"]
+            ids = _splice(task, tokenizer, i, _spans(p.prompt, style, operation, p.operands, None), null)
             if len(ids) != task.n_positions:
                 ok = False
                 break
@@ -385,12 +391,8 @@ def scored_steps(task: Task, scoring: str | None = None) -> tuple[str, list[tupl
     steps = [s for s in task.answer_only().steps() if not first or not s.step]
     count = torch.zeros(len(task))
     for step in steps:
-        count[_rows(step)] += 1
-    return ("first" if first else "full"), [(step, 1 / count[_rows(step)]) for step in steps]
-
-
-def _rows(step: Task) -> torch.Tensor:
-    return step.index_P if step.index_P is not None else torch.arange(len(step))
+        count[step.rows_in_parent] += 1
+    return ("first" if first else "full"), [(step, 1 / count[step.rows_in_parent]) for step in steps]
 
 
 def head_deltas(adapter: ModelAdapter, layer: int, z_clean_BE: torch.Tensor, z_new_BE: torch.Tensor) -> torch.Tensor:
@@ -601,7 +603,7 @@ def knocked_step(
                 logits = forward_last(adapter.model, ids.repeat(len(sets), 1), step.context_len)
             for s in range(len(sets)):
                 parts[chunk.start + s].append(Scores.from_logits(logits[s * B : (s + 1) * B], step.answer_ids_P[sl]))
-    return [_joined(p) for p in parts]
+    return [Scores.concat(p) for p in parts]
 
 
 def _ablation(adapter: ModelAdapter, layer: int, sets: list[list[tuple[int, int]]], mean_BTE: torch.Tensor):
@@ -622,26 +624,6 @@ def _ablation(adapter: ModelAdapter, layer: int, sets: list[list[tuple[int, int]
     return fn
 
 
-def _joined(parts: list[Scores]) -> Scores:
-    """Scores of consecutive batches of problems as one."""
-    predicted = [row for part in parts for row in part.predicted_PA]
-    return Scores(predicted, torch.cat([p.p_correct_P for p in parts]), torch.cat([p.correct_P for p in parts]))
-
-
-def _over_steps(task: Task, step_scores: list[Scores]) -> Scores:
-    """Per-problem scores over every step of `task.steps()` from each step's own (`Scores.from_steps` on scores)."""
-    P = len(task)
-    correct, p = torch.ones(P, dtype=torch.bool), torch.ones(P)
-    predicted: list[list[int]] = [[] for _ in range(P)]
-    for step, s in zip(task.steps(), step_scores, strict=True):
-        rows = _rows(step)
-        correct[rows] &= s.correct_P
-        p[rows] *= s.p_correct_P
-        for r, tokens in zip(rows.tolist(), s.predicted_PA, strict=True):
-            predicted[r].extend(tokens)
-    return Scores(predicted, p, correct)
-
-
 def step_means(adapter: ModelAdapter, task: Task) -> dict[Any, HeadSums]:
     """Head sums per token layout and answer step (teacher forced) over all the task's problems, by `part_key`:
     what knockout ablates to (leave-one-out for the problems among them)."""
@@ -654,7 +636,7 @@ def knockouts(
     """Every answer step of the solved problems with each set of heads mean-ablated (leave-one-out means), a
     `Scores` per set; the sets share forwards."""
     per_step = [knocked_step(adapter, step, head_sets, means[step.part_key]) for step in kept.steps()]
-    return [_over_steps(kept, [scores[i] for scores in per_step]) for i in range(len(head_sets))]
+    return [Scores.combine(kept, [scores[i] for scores in per_step]) for i in range(len(head_sets))]
 
 
 def knockout_scores(
@@ -699,7 +681,7 @@ def layout_path_patching(
     scoring: str | None = None,
 ) -> tuple[dict[str, Any], Counterfactual]:
     """Path patching per token layout (each with its own counterfactual of `kind`), pooled over layouts by their n;
-    a layout without a counterfactual (too few solved problems) is left out and said so; the first layout's
+    a layout where no replacement keeps its token layout is left out and said so; the first layout's
     counterfactual describes them. `counterfactual_rows`: per problem of `kept`, its counterfactual (None where its
     layout was left out)."""
     runs, skipped = [], []
@@ -907,17 +889,6 @@ def overlap(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], k: int | Non
     return {"jaccard": jac, "top_k_overlap": top, "k": k}
 
 
-def random_heads(
-    adapter: ModelAdapter, k: int, seed: int, exclude: list[tuple[int, int]] | None = None
-) -> list[tuple[int, int]]:
-    """k heads drawn (seeded) from those not excluded (the chosen ones)."""
-    skip = set(exclude or [])
-    pool = [(layer, h) for layer in range(adapter.n_layers) for h in range(adapter.n_heads) if (layer, h) not in skip]
-    if k > len(pool):
-        raise Af1Error(f"{k} random heads cannot be drawn from the {len(pool)} heads that were not chosen")
-    return random.Random(seed).sample(pool, k)
-
-
 def top_heads(effect_LH: torch.Tensor, k: int) -> list[tuple[int, int]]:
     """The k heads with the most negative effect."""
     order = effect_LH.flatten().argsort()[:k].tolist()
@@ -926,23 +897,40 @@ def top_heads(effect_LH: torch.Tensor, k: int) -> list[tuple[int, int]]:
 
 
 def scoring_note(on: Task, scored: str) -> dict[str, Any]:
-    """What path patching scored on these problems, with the constant guess of what it scored: the whole answer
-    and each answer step's token (full), or the first token (first, with a warning when it is near constant)."""
-    first = constant_baseline([str(a[0]) for a in on.answer_tokens])
-    by_step = {
-        str(k): constant_baseline([str(a[k]) for a in on.answer_tokens if len(a) > k])
-        for k in range(max(map(len, on.answer_tokens)) if scored == "full" else 1)
-    }
+    """What path patching scored on these problems (those it patched), with the constant guess of what it scored
+    (one guess per token layout, which the prompt shows): the whole answer and each answer step's token (full), or
+    the first token (first, with a warning when it is near constant)."""
+    answers, layouts = on.answer_tokens, on.layout_P.tolist()
+    first = constant_baseline([a[0] for a in answers], layouts)
+    by_step = {}
+    for k in range(max(map(len, answers)) if scored == "full" else 1):
+        rows = [i for i, a in enumerate(answers) if len(a) > k]
+        by_step[str(k)] = constant_baseline([answers[i][k] for i in rows], [layouts[i] for i in rows])
     return {
         "scoring": scored,
         "definition": SCORED[scored],
         "n": len(on),
-        "constant_guess": first if scored == "first" else constant_baseline([tuple(a) for a in on.answer_tokens]),
+        "constant_guess": first if scored == "first" else constant_baseline([tuple(a) for a in answers], layouts),
         "constant_guess_by_step": by_step,
         "warning": baseline_warning("the first answer token path patching scores", first, len(on))
         if scored == "first"
         else None,
     }
+
+
+def counterfactual_problems(
+    kept: Task, index: list[int], rows: list[dict[str, Any] | None], prompt: bool = True
+) -> list[dict[str, Any]]:
+    """Per patched problem (`index` into the solved ones), its counterfactual input and drawn value, or None where
+    its layout had none."""
+    return [
+        {
+            "solved_index": i,
+            **({"prompt": kept.problems[i].prompt} if prompt else {}),
+            **(row or {"counterfactual_input_ids": None}),
+        }
+        for i, row in zip(index, rows, strict=True)
+    ]
 
 
 def ranked(
@@ -959,13 +947,14 @@ def ranked(
     (by `metric`), what was scored, the counterfactual and each problem's counterfactual input."""
     pp, cf = layout_path_patching(adapter, on, tokenizer, path, kind, scoring)
     effect = effect_of(pp, metric)
+    patched = on.subset([i for i, row in enumerate(pp["counterfactual_rows"]) if row is not None])
     return {
         "pp": pp,
         "counterfactual": cf.replacement,
         "counterfactual_kind": cf.kind,
         "top_heads": top_heads(effect, k),
         "effect": effect,
-        "scoring": scoring_note(on, pp["scoring"]),
+        "scoring": scoring_note(patched, pp["scoring"]),
     }
 
 
@@ -1052,10 +1041,7 @@ def study(
         },
         "counterfactual": main["counterfactual"],
         "counterfactual_kind": main["counterfactual_kind"],
-        "counterfactual_problems": [
-            {"solved_index": i, "prompt": kept.problems[i].prompt, **(row or {"counterfactual_input_ids": None})}
-            for i, row in zip(sel, pp_rows, strict=True)
-        ],
+        "counterfactual_problems": counterfactual_problems(kept, sel, pp_rows),
         "n_heads": n_heads,
         "threshold": threshold,
         "metric": metric,
@@ -1069,7 +1055,8 @@ def study(
             "heads": [list(h) for h in top],
             "scoring": spec.scoring,
             "means": "per answer step and position, over all the task's problems, each knocked-out problem's own "
-            "clean state left out (leave-one-out)",
+            "clean state left out (leave-one-out); a (problem, step) that no other problem shares keeps its own "
+            "state, so its heads are not knocked out there (counted in means_without_other_problems)",
             "means_without_other_problems": loo_fallbacks(tested_on, means),
             "measured_on": "the confirmation part of the solved problems",
             "n": len(tested_on),
@@ -1105,10 +1092,7 @@ def study(
             "key_heads": [list(h) for h in key_heads(second["effect"], threshold)],
             "effect_layer_head": second["effect"],
             "top_k_overlap": overlap(top, second["top_heads"], k)["top_k_overlap"],
-            "counterfactual_problems": [
-                {"solved_index": i, **(row or {"counterfactual_input_ids": None})}
-                for i, row in zip(sel, second_rows, strict=True)
-            ],
+            "counterfactual_problems": counterfactual_problems(kept, sel, second_rows, prompt=False),
         }
     overlaps = []
     for other in compare_specs or []:

@@ -93,8 +93,7 @@ class StepSetup:
         positions, from its unablated state: leave-one-out)."""
         solved = self.all_solved
         own = None
-        leaves_out = config.wait >= 0 and config.ablation in ("cama", "mean")
-        if leaves_out and bool(self.means.inside(solved.input_ids_PT).any()):
+        if config.leaves_one_out and bool(self.means.inside(solved.input_ids_PT).any()):
             own = self.clean_all()[config.wait]
         return token_local_kv(self.adapter, solved, config, self.means, self.context(), own_PUD=own)
 
@@ -128,8 +127,7 @@ class Setup:
     kept: Task
     distribution: Task  # what CAMA averages over
     steps: list[StepSetup]
-    warnings: list[str] = field(default_factory=list)
-    means_notes: list[dict[str, Any]] = field(default_factory=list)  # per step: thin means, leave-one-out fallbacks
+    warnings: list[str] = field(default_factory=list)  # about the task and its baseline (the means' are computed)
 
     @property
     def adapter(self) -> ModelAdapter:
@@ -151,8 +149,37 @@ class Setup:
         by_part = {s.kept.part_key: s for s in self.steps}
         return replace(self, kept=kept, steps=[replace(by_part[k.part_key], kept=k) for k in kept.steps()])
 
+    @property
+    def means_notes(self) -> list[dict[str, Any]]:
+        """Per step of the kept problems (a split counts its own): thin means, leave-one-out fallbacks."""
+        return [
+            {"layout": s.kept.layout_id, "step": s.kept.step, **low_count_positions(s.means, s.kept)}
+            for s in self.steps
+        ]
+
+    def means_warnings(self) -> list[str]:
+        """One line per step where CAMA's means are thin or fall back, for the kept problems."""
+        out = []
+        for s, thin in zip(self.steps, self.means_notes, strict=True):
+            where = (f"layout {s.kept.layout_id}, " if self.task.groups else "") + f"step {s.kept.step}"
+            if thin["positions"]:
+                out.append(
+                    f"{where}: CAMA means over fewer than {LOW_COUNT} other problems at positions {thin['positions']} "
+                    f"({self.distribution.origin} of {len(s.donors)} problems"
+                    + (", each problem's own state left out" if thin["n_inside"] else "")
+                    + f"), for {thin['n_problems_low']} of {len(s.kept)} solved problems: noisy there (near a resample)"
+                )
+            if thin["n_fallback_pairs"]:
+                out.append(
+                    f"{where}: at {thin['n_fallback_pairs']} (problem, position) pairs of "
+                    f"{thin['n_problems_fallback']} solved problems no other problem has the token: CAMA uses the "
+                    "leave-one-out token-agnostic mean there"
+                )
+        return out
+
     def describe(self) -> dict[str, Any]:
         base = self.base.rate(self.task)
+        notes = self.means_notes
         solved_P = self.kept.layout_P.tolist()
         layouts = [{**row, "n_solved": solved_P.count(row["layout"])} for row in self.task.layouts()]
         return {
@@ -178,12 +205,12 @@ class Setup:
                 "origin": self.distribution.origin,
                 "n_problems": len(self.distribution),
                 "leave_one_out": "each solved problem inside the means is left out of them"
-                if any(n["n_inside"] for n in self.means_notes)
+                if any(n["n_inside"] for n in notes)
                 else "the means are over other problems only",
-                "n_fallback_pairs": sum(n["n_fallback_pairs"] for n in self.means_notes),
-                "per_step": self.means_notes,
+                "n_fallback_pairs": sum(n["n_fallback_pairs"] for n in notes),
+                "per_step": notes,
             },
-            "warnings": self.warnings,
+            "warnings": self.warnings + self.means_warnings(),
         }
 
 
@@ -244,29 +271,9 @@ def make_setup(
         note = baseline_warning(what, constant_baseline(on.targets(), on.layout_P.tolist()), len(on))
         if note:
             warnings.append(note)
-    steps = []
-    means_notes: list[dict[str, Any]] = []
     all_means = step_means(lm.adapter, distribution, [k.part_key for k in kept_steps], means_path, cache_means)
-    for kept_k in kept_steps:
-        dist_k = dist_steps[kept_k.part_key]
-        means = all_means[kept_k.part_key]
-        thin = low_count_positions(means, kept_k)
-        where = (f"layout {kept_k.layout_id}, " if task.groups else "") + f"step {kept_k.step}"
-        means_notes.append({"layout": kept_k.layout_id, "step": kept_k.step, **thin})
-        if thin["positions"]:
-            warnings.append(
-                f"{where}: CAMA means over fewer than {LOW_COUNT} other problems at positions {thin['positions']} "
-                f"({distribution.origin} of {len(dist_k)} problems"
-                + (", each problem's own state left out" if thin["n_inside"] else "")
-                + f"), for {thin['n_problems_low']} of {len(kept_k)} solved problems: noisy there (near a resample)"
-            )
-        if thin["n_fallback_pairs"]:
-            warnings.append(
-                f"{where}: at {thin['n_fallback_pairs']} (problem, position) pairs of {thin['n_problems_fallback']} "
-                "solved problems no other problem has the token: CAMA uses the leave-one-out token-agnostic mean there"
-            )
-        steps.append(StepSetup(lm.adapter, kept_k, means, dist_k))
-    return Setup(lm, spec, task, base, kept, distribution, steps, warnings, means_notes)
+    steps = [StepSetup(lm.adapter, k, all_means[k.part_key], dist_steps[k.part_key]) for k in kept_steps]
+    return Setup(lm, spec, task, base, kept, distribution, steps, warnings)
 
 
 def step_means(
@@ -826,7 +833,7 @@ def prune_heads(
         "mean_p_correct_vs_pruned": p_curve,
         "mean_log_p_correct_vs_pruned": log_p_curve,
         "keep": keep,
-        "max_pruned_at_95pct": n_pruned,
+        "n_pruned_before_first_drop": n_pruned,
         "inputs": setup_inputs(setup, selection=on_sel, confirmation=on_conf).model_dump(),
         "confirmation": {
             "unpruned": faith_fields(on_conf, conf_full),

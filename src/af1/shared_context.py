@@ -10,17 +10,15 @@ suffix (about a fifth of a few-shot prompt). This covers what the fast executor 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from af1.allforone import AF1Config, ablated_states, ablation_start, plans_for, resample_donors, zeroed_outputs
+from af1.allforone import AF1Config, ablation_start, overwrite_from, plans_for, resample_donors, zeroed_outputs
 from af1.context import unshared_reason
 from af1.evaluation import batches
 from af1.fast import ProblemKV, context_kv
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.means import PositionMeans
-from af1.interventions.residual import edit_residual, replace_positions, zero_attention_outputs
+from af1.interventions.residual import edit_residual, zero_attention_outputs
 from af1.interventions.sites import record, residual
 from af1.models.adapter import LayerInputs, ModelAdapter
 from af1.tasks import Task
@@ -92,16 +90,6 @@ def clean_suffix_states(adapter: ModelAdapter, task: Task, ctx: ProblemKV, batch
     return [torch.cat(h) for h in per_layer]
 
 
-def _ablation(
-    config: AF1Config, means: PositionMeans | None, ids_BT: torch.Tensor, donor_BUD: torch.Tensor | None, start: int
-) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The overwrite of the suffix's h[wait] from `start`: the donors' states (resample), else the ablation's, from
-    the unablated states themselves (a problem inside the means leaves its own out: `PositionMeans.replacement`)."""
-    if donor_BUD is not None:
-        return lambda h: replace_positions(h, donor_BUD, start)
-    return lambda h: replace_positions(h, ablated_states(config, means, ids_BT, h), start)
-
-
 def first_changed_layer(config: AF1Config, masks: dict[int, LayerPlan], zero: dict[int, list[int]], L: int) -> int:
     """The first block whose computation a config changes: before it the run is the unmodified one."""
     ablated = [config.wait + 1] if config.wait >= 0 and config.ablation != "none" else []
@@ -145,7 +133,7 @@ def shared_context_logits(
         h = inputs.hidden_BTD if first == 0 else clean[first - 1][sl].to(adapter.device)  # type: ignore[index]
         if ablate:
             donor = suffix_states(adapter, donors, ctx, config.wait, pick[sl]) if pick is not None else None
-            edit = _ablation(config, means, ids, donor, start)
+            edit = overwrite_from(config, means, ids, donor, start)
             if first == config.wait + 1:  # resuming right after the ablation: apply it to the resumed state
                 h = edit(h)
             else:

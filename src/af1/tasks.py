@@ -361,6 +361,11 @@ class Task:
         return self.index_P
 
     @property
+    def rows_in_parent(self) -> torch.Tensor:
+        """Rows of this piece in the task it belongs to; a whole task's own rows."""
+        return self.index_P if self.index_P is not None else torch.arange(len(self))
+
+    @property
     def part_key(self) -> tuple[Any, ...]:
         """Which piece of a task this is: its prompt's token layout and its answer step."""
         return (self.prompt_roles, self.bos, self.step)
@@ -651,11 +656,12 @@ def tokenize_task(
             "the tokenizer merges the end of the prompt with the answer "
             f"(e.g. {bad[0].text!r} + {bad[0].answer_text!r}): the answer's tokens are ambiguous"
         )
-    stops, end = end_tokens(spec, problems, [ids for ids, _ in encoded], [tuple(a or ()) for a in answers], tokenizer)
     if like is not None and not like.end.get("checked"):
         stops, end = [], like.end  # a means distribution is scored as the evaluated task is
-    elif like is not None and not stops:
-        raise Af1Error(f"the evaluated task checks the answer's end but its distribution cannot: {end['note']}")
+    else:
+        stops, end = end_tokens(spec, problems, [i for i, _ in encoded], [tuple(a or ()) for a in answers], tokenizer)
+        if like is not None and not stops:
+            raise Af1Error(f"the evaluated task checks the answer's end but its distribution cannot: {end['note']}")
     by_roles: dict[tuple[str, ...], list[int]] = {}
     for i, (_, roles) in enumerate(encoded):
         by_roles.setdefault(roles, []).append(i)
@@ -862,30 +868,52 @@ def means_sample_size(evaluated: Task) -> int:
 
 def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
     """The problems CAMA averages over: a seeded sample of `means_sample_size` problems disjoint from the evaluated
-    ones where the distribution has that many others and the sample holds every layout and answer step of theirs,
-    else the whole distribution (its origin says which: a problem inside it is left out of its own mean); the
-    evaluated task's layouts. Its cost follows the sample, not the grid."""
+    ones, topped up with MEANS_MIN_COUNT problems of each layout and answer step the sample missed (evaluated ones
+    only where no other problem has it: each is left out of its own mean), or the whole distribution where it has
+    no more than that many others; the evaluated task's layouts. Its cost follows the sample, not the grid."""
     examples, pool = problem_pool(spec) if spec.file is None else file_pool(spec)
-    origin = "grid" if spec.file is None else "every row"
     size = means_sample_size(evaluated)
     seen = {_identity(spec, p) for p in evaluated.problems}
     rest = [p for p in pool if _identity(spec, p) not in seen]
-    task = None
-    if len(rest) >= size:
-        sample = random.Random(spec.seed + 1).sample(rest, size)
-        try:
-            task = tokenize_task(spec, examples, sample, tokenizer, like=evaluated)
-            origin = "disjoint sample"
-        except Af1Error:  # a small layout the sample missed: the whole distribution
-            task = None
-        wanted = {part.part_key for part in evaluated.steps()}
-        if task is not None and not wanted <= {part.part_key for part in task.steps()}:
-            task = None  # an answer length (a layout's deepest step) the sample missed: the whole distribution
-    if task is None:
+    if len(rest) <= size:
         task = tokenize_task(spec, examples, pool, tokenizer, like=evaluated)
+        origin = "grid" if spec.file is None else "every row"
+    else:
+        order = random.Random(spec.seed + 1).sample(rest, len(rest))
+        sample, others = order[:size], order[size:]
+        inside = [p for p in pool if _identity(spec, p) in seen]
+        extra = _missing_parts(spec, examples, sample, others + inside, tokenizer, evaluated)
+        task = tokenize_task(spec, examples, sample + extra, tokenizer, like=evaluated)
+        used = {_identity(spec, p) for p in extra}
+        origin = "sample" if any(_identity(spec, p) in used for p in inside) else "disjoint sample"
     for part in [task, *task.groups]:
         part.origin = origin
     return task
+
+
+def _missing_parts(
+    spec: TaskSpec,
+    examples: list[Problem],
+    sample: list[Problem],
+    candidates: list[Problem],
+    tokenizer: Any,
+    like: Task,
+) -> list[Problem]:
+    """Up to MEANS_MIN_COUNT candidates (in their order) for each layout and answer step of `like` that the sample
+    has no problem of; tokenizing only, no forward."""
+    wanted = {part.part_key for part in like.steps()}
+    try:
+        have = {part.part_key for part in tokenize_task(spec, examples, sample, tokenizer, like=like).steps()}
+    except Af1Error:  # a layout the sample has no problem of
+        have = set()
+    if wanted <= have:
+        return []
+    pool = tokenize_task(spec, examples, candidates, tokenizer, like=like)
+    by_identity = {_identity(spec, p): p for p in candidates}
+    rows = sorted(
+        {r for part in pool.steps() if part.part_key in wanted - have for r in part.where_P[:MEANS_MIN_COUNT].tolist()}
+    )
+    return [by_identity[_identity(spec, pool.problems[r])] for r in rows]
 
 
 def example_prompt(operation: str, style: str) -> str | None:

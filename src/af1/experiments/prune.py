@@ -32,7 +32,7 @@ class Result(base.Result):
     n_confirmation: int
     faithfulness_full: float
     faithfulness_vs_pruned: list[float]
-    max_pruned_at_95pct: int
+    n_pruned_before_first_drop: int
     measure: str = ""
     confirmation: dict[str, dict] = {}
     inputs: ProblemInputs | None = None  # sets: solved, selection (pruning ranks on it), confirmation
@@ -77,8 +77,9 @@ class Prune(base.Experiment):
             )
         return [
             f"<h2>Head pruning in the transfer layers</h2><p>{result.n_transfer_heads} heads; ranked greedily by "
-            f"{result.measure}: {result.max_pruned_at_95pct} of them stop peeking before faithfulness first falls "
-            f"below 95 % of the unpruned {result.faithfulness_full:.3f} on {result.n_selection} selection problems."
+            f"{result.measure}: {result.n_pruned_before_first_drop} of them stop peeking before faithfulness first "
+            f"falls below 95 % of the unpruned {result.faithfulness_full:.3f} on {result.n_selection} selection "
+            "problems."
             f"{confirmed}</p>",
             image_html(out_dir, "pruning.png"),
         ]
@@ -90,7 +91,7 @@ class Prune(base.Experiment):
         c = result.confirmation
         return [
             table,
-            f"{result.max_pruned_at_95pct} of {result.n_transfer_heads} heads pruned at >= 95 %; on the "
+            f"{result.n_pruned_before_first_drop} of {result.n_transfer_heads} heads pruned at >= 95 %; on the "
             f"{result.n_confirmation} confirmation problems: pruned "
             f"{ci_text(c['pruned']['faithfulness'], c['pruned']['faithfulness_ci'])} vs unpruned "
             f"{ci_text(c['unpruned']['faithfulness'], c['unpruned']['faithfulness_ci'])}",

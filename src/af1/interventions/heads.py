@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from af1.context import forward_last, suffix_start
+from af1.errors import Af1Error
 from af1.evaluation import batches
 from af1.interventions.hooks import hooks_removed_after
 from af1.interventions.sites import head_inputs, record
@@ -87,3 +89,14 @@ def head_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> dict[
     """Mean o_proj input per layer and position over the task: {layer: [T, E]} (fp32, on the CPU)."""
     sums = head_sums(adapter, task, batch_size)
     return {layer: sums.mean(layer) for layer in sums.sums}
+
+
+def random_heads(
+    adapter: ModelAdapter, k: int, seed: int, exclude: list[tuple[int, int]] | None = None
+) -> list[tuple[int, int]]:
+    """k heads drawn (seeded) from those not excluded (the chosen ones)."""
+    skip = set(exclude or [])
+    pool = [(layer, h) for layer in range(adapter.n_layers) for h in range(adapter.n_heads) if (layer, h) not in skip]
+    if k > len(pool):
+        raise Af1Error(f"{k} random heads cannot be drawn from the {len(pool)} heads that were not chosen")
+    return random.Random(seed).sample(pool, k)

@@ -208,7 +208,7 @@ def compute_step_means(adapter: ModelAdapter, steps: list[Task], batch_size: int
     per step."""
     if not steps:
         return []
-    rows = [s.where_P if s.index_P is not None else torch.arange(len(s)) for s in steps]
+    rows = [s.rows_in_parent for s in steps]
     return _pass(adapter, [s.input_ids_PT for s in steps], rows, steps[0].context_len, batch_size)
 
 
@@ -233,10 +233,20 @@ def _pass(
     where = [{int(r): i for i, r in enumerate(rows.tolist())} for rows in rows_per_step]  # problem -> row of step k
     deepest = {r: k for k, w in enumerate(where) for r in w}  # the last step that scores each problem
     sites = [residual(layer) for layer in range(L)]
+    context_LCD: torch.Tensor | None = None  # the context's states, the same in every problem: from one full row
     for d in sorted(set(deepest.values())):
         problems = [r for r, k in deepest.items() if k == d]
         ids = ids_per_step[d][[where[d][r] for r in problems]]
         c = suffix_start(adapter.model, ids, context_len)  # the suffix runs on the shared context
+        if c:  # the context's positions of these problems, at every step they are scored on
+            if context_LCD is None:
+                with record(adapter, sites) as first:
+                    forward_last(adapter.model, ids_per_step[-1][:1])
+                context_LCD = torch.stack([first[site][0, :context_len].float().cpu() for site in sites])
+            for k in range(d + 1):
+                index = flat[k][0, :c]
+                sums[k].index_add_(1, index, context_LCD[:, :c] * len(problems))
+                counts[k].index_add_(0, index, torch.full((c,), float(len(problems))))
         for sl in progress(list(batches(len(problems), batch_size)), desc=f"position means (step {d})"):
             with record(adapter, sites) as cache:
                 forward_last(adapter.model, ids[sl], context_len)
@@ -248,22 +258,12 @@ def _pass(
                     h = cache[residual(layer)][:, : T_k - c]
                     sums[k][layer].index_add_(0, index, h.reshape(-1, D).float().cpu())
                 counts[k].index_add_(0, index, torch.ones(len(index)))
-    first_row = ids_per_step[-1][:1]
-    c = suffix_start(adapter.model, first_row, context_len)
-    context_h: dict[int, torch.Tensor] = {}
-    if c:  # the context's states, the same in every problem: from one full row
-        with record(adapter, sites) as first:
-            forward_last(adapter.model, first_row)
-        context_h = {layer: first[residual(layer)][0, :c].float().cpu() for layer in range(L)}
     fingerprint = model_fingerprint(adapter)
     out = []
-    for ids, table, flat_k, sums_k, counts_k in zip(ids_per_step, tables, flat, sums, counts, strict=True):
+    for ids, table, sums_k, counts_k in zip(ids_per_step, tables, sums, counts, strict=True):
         P, T = ids.shape
         S = table.shape[1]
-        counts_k[flat_k[0, :c]] = P
         sums_LTSD = sums_k.view(L, T, S, D)
-        for layer, h_CD in context_h.items():  # P times the context's state
-            sums_LTSD[layer, torch.arange(c), flat_k[0, :c] - torch.arange(c) * S] = h_CD * P
         meta = {"n_problems": P, "n_layers": L, "n_positions": T}
         out.append(PositionMeans(sums_LTSD, table, counts_k.view(T, S), row_hashes(ids), _key(fingerprint, ids), meta))
     return out

@@ -68,7 +68,12 @@ def _gguf_to_safetensors(gguf: Path, digest: str) -> Path:
         plain.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "source.txt").write_text(f"{gguf}\nsha256 {digest}\n")
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / "model.safetensors").is_file():
+                raise
+            # another process finished the same conversion first: its copy is the same file
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
