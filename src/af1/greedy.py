@@ -91,8 +91,9 @@ ROWS = 256  # rows screened at once: the bfloat16 logits of a chunk stay a few t
 @torch.no_grad()
 def greedy_tokens(adapter: ModelAdapter, h_BD: torch.Tensor) -> torch.Tensor:
     """The argmax token [B] of the logits `adapter.logits` gives for final hidden states h [B, D]."""
-    if not usable(adapter):
-        return adapter.logits(h_BD[:, None])[:, -1].float().argmax(-1).cpu()
+    if not usable(adapter):  # in chunks: the float32 logits of thousands of rows of a large vocabulary are GBs
+        chunks = [h_BD[i : i + ROWS, None] for i in range(0, len(h_BD), ROWS)]
+        return torch.cat([adapter.logits(h)[:, -1].float().argmax(-1).cpu() for h in chunks])
     return screened_tokens(adapter, h_BD)
 
 
