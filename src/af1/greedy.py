@@ -76,10 +76,10 @@ def bf16_pays() -> bool:
     times = {}
     for dtype in (torch.float32, torch.bfloat16):
         a, b = x_BD.to(dtype), w_DV.to(dtype)
-        a @ b  # warm-up
+        torch.mm(a, b)  # warm-up
         start = time.perf_counter()
         for _ in range(3):
-            a @ b
+            torch.mm(a, b)
         times[dtype] = time.perf_counter() - start
     return times[torch.bfloat16] < 0.8 * times[torch.float32]
 
