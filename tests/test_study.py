@@ -171,6 +171,7 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
     assert all(r["k"] == 2 and 0 <= r["top_k_overlap"] <= 1 for r in overlap.values())
     html = (out / "report.html").read_text()
     assert "Transfer on" in html and "tiny-qwen2" in html and "data:image/png;base64" in html
+    assert "peak RSS" in html and all(r["peak_rss_mb"] > 0 for r in report["units"])  # each unit's process
     styles = results(out)["tiny-llama/a+b.original.1d.1shot.n30/styles"]
     verbal = [r for r in styles["rows"] if r["style"] == "verbal"]  # fitted on the original style only
     # with the end of the answer checked it may solve none of them: that row is a one-line error, not a number

@@ -98,8 +98,8 @@ class Scores:
 
     @classmethod
     def combine(cls, task: Task, step_scores: list[Scores]) -> Scores:
-        """Per-problem scores from each step's of `task.steps()`: right when every step is, the probabilities
-        multiplied, the log-probabilities summed."""
+        """Per-problem scores from the scores of each step of `task.steps()`: right when every step is, the
+        probabilities multiplied, the log-probabilities summed."""
         P = len(task)
         correct, p = torch.ones(P, dtype=torch.bool), torch.ones(P)
         log_p: torch.Tensor | None = torch.zeros(P, dtype=torch.float64)

@@ -41,6 +41,7 @@ def collect(store: Store, units: list[Unit]) -> tuple[dict[str, Any], list[str]]
                 "state": rec.get("state", "missing") if rec.get("key", unit.key) == unit.key else "stale",
                 "seconds": rec.get("seconds"),
                 "host": (rec.get("worker") or {}).get("host"),
+                "peak_rss_mb": (rec.get("worker") or {}).get("peak_rss_mb"),
                 "error": rec.get("error") or rec.get("reason"),
             }
         )
@@ -112,12 +113,19 @@ def build_study_report(store: Store, plan: StudyPlan, units: list[Unit]) -> Path
         *unit_sections(store, units),
         "<h2>Units and wall time</h2>",
         table_html(
-            ["unit", "state", "seconds", "host", "error or reason"],
+            ["unit", "state", "seconds", "peak RSS (MB, its process so far)", "host", "error or reason"],
             [
-                [r["id"], r["state"], "" if r["seconds"] is None else r["seconds"], r["host"] or "", r["error"] or ""]
+                [
+                    r["id"],
+                    r["state"],
+                    "" if r["seconds"] is None else r["seconds"],
+                    "" if r["peak_rss_mb"] is None else round(r["peak_rss_mb"]),
+                    r["host"] or "",
+                    r["error"] or "",
+                ]
                 for r in data["units"]
             ]
-            + [["total", "", data["seconds_total"], "", ""]],
+            + [["total", "", data["seconds_total"], "", "", ""]],
         ),
     ]
     return write_atomic(store.root / "report.html", page(f"af1 study: {plan.name}", parts))

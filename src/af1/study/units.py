@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -78,9 +80,16 @@ class Worker(Session):
                 "pid": os.getpid(),
                 "threads": torch.get_num_threads(),
                 "model_loads": self.loads,
+                "peak_rss_mb": peak_rss_mb(),  # the worker process's peak so far (units share a process)
             },
             "provenance": json.loads(to_json(provenance(info, task=task))),
         }
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MB (Linux reports KB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 
 
 def unit_inputs(worker: Resources, unit: Unit, deps: dict[str, dict[str, Any]], state_dir: str | None) -> Inputs:
