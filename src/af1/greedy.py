@@ -92,15 +92,18 @@ ROWS = 256  # rows screened at once: the bfloat16 logits of a chunk stay a few t
 def greedy_tokens(adapter: ModelAdapter, h_BD: torch.Tensor) -> torch.Tensor:
     """The argmax token [B] of the logits `adapter.logits` gives for final hidden states h [B, D]."""
     if not usable(adapter):  # in chunks: the float32 logits of thousands of rows of a large vocabulary are GBs
-        chunks = [h_BD[i : i + ROWS, None] for i in range(0, len(h_BD), ROWS)]
-        return torch.cat([adapter.logits(h)[:, -1].float().argmax(-1).cpu() for h in chunks])
+        return torch.cat([adapter.logits(h[:, None])[:, -1].float().argmax(-1).cpu() for h in _chunks(h_BD)])
     return screened_tokens(adapter, h_BD)
+
+
+def _chunks(h_BD: torch.Tensor) -> list[torch.Tensor]:
+    return [h_BD[i : i + ROWS] for i in range(0, len(h_BD), ROWS)]
 
 
 @torch.no_grad()
 def screened_tokens(adapter: ModelAdapter, h_BD: torch.Tensor) -> torch.Tensor:
     """`greedy_tokens` through the screen whether or not it pays on this CPU (a float32 unembedding on the CPU)."""
-    return torch.cat([_screened(adapter, h_BD[i : i + ROWS]) for i in range(0, len(h_BD), ROWS)])
+    return torch.cat([_screened(adapter, h) for h in _chunks(h_BD)])
 
 
 def _screened(adapter: ModelAdapter, h_BD: torch.Tensor) -> torch.Tensor:

@@ -882,13 +882,30 @@ def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
         order = random.Random(spec.seed + 1).sample(rest, len(rest))
         sample, others = order[:size], order[size:]
         inside = [p for p in pool if _identity(spec, p) in seen]
-        extra = _missing_parts(spec, examples, sample, others + inside, tokenizer, evaluated)
-        task = tokenize_task(spec, examples, sample + extra, tokenizer, like=evaluated)
+        sampled, have = _covered(spec, examples, sample, tokenizer, evaluated)
+        extra = _missing_parts(spec, examples, sample, others + inside, tokenizer, evaluated, have)
+        task = (
+            sampled
+            if sampled is not None and not extra
+            else tokenize_task(spec, examples, sample + extra, tokenizer, like=evaluated)
+        )
         used = {_identity(spec, p) for p in extra}
         origin = "sample" if any(_identity(spec, p) in used for p in inside) else "disjoint sample"
     for part in [task, *task.groups]:
         part.origin = origin
     return task
+
+
+def _covered(
+    spec: TaskSpec, examples: list[Problem], sample: list[Problem], tokenizer: Any, like: Task
+) -> tuple[Task | None, set[Any]]:
+    """The sample tokenized in `like`'s layouts and the (layout, answer step) keys it holds; None and nothing when it
+    has no problem of some layout."""
+    try:
+        task = tokenize_task(spec, examples, sample, tokenizer, like=like)
+    except Af1Error:  # a layout the sample has no problem of
+        return None, set()
+    return task, {part.part_key for part in task.steps()}
 
 
 def _missing_parts(
@@ -898,14 +915,13 @@ def _missing_parts(
     candidates: list[Problem],
     tokenizer: Any,
     like: Task,
+    have: set[Any] | None = None,
 ) -> list[Problem]:
     """Up to MEANS_MIN_COUNT candidates (in their order) for each layout and answer step of `like` that the sample
-    has no problem of; tokenizing only, no forward."""
+    has no problem of (`have`: the sample's, when already known); tokenizing only, no forward."""
     wanted = {part.part_key for part in like.steps()}
-    try:
-        have = {part.part_key for part in tokenize_task(spec, examples, sample, tokenizer, like=like).steps()}
-    except Af1Error:  # a layout the sample has no problem of
-        have = set()
+    if have is None:
+        have = _covered(spec, examples, sample, tokenizer, like)[1]
     if wanted <= have:
         return []
     pool = tokenize_task(spec, examples, candidates, tokenizer, like=like)
