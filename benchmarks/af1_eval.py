@@ -7,12 +7,13 @@ import os
 
 os.environ.setdefault("AF1_NO_PROGRESS", "1")
 
-from af1.allforone import AF1Config, reference_logits
-from af1.context import forget_contexts
-from af1.evaluation import last_logits
-from af1.fast import context_kv, fast_logits, token_local_kv
+from af1.executors.fast import context_kv, fast_logits, token_local_kv
+from af1.executors.reference import reference_logits
+from af1.interventions.af1 import AF1Config
 from af1.interventions.means import compute_means
-from af1.tasks import build_task
+from af1.models.forward import forget_contexts
+from af1.tasks.evaluation import last_logits
+from af1.tasks.task import build_task
 
 from common import SPEC, best_of, setup, write
 

@@ -16,11 +16,13 @@ os.environ.setdefault("AF1_NO_PROGRESS", "1")
 
 import torch
 
-from af1 import measures
-from af1.allforone import AF1Config, reference_logits
-from af1.evaluation import Scores, last_logits
-from af1.fast import grid
-from af1.tasks import build_task
+from af1.executors.fast import grid
+from af1.executors.reference import reference_logits
+from af1.interventions.af1 import AF1Config
+from af1.methods import allforone
+from af1.methods.setup import make_setup
+from af1.tasks.evaluation import Scores, last_logits
+from af1.tasks.task import build_task
 
 from common import SPEC, best_of, setup, write
 
@@ -32,19 +34,19 @@ def main() -> None:
     lm, task = setup()
     adapter = lm.adapter
     scores = Scores([[int(t)] for t in task.answer_ids_P], torch.ones(len(task)), torch.ones(len(task)) > 0)
-    s = measures.make_setup(lm, task.spec, task, scores, task, cache_means=False)  # every problem, solved or not
+    s = make_setup(lm, task.spec, task, scores, task, cache_means=False)  # every problem, solved or not
     means = s.means
     L = adapter.n_layers
     cells = grid(L)
     t_forward, _ = best_of(lambda: last_logits(lm.model, task.input_ids_PT, batch_size=64))
     t0 = time.perf_counter()
-    fast = measures.sweep(s)["faithfulness_wait_transfer"]
+    fast = allforone.sweep(s)["faithfulness_wait_transfer"]
     t_fast = time.perf_counter() - t0
     full = build_task(SPEC.model_copy(update={"scoring": "full"}), lm.tokenizer)  # the same problems, every token
     all_right = Scores([list(a) for a in full.answer_tokens], torch.ones(len(full)), torch.ones(len(full)) > 0)
-    s_full = measures.make_setup(lm, full.spec, full, all_right, full, cache_means=False)
+    s_full = make_setup(lm, full.spec, full, all_right, full, cache_means=False)
     t0 = time.perf_counter()
-    measures.sweep(s_full)
+    allforone.sweep(s_full)
     t_full = time.perf_counter() - t0
     waits = list(range(-1, L)) if args.reference_cells == "all" else [-1, L // 2, L - 2]
     ref_cells = [(w, k) for w, k in cells if w in waits]

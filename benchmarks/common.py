@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from af1 import load_model
-from af1.greedy import bf16_pays
+from af1.executors.greedy import bf16_pays
 from af1.results import provenance, write_json
-from af1.tasks import TaskSpec, build_task
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import build_task
 
 RESULTS = Path(__file__).parent / "results"
 # 97 problems, 1 digit, scored on the first token (the timings' task before full-answer scoring existed)
@@ -51,7 +52,7 @@ def write(name: str, lm, task, data: dict[str, Any]) -> Path:
             "cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "bf16_screen_used": bf16_pays(),  # the grid's greedy screen (af1.greedy) runs only where it pays
+            "bf16_screen_used": bf16_pays(),  # the grid's greedy screen (af1.executors.greedy) runs only where it pays
         },
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         **data,

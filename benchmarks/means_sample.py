@@ -13,11 +13,15 @@ import time
 os.environ.setdefault("AF1_NO_PROGRESS", "1")
 
 from af1 import load_model
-from af1.allforone import AF1Config
-from af1.evaluation import evaluated
-from af1.measures import faithfulness, make_setup
+from af1.interventions.af1 import AF1Config
+from af1.methods.allforone import faithfulness
+from af1.methods.setup import make_setup
 from af1.stats import mcnemar_exact
-from af1.tasks import TaskSpec, distribution_task, problem_pool, tokenize_task
+from af1.tasks.evaluation import evaluated
+from af1.tasks.means_sample import distribution_task
+from af1.tasks.problems import problem_pool
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import tokenize_task
 
 from common import write
 

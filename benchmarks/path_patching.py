@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 
-from af1 import heads
-from af1.evaluation import last_logits
+from af1.methods import heads
+from af1.methods.counterfactuals import counterfactual
+from af1.tasks.evaluation import last_logits
 
 from common import SPEC, best_of, setup, write
 
@@ -15,7 +16,7 @@ os.environ.setdefault("AF1_NO_PROGRESS", "1")
 
 def main() -> None:
     lm, task = setup(SPEC.model_copy(update={"n": 97}))
-    cf = heads.counterfactual(task, lm.tokenizer)
+    cf = counterfactual(task, lm.tokenizer)
     t_forward, _ = best_of(lambda: last_logits(lm.model, task.input_ids_PT, batch_size=64))
     seconds = {"plain_forward": t_forward}
     for path in heads.PATHS:

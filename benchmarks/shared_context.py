@@ -4,7 +4,7 @@ the fast one does not cover, and the forwards of the other studies.
 CAMA alone and ABP alone (the components study), resample ablation and the sink-masking ABP variant
 (the alternatives): each timed on the hook path (whole prompts) and with the constant context run once
 (only each problem's suffix); the ratio, max |delta logit| and whether the predictions agree. Then
-base evaluation, position means, head means and a knockout of 10 heads (`af1.context`): each with the
+base evaluation, position means, head means and a knockout of 10 heads (`af1.models.forward`): each with the
 context's cache and with every position run, the ratio and the largest difference of what they return.
 """
 
@@ -15,15 +15,16 @@ from collections.abc import Callable
 
 import torch
 
-from af1.allforone import AF1Config, reference_logits
-from af1.context import forget_contexts
-from af1.evaluation import last_logits
-from af1.fast import context_kv
-from af1.heads import knocked_step
+from af1.executors.fast import context_kv
+from af1.executors.reference import reference_logits
+from af1.executors.shared_context import shared_context_logits
+from af1.interventions.af1 import AF1Config
 from af1.interventions.heads import head_means, head_sums
 from af1.interventions.means import compute_means
-from af1.shared_context import shared_context_logits
-from af1.tasks import Task
+from af1.methods.heads import knocked_step
+from af1.models.forward import forget_contexts
+from af1.tasks.evaluation import last_logits
+from af1.tasks.task import Task
 
 from common import best_of, setup, write
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 os.environ.setdefault("AF1_NO_PROGRESS", "1")
 
-from af1 import measures
+from af1.methods.setup import prepare
 from af1.study import load_plan, run_study
 from af1.study.store import Store
 
@@ -23,7 +23,7 @@ def main() -> None:
     plan = load_plan(PLAN)
     lm, task = setup(plan.tasks[0])
     for spec in plan.task_specs():  # position means cached before timing, so both runs start equal
-        measures.prepare(lm, spec)
+        prepare(lm, spec)
     with tempfile.TemporaryDirectory() as tmp:
         here, on_ray = Path(tmp) / "local", Path(tmp) / "ray"
         t0 = time.perf_counter()

@@ -115,10 +115,12 @@ def fitted_tiny_model(family: str, specs: list, tokenizer, n_layers: int = 3, se
     """
     from transformers import AutoModelForCausalLM
 
-    from af1.allforone import AF1Config, reference_logits
+    from af1.executors.reference import reference_logits
+    from af1.interventions.af1 import AF1Config
     from af1.interventions.means import compute_means
     from af1.models import ModelAdapter
-    from af1.tasks import build_task, distribution_task
+    from af1.tasks.means_sample import distribution_task
+    from af1.tasks.task import build_task
 
     config = tiny_config(family)
     config.num_hidden_layers = n_layers

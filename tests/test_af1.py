@@ -8,15 +8,24 @@ import pytest
 import torch
 
 from af1 import Af1Error, ModelAdapter
-from af1.allforone import AF1Config, reference_logits
-from af1.evaluation import last_logits
-from af1.fast import fast_logits, fast_pruned_logits, fast_sweep_wait, knockout_logits, supports, token_local_kv
+from af1.executors.fast import (
+    fast_logits,
+    fast_pruned_logits,
+    fast_sweep_wait,
+    knockout_logits,
+    supports,
+    token_local_kv,
+)
+from af1.executors.reference import reference_logits
+from af1.interventions.af1 import AF1Config
 from af1.interventions.attention import attention_plans, check_maskable
 from af1.interventions.masks import abp_masks, last_token_knockout
 from af1.interventions.means import PositionMeans, compute_means, compute_step_means, means_key
 from af1.interventions.sites import record, residual
 from af1.models.adapter import weight_of
-from af1.tasks import TaskSpec, build_task
+from af1.tasks.evaluation import last_logits
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import build_task
 
 from conftest import TINY_FAMILIES, tiny_model
 
@@ -228,8 +237,8 @@ SHARED_CASES = [
 def test_shared_context_equals_reference(tiny, task, config):
     """The context run once and each problem's suffix on its keys/values = the hook path on whole prompts, for
     every ablation and ABP variant (and the necessity knock-out ANDed in)."""
-    from af1.fast import context_kv
-    from af1.shared_context import clean_suffix_states, shared_context_logits, supports_shared
+    from af1.executors.fast import context_kv
+    from af1.executors.shared_context import clean_suffix_states, shared_context_logits, supports_shared
 
     adapter, means = tiny
     if supports_shared(adapter, task) is not None:
@@ -250,7 +259,7 @@ def test_shared_context_equals_reference(tiny, task, config):
 
 
 def test_executor_choice_names_why_it_is_not_faster(task):
-    from af1.measures import choose_executor
+    from af1.executors.protocol import choose_executor
 
     llama = ModelAdapter(tiny_model("llama"))
     assert choose_executor(llama, task, AF1Config(wait=0, transfer=1))["executor"] == "fast"
@@ -262,7 +271,7 @@ def test_executor_choice_names_why_it_is_not_faster(task):
 
 
 def test_zero_output_variant_zeroes_what_abp_would_mask(task):
-    from af1.allforone import zeroed_outputs
+    from af1.interventions.af1 import zeroed_outputs
 
     n, c = task.n_positions, task.context_len
     zeroed = zeroed_outputs(task, AF1Config(wait=0, transfer=1, abp="zero-output"), n_layers=3)
@@ -277,7 +286,7 @@ def test_zero_output_variant_zeroes_what_abp_would_mask(task):
 
 
 def test_non_cama_ablations_replace_the_first_varying_position(task):
-    from af1.allforone import ablation_start
+    from af1.interventions.af1 import ablation_start
 
     assert ablation_start(AF1Config(wait=0), task) == task.context_len + 1
     for ablation in ("zero", "mean", "resample"):
@@ -294,7 +303,7 @@ def test_abp_attention_pattern(task):
     adapter = ModelAdapter(tiny_model("llama", attn="eager"))
     n, c = task.n_positions, task.context_len
     config = AF1Config(wait=-1, transfer=adapter.n_layers)
-    from af1.allforone import af1_intervention
+    from af1.interventions.af1 import af1_intervention
 
     ids = task.input_ids_PT[:2]
     with af1_intervention(adapter, task, config, None, ids):

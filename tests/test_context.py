@@ -8,14 +8,15 @@ import pytest
 import torch
 
 from af1 import ModelAdapter
-from af1.context import context_of, forward_last, suffix_start
-from af1.evaluation import evaluate, last_logits
-from af1.fast import capture_problem_kv
-from af1.heads import knockout_scores, step_means
+from af1.executors.fast import capture_problem_kv
 from af1.interventions.heads import head_means
 from af1.interventions.means import compute_means
 from af1.interventions.sites import head_inputs, record
-from af1.tasks import TaskSpec, build_task
+from af1.methods.heads import knockout_scores, step_means
+from af1.models.forward import context_of, forward_last, suffix_start
+from af1.tasks.evaluation import evaluate, last_logits
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import build_task
 
 from conftest import TINY_FAMILIES, tiny_model
 
@@ -124,9 +125,9 @@ def test_the_context_has_the_same_bits_whatever_the_thread_count(tokenizer):
 
 def test_a_sliding_window_shorter_than_the_prompt_runs_whole_prompts(task):
     """A window would drop context the full forward reads: no shared context, no fast or shared-context executor."""
-    from af1.allforone import AF1Config
-    from af1.fast import supports
-    from af1.shared_context import supports_shared
+    from af1.executors.fast import supports
+    from af1.executors.shared_context import supports_shared
+    from af1.interventions.af1 import AF1Config
 
     model = tiny_model("mistral")
     adapter = ModelAdapter(model)

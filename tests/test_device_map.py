@@ -13,16 +13,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from af1 import heads, measures
-from af1.allforone import AF1Config, reference_logits
 from af1.errors import Af1Error
-from af1.fast import fast_logits
-from af1.finetune import FinetuneConfig, train
+from af1.executors.fast import fast_logits
+from af1.executors.reference import reference_logits
+from af1.interventions.af1 import AF1Config
 from af1.interventions.means import compute_means, means_key
 from af1.interventions.sites import fixed_attention
+from af1.methods import allforone, heads
+from af1.methods.counterfactuals import counterfactual
+from af1.methods.finetune import FinetuneConfig, train
+from af1.methods.setup import prepare
 from af1.models import load_model
 from af1.models.adapter import execution_device
-from af1.tasks import TaskSpec, build_task
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import build_task
 
 from cli_helpers import run_cli
 from conftest import fitted_tiny_model
@@ -97,7 +101,7 @@ def test_every_intervention_matches_the_whole_model(pair, tokenizer):
         assert torch.equal(
             fast_logits(placed.adapter, task, config, means), fast_logits(whole.adapter, task, config, means)
         )
-    cf = heads.counterfactual(task, tokenizer)
+    cf = counterfactual(task, tokenizer)
     for path in heads.PATHS:
         a, b = heads.path_patching(whole.adapter, task, cf, path), heads.path_patching(placed.adapter, task, cf, path)
         assert a.keys() == b.keys() and all(
@@ -105,10 +109,10 @@ def test_every_intervention_matches_the_whole_model(pair, tokenizer):
         )
     lens, whole_lens = heads.mlp_logit_lens(placed.adapter, task), heads.mlp_logit_lens(whole.adapter, task)
     assert lens is not None and whole_lens is not None and torch.equal(lens, whole_lens)
-    setup = measures.prepare(placed, SPEC)
+    setup = prepare(placed, SPEC)
     assert setup.base.accuracy == 1.0
-    sweep = measures.sweep(setup, max_transfer=1)
-    whole_sweep = measures.sweep(measures.prepare(whole, SPEC), max_transfer=1)
+    sweep = allforone.sweep(setup, max_transfer=1)
+    whole_sweep = allforone.sweep(prepare(whole, SPEC), max_transfer=1)
     assert torch.equal(
         sweep["faithfulness_wait_transfer"].nan_to_num(-1), whole_sweep["faithfulness_wait_transfer"].nan_to_num(-1)
     )
@@ -137,7 +141,7 @@ def test_bfloat16_placed_and_whole_agree(pair, tokenizer):
     # most of these argmaxes are near-ties that one ulp flips: the count may differ by a tenth of the problems (it
     # moves by that between fitted models), the mean error is what is held tight
     assert agree[0] >= agree[1] - max(1, len(task) // 10) and error[0] < 1.5 * error[1]
-    assert measures.prepare(placed, SPEC).base.accuracy == measures.prepare(whole, SPEC).base.accuracy > 0.3
+    assert prepare(placed, SPEC).base.accuracy == prepare(whole, SPEC).base.accuracy > 0.3
 
 
 def test_fine_tuning_refuses_offloaded_weights(pair, tokenizer):

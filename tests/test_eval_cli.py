@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from af1.evaluation import Scores, evaluate, solved
 from af1.experiments import REGISTRY
-from af1.tasks import TaskSpec, build_task
+from af1.tasks.evaluation import Scores, evaluate, solved
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import build_task
 
 from cli_helpers import run_cli
 from conftest import tiny_model

@@ -7,8 +7,9 @@ import copy
 import pytest
 import torch
 
-from af1.evaluation import Scores, all_step_logits, evaluate, evaluated, last_logits, problem_rows, recorded
-from af1.tasks import TaskSpec, build_task
+from af1.tasks.evaluation import Scores, all_step_logits, evaluate, evaluated, last_logits, problem_rows, recorded
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import build_task
 
 from conftest import tiny_model
 

@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from af1 import ModelAdapter
-from af1.context import forward_last
-from af1.greedy import bf16_pays, greedy_tokens, screened_tokens, usable
+from af1.executors.greedy import bf16_pays, greedy_tokens, screened_tokens, usable
 from af1.interventions.sites import record, residual
 from af1.models.adapter import weight_of
-from af1.tasks import TaskSpec, build_task
+from af1.models.forward import forward_last
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import build_task
 
 from conftest import TINY_FAMILIES, tiny_model
 

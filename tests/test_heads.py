@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from af1 import Af1Error, ModelAdapter, finetune, heads
-from af1.evaluation import last_logits
+from af1 import Af1Error, ModelAdapter
 from af1.interventions.sites import head_inputs
-from af1.tasks import TaskSpec, build_task
+from af1.methods import finetune, heads
+from af1.methods.counterfactuals import Counterfactual, counterfactual
+from af1.tasks.evaluation import last_logits
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import build_task
 
 from conftest import tiny_model
 
@@ -25,7 +28,7 @@ def test_counterfactual_keeps_the_layout(tokenizer, style, null, shots):
     task = build_task(TaskSpec(operation="a+b", style=style, shots=shots, n=8), tokenizer)
     # a bare prompt runs behind the prepended BOS, and so does its counterfactual
     assert (task.bos is not None) == (shots == 0)
-    cf = heads.counterfactual(task, tokenizer)
+    cf = counterfactual(task, tokenizer)
     assert cf.input_ids_PT.shape == task.input_ids_PT.shape
     changed = (cf.input_ids_PT != task.input_ids_PT).any(0).nonzero().flatten().tolist()
     assert changed == cf.changed_positions and len(changed) == 1
@@ -38,7 +41,7 @@ def test_counterfactual_keeps_the_layout(tokenizer, style, null, shots):
 @pytest.mark.parametrize("path", heads.PATHS)
 def test_patching_with_itself_changes_nothing(task, path):
     adapter = ModelAdapter(tiny_model("llama"))
-    same = heads.Counterfactual(task.input_ids_PT, "", [])
+    same = Counterfactual(task.input_ids_PT, "", [])
     pp = heads.path_patching(adapter, task, same, path)
     assert pp["path"] == path and isinstance(pp["clean_logit_diff"], float)
     for key, value in pp.items():
@@ -52,7 +55,7 @@ def test_patching_with_itself_changes_nothing(task, path):
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gpt_neox", "gptj"])
 def test_all_heads_of_a_layer_equal_the_attention_output(family, task, tokenizer):
     adapter = ModelAdapter(tiny_model(family))
-    cf = heads.Counterfactual(task.input_ids_PT.flip(0), "", [])
+    cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
     clean, _ = heads.run_last(adapter, task.input_ids_PT)
     other, _ = heads.run_last(adapter, cf.input_ids_PT)
     for layer in range(adapter.n_layers):
@@ -67,7 +70,7 @@ def test_all_heads_of_a_layer_equal_the_attention_output(family, task, tokenizer
 def test_gemma_is_refused_for_direct_path_patching(task):
     with pytest.raises(Af1Error, match="not linear"):
         heads.path_patching(
-            ModelAdapter(tiny_model("gemma2")), task, heads.Counterfactual(task.input_ids_PT, "", []), "direct"
+            ModelAdapter(tiny_model("gemma2")), task, Counterfactual(task.input_ids_PT, "", []), "direct"
         )
 
 
@@ -75,9 +78,9 @@ def brute_force_correct_logits(adapter, task, cf, path, sender):
     """The correct answer's last logit per problem with one sender patched, by full forwards and hooks: wang
     freezes every head at its clean output (all positions) and lets MLPs recompute; total lets everything
     recompute. sender: (layer, head) or (layer, "mlp")."""
-    from af1.context import forward_last
     from af1.interventions.heads import replace_heads
     from af1.interventions.sites import edit_outputs, mlp_output, record
+    from af1.models.forward import forward_last
 
     L, d = adapter.n_layers, adapter.head_dim
     sites = [head_inputs(layer) for layer in range(L)] + [mlp_output(layer) for layer in range(L)]
@@ -114,7 +117,7 @@ def brute_force_correct_logits(adapter, task, cf, path, sender):
 def brute_force_effect(adapter, task, cf, path, sender, scoring="full"):
     """The sender's mean relative change of the correct logit by full forwards: per answer step (the counterfactual
     prompt followed by the same clean answer tokens), per problem the mean over its steps, then over problems."""
-    from af1.context import forward_last
+    from af1.models.forward import forward_last
 
     total = torch.zeros(len(task))
     count = torch.zeros(len(task))
@@ -123,7 +126,7 @@ def brute_force_effect(adapter, task, cf, path, sender, scoring="full"):
             continue
         rows = step.where_P
         T = task.n_positions
-        step_cf = heads.Counterfactual(torch.cat([cf.input_ids_PT[rows], step.input_ids_PT[:, T:]], 1), "", [])
+        step_cf = Counterfactual(torch.cat([cf.input_ids_PT[rows], step.input_ids_PT[:, T:]], 1), "", [])
         clean = forward_last(adapter.model, step.input_ids_PT).gather(1, step.answer_ids_P[:, None])[:, 0]
         patched = brute_force_correct_logits(adapter, step, step_cf, path, sender)
         total[rows] += (patched - clean) / clean.abs().clamp(min=1e-6)
@@ -146,7 +149,7 @@ def brute_force_effect(adapter, task, cf, path, sender, scoring="full"):
 )
 def test_each_path_equals_its_definition_by_full_forwards(family, path, task):
     adapter = ModelAdapter(tiny_model(family))
-    cf = heads.Counterfactual(task.input_ids_PT.flip(0), "", [])
+    cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
     assert task.n_steps() == 2  # answers of one and of two tokens: every step scored, each problem once
     for scoring in ("full", "first"):
         pp = heads.path_patching(adapter, task, cf, path, batch_size=5, scoring=scoring)  # batches of 5, 5 and 2
@@ -164,9 +167,7 @@ def test_each_path_equals_its_definition_by_full_forwards(family, path, task):
 
 def test_gptj_has_no_total_path(task):
     with pytest.raises(Af1Error, match="--path wang"):
-        heads.path_patching(
-            ModelAdapter(tiny_model("gptj")), task, heads.Counterfactual(task.input_ids_PT, "", []), "total"
-        )
+        heads.path_patching(ModelAdapter(tiny_model("gptj")), task, Counterfactual(task.input_ids_PT, "", []), "total")
 
 
 def test_one_head_that_writes_has_the_only_effect_and_the_same_under_every_path(task):
@@ -182,7 +183,7 @@ def test_one_head_that_writes_has_the_only_effect_and_the_same_under_every_path(
             if i == 1:
                 layer.self_attn.o_proj.weight[:, 2 * d : 3 * d] = keep
     adapter = ModelAdapter(model)
-    cf = heads.Counterfactual(task.input_ids_PT.flip(0), "", [])
+    cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
     effects = {
         path: heads.path_patching(adapter, task, cf, path)["relative_logit_change_layer_head"] for path in heads.PATHS
     }
@@ -351,14 +352,14 @@ def test_cli_finetune_and_positional_on_a_tiny_model(capsys, tmp_path, tokenizer
         assert key in result
     code, _, err = run_cli(capsys, "positional", "--model", str(tmp_path / "m"), "--window", "100000")
     assert code == 2 and "longer than the model's context" in err
-    from af1.report.html import build_report
+    from af1.study.report import build_report
 
     html = build_report(tmp_path / "p").read_text()
     assert "position + meaning" in html
 
 
 def test_knockout_scores_every_answer_token_and_nothing_ablated_is_the_plain_model(tokenizer):
-    from af1.evaluation import evaluate
+    from af1.tasks.evaluation import evaluate
 
     adapter = ModelAdapter(tiny_model("llama"))
     two_steps = build_task(TaskSpec(operation="a+b", n=16, seed=3, answer_digits="any"), tokenizer)
@@ -519,7 +520,7 @@ def test_the_full_answer_ranking_finds_the_head_of_each_answer_token_and_the_fir
     assert all(len(a) == 2 for a in task.answer_tokens)
     model, first, later = two_step_heads_model(task)
     adapter = ModelAdapter(model)
-    cf = heads.counterfactual(task, tokenizer, "b")
+    cf = counterfactual(task, tokenizer, "b")
 
     def effects():
         return {s: heads.path_patching(adapter, task, cf, "direct", scoring=s) for s in ("full", "first")}
@@ -572,7 +573,7 @@ def test_knock_outs_leave_each_problems_own_state_out_of_its_mean(tokenizer):
 
 def test_an_operand_counterfactual_is_drawn_per_problem_and_keeps_the_layout(tokenizer):
     task = build_task(TaskSpec(operation="a+b", style="calculate", digits=2, shots=2, n=10, seed=3), tokenizer)
-    cf = heads.counterfactual(task, tokenizer, "b")
+    cf = counterfactual(task, tokenizer, "b")
     assert cf.kind == "B" and cf.input_ids_PT.shape == task.input_ids_PT.shape
     assert all(task.layout[t] == "B" for t in cf.changed_positions)
     for i, (p, value) in enumerate(zip(task.problems, cf.replacements, strict=True)):
@@ -580,11 +581,11 @@ def test_an_operand_counterfactual_is_drawn_per_problem_and_keeps_the_layout(tok
         text = p.text[: len(p.text) - len(p.prompt)] + p.prompt.replace(str(p.operands[1]), value, 1)
         if p.operands[0] != p.operands[1]:  # the replaced one is the second operand
             assert tokenizer(text)["input_ids"] == cf.input_ids_PT[i].tolist()
-    again = heads.counterfactual(task.subset([3, 7]), tokenizer, "b")  # drawn per problem: the same in any sample
+    again = counterfactual(task.subset([3, 7]), tokenizer, "b")  # drawn per problem: the same in any sample
     assert again.replacements == [cf.replacements[3], cf.replacements[7]]
     assert cf.rows()[0] == {"counterfactual_input_ids": cf.input_ids_PT[0].tolist(), "replacement": cf.replacements[0]}
     with pytest.raises(Af1Error, match="operator or one of a, b"):
-        heads.counterfactual(task, tokenizer, "z")
+        counterfactual(task, tokenizer, "z")
 
 
 def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokenizer):
@@ -593,7 +594,7 @@ def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokeniz
     patched problem's counterfactual is recorded."""
     from types import SimpleNamespace
 
-    from af1.evaluation import Evaluated, Scores
+    from af1.tasks.evaluation import Evaluated, Scores
 
     model = tiny_model("llama")
     spec = TaskSpec(operation="a+b", shots=2, n=10, seed=1, answer_digits="any")

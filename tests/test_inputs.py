@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import af1.api
-from af1.evaluation import inputs_sha256
-from af1.tasks import TaskSpec
+from af1.tasks.evaluation import inputs_sha256
+from af1.tasks.spec import TaskSpec
 
 from conftest import fitted_tiny_model
 

@@ -10,13 +10,16 @@ from typing import Any
 import pytest
 import torch
 
-from af1 import heads, measures
 from af1.errors import Af1Error
-from af1.evaluation import evaluate, evaluated, problem_rows, recorded
-from af1.finetune import answer_batch
+from af1.methods import allforone, heads
+from af1.methods.finetune import answer_batch
+from af1.methods.setup import make_setup, prepare
 from af1.models import LoadedModel, ModelAdapter
 from af1.stats import constant_baseline
-from af1.tasks import MIN_LAYOUT, PAD, TaskSpec, build_task, distribution_task
+from af1.tasks.evaluation import evaluate, evaluated, problem_rows, recorded
+from af1.tasks.means_sample import distribution_task
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import MIN_LAYOUT, PAD, build_task
 
 from cli_helpers import run_cli
 from conftest import fitted_tiny_model
@@ -119,13 +122,13 @@ def test_pooled_rates_are_each_layouts_own_measurement(mixed):
     each layout's n. (A file of one layout's rows gives the same means up to summation order, which this fitted
     model amplifies: so the one-layout setups here take the same distribution rows.)"""
     lm, spec, short, long = mixed
-    whole = measures.prepare(lm, spec)
+    whole = prepare(lm, spec)
     base = by_prompt(whole.task, whole.base.p_correct_P.tolist())
     for alone_spec in (short, long):  # base scores need no means: equal to a file of one layout's rows
-        alone = measures.prepare(lm, alone_spec)
+        alone = prepare(lm, alone_spec)
         assert close(by_prompt(alone.task, alone.base.p_correct_P.tolist()), base)
     singles = [
-        measures.make_setup(
+        make_setup(
             lm,
             spec,
             replace(group, index_P=None),
@@ -135,16 +138,16 @@ def test_pooled_rates_are_each_layouts_own_measurement(mixed):
         for group, dist in zip(whole.task.groups, whole.distribution.groups, strict=True)
     ]
     configs = [
-        measures.AF1Config(wait=1, transfer=0),  # fast executor; faithfulness 0.14 and 0 on this model
-        measures.AF1Config(wait=0, transfer=1),
-        measures.AF1Config(wait=0, transfer=1, ablation="mean", abp="sink"),  # shared-context executor
-        measures.AF1Config(wait=0, transfer=1, ablation="resample"),  # donors drawn from the row's own layout
+        allforone.AF1Config(wait=1, transfer=0),  # fast executor; faithfulness 0.14 and 0 on this model
+        allforone.AF1Config(wait=0, transfer=1),
+        allforone.AF1Config(wait=0, transfer=1, ablation="mean", abp="sink"),  # shared-context executor
+        allforone.AF1Config(wait=0, transfer=1, ablation="resample"),  # donors drawn from the row's own layout
     ]
     for config in configs:
-        scores = measures.faithfulness(whole, config)
+        scores = allforone.faithfulness(whole, config)
         got = by_prompt(whole.kept, scores.p_correct_P.tolist())
         for single in singles:
-            assert close(by_prompt(single.kept, measures.faithfulness(single, config).p_correct_P.tolist()), got)
+            assert close(by_prompt(single.kept, allforone.faithfulness(single, config).p_correct_P.tolist()), got)
         pooled = scores.rate(whole.kept)
         assert [r["n"] for r in pooled["by_layout"]] == [21, 15]
         assert pooled["k"] == sum(round(r["value"] * r["n"]) for r in pooled["by_layout"])
@@ -153,10 +156,10 @@ def test_pooled_rates_are_each_layouts_own_measurement(mixed):
         # the pooled baseline guesses per layout (the prompt shows it): sum of n_g * b_g over n
         n_b = sum(r["n"] * r["baseline"] for r in pooled["by_layout"])
         assert pooled["baseline"] == pytest.approx(n_b / pooled["n"])
-    assert measures.faithfulness(whole, configs[0]).rate(whole.kept)["by_layout"][0]["value"] > 0
+    assert allforone.faithfulness(whole, configs[0]).rate(whole.kept)["by_layout"][0]["value"] > 0
     half = whole.on(list(range(0, len(whole.kept), 2)))  # a split keeps each row's own layout's means
-    got = by_prompt(whole.kept, measures.faithfulness(whole, configs[0]).p_correct_P.tolist())
-    assert close(by_prompt(half.kept, measures.faithfulness(half, configs[0]).p_correct_P.tolist()), got)
+    got = by_prompt(whole.kept, allforone.faithfulness(whole, configs[0]).p_correct_P.tolist())
+    assert close(by_prompt(half.kept, allforone.faithfulness(half, configs[0]).p_correct_P.tolist()), got)
 
 
 def test_the_evaluation_reads_back_and_lists_layouts(mixed):
@@ -169,11 +172,11 @@ def test_the_evaluation_reads_back_and_lists_layouts(mixed):
 
 def test_heads_are_patched_per_layout_and_pooled_by_n(mixed, tokenizer):
     lm, spec, short, long = mixed
-    kept = measures.prepare(lm, spec).kept
+    kept = prepare(lm, spec).kept
     pp, _ = heads.layout_path_patching(lm.adapter, kept, tokenizer, "direct")
     parts = []
     for alone_spec in (short, long):
-        alone = measures.prepare(lm, alone_spec).kept
+        alone = prepare(lm, alone_spec).kept
         part, _ = heads.layout_path_patching(lm.adapter, alone, tokenizer, "direct")
         parts.append((len(alone), part["relative_logit_change_layer_head"]))
     expected = (parts[0][0] * parts[0][1] + parts[1][0] * parts[1][1]) / (parts[0][0] + parts[1][0])
@@ -215,7 +218,7 @@ def test_a_layout_without_a_counterfactual_is_left_out_of_path_patching(mixed, t
     lm, spec, _, _ = mixed
     text = Path(str(spec.file)).read_text().replace("slot: b\n", "slot: a\n  null_value: '9'\n")
     (tmp_path / "null.yaml").write_text(text)
-    kept = measures.prepare(lm, TaskSpec(file=str(tmp_path / "null.yaml"))).kept
+    kept = prepare(lm, TaskSpec(file=str(tmp_path / "null.yaml"))).kept
     pp, _ = heads.layout_path_patching(lm.adapter, kept, tokenizer, "direct")
     assert pp["layouts_patched"] == [{"layout": 0, "n": len(kept.groups[0])}]
     assert [s["layout"] for s in pp["layouts_not_patched"]] == [1]
@@ -236,6 +239,6 @@ def test_the_search_reports_each_layouts_confirmation_rate(mixed):
     setup = held.setup(spec)
     only_short = setup.on(setup.kept.groups[0].where_P.tolist())
     assert [s.kept.layout_id for s in only_short.steps] == [0] * len(only_short.steps)
-    config = measures.AF1Config(wait=1, transfer=0)
-    got = by_prompt(setup.kept, measures.faithfulness(setup, config).p_correct_P.tolist())
-    assert close(by_prompt(only_short.kept, measures.faithfulness(only_short, config).p_correct_P.tolist()), got)
+    config = allforone.AF1Config(wait=1, transfer=0)
+    got = by_prompt(setup.kept, allforone.faithfulness(setup, config).p_correct_P.tolist())
+    assert close(by_prompt(only_short.kept, allforone.faithfulness(only_short, config).p_correct_P.tolist()), got)

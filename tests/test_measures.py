@@ -7,12 +7,17 @@ import json
 import pytest
 import torch
 
-from af1 import Af1Error, ModelAdapter, measures
-from af1.allforone import AF1Config, reference_logits
-from af1.evaluation import Scores
+from af1 import Af1Error, ModelAdapter
+from af1.executors.protocol import af1_logits
+from af1.executors.reference import reference_logits
+from af1.interventions.af1 import AF1Config
+from af1.methods import allforone
+from af1.methods.setup import low_count_positions, make_setup, prepare, setup_executor
 from af1.models import LoadedModel
-from af1.report.html import build_report
-from af1.tasks import TaskSpec, build_task
+from af1.study.report import build_report
+from af1.tasks.evaluation import Scores
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import build_task
 
 from cli_helpers import run_cli
 from conftest import VOCAB, tiny_model
@@ -29,23 +34,23 @@ def tiny_setup(tokenizer):
     assert task.n_steps() == 3
     all_right = Scores([list(a) for a in task.answer_tokens], torch.ones(len(task)), torch.ones(len(task)) > 0)
     lm = LoadedModel(model, tokenizer, adapter, {"spec": "tiny-llama"})
-    return measures.make_setup(lm, spec, task, all_right, task, cache_means=False)
+    return make_setup(lm, spec, task, all_right, task, cache_means=False)
 
 
 def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
     state = tmp_path / "sweep.state.json"
-    partial = measures.sweep(tiny_setup, max_transfer=1, state_path=state)
+    partial = allforone.sweep(tiny_setup, max_transfer=1, state_path=state)
     L = tiny_setup.adapter.n_layers
     assert partial["n_cells"] == sum(min(L - w, 2) for w in range(-1, L))
     calls: list[list[int]] = []
-    real = measures.fast_sweep_wait
+    real = allforone.fast_sweep_wait
 
     def counting(adapter, task, config, means, todo, **kw):
         calls.append(list(todo))
         return real(adapter, task, config, means, todo, **kw)
 
-    monkeypatch.setattr(measures, "fast_sweep_wait", counting)
-    full = measures.sweep(tiny_setup, state_path=state)
+    monkeypatch.setattr(allforone, "fast_sweep_wait", counting)
+    full = allforone.sweep(tiny_setup, state_path=state)
     assert calls and all(0 not in todo and 1 not in todo for todo in calls)  # finished cells are not recomputed
     grid = full["faithfulness_wait_transfer"]
     for w in range(-1, L):
@@ -60,9 +65,9 @@ def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
     assert full["executor"] == "fast" and set(full["cell_executors"].values()) == {"fast"}
     assert full["targets"] == tiny_setup.kept.targets()
     assert full["kept_problems"][0]["input_ids"] == tiny_setup.kept.input_ids_PT[0].tolist()
-    asked = measures.executor(tiny_setup, config, reference=True)
+    asked = setup_executor(tiny_setup, config, reference=True)
     assert asked == {"executor": "reference", "fallback_reason": "asked for (--reference)"}
-    resample = measures.executor(tiny_setup, config.model_copy(update={"ablation": "resample"}))
+    resample = setup_executor(tiny_setup, config.model_copy(update={"ablation": "resample"}))
     assert resample["executor"] == "shared-context" and "token-local" in resample["fallback_reason"]
 
 
@@ -74,7 +79,7 @@ def test_low_counts_of_the_means_are_named(tiny_setup):
     warnings = tiny_setup.describe()["warnings"]
     note = next(w for w in warnings if "fewer than 5 other" in w)
     kept = tiny_setup.steps[0].kept
-    thin = measures.low_count_positions(tiny_setup.means, kept)
+    thin = low_count_positions(tiny_setup.means, kept)
     low, n_low = thin["positions"], thin["n_problems_low"]
     assert low and str(low) in note and f"for {n_low} of {len(kept)} solved" in note and 0 < n_low <= len(kept)
     assert "own state left out" in note and thin["n_inside"] == len(kept)
@@ -92,13 +97,13 @@ def test_low_counts_of_the_means_are_named(tiny_setup):
     assert half.means_notes[0] == {
         "layout": 0,
         "step": 0,
-        **measures.low_count_positions(tiny_setup.means, half.steps[0].kept),
+        **low_count_positions(tiny_setup.means, half.steps[0].kept),
     }
     assert half.means_notes[0]["n_inside"] == len(kept) // 2
 
 
 def synthetic_sweep(L: int, n: int, cells: dict[tuple[int, int], list[bool]], targets: list[str]) -> dict:
-    """A sweep result as `measures.sweep` writes it, with chosen per-problem outcomes (the rest all wrong)."""
+    """A sweep result as `allforone.sweep` writes it, with chosen per-problem outcomes (the rest all wrong)."""
     bits = {}
     for w in range(-1, L):
         for k in range(L - w):
@@ -122,7 +127,7 @@ def test_search_chooses_on_selection_and_confirms_on_the_rest():
         (0, 4): right,
     }
     sweep = synthetic_sweep(L, n, cells, targets)
-    found = measures.search(sweep, 0.9)
+    found = allforone.search(sweep, 0.9)
     assert found["found"] and (found["wait"], found["transfer"]) == (3, 1)
     assert found["faithfulness_selection"] == 1.0 and found["faithfulness"] == 0.0  # the split shows it
     assert found["n_selection"] == len(sel) and found["n_confirmation"] == len(conf)
@@ -131,33 +136,33 @@ def test_search_chooses_on_selection_and_confirms_on_the_rest():
     assert [(f["wait"], f["transfer"]) for f in found["frontier"]] == [(0, 4), (1, 1), (3, 1)]
     assert found["n_ineligible_no_compute"] == L + 1
     sweep = synthetic_sweep(L, n, {k: v for k, v in cells.items() if k != (3, 1)}, targets)
-    found = measures.search(sweep, 0.9)
+    found = allforone.search(sweep, 0.9)
     assert (found["wait"], found["transfer"], found["faithfulness"]) == (1, 1, 1.0)
-    assert measures.search(sweep, 1.0)["found"] is True
-    nothing = measures.search(synthetic_sweep(L, n, {(1, 1): [i % 2 == 0 for i in range(n)]}, targets), 0.9)
+    assert allforone.search(sweep, 1.0)["found"] is True
+    nothing = allforone.search(synthetic_sweep(L, n, {(1, 1): [i % 2 == 0 for i in range(n)]}, targets), 0.9)
     assert nothing["found"] is False and nothing["wait"] is None
     assert (nothing["best"]["wait"], nothing["best"]["transfer"]) == (1, 1)
     with pytest.raises(Af1Error, match=r"\[0, 1\]"):
-        measures.search(sweep, 1.5)
+        allforone.search(sweep, 1.5)
 
 
 def test_search_never_chooses_a_cell_no_better_than_a_constant_guess():
     L, n = 4, 30
     constant = ["7"] * n  # every target the same: a constant guess is right on all of them
     sweep = synthetic_sweep(L, n, {(0, 1): [True] * n}, constant)
-    found = measures.search(sweep, 0.9)
+    found = allforone.search(sweep, 0.9)
     assert found["found"] is False and "best" not in found
     assert found["faithfulness_baseline"] == 1.0 and "near constant" in found["warnings"][0]
 
 
 def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     config = AF1Config(wait=0, transfer=1)
-    nec = measures.necessity(tiny_setup, windows=(1, 2), found=config)
+    nec = allforone.necessity(tiny_setup, windows=(1, 2), found=config)
     L = tiny_setup.adapter.n_layers
     assert len(nec["windows"]["1"]) == L and len(nec["windows"]["2"]) == L - 1
     assert all(lo <= v <= hi for v, (lo, hi) in zip(nec["windows"]["1"], nec["windows_ci"]["1"], strict=True))
     assert [s["start"] for s in nec["shifted_transfer"]["by_start"]] == [1, 2]
-    alt = measures.alternatives(tiny_setup, config)
+    alt = allforone.alternatives(tiny_setup, config)
     assert set(alt["ablations"]) == {"cama", "zero", "mean", "resample", "none"}
     assert set(alt["abp_variants"]) == {"af1", "none", "sink", "all-peek", "zero-output"}
     assert alt["ablations"]["cama"] == alt["abp_variants"]["af1"] == alt["configured"]["faithfulness"]
@@ -165,7 +170,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     resample = alt["ablations_detail"]["resample"]
     assert resample["seeds"] == 5 and len(resample["per_seed"]) == 5
     assert resample["faithfulness"] == pytest.approx(sum(r["faithfulness"] for r in resample["per_seed"]) / 5)
-    pruning = measures.prune_heads(tiny_setup, config)
+    pruning = allforone.prune_heads(tiny_setup, config)
     assert pruning["n_transfer_heads"] == 4 and len(pruning["faithfulness_vs_pruned"]) == 5
     assert (
         len(pruning["faithfulness_vs_pruned_ci"]) == 5
@@ -175,13 +180,13 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     assert pruning["n_selection"] + pruning["n_confirmation"] == len(tiny_setup.kept)
     assert set(pruning["confirmation"]) == {"unpruned", "pruned", "mcnemar"}
     with pytest.raises(Af1Error, match="transfer layers"):
-        measures.prune_heads(tiny_setup, AF1Config(wait=0))
+        allforone.prune_heads(tiny_setup, AF1Config(wait=0))
     from af1.report import figures
     from af1.results import write_json
 
-    sweep = measures.sweep(tiny_setup, AF1Config())
+    sweep = allforone.sweep(tiny_setup, AF1Config())
     write_json(tmp_path / "sweep.json", sweep)
-    write_json(tmp_path / "search.json", {**measures.search(sweep, 0.5), "n_layers": sweep["n_layers"]})
+    write_json(tmp_path / "search.json", {**allforone.search(sweep, 0.5), "n_layers": sweep["n_layers"]})
     write_json(tmp_path / "alternatives.json", alt)
     write_json(tmp_path / "prune.json", pruning)  # each experiment's file is <name>.json
     figures.pruning_plot(pruning, tmp_path / "pruning.png")
@@ -196,14 +201,14 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
 def test_greedy_pruning_reranks_after_every_removal(tiny_setup, monkeypatch):
     """Each round scores every remaining head on top of the ones already removed."""
     rounds: list[list[list[tuple[int, int]]]] = []
-    real = measures.pruned_scores
+    real = allforone.pruned_scores
 
     def spy(setup, config, head_sets):
         rounds.append(head_sets)
         return real(setup, config, head_sets)
 
-    monkeypatch.setattr(measures, "pruned_scores", spy)
-    result = measures.prune_heads(tiny_setup, AF1Config(wait=0, transfer=2))
+    monkeypatch.setattr(allforone, "pruned_scores", spy)
+    result = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=2))
     order = [tuple(h) for h in result["prune_order"]]
     assert [len(r) for r in rounds] == list(range(8, 0, -1))
     for i, sets in enumerate(rounds):
@@ -233,11 +238,13 @@ def test_pruning_ranks_past_float32_saturation_and_stops_at_the_first_dip(tiny_s
         wrong = len(setup.kept) // 2 if n == 2 else 0
         return [crafted_scores(setup.kept, 30.0 + 5 * hs[-1][1], wrong) for hs in head_sets]
 
-    monkeypatch.setattr(measures, "pruned_scores", pruned)
-    monkeypatch.setattr(measures, "faithfulness", lambda setup, config, reference=False: crafted_scores(setup.kept, 30))
+    monkeypatch.setattr(allforone, "pruned_scores", pruned)
+    monkeypatch.setattr(
+        allforone, "faithfulness", lambda setup, config, reference=False: crafted_scores(setup.kept, 30)
+    )
     scores = crafted_scores(tiny_setup.kept, 30.0)
     assert bool((scores.p_correct_P == 1.0).all()) and scores.mean_log_p_correct < 0  # saturated p, not log p
-    result = measures.prune_heads(tiny_setup, AF1Config(wait=0, transfer=1))
+    result = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=1))
     assert [tuple(h) for h in result["prune_order"]] == [(1, 3), (1, 2), (1, 1), (1, 0)]  # largest margin first
     assert result["faithfulness_vs_pruned"] == [1.0, 1.0, pytest.approx(0.5, abs=0.1), 1.0, 1.0]
     assert result["n_pruned_before_first_drop"] == 1
@@ -246,14 +253,14 @@ def test_pruning_ranks_past_float32_saturation_and_stops_at_the_first_dip(tiny_s
 
 def test_map_config_by_relative_depth():
     config = AF1Config(wait=14, transfer=2)
-    assert measures.map_config(config, 32, 30, "absolute").wait == 14
-    mapped = measures.map_config(config, 32, 64, "relative")
+    assert allforone.map_config(config, 32, 30, "absolute").wait == 14
+    mapped = allforone.map_config(config, 32, 64, "relative")
     assert (mapped.wait, mapped.transfer) == (29, 4)
     # SmolLM2's (19, 5) on Qwen's 24 layers: cut so that the last token still computes alone
-    cut = measures.map_config(AF1Config(wait=19, transfer=5), 30, 24, "absolute")
-    assert (cut.wait, cut.transfer) == (19, 3) and measures.has_compute_stage(cut.wait, cut.transfer, 24)
-    late = measures.map_config(AF1Config(wait=28, transfer=1), 30, 24, "absolute")
-    assert (late.wait, late.transfer) == (22, 0) and measures.has_compute_stage(late.wait, late.transfer, 24)
+    cut = allforone.map_config(AF1Config(wait=19, transfer=5), 30, 24, "absolute")
+    assert (cut.wait, cut.transfer) == (19, 3) and allforone.has_compute_stage(cut.wait, cut.transfer, 24)
+    late = allforone.map_config(AF1Config(wait=28, transfer=1), 30, 24, "absolute")
+    assert (late.wait, late.transfer) == (22, 0) and allforone.has_compute_stage(late.wait, late.transfer, 24)
 
 
 def test_heatmap_marks_the_cells_whose_interval_clears_the_threshold():
@@ -271,7 +278,7 @@ def test_a_near_constant_target_among_the_solved_problems_is_warned(tiny_setup):
 
     one = [tiny_setup.task.answer_tokens[0]] * len(tiny_setup.task)  # every problem made to share one answer
     task = replace(tiny_setup.task, answer_tokens=one)
-    setup = measures.make_setup(tiny_setup.lm, tiny_setup.spec, task, tiny_setup.base, task, cache_means=False)
+    setup = make_setup(tiny_setup.lm, tiny_setup.spec, task, tiny_setup.base, task, cache_means=False)
     assert any(w.startswith("faithfulness on the solved problems: the target is near constant") for w in setup.warnings)
     assert not any(w.startswith("faithfulness on the solved") for w in tiny_setup.warnings)
 
@@ -281,18 +288,18 @@ def test_a_near_constant_target_among_the_solved_problems_is_warned(tiny_setup):
 
 @pytest.fixture(scope="module")
 def smol_first(smollm2):
-    return measures.prepare(smollm2, TaskSpec(operation="a+b", shots=3, answer_digits="any", scoring="first"))
+    return prepare(smollm2, TaskSpec(operation="a+b", shots=3, answer_digits="any", scoring="first"))
 
 
 @pytest.fixture(scope="module")
 def smol_setup(smollm2):
-    return measures.prepare(smollm2, TaskSpec(operation="a+b", style="calculate", shots=3))
+    return prepare(smollm2, TaskSpec(operation="a+b", style="calculate", shots=3))
 
 
 def test_smollm2_cama_and_abp_alone_match_the_spec(smol_first):
-    """SPEC.md's facts for SmolLM2, 1-digit a+b=, 3 shots, first token: CAMA ~0.97 at 0 and ~0.73 at 15;
+    """docs/methods.md's facts (§1) for SmolLM2, 1-digit a+b=, 3 shots, first token: CAMA ~0.97 at 0 and ~0.73 at 15;
     ABP needs > 25."""
-    parts = measures.components(smol_first, [0, 15, 25], transfer=2)
+    parts = allforone.components(smol_first, [0, 15, 25], transfer=2)
     assert 0.55 < smol_first.base.accuracy < 0.8
     assert parts["cama_only"][0] >= 0.93
     assert 0.55 <= parts["cama_only"][15] <= 0.85
@@ -307,8 +314,8 @@ def test_smollm2_fast_equals_reference(smol_setup):
     for wait, transfer in [(-1, 4), (13, 5), (20, 3), (26, 1)]:
         config = AF1Config(wait=wait, transfer=transfer)
         for step in smol_setup.steps:
-            ref = measures.af1_logits(step, config, reference=True)
-            fast = measures.af1_logits(step, config)
+            ref = af1_logits(step, config, reference=True)
+            fast = af1_logits(step, config)
             assert (ref - fast).abs().max() <= 1e-4
             assert torch.equal(ref.argmax(-1), fast.argmax(-1))
     assert smol_setup.distribution.origin == "grid" and len(smol_setup.distribution) == 97
@@ -364,7 +371,7 @@ def test_options_that_depend_on_the_model_are_refused_before_any_evaluation(caps
     def no_work(*_args, **_kwargs):
         raise AssertionError("the task was evaluated before the options were checked")
 
-    monkeypatch.setattr(measures, "prepare", no_work)
+    monkeypatch.setattr(af1.experiments.session, "prepare", no_work)
     monkeypatch.setattr(af1.experiments.session, "evaluated", no_work)
     for args, message in [
         (["--wait", "99"], "out of range"),

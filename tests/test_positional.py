@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from af1 import Af1Error, ModelAdapter, positional
+from af1 import Af1Error, ModelAdapter
+from af1.methods import positional
 
 from conftest import tiny_model
 

@@ -15,7 +15,7 @@ from af1 import cli
 from af1.experiments import REGISTRY, base
 from af1.study import plan as plan_module
 from af1.study.plan import StudyPlan, expand
-from af1.tasks import TaskSpec
+from af1.tasks.spec import TaskSpec
 
 from conftest import tiny_model
 
@@ -123,7 +123,7 @@ def test_a_new_experiment_is_one_module_and_one_registry_line(toy, tmp_path, tok
     assert json.loads((tmp_path / "api" / "toy.json").read_text())["provenance"]["model"]["source"] == "directory"
 
     # the report section
-    from af1.report.html import build_report
+    from af1.study.report import build_report
 
     assert "Toy section" in build_report(tmp_path / "api").read_text()
 

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from af1 import Af1Error, ModelAdapter
-from af1.evaluation import evaluated
 from af1.interventions.heads import head_means
 from af1.interventions.sites import FINAL, head_inputs, mlp_output, record, residual
-from af1.tasks import TaskSpec, build_task
+from af1.tasks.evaluation import evaluated
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import build_task
 
 from conftest import tiny_model
 

@@ -18,7 +18,7 @@ from af1.study import expand, load_plan, run_study
 from af1.study.plan import StudyPlan, SweepOptions
 from af1.study.report import study_tables
 from af1.study.store import Store
-from af1.tasks import TaskSpec
+from af1.tasks.spec import TaskSpec
 
 from cli_helpers import run_cli
 from conftest import fitted_tiny_model
@@ -409,16 +409,16 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
 def test_a_study_evaluates_each_model_and_task_once(tiny_dirs, tmp_path, monkeypatch):
     """eval, the search's setup, the heads study and the cross-model transfer read one evaluation of each model and
     task (issue 15, item 2)."""
-    import af1.evaluation
+    import af1.tasks.evaluation as evaluation
 
     calls: list[str] = []
-    real = af1.evaluation.evaluate
+    real = evaluation.evaluate
 
     def counting(model, task, *args, **kwargs):
         calls.append(task.spec.model_dump_json())
         return real(model, task, *args, **kwargs)
 
-    monkeypatch.setattr(af1.evaluation, "evaluate", counting)  # every evaluation goes through this one
+    monkeypatch.setattr(evaluation, "evaluate", counting)  # every evaluation goes through this one
     experiments = "experiments:\n  eval: {}\n  search: {threshold: 0.5}\n  heads: {k: 2, draws: 1}\n  transfer: {}\n"
     plan = write_plan(tmp_path / "plan.yaml", tiny_dirs, experiments=experiments)
     summary = run_study(load_plan(plan), tmp_path / "out")

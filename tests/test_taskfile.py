@@ -12,9 +12,11 @@ import torch
 from af1 import api
 from af1.errors import Af1Error
 from af1.experiments import NotApplicable
-from af1.heads import counterfactual
-from af1.taskfile import evaluate_expr, load_items
-from af1.tasks import TaskSpec, build_task
+from af1.methods.counterfactuals import counterfactual
+from af1.tasks.files import evaluate_expr, load_items
+from af1.tasks.means_sample import distribution_task
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import build_task
 
 from cli_helpers import run_cli
 from conftest import fitted_tiny_model
@@ -107,7 +109,7 @@ def test_rows_keep_newlines_inside_a_field(tmp_path):
 
 def test_a_large_rows_file_gets_a_disjoint_means_sample(tmp_path, tokenizer, monkeypatch):
     """Rows without slots share one group: the means sample is disjoint by prompt, not by slot values."""
-    import af1.tasks as tasks
+    import af1.tasks.means_sample as means_sample
 
     write(
         tmp_path,
@@ -116,9 +118,9 @@ def test_a_large_rows_file_gets_a_disjoint_means_sample(tmp_path, tokenizer, mon
     )
     spec = TaskSpec(file=str(write(tmp_path, "t.yaml", "rows: r.jsonl\nshots: 1\n")), n=12)
     task = build_task(spec, tokenizer)
-    monkeypatch.setattr(tasks, "MEANS_SAMPLE_MIN", 30)
-    monkeypatch.setattr(tasks, "MEANS_SAMPLE_MAX", 30)
-    sample = tasks.distribution_task(spec, tokenizer, task)
+    monkeypatch.setattr(means_sample, "MEANS_SAMPLE_MIN", 30)
+    monkeypatch.setattr(means_sample, "MEANS_SAMPLE_MAX", 30)
+    sample = distribution_task(spec, tokenizer, task)
     assert sample.origin == "disjoint sample" and len(sample) == 30
     assert not {p.prompt for p in sample.problems} & {p.prompt for p in task.problems}
 
@@ -270,7 +272,9 @@ def test_means_rows_keep_the_evaluated_constant_prefix(tmp_path, tokenizer):
     """Rows need not share a sample's longer constant prefix: those that do not are left out of the means."""
     from af1.interventions.means import compute_means
     from af1.models import ModelAdapter
-    from af1.tasks import distribution_task, file_pool, tokenize_task
+    from af1.tasks.means_sample import distribution_task
+    from af1.tasks.problems import file_pool
+    from af1.tasks.task import tokenize_task
 
     from conftest import tiny_model
 
@@ -291,7 +295,7 @@ def test_means_rows_keep_the_evaluated_constant_prefix(tmp_path, tokenizer):
 
 def test_attention_shares_count_a_last_slot_once(tokenizer):
     """Induction's last token spells a slot: it is the 'last' group only, so each head's shares add up to 1."""
-    from af1.heads import last_query_attention
+    from af1.methods.heads import last_query_attention
     from af1.models import ModelAdapter
 
     from conftest import tiny_model

@@ -8,7 +8,19 @@ import pytest
 import torch
 
 from af1 import Af1Error
-from af1.tasks import OPERATIONS, STYLES, TaskSpec, build_task, enumerate_problems, example_prompt
+from af1.tasks.builtin import OPERATIONS, STYLES, example_prompt
+from af1.tasks.means_sample import (
+    MEANS_COMMON,
+    MEANS_MIN_COUNT,
+    MEANS_SAMPLE_MAX,
+    MEANS_SAMPLE_MIN,
+    _missing_parts,
+    distribution_task,
+    means_sample_size,
+)
+from af1.tasks.problems import enumerate_problems, problem_pool
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import build_task
 
 
 @pytest.mark.parametrize("op", list(OPERATIONS))
@@ -91,38 +103,38 @@ def test_no_bos_to_prepend_is_a_one_line_error():
 
 @pytest.mark.parametrize("style", ["original", "verbal"])  # verbal ends in a space some tokenizers move
 def test_means_distribution_is_a_disjoint_sample_sized_for_its_counts_or_the_grid(tokenizer, monkeypatch, style):
-    import af1.tasks as tasks
+    import af1.tasks.means_sample as means_sample
 
     spec = TaskSpec(operation="a+b", digits=2, n=30, shots=1, style=style)
     task = build_task(spec, tokenizer)
-    size = tasks.means_sample_size(task)
-    assert tasks.MEANS_SAMPLE_MIN <= size <= tasks.MEANS_SAMPLE_MAX
-    sample = tasks.distribution_task(spec, tokenizer, task)
+    size = means_sample_size(task)
+    assert MEANS_SAMPLE_MIN <= size <= MEANS_SAMPLE_MAX
+    sample = distribution_task(spec, tokenizer, task)
     assert sample.origin == "disjoint sample" and len(sample) == size < 90 * 90 - 1
     assert not {p.operands for p in sample.problems} & {p.operands for p in task.problems}
-    monkeypatch.setattr(tasks, "MEANS_SAMPLE_MIN", 9000)  # more than the grid holds besides the evaluated ones
-    grid = tasks.distribution_task(spec, tokenizer, task)
+    monkeypatch.setattr(means_sample, "MEANS_SAMPLE_MIN", 9000)  # more than the grid holds besides the evaluated ones
+    grid = distribution_task(spec, tokenizer, task)
     assert grid.origin == "grid" and len(grid) == 90 * 90 - 1 and grid.context_len == task.context_len
     assert {p.operands for p in task.problems} <= {p.operands for p in grid.problems}
 
 
 def test_means_sample_missing_an_answer_step_is_topped_up_not_the_grid(tokenizer, monkeypatch):
     """A sample without some layout or answer step gets MEANS_MIN_COUNT problems of it, never the whole grid."""
-    import af1.tasks as tasks
+    import af1.tasks.means_sample as means_sample
 
     spec = TaskSpec(operation="a+b", digits=2, n=40, shots=1)
     task = build_task(spec, tokenizer)
     assert max(len(a) for a in task.answer_tokens) == 3  # some sums have three digits: one more answer step
-    examples, pool = tasks.problem_pool(spec)
+    examples, pool = problem_pool(spec)
     small = [p for p in pool if len(p.answer_text.strip()) < 3 and p not in task.problems][:5]
     large = [p for p in pool if len(p.answer_text.strip()) == 3 and p not in task.problems]
-    extra = tasks._missing_parts(spec, examples, small, large, tokenizer, task)
-    assert len(extra) == tasks.MEANS_MIN_COUNT and all(len(p.answer_text.strip()) == 3 for p in extra)
-    assert tasks._missing_parts(spec, examples, small + extra, large, tokenizer, task) == []
-    monkeypatch.setattr(tasks, "MEANS_SAMPLE_MIN", 1)
-    monkeypatch.setattr(tasks, "MEANS_SAMPLE_MAX", 1)
-    sample = tasks.distribution_task(spec, tokenizer, task)
-    assert sample.origin == "disjoint sample" and len(sample) <= 1 + 4 * tasks.MEANS_MIN_COUNT
+    extra = _missing_parts(spec, examples, small, large, tokenizer, task)
+    assert len(extra) == MEANS_MIN_COUNT and all(len(p.answer_text.strip()) == 3 for p in extra)
+    assert _missing_parts(spec, examples, small + extra, large, tokenizer, task) == []
+    monkeypatch.setattr(means_sample, "MEANS_SAMPLE_MIN", 1)
+    monkeypatch.setattr(means_sample, "MEANS_SAMPLE_MAX", 1)
+    sample = distribution_task(spec, tokenizer, task)
+    assert sample.origin == "disjoint sample" and len(sample) <= 1 + 4 * MEANS_MIN_COUNT
     assert {s.part_key for s in task.steps()} <= {s.part_key for s in sample.steps()}
     assert not {p.operands for p in sample.problems} & {p.operands for p in task.problems}
 
@@ -131,33 +143,31 @@ def test_means_sample_size_follows_the_rarest_common_token(tokenizer):
     """Each (position, token) held by at least 1 % of the evaluated problems is expected MEANS_MIN_COUNT times."""
     import math
 
-    import af1.tasks as tasks
-
     task = build_task(TaskSpec(operation="a+b", digits=2, n=200, shots=1), tokenizer)
     shares = []
     for t in range(task.context_len, task.n_positions):
         _, counts = task.input_ids_PT[:, t].unique(return_counts=True)
-        shares += [c / len(task) for c in counts.tolist() if c / len(task) >= tasks.MEANS_COMMON]
+        shares += [c / len(task) for c in counts.tolist() if c / len(task) >= MEANS_COMMON]
     for k in range(max(len(a) for a in task.answer_tokens)):
         column = [a[k] for a in task.answer_tokens if len(a) > k]
         shares += [column.count(x) / len(task) for x in set(column) if column.count(x) / len(task) >= 0.01]
-    want = max(tasks.MEANS_SAMPLE_MIN, min(tasks.MEANS_SAMPLE_MAX, math.ceil(tasks.MEANS_MIN_COUNT / min(shares))))
-    assert tasks.means_sample_size(task) == want and min(shares) < 0.1
+    want = max(MEANS_SAMPLE_MIN, min(MEANS_SAMPLE_MAX, math.ceil(MEANS_MIN_COUNT / min(shares))))
+    assert means_sample_size(task) == want and min(shares) < 0.1
 
 
 def test_means_sample_is_disjoint_when_the_prompts_lost_their_trailing_space(tokenizer, monkeypatch):
     """Tokenizers that put the space inside the number's token strip it from the evaluated prompts."""
     import dataclasses
 
-    import af1.tasks as tasks
+    import af1.tasks.means_sample as means_sample
 
     spec = TaskSpec(operation="a+b", digits=2, n=30, shots=1, style="verbal")
     task = build_task(spec, tokenizer)
     stripped = [dataclasses.replace(p, prompt=p.prompt.rstrip(" ")) for p in task.problems]
     evaluated = dataclasses.replace(task, problems=stripped)
-    monkeypatch.setattr(tasks, "MEANS_SAMPLE_MIN", 8000)  # nearly the whole pool: a leak would show
-    monkeypatch.setattr(tasks, "MEANS_SAMPLE_MAX", 8000)
-    sample = tasks.distribution_task(spec, tokenizer, evaluated)
+    monkeypatch.setattr(means_sample, "MEANS_SAMPLE_MIN", 8000)  # nearly the whole pool: a leak would show
+    monkeypatch.setattr(means_sample, "MEANS_SAMPLE_MAX", 8000)
+    sample = distribution_task(spec, tokenizer, evaluated)
     assert sample.origin == "disjoint sample" and len(sample) == 8000
     assert not {p.operands for p in sample.problems} & {p.operands for p in task.problems}
 
@@ -290,7 +300,7 @@ def test_subset_keeps_alignment(tokenizer):
 
 def test_large_tasks_are_sampled_to_the_papers_size_and_say_so(tokenizer):
     """Without --n a task of more than DEFAULT_N distinct problems is sampled (seeded) and the task says so."""
-    from af1.tasks import DEFAULT_N
+    from af1.tasks.spec import DEFAULT_N
 
     task = build_task(TaskSpec(operation="a+b", digits=2), tokenizer)
     assert len(task) == DEFAULT_N and task.n_distinct == 8100
@@ -305,7 +315,7 @@ def test_large_tasks_are_sampled_to_the_papers_size_and_say_so(tokenizer):
 
 def test_huge_operand_spaces_are_sampled_not_enumerated():
     """3-digit a+b+c has 729 million operand tuples: the pool is a seeded sample of distinct ones."""
-    from af1.tasks import POOL_SAMPLE
+    from af1.tasks.problems import POOL_SAMPLE
 
     spec = TaskSpec(operation="a+b+c", digits=3)
     _, problems = enumerate_problems(spec)
@@ -314,7 +324,7 @@ def test_huge_operand_spaces_are_sampled_not_enumerated():
     assert all(p.answer == sum(p.operands) for p in problems)
     _, again = enumerate_problems(spec)
     assert [p.operands for p in again] == [p.operands for p in problems]
-    from af1.tasks import problem_pool
+    from af1.tasks.problems import problem_pool
 
     _, pool = problem_pool(spec)
     assert len({p.operands for p in pool}) == len(pool) == POOL_SAMPLE
@@ -322,7 +332,8 @@ def test_huge_operand_spaces_are_sampled_not_enumerated():
 
 def test_an_operand_held_constant_by_a_small_sample_is_not_context(tokenizer):
     """Every sampled problem has a = 3: the token of a is still an operand, so context ends before it."""
-    from af1.tasks import problem_pool, tokenize_task
+    from af1.tasks.problems import problem_pool
+    from af1.tasks.task import tokenize_task
 
     spec = TaskSpec(operation="a+b", shots=1)
     examples, pool = problem_pool(spec)

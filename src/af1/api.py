@@ -7,7 +7,7 @@
     found.wait, found.transfer, found.faithfulness, found.faithfulness_ci
 
 Each result is the experiment's typed pydantic model (`af1.experiments.<module>.Result`); `.data()` is its JSON.
-The building blocks below it (`af1.measures`, `af1.heads`, `af1.positional`, `af1.interventions`) are public too.
+The building blocks below it (`af1.methods`, `af1.executors`, `af1.interventions`, `af1.tasks`) are public too.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from af1.experiments.session import Session
 from af1.models import LoadedModel, load_model
 from af1.results import provenance, write_json
 from af1.study import StudyPlan, load_plan, run_study
-from af1.tasks import TaskSpec
+from af1.tasks.spec import TaskSpec
 
 __all__ = [
     "REGISTRY",

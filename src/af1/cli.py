@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from af1.errors import Af1Error
-from af1.tasks import TaskSpec
+from af1.tasks.spec import TaskSpec
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Where and when a language model does mental arithmetic."
@@ -162,7 +162,7 @@ def models() -> None:
 @app.command()
 def tasks() -> None:
     """List tasks and input styles with an example prompt each."""
-    from af1.tasks import OPERATIONS, STYLES, example_prompt
+    from af1.tasks.builtin import OPERATIONS, STYLES, example_prompt
 
     table = Table("task", "style", "example prompt")
     for op in OPERATIONS:
@@ -360,7 +360,7 @@ def study(
 @app.command()
 def report(out_dir: Annotated[Path, typer.Argument(help="a results directory or a study's store")]) -> None:
     """One self-contained HTML report of the results in a directory (a study's store: its study report)."""
-    from af1.report.html import build_report
+    from af1.study.report import build_report
 
     out.print(f"wrote {build_report(out_dir)}")
 

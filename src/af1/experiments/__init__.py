@@ -4,6 +4,7 @@ registry: adding an experiment is one module and one line here."""
 
 from __future__ import annotations
 
+from af1.errors import Af1Error
 from af1.experiments.alternatives import Alternatives
 from af1.experiments.base import Experiment, Inputs, NotApplicable
 from af1.experiments.base_accuracy import BaseAccuracy
@@ -60,7 +61,6 @@ def _schema_changed() -> None:
 
 
 def get(name: str) -> Experiment:
-    from af1.errors import Af1Error
 
     if name not in REGISTRY:
         raise Af1Error(f"unknown experiment {name!r}: choose from {', '.join(REGISTRY)}")

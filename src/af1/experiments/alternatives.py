@@ -8,10 +8,10 @@ from typing import Any
 
 from rich.table import Table
 
-from af1 import measures
-from af1.evaluation import ProblemInputs
 from af1.experiments import base
+from af1.methods import allforone
 from af1.report.markup import ci_text, table_html
+from af1.tasks.evaluation import ProblemInputs
 
 
 class Options(base.ConfigOptions):
@@ -56,7 +56,7 @@ class Alternatives(base.Experiment):
         on, where = base.measured_on(inputs, options, setup)
         halves = {} if on is setup else {"confirmation": on}
         return Result(
-            **measures.alternatives(on, config), measured_on=where, inputs=measures.setup_inputs(setup, **halves)
+            **allforone.alternatives(on, config), measured_on=where, inputs=allforone.setup_inputs(setup, **halves)
         )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:

@@ -10,13 +10,17 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.table import Table
 
-from af1.allforone import AF1Config
 from af1.errors import Af1Error
-from af1.evaluation import Evaluated
+from af1.interventions.af1 import AF1Config
+from af1.methods import allforone
 from af1.models import LoadedModel
-from af1.tasks import TaskSpec
+from af1.tasks.evaluation import Evaluated
+from af1.tasks.spec import TaskSpec
 
 NO_CELL = "its search found no cell whose interval clears the constant-guess baseline"
+
+
+SEARCH = "search"  # the experiment whose result is a configuration (af1.experiments.search): what others run at
 
 
 class Options(BaseModel):
@@ -128,7 +132,7 @@ def searched_config(search: Any) -> AF1Config | None:
 def check_found(inputs: Inputs, options: Options) -> None:
     """The unit does not apply when it is asked only where the search found a subgraph and it found none."""
     if getattr(options, "require_found", False):
-        search = inputs.one("search")
+        search = inputs.one(SEARCH)
         if search is not None and not search.found:
             raise NotApplicable(f"no AF1 subgraph at faithfulness >= {search.threshold} (require_found)")
 
@@ -138,7 +142,7 @@ def config_of(inputs: Inputs, options: ConfigOptions, n_layers: int) -> AF1Confi
     if options.wait is not None:
         config = AF1Config(wait=options.wait, transfer=options.transfer or 0, seed=inputs.spec.seed)
     else:
-        search = inputs.one("search")
+        search = inputs.one(SEARCH)
         config = searched_config(search) if search is not None else None
         if config is None:
             raise Af1Error(f"no configuration to run at: {NO_CELL} (give --wait and --transfer)")
@@ -151,9 +155,8 @@ def measured_on(inputs: Inputs, options: ConfigOptions, setup: Any) -> tuple[Any
     search's own config (never the problems that chose it)."""
     if options.wait is not None:
         return setup, "the solved problems"
-    from af1 import measures
 
-    return measures.confirmation(setup, inputs.one("search").data()), "the search's confirmation split"
+    return allforone.confirmation(setup, inputs.one(SEARCH).data()), "the search's confirmation split"
 
 
 @dataclass
@@ -193,11 +196,16 @@ class Experiment:
         """Experiments this one reads and that a plan gets implicitly (with default options): the search, when
         it runs at the search's config or only where the search found a subgraph (`require_found`)."""
         wants_config = self.config_from_search and getattr(options, "wait", None) is None
-        return ("search",) if wants_config or getattr(options, "require_found", False) else ()
+        return (SEARCH,) if wants_config or getattr(options, "require_found", False) else ()
 
     def uses(self) -> tuple[str, ...]:
         """Experiments this one reads when the plan has them."""
         return ()
+
+    def evaluation_rows(self, result: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The problem rows of the model's evaluation of the task that this result holds (its JSON), for a session
+        to read back instead of evaluating the task again; None when it holds none."""
+        return None
 
     def run(self, inputs: Inputs, options: Any) -> Result:
         raise NotImplementedError

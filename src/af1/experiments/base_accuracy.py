@@ -8,10 +8,10 @@ from typing import Any
 
 from rich.table import Table
 
-from af1.evaluation import problem_rows
 from af1.experiments import base
 from af1.report.markup import ci_text, layout_html, layout_table, table_html, with_ci
-from af1.stats import baseline_warning
+from af1.stats import baseline_warning, mcnemar_exact
+from af1.tasks.evaluation import problem_rows
 
 
 class Options(base.Options):
@@ -42,6 +42,9 @@ class BaseAccuracy(base.Experiment):
     help = "Base accuracy of a model on a task: every answer token (or the first), with its interval and baseline."
     Options = Options
     Result = Result
+
+    def evaluation_rows(self, result: dict[str, Any]) -> list[dict[str, Any]] | None:
+        return result.get("problems")
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         spec = inputs.spec
@@ -128,7 +131,6 @@ class BaseAccuracy(base.Experiment):
 
 def paired(a: Result, b: Result) -> dict[str, Any] | None:
     """Two models' base accuracy on the same problems, paired (exact McNemar); None when their problems differ."""
-    from af1.stats import mcnemar_exact
 
     if [(p["prompt"], p["answer"]) for p in a.problems] != [(p["prompt"], p["answer"]) for p in b.problems]:
         return None

@@ -7,10 +7,10 @@ from pathlib import Path
 from pydantic import Field
 from rich.table import Table
 
-from af1 import measures
-from af1.evaluation import ProblemInputs
 from af1.experiments import base
+from af1.methods import allforone
 from af1.report.markup import ci_text, table_html, with_ci
+from af1.tasks.evaluation import ProblemInputs
 
 
 class Options(base.GatedOptions):
@@ -38,7 +38,7 @@ class Components(base.Experiment):
         setup = inputs.resources.setup(inputs.spec)
         L = setup.adapter.n_layers
         waits = options.waits or sorted({0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3})
-        return Result(**measures.components(setup, waits, options.transfer), inputs=measures.setup_inputs(setup))
+        return Result(**allforone.components(setup, waits, options.transfer), inputs=allforone.setup_inputs(setup))
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [

@@ -9,12 +9,12 @@ from typing import Any
 from pydantic import Field
 from rich.table import Table
 
-from af1 import finetune, heads, positional
 from af1.errors import Af1Error
-from af1.evaluation import Evaluated, ProblemInputs, evaluate, evaluated, solved
 from af1.experiments import base
+from af1.methods import finetune, heads, positional
 from af1.report.markup import table_html
-from af1.tasks import build_task
+from af1.tasks.evaluation import Evaluated, ProblemInputs, evaluate, evaluated, solved
+from af1.tasks.task import build_task
 
 VARIANTS = ("base", "precise", "random_heads", "full")
 

@@ -10,12 +10,14 @@ from typing import Any, Literal
 from pydantic import Field
 from rich.table import Table
 
-from af1 import heads
 from af1.errors import Af1Error
-from af1.evaluation import ProblemInputs, solved
 from af1.experiments import base
+from af1.methods import allforone, heads
 from af1.report.markup import ci_text, image_html, table_html, with_ci
-from af1.tasks import FILE_STYLE, TaskSpec
+from af1.stats import mcnemar_exact, mean_std
+from af1.tasks.builtin import FILE_STYLE
+from af1.tasks.evaluation import ProblemInputs, solved
+from af1.tasks.spec import TaskSpec
 
 
 class Options(base.GatedOptions):
@@ -86,11 +88,8 @@ def consistency(inputs: base.Inputs, config: Any, result: Result) -> dict[str, A
     layers (mean ± std over draws), or none."""
     import random
 
-    from af1 import measures
-    from af1.stats import mcnemar_exact, mean_std
-
     setup = inputs.resources.setup(inputs.spec)
-    on = measures.confirmation(setup, inputs.one("search").data())
+    on = allforone.confirmation(setup, inputs.one("search").data())
     transfer_heads = [(layer, h) for layer in config.peek_layers() for h in range(setup.adapter.n_heads)]
     keys = {tuple(h) for h in result.key_heads}
     top = {tuple(h) for h in result.top_heads}
@@ -101,13 +100,13 @@ def consistency(inputs: base.Inputs, config: Any, result: Result) -> dict[str, A
         f"only top-{len(top)} heads peek": [h for h in transfer_heads if h not in top],
         "no head peeks": transfer_heads,
     }
-    full = measures.faithfulness(on, config)
+    full = allforone.faithfulness(on, config)
     rows = []
     k_top = sum(h in top for h in transfer_heads)
     if 0 < k_top <= len(others):  # as many random heads of the same layers, not top ones: is the top set special?
         rng = random.Random(0)
         draws = [set(rng.sample(others, k_top)) for _ in range(RANDOM_DRAWS)]
-        scores = measures.pruned_scores(on, config, [[h for h in transfer_heads if h not in d] for d in draws])
+        scores = allforone.pruned_scores(on, config, [[h for h in transfer_heads if h not in d] for d in draws])
         spread = mean_std([s.accuracy for s in scores])
         random_row = {
             "variant": f"{k_top} random heads of these layers, none of the top, peek ({RANDOM_DRAWS} draws)",
@@ -116,18 +115,18 @@ def consistency(inputs: base.Inputs, config: Any, result: Result) -> dict[str, A
             "faithfulness_std": spread["std"],
             "faithfulness_per_draw": [s.accuracy for s in scores],
             "faithfulness_ci": None,
-            "faithfulness_baseline": measures.faith_fields(on, full)["faithfulness_baseline"],
+            "faithfulness_baseline": allforone.faith_fields(on, full)["faithfulness_baseline"],
             "mcnemar_vs_all": None,
         }
     else:
         random_row = None
     for name, pruned in variants.items():
-        scores = measures.faithfulness(on, config.model_copy(update={"pruned_heads": pruned})) if pruned else full
+        scores = allforone.faithfulness(on, config.model_copy(update={"pruned_heads": pruned})) if pruned else full
         rows.append(
             {
                 "variant": name,
                 "peeking": len(transfer_heads) - len(pruned),
-                **measures.faith_fields(on, scores),
+                **allforone.faith_fields(on, scores),
                 "mcnemar_vs_all": mcnemar_exact(scores.correct_P.tolist(), full.correct_P.tolist()),
             }
         )

@@ -9,11 +9,11 @@ from typing import Any
 from pydantic import Field, field_validator
 from rich.table import Table
 
-from af1 import measures
-from af1.allforone import AF1Config
-from af1.evaluation import ProblemInputs
 from af1.experiments import base
+from af1.interventions.af1 import AF1Config
+from af1.methods import allforone
 from af1.report.markup import image_html, table_html, with_ci
+from af1.tasks.evaluation import ProblemInputs
 
 
 class Options(base.ConfigOptions):
@@ -62,10 +62,10 @@ class Necessity(base.Experiment):
             if found is None:  # the unmodified model's windows still say where the last token reads
                 note = f"the transfer window is not moved: {base.NO_CELL}"
             else:
-                found_on = measures.confirmation(setup, search.data())
-        result = measures.necessity(setup, tuple(options.windows), found, found_on)
+                found_on = allforone.confirmation(setup, search.data())
+        result = allforone.necessity(setup, tuple(options.windows), found, found_on)
         halves = {} if found_on is None else {"confirmation": found_on}
-        return Result(**result, no_config=note, inputs=measures.setup_inputs(setup, **halves))
+        return Result(**result, no_config=note, inputs=allforone.setup_inputs(setup, **halves))
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing

@@ -9,8 +9,8 @@ from pathlib import Path
 from pydantic import Field
 from rich.table import Table
 
-from af1 import positional
 from af1.experiments import base
+from af1.methods import positional
 from af1.report.markup import image_html, table_html
 
 

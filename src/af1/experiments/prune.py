@@ -8,10 +8,10 @@ from pathlib import Path
 from pydantic import Field
 from rich.table import Table
 
-from af1 import measures
-from af1.evaluation import ProblemInputs
 from af1.experiments import base
+from af1.methods import allforone
 from af1.report.markup import ci_text, image_html, with_ci
+from af1.tasks.evaluation import ProblemInputs
 
 
 class Options(base.ConfigOptions):
@@ -58,7 +58,7 @@ class Prune(base.Experiment):
                 raise base.NotApplicable("the search's config has no transfer layers, so no heads to prune")
             search = inputs.one("search")
             selection, seed = search.selection_fraction, search.split_seed
-        return Result(**measures.prune_heads(setup, config, selection=selection, seed=seed))
+        return Result(**allforone.prune_heads(setup, config, selection=selection, seed=seed))
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing

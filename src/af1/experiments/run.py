@@ -8,10 +8,10 @@ from typing import Any
 from pydantic import Field
 from rich.table import Table
 
-from af1 import measures
-from af1.allforone import Ablation
 from af1.experiments import base
+from af1.interventions.af1 import Ablation
 from af1.interventions.masks import ABPVariant
+from af1.methods import allforone
 from af1.report.markup import ci_text, layout_html, layout_table, stages_table, table_html, with_ci
 
 
@@ -49,7 +49,7 @@ class Run(base.Experiment):
         setup = inputs.resources.setup(inputs.spec)
         config = config.model_copy(update={"ablation": options.ablation, "abp": options.abp})
         on, where = base.measured_on(inputs, options, setup)
-        return Result(**measures.run_result(on, config, options.reference), measured_on=where)
+        return Result(**allforone.run_result(on, config, options.reference), measured_on=where)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [

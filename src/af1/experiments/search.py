@@ -9,8 +9,8 @@ from typing import Any
 from pydantic import Field, field_validator
 from rich.table import Table
 
-from af1 import measures
 from af1.experiments import base
+from af1.methods import allforone
 from af1.report.markup import (
     ci_text,
     image_html,
@@ -67,7 +67,7 @@ class Result(base.Result):
 
 
 class Search(base.Experiment):
-    name = "search"
+    name = base.SEARCH
     help = "The AF1 subgraph: the largest L_wait, then the smallest L_transfer, keeping faithfulness >= threshold."
     Options = Options
     Result = Result
@@ -79,7 +79,7 @@ class Search(base.Experiment):
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         sweep = inputs.one("sweep")
-        found = measures.search(sweep.data(), options.threshold, options.selection, options.split_seed)
+        found = allforone.search(sweep.data(), options.threshold, options.selection, options.split_seed)
         layouts = sweep.data().get("layouts") or []
         return Result(**found, model=inputs.model_name, n_layers=sweep.n_layers, config=sweep.config, layouts=layouts)
 

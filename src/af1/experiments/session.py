@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from af1.errors import Af1Error
-from af1.evaluation import Evaluated, evaluated, recorded
 from af1.interventions.attention import check_maskable
+from af1.methods.setup import prepare
 from af1.models import LoadedModel
+from af1.tasks.evaluation import Evaluated, evaluated, recorded
 
 
 def one_line(exc: BaseException) -> str:
@@ -72,11 +73,10 @@ class Session:
 
     def setup(self, spec: Any) -> Any:
         """The AF1 setup of a task (solved problems, CAMA means per answer step, fast-path caches)."""
-        from af1 import measures
 
         key = spec.model_dump_json()
         if key not in self._setups:
             self._setups.clear()  # one task's setup (means, caches) at a time
             check_maskable(self.lm().adapter)  # refused before any evaluation is spent
-            self._setups[key] = measures.prepare(self.lm(), spec, self.means, done=self.evaluated(spec))
+            self._setups[key] = prepare(self.lm(), spec, self.means, done=self.evaluated(spec))
         return self._setups[key]

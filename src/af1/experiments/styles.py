@@ -9,11 +9,11 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from rich.table import Table
 
-from af1 import measures
 from af1.errors import Af1Error
 from af1.experiments import base
+from af1.methods import allforone
 from af1.report.markup import ci_text, table_html, with_ci
-from af1.tasks import STYLES
+from af1.tasks.builtin import STYLES
 
 
 class Options(base.ConfigOptions):
@@ -59,7 +59,7 @@ class Styles(base.Experiment):
                 setup = None
             if setup is not None:  # at the search's config: on its confirmation half, beside its number
                 own = (setup, *base.measured_on(inputs, options, setup))
-        return Result(**measures.styles_table(lm, config, spec, options.styles, operations, own=own))
+        return Result(**allforone.styles_table(lm, config, spec, options.styles, operations, own=own))
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [

@@ -9,10 +9,10 @@ from typing import Any
 from pydantic import Field
 from rich.table import Table
 
-from af1 import measures
-from af1.allforone import Ablation, AF1Config
 from af1.experiments import base
+from af1.interventions.af1 import Ablation, AF1Config
 from af1.interventions.masks import ABPVariant
+from af1.methods import allforone
 from af1.report.markup import image_html, with_ci
 
 
@@ -52,7 +52,7 @@ class Sweep(base.Experiment):
         setup = inputs.resources.setup(inputs.spec)
         config = AF1Config(ablation=options.ablation, abp=options.abp, seed=inputs.spec.seed)
         state = inputs.state_dir / "sweep.state.json" if inputs.state_dir else None
-        return Result(**measures.sweep(setup, config, options.max_transfer, options.reference, state_path=state))
+        return Result(**allforone.sweep(setup, config, options.max_transfer, options.reference, state_path=state))
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing

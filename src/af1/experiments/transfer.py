@@ -9,10 +9,10 @@ from typing import Any
 
 from rich.table import Table
 
-from af1 import measures
-from af1.evaluation import ProblemInputs
 from af1.experiments import base
+from af1.methods import allforone
 from af1.report.markup import ci_text, table_html, with_ci
+from af1.tasks.evaluation import ProblemInputs
 
 
 class Options(base.Options):
@@ -108,14 +108,14 @@ class Transfer(base.Experiment):
         own = base.searched_config(mine) if mine is not None else None
         on, where = setup, "solved problems"
         if own is not None and mine is not None:  # where this model's own config is fair: not chosen there
-            on, where = measures.confirmation(setup, mine.data()), "the confirmation split of its own search"
+            on, where = allforone.confirmation(setup, mine.data()), "the confirmation split of its own search"
         rows, without = [], {}
         for search in searches:
             config = base.searched_config(search)
             if config is None:
                 without[search.model] = base.NO_CELL
                 continue
-            row = measures.transfer_config(on, config, search.n_layers, own=own)
+            row = allforone.transfer_config(on, config, search.n_layers, own=own)
             row["source"].update(model=search.model, found=search.found, threshold=search.threshold)
             rows.append(row)
         return Result(
@@ -125,7 +125,7 @@ class Transfer(base.Experiment):
             sources_without_config=without,
             measured_on=where,
             n_measured=len(on.kept),
-            inputs=measures.setup_inputs(setup, **({} if on is setup else {"confirmation": on})),
+            inputs=allforone.setup_inputs(setup, **({} if on is setup else {"confirmation": on})),
         )
 
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:

@@ -11,13 +11,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from af1.context import forward_last, suffix_start
 from af1.errors import Af1Error
-from af1.evaluation import batches
 from af1.interventions.hooks import hooks_removed_after
 from af1.interventions.sites import head_inputs, record
 from af1.models.adapter import ModelAdapter
-from af1.tasks import Task
+from af1.models.forward import forward_last, suffix_start
+from af1.tasks.evaluation import batches
+from af1.tasks.task import Task
 
 HeadEdit = Callable[[torch.Tensor], torch.Tensor]  # z [B, T, E] -> z [B, T, E]
 

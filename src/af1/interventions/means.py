@@ -3,7 +3,7 @@
 One streaming pass over a task accumulates fp32 sums of h[l][t] per (layer, position, token at t): memory is
 independent of the number of problems. The means keep those sums and their counts, and which prompts they
 averaged (`member_hashes`), so that a problem inside the averaged set is ablated to the mean of the *other*
-problems (SPEC.md §1: leave-one-out: its own state, from the run being intervened on, is subtracted from the fp32
+problems (leave-one-out, docs/methods.md §1: its own state, from the intervened run, is subtracted from the fp32
 sum; equal to a mean over the others up to float rounding). Where no other problem has its token at a position (or
 the sample never saw it there), the leave-one-out token-agnostic mean stands in. Saved as safetensors with a key of
 the model and the task's token layout, and reused.
@@ -20,14 +20,15 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from af1.context import forward_last, suffix_start
 from af1.errors import Af1Error
-from af1.evaluation import batches
 from af1.interventions.sites import record, residual
 from af1.models.adapter import ModelAdapter
+from af1.models.cache import cache_root
+from af1.models.forward import forward_last, suffix_start
 from af1.progress import progress
 from af1.results import write_atomic
-from af1.tasks import Task
+from af1.tasks.evaluation import batches
+from af1.tasks.task import Task
 
 FORMAT = "sums-v2"  # fp32 sums, counts and member hashes: older files (means only) cannot leave a problem out
 
@@ -279,7 +280,6 @@ def _key(fingerprint: str, ids_PT: torch.Tensor) -> str:
 def cached_step_means(adapter: ModelAdapter, steps: list[Task], cache_dir: Path | None = None) -> list[PositionMeans]:
     """Each step's means from the cache when the same model and step come back, the others computed together in
     one pass (`compute_step_means`) and saved."""
-    from af1.models.loading import cache_root
 
     folder = cache_dir or cache_root() / "means"
     fingerprint = model_fingerprint(adapter)

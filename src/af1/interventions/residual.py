@@ -19,7 +19,7 @@ def _set_hidden(output, hidden: torch.Tensor):
 
 
 def edit_residual(adapter: ModelAdapter, edits: dict[int, Edit]) -> contextlib.AbstractContextManager[None]:
-    """Replace the output of block l by edits[l](output) (h[l] in SPEC.md's notation)."""
+    """Replace the output of block l by edits[l](output) (h[l] in docs/methods.md's notation)."""
     for layer in edits:
         adapter.check_layer(layer)
     return hooks_removed_after(

@@ -4,7 +4,7 @@
         adapter.model(ids)
     cache[residual(3)]  # [B, D]: the output of block 3 at the last position
 
-Sites: `residual(l)` the output of decoder block l ([B, T, D], h[l] in SPEC.md); `head_inputs(l)` the
+Sites: `residual(l)` the output of decoder block l ([B, T, D], h[l] in docs/methods.md); `head_inputs(l)` the
 concatenated head outputs entering o_proj ([B, T, E]); `mlp_output(l)` the MLP's output ([B, T, D]);
 `FINAL` the input of the final norm ([B, T, D]).
 """

@@ -103,6 +103,13 @@ class ModelAdapter:
     def head_dim(self) -> int:
         return int(getattr(self.config, "head_dim", None) or self.hidden_size // self.n_heads)
 
+    def no_attention_interface(self) -> str | None:
+        """Why work that routes keys/values through transformers' attention interface cannot run on this family
+        (its attention bypasses it: GPT-J), or None; the one place this family quirk is read."""
+        if self.family.uses_attention_interface:
+            return None
+        return f"the {self.family.name} family does not use transformers' attention interface"
+
     @property
     def parallel_residual(self) -> bool:
         return bool(getattr(self.config, "use_parallel_residual", self.family.parallel_residual))

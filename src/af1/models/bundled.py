@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from af1.errors import Af1Error
+from af1.models.cache import cache_root
+from af1.results import write_atomic
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,6 @@ BY_NAME: dict[str, BundledModel] = {row.name: row for row in BUNDLED_MODELS}
 
 
 def _cache() -> Path:
-    from af1.models.loading import cache_root
 
     return cache_root() / "bundled"
 
@@ -116,7 +117,6 @@ def _verified(path: Path, sha256: str) -> bool:
 
 
 def _mark_verified(path: Path, sha256: str) -> None:
-    from af1.results import write_atomic
 
     marks = _cache() / "verified.json"
     try:

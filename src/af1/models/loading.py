@@ -15,6 +15,8 @@ import torch
 from af1.errors import Af1Error
 from af1.models.adapter import ModelAdapter, family_of
 from af1.models.bundled import BY_NAME, bundled_file
+from af1.models.cache import cache_root
+from af1.progress import enabled
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -31,11 +33,6 @@ class LoadedModel:
     tokenizer: Any
     adapter: ModelAdapter
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def cache_root() -> Path:
-    root = os.environ.get("AF1_CACHE_DIR") or Path.home() / ".cache" / "af1"
-    return Path(root)
 
 
 def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
@@ -119,8 +116,6 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
-
-    from af1.progress import enabled
 
     if not enabled():  # transformers' own loading bars follow af1's: none off a terminal
         hf_logging.disable_progress_bar()

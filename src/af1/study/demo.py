@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from af1.study.plan import StudyPlan
+from af1.study.plan import StudyPlan, order
 from af1.study.runner import StudySummary, run_study
-from af1.tasks import TaskSpec
+from af1.tasks.spec import TaskSpec
 
 DEMO_MODELS = ("smollm2", "qwen0.5b")
 GATED = {"require_found": True}  # the analyses of a subgraph run where the search found one (else recorded n/a)
@@ -58,8 +58,6 @@ def demo_plan(
 def plan_yaml(plan: StudyPlan) -> str:
     """The plan as a YAML file a user can edit and pass to `af1 study`."""
     import yaml
-
-    from af1.study.plan import order
 
     data = plan.model_dump(exclude_defaults=True)
     data["experiments"] = {

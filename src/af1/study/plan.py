@@ -15,7 +15,8 @@ from af1.config_files import read_mapping
 from af1.errors import Af1Error
 from af1.experiments import REGISTRY
 from af1.experiments.sweep import Options as SweepOptions
-from af1.tasks import STYLES, TaskSpec
+from af1.tasks.builtin import STYLES
+from af1.tasks.spec import TaskSpec
 
 __all__ = ["ModelEntry", "StudyPlan", "SweepOptions", "Unit", "expand", "load_plan"]
 

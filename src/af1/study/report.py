@@ -4,14 +4,16 @@ paired base accuracy, shared heads, transfer), every finished unit's own section
 from __future__ import annotations
 
 import html
+import json
 from pathlib import Path
 from typing import Any
 
+from af1.errors import Af1Error
 from af1.experiments import REGISTRY
 from af1.experiments.base import Finished
-from af1.report.markup import page, table_html
-from af1.results import write_atomic, write_json
-from af1.study.plan import StudyPlan, Unit, task_label
+from af1.report.markup import load_json, page, table_html
+from af1.results import read_json, write_atomic, write_json
+from af1.study.plan import StudyPlan, Unit, expand, task_label
 from af1.study.store import Store
 
 
@@ -129,3 +131,37 @@ def build_study_report(store: Store, plan: StudyPlan, units: list[Unit]) -> Path
         ),
     ]
     return write_atomic(store.root / "report.html", page(f"af1 study: {plan.name}", parts))
+
+
+def build_report(d: str | Path) -> Path:
+    """Write DIR/report.html from the experiments' result files found in DIR (or DIR's study store)."""
+
+    d = Path(d)
+    if not d.is_dir():
+        raise Af1Error(f"no such results directory: {d}")
+    if (d / "plan.json").is_file() and (d / "units").is_dir():
+        return _study_report(d)
+    parts: list[str] = []
+    provenance = None
+    for experiment in REGISTRY.values():
+        data = load_json(d, experiment.file)
+        if data is None:
+            continue
+        provenance = provenance or data.get("provenance")
+        try:
+            parts += experiment.section(experiment.Result.model_validate(data), d)
+        except Exception as exc:  # a result file of another af1 version: say so, render the rest
+            parts.append(
+                f"<p>{html.escape(experiment.file)}: cannot show ({html.escape(str(exc).splitlines()[0])})</p>"
+            )
+    if not parts:
+        raise Af1Error(f"{d} holds no af1 results")
+    if provenance:
+        parts.append("<h2>Provenance</h2><pre>" + html.escape(json.dumps(provenance, indent=2)) + "</pre>")
+    return write_atomic(d / "report.html", page("af1 report", parts))
+
+
+def _study_report(d: Path) -> Path:
+
+    plan = StudyPlan.model_validate(read_json(d / "plan.json")["plan"])
+    return build_study_report(Store(d), plan, expand(plan))

@@ -93,13 +93,15 @@ def _run_here(
 
 
 def remember_evaluations(worker: Worker, done_units: list[Unit], outcomes: dict[str, Outcome]) -> None:
-    """Hand a model's new worker the evaluations its earlier units made (the eval units' problem rows), so a model
-    that comes back (a cross-model unit at the end) is not evaluated again."""
+    """Hand a model's new worker the evaluations its earlier units made (the problem rows of results that hold one,
+    `Experiment.evaluation_rows`), so a model that comes back (a cross-model unit at the end) is not evaluated again."""
     for unit in done_units:
         outcome = outcomes.get(unit.id, {})
-        mine = unit.model == worker.entry and unit.experiment == "eval" and unit.task is not None
-        if mine and outcome.get("state") == "done":
-            worker.remember(unit.task, (outcome.get("result") or {}).get("problems", []))
+        if unit.model != worker.entry or unit.task is None or outcome.get("state") != "done":
+            continue
+        rows = REGISTRY[unit.experiment].evaluation_rows(outcome.get("result") or {})
+        if rows is not None:
+            worker.remember(unit.task, rows)
 
 
 def _run_on_ray(

@@ -17,6 +17,7 @@ import torch
 from af1.experiments import REGISTRY, Inputs, NotApplicable
 from af1.experiments.base import NO_CELL, Resources, check_found
 from af1.experiments.session import Session, one_line
+from af1.models import load_model
 from af1.results import provenance, to_json
 from af1.study.plan import ModelEntry, Unit
 
@@ -33,7 +34,6 @@ class Worker(Session):
             torch.set_num_threads(threads)
 
     def _load_entry(self) -> Any:
-        from af1.models import load_model
 
         e = self.entry
         return load_model(

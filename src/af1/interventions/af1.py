@@ -1,4 +1,4 @@
-"""The All-for-One experiment (SPEC.md §1), hook-based reference path.
+"""The AF1 intervention (docs/methods.md §1): its configuration and the edits and attention plans that realise it.
 
 AF1(wait, transfer): an ablation (CAMA by default) of every non-context position at the
 output of block `wait`, then ABP: the last token peeks at every position in the next
@@ -16,17 +16,14 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, Field
 
-from af1.context import forward_last
 from af1.errors import Af1Error
-from af1.evaluation import batches
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.masks import ABPVariant, abp_masks
 from af1.interventions.means import PositionMeans
 from af1.interventions.residual import edit_residual, replace_positions, zero_attention_outputs
 from af1.interventions.sites import record, residual
 from af1.models.adapter import ModelAdapter
-from af1.progress import progress
-from af1.tasks import Task
+from af1.tasks.task import Task
 
 Ablation = Literal["cama", "zero", "mean", "resample", "none"]
 ABLATIONS: tuple[str, ...] = ("cama", "zero", "mean", "resample", "none")
@@ -200,33 +197,3 @@ def zeroed_outputs(task: Task, config: AF1Config, n_layers: int) -> dict[int, li
         layer: list(range(task.context_len, n - 1 if layer in peek else n))
         for layer in range(config.wait + 1, n_layers)
     }
-
-
-@torch.no_grad()
-def reference_logits(
-    adapter: ModelAdapter,
-    task: Task,
-    config: AF1Config,
-    means: PositionMeans | None,
-    batch_size: int = 32,
-    extra_masks: dict[int, torch.Tensor] | None = None,
-    desc: str | None = None,
-    donors: Task | None = None,
-) -> torch.Tensor:
-    """Last-position logits [P, V] under AF1, by hooks on the full model.
-
-    The resample ablation takes each problem's states from a donor of `donors` (the task distribution;
-    the task itself when none is given)."""
-    config.check(adapter.n_layers, adapter.n_heads)
-    ids = task.input_ids_PT
-    P = len(ids)
-    resample = config.ablation == "resample" and config.wait >= 0
-    donors = donors if donors is not None else task
-    pick = resample_donors(task, donors, config.seed) if resample else None
-    out = []
-    for sl in progress(list(batches(P, batch_size)), desc=desc):
-        batch = ids[sl].to(adapter.device)
-        donor = donor_states(adapter, donors, config.wait, pick[sl]) if pick is not None else None
-        with af1_intervention(adapter, task, config, means, batch, donor, extra_masks):
-            out.append(forward_last(adapter.model, batch))
-    return torch.cat(out)

@@ -1,4 +1,4 @@
-"""Arithmetic heads (SPEC.md §2, Zhang et al. 2024): path patching, key heads, knockout, overlap.
+"""Arithmetic heads (docs/methods.md §2, Zhang et al. 2024): path patching, key heads, knockout, overlap.
 
 Each sender (a head or an MLP) has its output at the last position taken from the counterfactual
 run (the operator replaced by a null word or symbol, or an operand by another value drawn per problem);
@@ -26,18 +26,14 @@ Three definitions of what else changes (`PATHS`):
 
 from __future__ import annotations
 
-import dataclasses
-import random
-import string
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from af1.context import forward_last, suffix_start
 from af1.errors import Af1Error
-from af1.evaluation import Evaluated, Scores, batches, evaluated, require_solved, solved
+from af1.executors.fast import capture_problem_kv, last_token_inputs
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.heads import HeadSums, head_sums, random_heads, replace_heads
 from af1.interventions.sites import (
@@ -51,218 +47,14 @@ from af1.interventions.sites import (
     record,
     residual,
 )
+from af1.methods.counterfactuals import NOT_OPERANDS, Counterfactual, counterfactual, counterfactual_problems
 from af1.models.adapter import ModelAdapter, execution_device, weight_of
+from af1.models.forward import forward_last, suffix_start
 from af1.progress import progress
 from af1.progress import stage as progress_stage
 from af1.stats import baseline_warning, constant_baseline, split_indices
-from af1.tasks import NAMES, OPERATIONS, Task, _template
-
-NOT_OPERANDS = ("context", "const", "bos")  # roles that are not an operand (or a task file's slot)
-
-# Where the operation is named in each style, and the null replacements tried (same token count).
-OPERATOR_TEXT = {
-    "original": {"+": "+", "-": "-", "*": "*"},
-    "calculate": {"+": "+", "-": "-", "*": "*"},
-    "code": {"+": "+", "-": "-"},
-    "verbal": {"+": "sum", "-": "difference"},
-    "question": {"+": "sum", "-": "difference"},
-    "instruction": {"+": "add", "-": "subtract"},
-    "word": {"+": "Together", "-": "gave"},
-}
-NULL_SYMBOLS = ("@", "#", "&", "~", "|", "^")
-NULL_WORDS = ("nothing", "thing", "stuff", "none", "null", "blank")
-
-
-@dataclass
-class Counterfactual:
-    """One counterfactual prompt per problem (same length and positions as its clean prompt), what was put in:
-    `replacement` says it in one line, `replacements` per problem (drawn per problem for an operand or a slot), and
-    the positions that change in some problem."""
-
-    input_ids_PT: torch.Tensor
-    replacement: str
-    changed_positions: list[int]  # the positions the counterfactual changes (the operator, an operand or a slot)
-    replacements: list[str] = field(default_factory=list)
-    kind: str = "operator"  # operator, an operand's name (A, B, ...) or, for a task file, "slot <name>"
-
-    def at_step(self, step: Task) -> Counterfactual:
-        """The counterfactual of an answer step (`Task.steps()`): each of its rows' counterfactual prompt followed by
-        the same teacher-forced answer tokens as the clean row."""
-        rows = step.rows_in_parent
-        T = self.input_ids_PT.shape[1]
-        ids = torch.cat([self.input_ids_PT[rows], step.input_ids_PT[:, T:]], 1)
-        drawn = [self.replacements[i] for i in rows.tolist()] if self.replacements else []
-        return dataclasses.replace(self, input_ids_PT=ids, replacements=drawn)
-
-    def rows(self) -> list[dict[str, Any]]:
-        """Per problem: the counterfactual's token ids and what was put in (enough to rerun it)."""
-        drawn = self.replacements or [self.replacement] * len(self.input_ids_PT)
-        return [
-            {"counterfactual_input_ids": ids, "replacement": r}
-            for ids, r in zip(self.input_ids_PT.tolist(), drawn, strict=True)
-        ]
-
-
-def _spans(
-    prompt: str, style: str, operation: str, operands: tuple[int, ...], operand: str | None
-) -> list[tuple[int, int]]:
-    """Character spans inside the problem's own prompt (not the few-shot prefix) of the operator text, or with
-    `operand` of that operand's digits."""
-    op = OPERATIONS[operation]
-    template = _template(op, style)
-    spans, rendered = [], ""
-    for literal, name, _, _ in string.Formatter().parse(template):
-        for o in set(op.operators) if operand is None else ():
-            word = OPERATOR_TEXT[style][o]
-            start = 0
-            while (k := literal.find(word, start)) >= 0:
-                spans.append((len(rendered) + k, len(rendered) + k + len(word)))
-                start = k + len(word)
-        rendered += literal
-        if name:
-            value = str(operands[NAMES.index(name)])
-            if name == operand:
-                spans.append((len(rendered), len(rendered) + len(value)))
-            rendered += value
-    return spans
-
-
-def _splice(task: Task, tokenizer: Any, i: int, spans: list[tuple[int, int]], value: str) -> list[int]:
-    """Problem i's whole input (few-shot prefix and the BOS af1 prepends included) with `value` in every span of
-    its own prompt."""
-    p = task.problems[i]
-    offset = len(p.text) - len(p.prompt)
-    text = p.text
-    for a, b in sorted(spans, reverse=True):  # right to left
-        text = text[: offset + a] + value + text[offset + b :]
-    return ([task.bos[0]] if task.bos is not None else []) + tokenizer(text)["input_ids"]
-
-
-def _draw(
-    task: Task, tokenizer: Any, i: int, spans: list[tuple[int, int]], candidates: list[str], role: str
-) -> tuple[list[int], str, list[int]] | None:
-    """The first candidate (in a seeded order per problem: the task's seed and the prompt) that, put in every span,
-    keeps the token layout and changes nothing but the `role` positions: (ids, value, changed positions)."""
-    candidates = list(candidates)
-    random.Random(f"{task.spec.seed}:{task.problems[i].prompt}").shuffle(candidates)
-    for value in candidates:
-        ids = _splice(task, tokenizer, i, spans, value)
-        if len(ids) != task.n_positions:
-            continue
-        changed = (torch.tensor(ids) != task.input_ids_PT[i]).nonzero().flatten().tolist()
-        if all(task.layout[t] == role for t in changed):
-            return ids, value, changed
-    return None
-
-
-def _drawn(
-    task: Task,
-    tokenizer: Any,
-    choices: Callable[[int], tuple[list[tuple[int, int]], list[str], str]],
-    role: str,
-    replacement: str,
-    kind: str,
-) -> Counterfactual:
-    """Every problem's drawn counterfactual (`_draw`); `choices(i)` gives its spans, its candidates and the error
-    to raise when none keeps the layout."""
-    rows, drawn, positions = [], [], set()
-    for i in range(len(task)):
-        spans, candidates, error = choices(i)
-        found = _draw(task, tokenizer, i, spans, candidates, role)
-        if found is None:
-            raise Af1Error(error)
-        rows.append(found[0])
-        drawn.append(found[1])
-        positions |= set(found[2])
-    return Counterfactual(torch.tensor(rows), replacement, sorted(positions), drawn, kind)
-
-
-def slot_counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
-    """A task file's prompts with the slot it names replaced, everywhere it stands, by its null value, or else by
-    another of the slot's values that keeps the token layout, changing only that slot's tokens. The value is drawn
-    per problem from the file's values, seeded by the task's seed and the prompt alone (so a problem gets the same
-    counterfactual in any sample or layout group); in a `distinct` task it is none of the problem's other slot
-    values."""
-    from af1.taskfile import read_task_file, slot_values
-
-    assert task.spec.file is not None
-    described = read_task_file(task.spec.file)
-    named = described.counterfactual
-    if named is None:
-        raise Af1Error(
-            f"task file {task.spec.file} names no counterfactual slot (counterfactual: {{slot: ..., null_value: ...}})"
-        )
-    values = sorted(set(slot_values(task.spec.file, described, named.slot)))
-
-    def choices(i: int) -> tuple[list[tuple[int, int]], list[str], str]:
-        p = task.problems[i]
-        spans = [(a, b) for n, a, b in p.spans if n == named.slot]
-        if not spans:
-            raise Af1Error(f"problem {p.prompt!r} has no slot '{named.slot}'")
-        own = p.prompt[spans[0][0] : spans[0][1]]
-        taken = set(p.operands) if described.distinct else {own}  # a distinct task's other slots stay distinct
-        candidates = [named.null_value] if named.null_value is not None else [v for v in values if v not in taken]
-        error = f"no value of slot '{named.slot}' keeps the token layout of {p.prompt!r} " + (
-            "(its null value has another token length)" if named.null_value is not None else ""
-        )
-        return spans, candidates, error
-
-    replacement = named.null_value if named.null_value is not None else f"another value of {named.slot}"
-    return _drawn(task, tokenizer, choices, named.slot, replacement, f"slot {named.slot}")
-
-
-def operand_counterfactual(task: Task, tokenizer: Any, operand: str) -> Counterfactual:
-    """A built-in task's prompts with one operand replaced by another value of its range with the same digits that
-    keeps the token layout (only that operand's tokens change), drawn per problem like a task file's slot."""
-    spec = task.spec
-    if operand not in NAMES[: OPERATIONS[spec.operation].n_operands]:
-        names = ", ".join(n.lower() for n in NAMES[: OPERATIONS[spec.operation].n_operands])
-        raise Af1Error(f"unknown counterfactual '{operand.lower()}' for {spec.operation}: operator or one of {names}")
-
-    def choices(i: int) -> tuple[list[tuple[int, int]], list[str], str]:
-        p = task.problems[i]
-        own = str(p.operands[NAMES.index(operand)])
-        spans = _spans(p.prompt, spec.style, spec.operation, p.operands, operand)
-        candidates = [str(v) for v in spec.operand_range if str(v) != own and len(str(v)) == len(own)]
-        return spans, candidates, f"no other value of operand {operand.lower()} keeps the token layout of {p.prompt!r}"
-
-    return _drawn(task, tokenizer, choices, operand, f"another value of operand {operand.lower()}", operand)
-
-
-def counterfactual(task: Task, tokenizer: Any, kind: str | None = None) -> Counterfactual:
-    """The task's prompts with the operator replaced by a null symbol or word that keeps the token layout, or
-    (kind an operand's name) that operand replaced per problem (`operand_counterfactual`); a task file replaces
-    the slot it names (`slot_counterfactual`)."""
-    if task.spec.file is not None:
-        if kind not in (None, "operator"):
-            raise Af1Error(
-                f"--counterfactual {kind} is for built-in tasks: a task file names its slot "
-                "(counterfactual: {slot: ...})"
-            )
-        return slot_counterfactual(task, tokenizer)
-    if kind not in (None, "operator"):
-        return operand_counterfactual(task, tokenizer, kind.upper())
-    style, operation = task.spec.style, task.spec.operation
-    if style not in OPERATOR_TEXT:
-        raise Af1Error(f"no counterfactual is defined for style '{style}'")
-    symbol = all(len(w) == 1 for w in OPERATOR_TEXT[style].values())
-    for null in NULL_SYMBOLS if symbol else NULL_WORDS:
-        rows, ok = [], True
-        for i, p in enumerate(task.problems):
-            ids = _splice(task, tokenizer, i, _spans(p.prompt, style, operation, p.operands, None), null)
-            if len(ids) != task.n_positions:
-                ok = False
-                break
-            rows.append(ids)
-            if i == 0:
-                changed = (torch.tensor(ids) != task.input_ids_PT[0]).nonzero().flatten().tolist()
-        if ok:
-            cf = torch.tensor(rows)
-            diff = (cf != task.input_ids_PT).any(0).nonzero().flatten().tolist()
-            if diff == changed and len(diff) > 0:
-                return Counterfactual(cf, null, diff, [null] * len(rows), "operator")
-    raise Af1Error(f"no null replacement of the operator keeps the token layout of {operation} ({style})")
-
+from af1.tasks.evaluation import Evaluated, Scores, batches, evaluated, require_solved, solved
+from af1.tasks.task import Task
 
 # --- capture of head and MLP outputs -------------------------------------------------------------
 
@@ -430,10 +222,9 @@ def path_patching(
         raise Af1Error(f"unknown path '{path}': one of {', '.join(PATHS)}")
     if path == "direct":
         check_direct_paths(adapter)
-    if path == "total" and not adapter.family.uses_attention_interface:
+    if path == "total" and (reason := adapter.no_attention_interface()) is not None:
         raise Af1Error(
-            f"--path total reads earlier keys/values through the attention interface, which the "
-            f"{adapter.family.name} family does not use: try --path wang"
+            f"--path total reads earlier keys/values through the attention interface: {reason}; try --path wang"
         )
     scored, steps = scored_steps(task, scoring)
     total = EffectSums.zeros(adapter.n_layers, adapter.n_heads)
@@ -476,7 +267,6 @@ def downstream_path_patching(
     """Wang's path patching (heads frozen, MLPs recompute) or, with recompute_attention, activation patching
     at the last position, on one answer step (its rows weighted by weight_P). Per layer one last-token pass with
     rows [clean, H heads, the MLP] x problems."""
-    from af1.fast import _last_token_inputs, capture_problem_kv
 
     L, H = adapter.n_layers, adapter.n_heads
     sums = EffectSums.zeros(L, H)
@@ -501,7 +291,7 @@ def downstream_path_patching(
         answer = task.answer_ids_P[sl].to(base.device)
         B = len(answer)
         unembed = AnswerRows.of(adapter, base, answer)
-        inputs = _last_token_inputs(adapter, ids.repeat(Z, 1))
+        inputs = last_token_inputs(adapter, ids.repeat(Z, 1))
         problem_of_row = torch.arange(B).repeat(Z)
         for layer in range(L):
             start_BD = inputs.hidden_BTD[:B, -1] if layer == 0 else clean[residual(layer - 1)]
@@ -781,7 +571,6 @@ def _step_attention(
     adapter: ModelAdapter, step: Task, heads: list[tuple[int, int]], n_prompt: int, answer_group: bool
 ) -> dict[str, dict[str, torch.Tensor]]:
     """At one answer step: per head and position group, each problem's share of the last query's attention [P]."""
-    from af1.interventions.attention import LayerPlan, attention_plans
 
     probs: dict[int, torch.Tensor] = {}
     group = adapter.n_heads // adapter.n_kv_heads
@@ -916,21 +705,6 @@ def scoring_note(on: Task, scored: str) -> dict[str, Any]:
         if scored == "first"
         else None,
     }
-
-
-def counterfactual_problems(
-    kept: Task, index: list[int], rows: list[dict[str, Any] | None], prompt: bool = True
-) -> list[dict[str, Any]]:
-    """Per patched problem (`index` into the solved ones), its counterfactual input and drawn value, or None where
-    its layout had none."""
-    return [
-        {
-            "solved_index": i,
-            **({"prompt": kept.problems[i].prompt} if prompt else {}),
-            **(row or {"counterfactual_input_ids": None}),
-        }
-        for i, row in zip(index, rows, strict=True)
-    ]
 
 
 def ranked(

@@ -16,10 +16,11 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from af1.context import forward_last, forward_tail
+from af1.errors import Af1Error
+from af1.models.forward import forward_last, forward_tail
 from af1.progress import progress
 from af1.stats import LAYOUT_KEYS, rate
-from af1.tasks import Task, build_task
+from af1.tasks.task import Task, build_task
 
 
 @dataclass
@@ -220,8 +221,6 @@ def solved(task: Task, scores: Scores) -> Task:
 def require_solved(n_solved: int, spec: Any) -> None:
     """Interventions are measured on the solved problems: none solved is a one-line error."""
     if n_solved == 0:
-        from af1.errors import Af1Error
-
         raise Af1Error(f"the model solves none of the {spec.name} problems ({spec.style_name}, {spec.shots} shots)")
 
 

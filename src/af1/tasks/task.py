@@ -1,4 +1,4 @@
-"""Mental-math tasks: operations, operand ranges, input styles, few-shot prefixes, tokenization.
+"""Tokenized tasks: prompts and answers as token ids, grouped by token layout, with each group's constant context.
 
 A task is a list of problems whose prompts share one constant prefix (the context) and, at
 each position, tokens that play the same role (the token layout). Prompts of several layouts
@@ -14,254 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
-import random
 import string
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from af1.errors import Af1Error
-
-
-@dataclass(frozen=True)
-class Operation:
-    name: str
-    operators: tuple[str, ...]
-
-    @property
-    def n_operands(self) -> int:
-        return len(self.operators) + 1
-
-    def apply(self, operands: tuple[int, ...]) -> int:
-        value = operands[0]
-        for op, x in zip(self.operators, operands[1:], strict=True):
-            value = value + x if op == "+" else value - x if op == "-" else value * x
-        return value
-
-
-OPERATIONS: dict[str, Operation] = {
-    op.name: op
-    for op in (
-        Operation("a+b", ("+",)),
-        Operation("a-b", ("-",)),
-        Operation("a+b+c", ("+", "+")),
-        Operation("a+b-c", ("+", "-")),
-        Operation("a-b+c", ("-", "+")),
-        Operation("a-b-c", ("-", "-")),
-        Operation("a*b", ("*",)),
-    )
-}
-
-# Input styles of the paper's Table 4 (two-operand + and - only), plus `calculate`, the
-# spaced form small models answer best. `{A}`, `{B}` are operands; `{expr}` is the spaced expression.
-TWO_OPERAND_STYLES: dict[str, dict[str, str]] = {
-    "verbal": {"+": "The sum of {A} and {B} is ", "-": "The difference of {A} and {B} is "},
-    "question": {
-        "+": "What is the sum of {A} and {B}? Answer: ",
-        "-": "What is the difference of {A} and {B}? Answer: ",
-    },
-    "instruction": {
-        "+": "If you add {A} to {B}, you will get ",
-        "-": "If you subtract {B} from {A}, you will get ",
-    },
-    "word": {
-        "+": "John has {A} cookies. Jane has {B} cookies. Together they have ",
-        "-": "John has {A} cookies. He gave Jane {B} cookies. John now has ",
-    },
-    "code": {
-        "+": "a = {A}; b = {B}; print(a + b) # should print ",
-        "-": "a = {A}; b = {B}; print(a - b) # should print ",
-    },
-}
-STYLES: tuple[str, ...] = ("original", "calculate", *TWO_OPERAND_STYLES)
-FILE_STYLE = "task file"  # the style results give a task file's problems (its template is its own)
-NAMES = "ABCDEFG"
-
-
-def _template(operation: Operation, style: str) -> str:
-    """The prompt template with `{A}`, `{B}`, ... placeholders."""
-    fields = [f"{{{NAMES[i]}}}" for i in range(operation.n_operands)]
-    if style == "original":
-        return "".join(f + op for f, op in zip(fields, operation.operators, strict=False)) + fields[-1] + "="
-    if style == "calculate":
-        body = " ".join(f"{f} {op}" for f, op in zip(fields, operation.operators, strict=False))
-        return f"Calculate: {body} {fields[-1]} = "
-    if style not in TWO_OPERAND_STYLES:
-        raise Af1Error(f"unknown style '{style}'; choose one of {', '.join(STYLES)}")
-    if operation.operators not in (("+",), ("-",)):
-        raise Af1Error(f"style '{style}' exists only for a+b and a-b; use original or calculate for {operation.name}")
-    return TWO_OPERAND_STYLES[style][operation.operators[0]]
-
-
-Scoring = Literal["full", "first"]
-SEPARATOR = "\n"  # what follows each worked example's answer in a built-in task's few-shot prefix
-# The CAMA means' sample: disjoint from the evaluated problems where the distribution has enough others, sized so
-# that every (position, token) held by at least MEANS_COMMON of the evaluated problems is expected MEANS_MIN_COUNT
-# times, within [MEANS_SAMPLE_MIN, MEANS_SAMPLE_MAX]; else the whole distribution (each problem left out of its mean).
-MEANS_MIN_COUNT = 10
-MEANS_COMMON = 0.01
-MEANS_SAMPLE_MIN = 200
-MEANS_SAMPLE_MAX = 2_000
-DEFAULT_N = 1_000  # without --n, a task of more distinct problems is sampled to this size (the paper's)
-ENUMERATE_MAX = 1_000_000  # operand tuples beyond this are sampled (seeded, distinct), not enumerated
-POOL_SAMPLE = 100_000  # how many then
-
-
-class TaskSpec(BaseModel):
-    """Which problems to build and how to score them: operation, style, operands, few-shot prefix, sample."""
-
-    operation: str = "a+b"
-    style: str = "original"
-    digits: int = Field(default=1, ge=1, le=3)
-    shots: int = Field(default=0, ge=0)
-    n: int | None = Field(default=None, ge=1)
-    n_max: int | None = Field(default=None, ge=1)  # like n, but takes all problems when there are fewer
-    seed: int = 0
-    allow_negative: bool = False
-    answer_digits: Literal["auto", "constant", "any"] = "auto"  # auto: any for full scoring, constant for first
-    scoring: Scoring = "full"
-    check_end: bool = True  # full scoring also checks that the model stops after the answer (see `answer_end`)
-    largest_layout: bool = False
-    file: str | None = None  # a task file (`af1.taskfile`): its rows or template replace operation and style
-    file_sha256: str | None = None  # of the file and what it reads, filled in: a changed file is another task
-    _file_name: str | None = PrivateAttr(default=None)  # the task file's name, read with it
-
-    @model_validator(mode="after")
-    def _read_file(self) -> TaskSpec:
-        if self.file is not None:
-            from af1.taskfile import file_digest, read_task_file
-
-            object.__setattr__(self, "file", str(Path(self.file).resolve()))  # any worker finds it, whatever its cwd
-            task = read_task_file(self.file)
-            digest = file_digest(self.file, task)
-            if self.file_sha256 is not None and self.file_sha256 != digest:
-                raise ValueError(f"task file {self.file} changed since this task was described (sha256 differs)")
-            object.__setattr__(self, "file_sha256", digest)
-            if task.shots is not None:
-                object.__setattr__(self, "shots", task.shots)
-            if task.scoring is not None:
-                object.__setattr__(self, "scoring", task.scoring)
-            if task.check_end is not None:
-                object.__setattr__(self, "check_end", task.check_end)
-            self._file_name = task.name or Path(self.file).stem
-        return self
-
-    @property
-    def name(self) -> str:
-        """What the task is called in tables: the operation, or the task file's name (its stem by default)."""
-        return self.operation if self._file_name is None else self._file_name
-
-    @property
-    def style_name(self) -> str:
-        """The input style in results and tables: a task file has none of the built-in ones (its template says)."""
-        return self.style if self.file is None else FILE_STYLE
-
-    @field_validator("operation")
-    @classmethod
-    def _known_operation(cls, value: str) -> str:
-        if value not in OPERATIONS:
-            raise ValueError(f"unknown task '{value}'; choose one of {', '.join(OPERATIONS)}")
-        return value
-
-    @field_validator("style")
-    @classmethod
-    def _known_style(cls, value: str) -> str:
-        if value not in STYLES:
-            raise ValueError(f"unknown style '{value}'; choose one of {', '.join(STYLES)}")
-        return value
-
-    @property
-    def operand_range(self) -> range:
-        if self.operation == "a*b" or self.digits == 1:
-            return range(0, 10) if self.operation != "a*b" else range(1, 10)
-        return range(10 ** (self.digits - 1), 10**self.digits)
-
-    @property
-    def constant_answer_digits(self) -> bool:
-        """Keep one answer digit count: only for first-token scoring, where the first digit must mean one thing."""
-        return self.answer_digits == "constant" or (self.answer_digits == "auto" and self.scoring == "first")
-
-
-@dataclass(frozen=True)
-class Problem:
-    operands: tuple[Any, ...]  # the operands, or a task file's slot values
-    answer: int | str
-    prompt: str  # the problem alone
-    text: str  # few-shot prefix + prompt: what the model reads (after the prepended BOS, if any)
-    answer_text: str  # what the tokenizer should emit after `text`
-    spans: tuple[tuple[str, int, int], ...] = ()  # a task file's slots: (name, start, end) in the prompt
-
-
-def format_prompt(operation: Operation, style: str, operands: tuple[int, ...]) -> str:
-    return _template(operation, style).format(**{NAMES[i]: x for i, x in enumerate(operands)})
-
-
-def problem_pool(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
-    """(few-shot examples, every other distinct problem of the spec in a seeded order): the task distribution."""
-    operation = OPERATIONS[spec.operation]
-    _template(operation, spec.style)  # style check before enumerating
-    if spec.operation == "a*b" and spec.digits != 1:
-        raise Af1Error("a*b uses single-digit factors: use --digits 1")
-    pool: list[tuple[tuple[int, ...], int]] = []
-    for operands in operand_tuples(spec.operand_range, operation.n_operands, spec.seed):
-        value = operation.apply(operands)
-        if value >= 0 or spec.allow_negative:
-            pool.append((operands, value))
-    if spec.constant_answer_digits:
-        counts = Counter(len(str(v)) for _, v in pool)
-        keep = max(counts, key=lambda k: (counts[k], -k))
-        pool = [p for p in pool if len(str(p[1])) == keep]
-    rng = random.Random(spec.seed)
-    rng.shuffle(pool)
-    if spec.shots >= len(pool):
-        raise Af1Error(f"--shots {spec.shots} leaves no problems: the task has {len(pool)} distinct problems")
-    shots, rest = pool[: spec.shots], pool[spec.shots :]
-    examples = [Problem(ops, v, format_prompt(operation, spec.style, ops), "", str(v)) for ops, v in shots]
-    prefix = "".join(f"{e.prompt}{e.answer}{SEPARATOR}" for e in examples)
-    problems = []
-    for ops, v in rest:
-        prompt = format_prompt(operation, spec.style, ops)
-        problems.append(Problem(ops, v, prompt, prefix + prompt, str(v)))
-    return examples, problems
-
-
-def operand_tuples(values: range, n_operands: int, seed: int) -> Iterable[tuple[int, ...]]:
-    """Every operand tuple, or a seeded sample of POOL_SAMPLE distinct ones when there are more than
-    ENUMERATE_MAX (3-digit a+b+c has 729 million)."""
-    total = len(values) ** n_operands
-    if total <= ENUMERATE_MAX:
-        return itertools.product(values, repeat=n_operands)
-    picks = sorted(random.Random(seed).sample(range(total), POOL_SAMPLE))
-    return [tuple(values[(i // len(values) ** k) % len(values)] for k in reversed(range(n_operands))) for i in picks]
-
-
-def enumerate_problems(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
-    """(few-shot examples, problems): the distribution sampled deterministically (see `sample_problems`)."""
-    examples, pool = problem_pool(spec)
-    return examples, sample_problems(spec, pool)
-
-
-def sample_problems(spec: TaskSpec, pool: list[Problem]) -> list[Problem]:
-    """The first --n / n_max problems of the seeded pool; DEFAULT_N when neither is given."""
-    rest = pool
-    if spec.n is None and spec.n_max is None:
-        rest = rest[:DEFAULT_N]
-    if spec.n is not None:
-        if spec.n > len(rest):
-            raise Af1Error(
-                f"--n {spec.n} is larger than the {len(rest)} distinct problems of {spec.name} "
-                + (f"(digits={spec.digits}, shots={spec.shots})" if spec.file is None else f"(shots={spec.shots})")
-            )
-        rest = rest[: spec.n]
-    if spec.n_max is not None:
-        rest = rest[: spec.n_max]
-    return rest
+from af1.tasks.builtin import NAMES, OPERATIONS, SEPARATOR, Operation, prompt_template
+from af1.tasks.files import read_task_file
+from af1.tasks.problems import Problem, file_pool, problem_pool, sample_problems
+from af1.tasks.spec import DEFAULT_N, TaskSpec
 
 
 @dataclass
@@ -514,7 +278,7 @@ def _roles(
     start = len(problem.text) - len(problem.prompt)
     spans: list[tuple[str, int, int]] = [(name, start + a, start + b) for name, a, b in problem.spans]
     rendered = ""  # the template rendered so far: where each operand lands in the prompt
-    for literal, name, _, _ in string.Formatter().parse(_template(operation, style) if operation else ""):
+    for literal, name, _, _ in string.Formatter().parse(prompt_template(operation, style) if operation else ""):
         rendered += literal
         if name:
             value = str(problem.operands[NAMES.index(name)])
@@ -548,7 +312,6 @@ def answer_end(spec: TaskSpec) -> str | None:
         return None
     if spec.file is None:
         return SEPARATOR
-    from af1.taskfile import read_task_file
 
     return read_task_file(spec.file).separator or None
 
@@ -820,122 +583,9 @@ def _layout_task(
     )
 
 
-def file_pool(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
-    """(few-shot examples, every other problem in a seeded order) of a task file."""
-    from af1.taskfile import load_items, split_shots
-
-    assert spec.file is not None
-    described, items = load_items(spec.file)
-    shots, rest, prefix = split_shots(described, items, spec.shots, spec.seed)
-
-    def problem(item: Any, text: str) -> Problem:
-        values = tuple(v for _, v in item.slots) or ((item.group,) if item.group is not None else ())
-        return Problem(values, item.answer, item.prompt, text, item.answer, item.spans)
-
-    return [problem(e, "") for e in shots], [problem(i, prefix + i.prompt) for i in rest]
-
-
 def build_task(spec: TaskSpec, tokenizer: Any) -> Task:
     """Enumerate, tokenize and check the problems of a spec (or read them from its task file)."""
     examples, pool = problem_pool(spec) if spec.file is None else file_pool(spec)
     task = tokenize_task(spec, examples, sample_problems(spec, pool), tokenizer)
     task.n_distinct = len(pool)
     return task
-
-
-def _identity(spec: TaskSpec, problem: Problem) -> Any:
-    """What makes two problems the same: the operands (not the prompt, which may have lost its trailing space), or
-    for a task file the prompt without that space (a file's rows need not have slots)."""
-    return problem.operands if spec.file is None else problem.prompt.rstrip(" ")
-
-
-def means_sample_size(evaluated: Task) -> int:
-    """How many problems the CAMA means need: every (position, token) that at least MEANS_COMMON of the evaluated
-    problems hold at a varying position of their prompt or answer is expected MEANS_MIN_COUNT times in a uniform
-    sample of this size (clamped to [MEANS_SAMPLE_MIN, MEANS_SAMPLE_MAX])."""
-    shares = []
-    for group in evaluated.groups or [evaluated]:
-        P = len(evaluated)
-        columns = [group.input_ids_PT[:, t].tolist() for t in range(group.context_len, group.n_positions)]
-        depth = max((len(a) for a in group.answer_tokens), default=0)
-        columns += [[a[k] for a in group.answer_tokens if len(a) > k] for k in range(depth)]
-        for column in columns:
-            shares += [n / P for n in Counter(column).values() if n / P >= MEANS_COMMON]
-    if not shares:
-        return MEANS_SAMPLE_MAX
-    return max(MEANS_SAMPLE_MIN, min(MEANS_SAMPLE_MAX, math.ceil(MEANS_MIN_COUNT / min(shares))))
-
-
-def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
-    """The problems CAMA averages over: a seeded sample of `means_sample_size` problems disjoint from the evaluated
-    ones, topped up with MEANS_MIN_COUNT problems of each layout and answer step the sample missed (evaluated ones
-    only where no other problem has it: each is left out of its own mean), or the whole distribution where it has
-    no more than that many others; the evaluated task's layouts. Its cost follows the sample, not the grid."""
-    examples, pool = problem_pool(spec) if spec.file is None else file_pool(spec)
-    size = means_sample_size(evaluated)
-    seen = {_identity(spec, p) for p in evaluated.problems}
-    rest = [p for p in pool if _identity(spec, p) not in seen]
-    if len(rest) <= size:
-        task = tokenize_task(spec, examples, pool, tokenizer, like=evaluated)
-        origin = "grid" if spec.file is None else "every row"
-    else:
-        order = random.Random(spec.seed + 1).sample(rest, len(rest))
-        sample, others = order[:size], order[size:]
-        inside = [p for p in pool if _identity(spec, p) in seen]
-        sampled, have = _covered(spec, examples, sample, tokenizer, evaluated)
-        extra = _missing_parts(spec, examples, sample, others + inside, tokenizer, evaluated, have)
-        task = (
-            sampled
-            if sampled is not None and not extra
-            else tokenize_task(spec, examples, sample + extra, tokenizer, like=evaluated)
-        )
-        used = {_identity(spec, p) for p in extra}
-        origin = "sample" if any(_identity(spec, p) in used for p in inside) else "disjoint sample"
-    for part in [task, *task.groups]:
-        part.origin = origin
-    return task
-
-
-def _covered(
-    spec: TaskSpec, examples: list[Problem], sample: list[Problem], tokenizer: Any, like: Task
-) -> tuple[Task | None, set[Any]]:
-    """The sample tokenized in `like`'s layouts and the (layout, answer step) keys it holds; None and nothing when it
-    has no problem of some layout."""
-    try:
-        task = tokenize_task(spec, examples, sample, tokenizer, like=like)
-    except Af1Error:  # a layout the sample has no problem of
-        return None, set()
-    return task, {part.part_key for part in task.steps()}
-
-
-def _missing_parts(
-    spec: TaskSpec,
-    examples: list[Problem],
-    sample: list[Problem],
-    candidates: list[Problem],
-    tokenizer: Any,
-    like: Task,
-    have: set[Any] | None = None,
-) -> list[Problem]:
-    """Up to MEANS_MIN_COUNT candidates (in their order) for each layout and answer step of `like` that the sample
-    has no problem of (`have`: the sample's, when already known); tokenizing only, no forward."""
-    wanted = {part.part_key for part in like.steps()}
-    if have is None:
-        have = _covered(spec, examples, sample, tokenizer, like)[1]
-    if wanted <= have:
-        return []
-    pool = tokenize_task(spec, examples, candidates, tokenizer, like=like)
-    by_identity = {_identity(spec, p): p for p in candidates}
-    rows = sorted(
-        {r for part in pool.steps() if part.part_key in wanted - have for r in part.where_P[:MEANS_MIN_COUNT].tolist()}
-    )
-    return [by_identity[_identity(spec, pool.problems[r])] for r in rows]
-
-
-def example_prompt(operation: str, style: str) -> str | None:
-    """One example prompt of an operation in a style, or None if the style does not apply."""
-    op = OPERATIONS[operation]
-    try:
-        return format_prompt(op, style, tuple(range(3, 3 + op.n_operands)))
-    except Af1Error:
-        return None

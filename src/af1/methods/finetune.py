@@ -1,4 +1,4 @@
-"""Precise fine-tuning (SPEC.md §2): train only chosen heads' slices of W_Q, W_K, W_V, W_O.
+"""Precise fine-tuning (docs/methods.md §2): train only chosen heads' slices of W_Q, W_K, W_V, W_O.
 
 Gradients outside the slices are zeroed by hooks and the optimiser is Adam without weight
 decay, so every frozen entry keeps its exact value (checked after every run, with NaNs).
@@ -21,10 +21,12 @@ from pydantic import BaseModel, Field
 from safetensors.torch import load_file, save_file
 
 from af1.errors import Af1Error
-from af1.evaluation import batches
 from af1.interventions.heads import random_heads
 from af1.models.adapter import ModelAdapter, weight_of
-from af1.tasks import PAD, Task
+from af1.progress import stage
+from af1.stats import mean_std
+from af1.tasks.evaluation import batches, evaluate
+from af1.tasks.task import PAD, Task
 
 GQA_CHOICE = "the key/value rows of each chosen query head's KV group are trained (shared with its sibling heads)"
 PROJECTIONS = {"q": ("q_proj",), "k": ("k_proj",), "v": ("v_proj",)}
@@ -198,8 +200,6 @@ def compare(
     chosen ones, the learning rate chosen on the first, draw i run with seed i (cycling through the seeds): mean and
     spread over draws, at the cost of as many runs as seeds when draws = seeds. The three problem sets are
     disjoint."""
-    from af1.evaluation import evaluate
-    from af1.stats import mean_std
 
     check_disjoint(train_task, eval_task)
     check_disjoint(train_task, val_task)
@@ -230,7 +230,6 @@ def compare(
         "random_heads": [head_slices(adapter, h) for h in random_sets],
         "full": [None],
     }
-    from af1.progress import stage
 
     for name, draws in variants.items():
         masks = draws[0]

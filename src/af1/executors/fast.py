@@ -19,24 +19,25 @@ from dataclasses import dataclass, field
 
 import torch
 
-from af1.allforone import AF1Config, ablated_states, reference_logits
-from af1.context import context_of, forward_last, unshared_reason
 from af1.errors import Af1Error
-from af1.evaluation import batches
-from af1.greedy import greedy_tokens
+from af1.executors.greedy import greedy_tokens
+from af1.executors.reference import reference_logits
+from af1.interventions.af1 import AF1Config, ablated_states
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.masks import last_token_knockout
 from af1.interventions.means import PositionMeans, row_hashes, slot_table
 from af1.interventions.sites import record, residual
 from af1.models.adapter import LayerInputs, ModelAdapter
+from af1.models.forward import context_of, forward_last, unshared_reason
 from af1.progress import progress
-from af1.tasks import Task
+from af1.tasks.evaluation import batches
+from af1.tasks.task import Task
 
 
 def supports(adapter: ModelAdapter, task: Task, config: AF1Config) -> str | None:
     """None if the fast executor covers this case, else the reason it does not."""
-    if not adapter.family.uses_attention_interface:
-        return f"the {adapter.family.name} family does not use transformers' attention interface"
+    if (reason := adapter.no_attention_interface()) is not None:
+        return reason
     if config.abp != "af1":
         return f"the fast executor computes ABP variant af1 only, not '{config.abp}'"
     if config.wait >= 0 and config.ablation not in ("cama", "mean", "zero"):
@@ -116,7 +117,7 @@ class TokenLocalKV:
 
 def context_kv(adapter: ModelAdapter, task: Task) -> ProblemKV:
     """Keys/values of the context positions in every layer: the same for every problem and every config, so
-    computed once per model and context (`af1.context`)."""
+    computed once per model and context (`af1.models.forward`)."""
     c = task.context_len
     layers = context_of(adapter.model, task.input_ids_PT[0, :c]).layers
     return ProblemKV({i: k for i, (k, _) in enumerate(layers)}, {i: v for i, (_, v) in enumerate(layers)}, c)
@@ -292,7 +293,7 @@ def _run(
         return adapter.run_layers(h_B1D, inputs, start, stop)
 
 
-def _last_token_inputs(adapter: ModelAdapter, ids_BT: torch.Tensor) -> LayerInputs:
+def last_token_inputs(adapter: ModelAdapter, ids_BT: torch.Tensor) -> LayerInputs:
     B, T = ids_BT.shape
     return adapter.layer_inputs(ids_BT[:, -1:].to(adapter.device), torch.full((B, 1), T - 1, device=adapter.device))
 
@@ -302,7 +303,7 @@ def _start_state(
 ) -> torch.Tensor:
     """The last token's state entering block wait+1: its ablated h[wait], or its embedding for wait = -1."""
     if kv.start_TSD is None:  # the last token may vary (a later answer step): embed every row
-        return _last_token_inputs(adapter, ids_BT).hidden_BTD
+        return last_token_inputs(adapter, ids_BT).hidden_BTD
     T = slots_BT.shape[1]
     return kv.start_TSD[T - 1, slots_BT[:, -1]][:, None].to(adapter.device, dtype)
 
@@ -328,7 +329,7 @@ def fast_logits(
     for sl in batches(len(task), batch_size):
         ids = task.input_ids_PT[sl]
         slots = kv.slots(ids)
-        inputs = _last_token_inputs(adapter, ids[:1])  # one row: every row has the same position (kwargs only)
+        inputs = last_token_inputs(adapter, ids[:1])  # one row: every row has the same position (kwargs only)
         plans = {layer: _plan(adapter, kv, layer, slots, layer in peek, pruned.get(layer)) for layer in layers}
         with attention_plans(adapter, plans):
             h = adapter.run_layers(_start_state(adapter, kv, ids, slots, dtype), inputs, config.wait + 1)
@@ -348,7 +349,7 @@ def fast_sweep_wait(
     greedy: bool = False,
     kv: TokenLocalKV | None = None,
 ) -> dict[int, torch.Tensor]:
-    """Logits [P, V] (or with `greedy` the greedy tokens [P], `af1.greedy`) for every transfer length at one `wait`.
+    """Logits [P, V] (with `greedy` the greedy tokens [P], `af1.executors.greedy`) per transfer length at one wait.
 
     The peeking path is a common prefix of all lengths; the compute-only tails that branch
     off it run as one batch per layer (a wavefront), so each layer is one call for all lengths.
@@ -365,7 +366,7 @@ def fast_sweep_wait(
         ids = task.input_ids_PT[sl]
         B = ids.shape[0]
         slots = kv.slots(ids)
-        inputs = _last_token_inputs(adapter, ids[:1])  # one row: every row has the same position (kwargs only)
+        inputs = last_token_inputs(adapter, ids[:1])  # one row: every row has the same position (kwargs only)
         h = _start_state(adapter, kv, ids, slots, dtype)
         branch_at: dict[int, torch.Tensor] = {}  # first compute layer -> state entering it
         done = 0
@@ -415,7 +416,7 @@ def fast_pruned_logits(
         ids = task.input_ids_PT[sl]
         B = ids.shape[0]
         slots = kv.slots(ids)
-        inputs = _last_token_inputs(adapter, ids[:1])
+        inputs = last_token_inputs(adapter, ids[:1])
         h0 = _run(
             adapter, kv, _start_state(adapter, kv, ids, slots, dtype), inputs, slots, config.wait + 1, first, False
         )
@@ -490,7 +491,7 @@ def knockout_logits(
     Returns last-position logits [P, V] (with `greedy` the greedy tokens [P]) per layer set; the
     prompt's other positions run normally and are computed once per batch.
     """
-    if not adapter.family.uses_attention_interface:
+    if adapter.no_attention_interface() is not None:
         out = [
             reference_logits(
                 adapter,
@@ -507,7 +508,7 @@ def knockout_logits(
     for sl in progress(list(batches(len(task), batch_size)), desc=f"knock-outs ({len(blocked)} layer sets)"):
         ids = task.input_ids_PT[sl]
         kv = capture_problem_kv(adapter, ids, task.context_len, with_states=True)
-        inputs = _last_token_inputs(adapter, ids)
+        inputs = last_token_inputs(adapter, ids)
         rows = torch.arange(ids.shape[0])
         for i, layers in enumerate(blocked):
             first = min(layers, default=L)  # below it the last token runs as in the plain forward: start there

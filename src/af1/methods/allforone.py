@@ -7,34 +7,26 @@ problems (`af1.stats.rate`); every measurement is scored over all answer steps o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from af1.allforone import ABLATIONS, AF1Config, reference_logits
 from af1.errors import Af1Error
-from af1.evaluation import Evaluated, ProblemInputs, Scores, evaluated, require_solved, solved
-from af1.fast import (
-    ProblemKV,
-    TokenLocalKV,
-    context_kv,
-    fast_logits,
+from af1.executors.fast import (
     fast_pruned_logits,
     fast_sweep_wait,
     grid,
     knockout_logits,
     supports,
-    token_local_kv,
 )
-from af1.interventions.attention import check_maskable
+from af1.executors.protocol import af1_logits, choose_executor
+from af1.interventions.af1 import ABLATIONS, AF1Config
 from af1.interventions.masks import ABP_VARIANTS
-from af1.interventions.means import PositionMeans, cached_step_means, compute_step_means, means_key
-from af1.models import LoadedModel, ModelAdapter
+from af1.methods.setup import Setup, prepare, setup_executor
+from af1.models import LoadedModel
 from af1.progress import progress
 from af1.results import read_json, write_json
-from af1.shared_context import clean_suffix_states, shared_context_logits, supports_shared
 from af1.stats import (
     LAYOUT_KEYS,
     baseline_warning,
@@ -44,296 +36,16 @@ from af1.stats import (
     rate,
     split_indices,
 )
-from af1.tasks import Task, TaskSpec, distribution_task
+from af1.tasks.evaluation import ProblemInputs, Scores
+from af1.tasks.spec import TaskSpec
 
-LOW_COUNT = 5  # a conditional mean over fewer problems than this is flagged
 RESAMPLE_SEEDS = 5
-
-
-@dataclass
-class StepSetup:
-    """One scoring step (answer token k): its solved problems, its CAMA means, resample donors, fast-path tables."""
-
-    adapter: ModelAdapter
-    kept: Task  # step k of the solved problems (of a split of them, after `Setup.on`)
-    means: PositionMeans  # over step k of the task distribution
-    donors: Task  # step k of the task distribution
-    tables: dict[Any, Any] = field(default_factory=dict, repr=False)  # fast-path caches, shared by subsets
-    solved: Task | None = None  # step k of every solved problem: what the shared tables cover (kept by splits)
-
-    def __post_init__(self) -> None:
-        if self.solved is None:
-            self.solved = self.kept
-
-    @property
-    def all_solved(self) -> Task:
-        assert self.solved is not None
-        return self.solved
-
-    def context(self) -> ProblemKV:
-        """The context's keys/values, computed once per setup."""
-        if "context" not in self.tables:
-            self.tables["context"] = context_kv(self.adapter, self.kept)
-        return self.tables["context"]
-
-    def clean(self) -> list[torch.Tensor]:
-        """The unmodified run's states at the suffix positions of the kept problems, every layer: where
-        shared-context configs resume, and what a problem inside the means leaves out of them ([P, n-c, D] per
-        layer, in the model's dtype). Computed once for every solved problem; a split takes its rows."""
-        if "clean" not in self.tables:
-            self.tables["clean"] = clean_suffix_states(self.adapter, self.all_solved, self.context())
-        states = self.tables["clean"]
-        if self.kept is self.solved:
-            return states
-        rows = _rows_in(self.all_solved, self.kept)
-        return [h[rows] for h in states]
-
-    def build_local_kv(self, config: AF1Config) -> TokenLocalKV:
-        """Token-local keys/values after `wait` for every solved problem (a problem inside the means runs its own
-        positions, from its unablated state: leave-one-out)."""
-        solved = self.all_solved
-        own = None
-        if config.leaves_one_out and bool(self.means.inside(solved.input_ids_PT).any()):
-            own = self.clean_all()[config.wait]
-        return token_local_kv(self.adapter, solved, config, self.means, self.context(), own_PUD=own)
-
-    def clean_all(self) -> list[torch.Tensor]:
-        """`clean` of every solved problem."""
-        return replace(self, kept=self.all_solved).clean()
-
-    def local_kv(self, config: AF1Config) -> TokenLocalKV:
-        """Token-local keys/values after `wait`; they depend only on wait and ablation, so repeated configs
-        (pruning, alternatives, moved windows) and splits share them."""
-        key = (config.wait, config.ablation)
-        if key not in self.tables:
-            self.tables[key] = self.build_local_kv(config)
-        return self.tables[key]
-
-
-def _rows_in(whole: Task, part: Task) -> torch.Tensor:
-    """Where each row of `part` is in `whole` (the same prompts: a split of a step's problems)."""
-    index = {row.numpy().tobytes(): i for i, row in enumerate(whole.input_ids_PT)}
-    return torch.tensor([index[row.numpy().tobytes()] for row in part.input_ids_PT], dtype=torch.long)
-
-
-@dataclass
-class Setup:
-    """A model and a task, measured: base scores, the solved problems, per-step means and caches."""
-
-    lm: LoadedModel
-    spec: TaskSpec
-    task: Task
-    base: Scores
-    kept: Task
-    distribution: Task  # what CAMA averages over
-    steps: list[StepSetup]
-    warnings: list[str] = field(default_factory=list)  # about the task and its baseline (the means' are computed)
-
-    @property
-    def adapter(self) -> ModelAdapter:
-        return self.lm.adapter
-
-    @property
-    def means(self) -> PositionMeans:
-        """The first step's means (the only step under first-token scoring)."""
-        return self.steps[0].means
-
-    @property
-    def evaluated(self) -> Evaluated:
-        """The task and base scores this setup was made from, for experiments that need no more."""
-        return Evaluated(self.task, self.base, id(self.lm.model))
-
-    def on(self, index: list[int]) -> Setup:
-        """The same setup restricted to some solved problems (a split); means and fast-path tables are shared."""
-        kept = self.kept.subset(index)
-        by_part = {s.kept.part_key: s for s in self.steps}
-        return replace(self, kept=kept, steps=[replace(by_part[k.part_key], kept=k) for k in kept.steps()])
-
-    @property
-    def means_notes(self) -> list[dict[str, Any]]:
-        """Per step of the kept problems (a split counts its own): thin means, leave-one-out fallbacks."""
-        return [
-            {"layout": s.kept.layout_id, "step": s.kept.step, **low_count_positions(s.means, s.kept)}
-            for s in self.steps
-        ]
-
-    def means_warnings(self) -> list[str]:
-        """One line per step where CAMA's means are thin or fall back, for the kept problems."""
-        out = []
-        for s, thin in zip(self.steps, self.means_notes, strict=True):
-            where = (f"layout {s.kept.layout_id}, " if self.task.groups else "") + f"step {s.kept.step}"
-            if thin["positions"]:
-                out.append(
-                    f"{where}: CAMA means over fewer than {LOW_COUNT} other problems at positions {thin['positions']} "
-                    f"({self.distribution.origin} of {len(s.donors)} problems"
-                    + (", each problem's own state left out" if thin["n_inside"] else "")
-                    + f"), for {thin['n_problems_low']} of {len(s.kept)} solved problems: noisy there (near a resample)"
-                )
-            if thin["n_fallback_pairs"]:
-                out.append(
-                    f"{where}: at {thin['n_fallback_pairs']} (problem, position) pairs of "
-                    f"{thin['n_problems_fallback']} solved problems no other problem has the token: CAMA uses the "
-                    "leave-one-out token-agnostic mean there"
-                )
-        return out
-
-    def describe(self) -> dict[str, Any]:
-        base = self.base.rate(self.task)
-        notes = self.means_notes
-        solved_P = self.kept.layout_P.tolist()
-        layouts = [{**row, "n_solved": solved_P.count(row["layout"])} for row in self.task.layouts()]
-        return {
-            "model": self.lm.info.get("spec"),
-            "task": self.spec.name,
-            "style": self.spec.style_name,
-            "shots": self.spec.shots,
-            "scoring": self.spec.scoring,
-            "n": len(self.task),
-            "n_solved": len(self.kept),
-            "base_accuracy": base["value"],
-            "base_accuracy_ci": base["ci"],
-            "base_accuracy_baseline": base["baseline"],
-            **({"base_accuracy_by_layout": base["by_layout"]} if "by_layout" in base else {}),
-            "layouts": layouts,
-            "n_layers": self.adapter.n_layers,
-            "n_heads": self.adapter.n_heads,
-            "context_len": None if self.task.groups else self.task.context_len,  # several layouts: see `layouts`
-            "n_positions": None if self.task.groups else self.task.n_positions,
-            "bos_prepended": self.task.describe()["bos_prepended"],
-            "end": self.task.end,  # whether full scoring checks that the model stops after the answer
-            "means_from": {
-                "origin": self.distribution.origin,
-                "n_problems": len(self.distribution),
-                "leave_one_out": "each solved problem inside the means is left out of them"
-                if any(n["n_inside"] for n in notes)
-                else "the means are over other problems only",
-                "n_fallback_pairs": sum(n["n_fallback_pairs"] for n in notes),
-                "per_step": notes,
-            },
-            "warnings": self.warnings + self.means_warnings(),
-        }
-
-
-def low_count_positions(means: PositionMeans, task: Task) -> dict[str, Any]:
-    """Where CAMA's means are thin for the evaluated problems (positions after the first varying one): positions
-    where some problem's conditional mean is over fewer than LOW_COUNT other problems (its own state left out when
-    it is inside the means), how many problems have one, and how many (problem, position) pairs have no other
-    problem with their token (the leave-one-out token-agnostic mean stands in there)."""
-    ids = task.input_ids_PT
-    inside_P = means.inside(ids)
-    others_PT = means.counts(ids) - inside_P[:, None].float()
-    low_PT = others_PT < LOW_COUNT
-    low_PT[:, : task.context_len + 1] = False  # context, and the first varying position: already its own mean
-    fallback_PT = means.fallbacks(ids, task.context_len + 1)
-    return {
-        "positions": low_PT.any(0).nonzero().flatten().tolist(),
-        "n_problems_low": int(low_PT.any(1).sum()),
-        "n_inside": int(inside_P.sum()),
-        "n_fallback_pairs": int(fallback_PT.sum()),
-        "n_problems_fallback": int(fallback_PT.any(1).sum()),
-    }
-
-
-def prepare(
-    lm: LoadedModel, spec: TaskSpec, means_path: str | Path | None = None, done: Evaluated | None = None
-) -> Setup:
-    """Build the task, keep the solved problems, and get each step's position means over the task distribution;
-    `done` is an evaluation of the same spec already made. Refuses kernels that cannot take masks first."""
-    check_maskable(lm.adapter)
-    done = evaluated(lm.model, lm.tokenizer, spec, done)
-    task, base = done.task, done.base
-    require_solved(int(base.correct_P.sum()), spec)
-    return make_setup(lm, spec, task, base, distribution_task(spec, lm.tokenizer, task), means_path)
-
-
-def make_setup(
-    lm: LoadedModel,
-    spec: TaskSpec,
-    task: Task,
-    base: Scores,
-    distribution: Task,
-    means_path: str | Path | None = None,
-    cache_means: bool = True,
-) -> Setup:
-    """A setup from a task, its base scores and the distribution CAMA averages over: one StepSetup per answer step."""
-    kept = solved(task, base)
-    dist_steps = {part.part_key: part for part in distribution.steps()}
-    kept_steps = kept.steps()
-    if any(k.part_key not in dist_steps for k in kept_steps):
-        raise Af1Error("the means sample has no answer as long as some solved problems' answers")
-    if means_path is not None and len(kept_steps) > 1:
-        raise Af1Error(
-            "--means holds the means of one scoring step of one token layout: use it with --scoring first"
-            + (" and --largest-layout" if task.groups else "")
-        )
-    warnings: list[str] = [w for w in (task.sampling_note, task.exclusion_note, task.end_note) if w]
-    for what, on in ((f"base accuracy ({spec.scoring} scoring)", task), ("faithfulness on the solved problems", kept)):
-        note = baseline_warning(what, constant_baseline(on.targets(), on.layout_P.tolist()), len(on))
-        if note:
-            warnings.append(note)
-    all_means = step_means(lm.adapter, distribution, [k.part_key for k in kept_steps], means_path, cache_means)
-    steps = [StepSetup(lm.adapter, k, all_means[k.part_key], dist_steps[k.part_key]) for k in kept_steps]
-    return Setup(lm, spec, task, base, kept, distribution, steps, warnings)
-
-
-def step_means(
-    adapter: ModelAdapter,
-    distribution: Task,
-    wanted: list[Any],
-    means_path: str | Path | None = None,
-    cache: bool = True,
-) -> dict[Any, PositionMeans]:
-    """The position means of the answer steps `wanted` (by `part_key`) over the distribution: each token layout's
-    steps in one pass (`compute_step_means`), from the cache or `means_path` when given."""
-    if means_path is not None:
-        (only,) = [s for s in distribution.steps() if s.part_key in wanted]
-        return {only.part_key: PositionMeans.load(means_path, expected_key=means_key(adapter, only))}
-    out: dict[Any, PositionMeans] = {}
-    for group in distribution.groups or [distribution]:
-        steps = [s for s in group.steps() if s.part_key in wanted]
-        means = cached_step_means(adapter, steps) if cache else compute_step_means(adapter, steps)
-        out.update({s.part_key: m for s, m in zip(steps, means, strict=True)})
-    return out
-
-
-def choose_executor(adapter: ModelAdapter, task: Task, config: AF1Config, reference: bool = False) -> dict[str, Any]:
-    """The fast executor where it applies, else the shared-context one, else the hook path; and why not faster."""
-    if reference:
-        return {"executor": "reference", "fallback_reason": "asked for (--reference)"}
-    reason = supports(adapter, task, config)
-    if reason is None:
-        return {"executor": "fast", "fallback_reason": None}
-    shared = supports_shared(adapter, task)
-    if shared is None:
-        return {"executor": "shared-context", "fallback_reason": reason}
-    return {"executor": "reference", "fallback_reason": f"{reason}; {shared}"}
-
-
-def executor(setup: Setup, config: AF1Config, reference: bool = False) -> dict[str, Any]:
-    """Which executor runs a config on a setup (on each of its steps), and why when it is not the fast one."""
-    chosen = [choose_executor(s.adapter, s.kept, config, reference) for s in setup.steps]
-    if all(c == chosen[0] for c in chosen):
-        return chosen[0]
-    reasons = dict.fromkeys(c["fallback_reason"] for c in chosen if c["fallback_reason"])
-    return {"executor": "mixed", "fallback_reason": "; ".join(reasons)}
-
-
-def af1_logits(step: StepSetup, config: AF1Config, reference: bool = False) -> torch.Tensor:
-    """Logits of one step's solved problems under AF1, by the executor `choose_executor` names."""
-    how = choose_executor(step.adapter, step.kept, config, reference)["executor"]
-    if how == "fast":
-        return fast_logits(step.adapter, step.kept, config, step.means, kv=step.local_kv(config))
-    if how == "shared-context":
-        return shared_context_logits(
-            step.adapter, step.kept, config, step.means, donors=step.donors, ctx=step.context(), clean=step.clean()
-        )
-    return reference_logits(step.adapter, step.kept, config, step.means, donors=step.donors)
 
 
 def faithfulness(setup: Setup, config: AF1Config, reference: bool = False) -> Scores:
     """Scores of the solved problems under AF1, every answer step under the same intervention."""
     scores = Scores.from_steps(setup.kept, [af1_logits(step, config, reference) for step in setup.steps])
-    scores.executor = executor(setup, config, reference)
+    scores.executor = setup_executor(setup, config, reference)
     return scores
 
 
@@ -426,7 +138,7 @@ def sweep(
         if not todo:
             continue
         config = base_config.model_copy(update={"wait": w, "transfer": 0})
-        how = executor(setup, config, reference)
+        how = setup_executor(setup, config, reference)
         per_step = []
         for step in setup.steps:
             if choose_executor(step.adapter, step.kept, config, reference)["executor"] != "fast":

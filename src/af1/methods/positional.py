@@ -1,4 +1,4 @@
-"""Attention logits as position + meaning (SPEC.md §3, Han & Ji 2025).
+"""Attention logits as position + meaning (docs/methods.md §3, Han & Ji 2025).
 
 Per layer and head, the pre-softmax logits W[i, j] (j <= i) of natural text are fitted by
 a[i-j] + b[i] + c[j] (distance, query, key) with backfitting; the fit's Pearson r says how
@@ -29,9 +29,10 @@ from typing import Any
 import torch
 
 from af1.errors import Af1Error
-from af1.evaluation import batches
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.models.adapter import ModelAdapter
+from af1.tasks.evaluation import batches
+from af1.tasks.task import document_start
 
 CORPUS_NAME = "austen_pride_and_prejudice_ch1.txt"
 CORPUS_SOURCE = "Jane Austen, Pride and Prejudice (1813), chapter 1; public domain"
@@ -374,7 +375,6 @@ def random_init_like(adapter: ModelAdapter, seed: int, norm_matched: bool = Fals
 
 def study(adapter: ModelAdapter, tokenizer: Any, config: PositionalConfig, corpus: str | Path | None = None):
     """The whole positional study on one model: fits, controls, dummy distance, bands, perturbation."""
-    from af1.tasks import document_start
 
     start = document_start(tokenizer)
     ids = corpus_windows(

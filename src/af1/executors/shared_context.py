@@ -12,22 +12,22 @@ from __future__ import annotations
 
 import torch
 
-from af1.allforone import AF1Config, ablation_start, overwrite_from, plans_for, resample_donors, zeroed_outputs
-from af1.context import unshared_reason
-from af1.evaluation import batches
-from af1.fast import ProblemKV, context_kv
+from af1.executors.fast import ProblemKV, context_kv
+from af1.interventions.af1 import AF1Config, ablation_start, overwrite_from, plans_for, resample_donors, zeroed_outputs
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.means import PositionMeans
 from af1.interventions.residual import edit_residual, zero_attention_outputs
 from af1.interventions.sites import record, residual
 from af1.models.adapter import LayerInputs, ModelAdapter
-from af1.tasks import Task
+from af1.models.forward import unshared_reason
+from af1.tasks.evaluation import batches
+from af1.tasks.task import Task
 
 
 def supports_shared(adapter: ModelAdapter, task: Task) -> str | None:
     """None if the context can be shared for this model and task, else why not."""
-    if not adapter.family.uses_attention_interface:
-        return f"the {adapter.family.name} family does not use transformers' attention interface"
+    if (reason := adapter.no_attention_interface()) is not None:
+        return reason
     if task.context_len == 0:
         return "the task has no constant context"
     return unshared_reason(adapter.model, task.n_positions)

@@ -1,0 +1,109 @@
+"""How a configuration is computed: one protocol, an ordered list of executors, the first that supports a case runs it.
+
+Every executor gives the same logits within float tolerance (the equivalence tests); they differ in cost. The fast
+executor recomputes only the last token, the shared-context one only the suffix after the constant context, the
+reference one the whole prompt by hooks on the unmodified model. Each says why it cannot run a case; the reasons of
+the faster ones are recorded with the result (`fallback_reason`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from af1.executors.fast import fast_logits, supports
+from af1.executors.reference import reference_logits
+from af1.executors.shared_context import shared_context_logits, supports_shared
+from af1.executors.step import StepSetup
+from af1.interventions.af1 import AF1Config
+from af1.models import ModelAdapter
+from af1.tasks.task import Task
+
+
+class Executor(Protocol):
+    """One way to compute the last-position logits of a step's problems under an AF1 configuration."""
+
+    @property
+    def name(self) -> str:
+        """What results call it."""
+        ...
+
+    def supports(self, adapter: ModelAdapter, task: Task, config: AF1Config) -> str | None:
+        """None if this executor computes the case exactly, else why not (one line)."""
+        ...
+
+    def logits(self, step: StepSetup, config: AF1Config) -> torch.Tensor:
+        """Logits [P, V] of the step's kept problems."""
+        ...
+
+
+@dataclass(frozen=True)
+class Fast:
+    """The last token only, over token-local keys and values (`af1.executors.fast`)."""
+
+    name: str = "fast"
+
+    def supports(self, adapter: ModelAdapter, task: Task, config: AF1Config) -> str | None:
+        return supports(adapter, task, config)
+
+    def logits(self, step: StepSetup, config: AF1Config) -> torch.Tensor:
+        return fast_logits(step.adapter, step.kept, config, step.means, kv=step.local_kv(config))
+
+
+@dataclass(frozen=True)
+class SharedContext:
+    """The suffix after the constant context, resumed from clean states (`af1.executors.shared_context`)."""
+
+    name: str = "shared-context"
+
+    def supports(self, adapter: ModelAdapter, task: Task, config: AF1Config) -> str | None:
+        return supports_shared(adapter, task)
+
+    def logits(self, step: StepSetup, config: AF1Config) -> torch.Tensor:
+        return shared_context_logits(
+            step.adapter, step.kept, config, step.means, donors=step.donors, ctx=step.context(), clean=step.clean()
+        )
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The whole prompt by hooks on the unmodified model (`af1.executors.reference`): runs every case."""
+
+    name: str = "reference"
+
+    def supports(self, adapter: ModelAdapter, task: Task, config: AF1Config) -> str | None:
+        return None
+
+    def logits(self, step: StepSetup, config: AF1Config) -> torch.Tensor:
+        return reference_logits(step.adapter, step.kept, config, step.means, donors=step.donors)
+
+
+EXECUTORS: tuple[Executor, ...] = (Fast(), SharedContext(), Reference())  # fastest first; the last runs everything
+REFERENCE: Executor = EXECUTORS[-1]
+
+
+def pick(adapter: ModelAdapter, task: Task, config: AF1Config, reference: bool = False) -> tuple[Executor, str | None]:
+    """The first executor of EXECUTORS that supports the case (the reference one when asked), and why the faster
+    ones do not (None when the first one runs it)."""
+    if reference:
+        return REFERENCE, "asked for (--reference)"
+    reasons: list[str] = []
+    for executor in EXECUTORS:
+        reason = executor.supports(adapter, task, config)
+        if reason is None:
+            return executor, "; ".join(reasons) or None
+        reasons.append(reason)
+    raise AssertionError("the reference executor supports every case")
+
+
+def choose_executor(adapter: ModelAdapter, task: Task, config: AF1Config, reference: bool = False) -> dict[str, Any]:
+    """`pick` as a result records it: {"executor": name, "fallback_reason": why not faster, or None}."""
+    executor, reason = pick(adapter, task, config, reference)
+    return {"executor": executor.name, "fallback_reason": reason}
+
+
+def af1_logits(step: StepSetup, config: AF1Config, reference: bool = False) -> torch.Tensor:
+    """Logits of one step's kept problems under AF1, by the executor `pick` chooses."""
+    return pick(step.adapter, step.kept, config, reference)[0].logits(step, config)

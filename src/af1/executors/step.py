@@ -1,0 +1,87 @@
+"""What every executor reads for one answer step: its kept problems, CAMA means, resample donors, and the tables
+(context keys/values, clean suffix states, token-local keys/values) computed once and shared by splits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from af1.executors.fast import (
+    ProblemKV,
+    TokenLocalKV,
+    context_kv,
+    token_local_kv,
+)
+from af1.executors.shared_context import clean_suffix_states
+from af1.interventions.af1 import AF1Config
+from af1.interventions.means import PositionMeans
+from af1.models import ModelAdapter
+from af1.tasks.task import Task
+
+
+@dataclass
+class StepSetup:
+    """One scoring step (answer token k): its solved problems, its CAMA means, resample donors, fast-path tables."""
+
+    adapter: ModelAdapter
+    kept: Task  # step k of the solved problems (of a split of them, after `Setup.on`)
+    means: PositionMeans  # over step k of the task distribution
+    donors: Task  # step k of the task distribution
+    tables: dict[Any, Any] = field(default_factory=dict, repr=False)  # fast-path caches, shared by subsets
+    solved: Task | None = None  # step k of every solved problem: what the shared tables cover (kept by splits)
+
+    def __post_init__(self) -> None:
+        if self.solved is None:
+            self.solved = self.kept
+
+    @property
+    def all_solved(self) -> Task:
+        assert self.solved is not None
+        return self.solved
+
+    def context(self) -> ProblemKV:
+        """The context's keys/values, computed once per setup."""
+        if "context" not in self.tables:
+            self.tables["context"] = context_kv(self.adapter, self.kept)
+        return self.tables["context"]
+
+    def clean(self) -> list[torch.Tensor]:
+        """The unmodified run's states at the suffix positions of the kept problems, every layer: where
+        shared-context configs resume, and what a problem inside the means leaves out of them ([P, n-c, D] per
+        layer, in the model's dtype). Computed once for every solved problem; a split takes its rows."""
+        if "clean" not in self.tables:
+            self.tables["clean"] = clean_suffix_states(self.adapter, self.all_solved, self.context())
+        states = self.tables["clean"]
+        if self.kept is self.solved:
+            return states
+        rows = rows_in(self.all_solved, self.kept)
+        return [h[rows] for h in states]
+
+    def build_local_kv(self, config: AF1Config) -> TokenLocalKV:
+        """Token-local keys/values after `wait` for every solved problem (a problem inside the means runs its own
+        positions, from its unablated state: leave-one-out)."""
+        solved = self.all_solved
+        own = None
+        if config.leaves_one_out and bool(self.means.inside(solved.input_ids_PT).any()):
+            own = self.clean_all()[config.wait]
+        return token_local_kv(self.adapter, solved, config, self.means, self.context(), own_PUD=own)
+
+    def clean_all(self) -> list[torch.Tensor]:
+        """`clean` of every solved problem."""
+        return replace(self, kept=self.all_solved).clean()
+
+    def local_kv(self, config: AF1Config) -> TokenLocalKV:
+        """Token-local keys/values after `wait`; they depend only on wait and ablation, so repeated configs
+        (pruning, alternatives, moved windows) and splits share them."""
+        key = (config.wait, config.ablation)
+        if key not in self.tables:
+            self.tables[key] = self.build_local_kv(config)
+        return self.tables[key]
+
+
+def rows_in(whole: Task, part: Task) -> torch.Tensor:
+    """Where each row of `part` is in `whole` (the same prompts: a split of a step's problems)."""
+    index = {row.numpy().tobytes(): i for i, row in enumerate(whole.input_ids_PT)}
+    return torch.tensor([index[row.numpy().tobytes()] for row in part.input_ids_PT], dtype=torch.long)

@@ -1,0 +1,95 @@
+"""The package's folders are its layers: each imports only the layers below it, and no module imports itself back
+(DESIGN.md; issue 27). Read from the source, lazy imports included, so a new upward arrow fails here first."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import af1
+
+SRC = Path(af1.__file__).parent
+# top to bottom; a module imports only modules of its own layer or of a layer with a larger rank
+RANK = {
+    "cli": 0,
+    "api": 0,
+    "study": 1,
+    "experiments": 2,
+    "methods": 3,
+    "executors": 4,
+    "interventions": 5,
+    "tasks": 6,
+    "models": 7,
+    "report": 8,
+}
+LEAF = 9  # stats, results, progress, errors, shapes, config_files
+
+
+def module_name(path: Path) -> str:
+    return ".".join(("af1", *path.relative_to(SRC).with_suffix("").parts)).removesuffix(".__init__")
+
+
+def rank(module: str) -> int | None:
+    parts = module.split(".")
+    return None if parts[0] != "af1" or len(parts) == 1 else RANK.get(parts[1], LEAF)
+
+
+def is_module(name: str) -> bool:
+    where = SRC.joinpath(*name.split(".")[1:])
+    return where.with_suffix(".py").exists() or (where / "__init__.py").exists()
+
+
+def imports(path: Path) -> set[str]:
+    """Every af1 module `path` imports, at the top or inside a function (`from af1 import x` names af1.x)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("af1"):
+            for a in node.names:  # `from af1.experiments import base` imports the submodule, not the package
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if is_module(sub) else node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("af1.")}
+    return out
+
+
+GRAPH = {module_name(p): imports(p) for p in sorted(SRC.rglob("*.py"))}
+
+
+def test_every_module_imports_only_its_own_layer_or_those_below():
+    upward = [
+        f"{m} -> {n}"
+        for m, targets in GRAPH.items()
+        for n in targets
+        if rank(m) is not None and rank(n) is not None and rank(n) < rank(m)  # type: ignore[operator]
+    ]
+    assert upward == []
+
+
+def test_no_module_imports_itself_back():
+    """No circle of imports between af1's modules (the package root, which only re-exports, left out)."""
+    modules = {m: {n for n in targets if n in GRAPH and n != "af1"} for m, targets in GRAPH.items() if m != "af1"}
+    circles = []
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(modules.get(m, ())):
+            if state.get(n) == 1:
+                circles.append(" -> ".join([*path[path.index(n) :], n]))
+            elif n not in state:
+                visit(n, [*path, n])
+        state[m] = 2
+
+    for m in sorted(modules):
+        if m not in state:
+            visit(m, [m])
+    assert circles == []
+
+
+def test_the_layers_are_the_folders():
+    """Every module sits in a layer folder, except the faces and a few small leaves every layer may use."""
+    loose = sorted(p.stem for p in SRC.glob("*.py") if p.stem != "__init__")
+    assert loose == ["api", "cli", "config_files", "errors", "progress", "results", "shapes", "stats"]
+    assert sorted(p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()) == sorted(
+        k for k, v in RANK.items() if k not in ("cli", "api")
+    )
