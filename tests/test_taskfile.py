@@ -307,3 +307,36 @@ def test_attention_shares_count_a_last_slot_once(tokenizer):
         assert sum(shares.values()) == pytest.approx(1.0, abs=1e-5) and shares["last"] > 0
         # no operands in a task file; full scoring also counts the earlier answer tokens
         assert set(shares) == {"slots", "after a slot", "context", "earlier answer tokens", "last", "other"}
+
+
+def test_a_rows_file_is_a_task_file_by_itself(tmp_path, tokenizer):
+    """A .jsonl or .csv of prompt/answer rows needs no description: 3 worked examples from the other rows, full
+    scoring, the file's name (issue 28, item 5)."""
+    rows = "".join(json.dumps({"prompt": f"{i} then", "answer": f" {i + 1}"}) + "\n" for i in range(10, 30))
+    path = write(tmp_path, "counting.jsonl", rows)
+    spec = TaskSpec(file=str(path))
+    assert (spec.shots, spec.scoring, spec.name) == (3, "full", "counting")
+    task = build_task(spec, tokenizer)
+    assert len(task.examples) == 3 and len(task) == 17 and task.end["checked"]
+    csv_path = write(tmp_path, "c.csv", "prompt,answer\n" + "".join(f"{i} then, {i + 1}\n" for i in range(10, 30)))
+    assert TaskSpec(file=str(csv_path)).name == "c"
+    with pytest.raises(Af1Error, match=r"expected a \.yaml, \.yml or \.toml description, or \.jsonl or \.csv rows"):
+        TaskSpec(file=str(write(tmp_path, "rows.txt", "x")))
+
+
+def test_options_given_win_over_the_file_and_defaults_do_not(tmp_path, capsys, cli_on_smollm2):
+    """The file's shots stand unless shots are given (in a spec, a plan or on the command line), never overridden
+    silently either way."""
+    path = write(
+        tmp_path,
+        "t.yaml",
+        "template: '{x} then'\nslots: {x: {values: ['1', '2', '3', '4', '5', '6']}}\n"
+        "answer: {expr: 'x + 1', prefix: ' '}\nshots: 2\n",
+    )
+    assert TaskSpec(file=str(path)).shots == 2
+    assert TaskSpec(file=str(path), shots=0).shots == 0
+    assert TaskSpec.model_validate(TaskSpec(file=str(path)).model_dump()).shots == 2  # stable through a round trip
+    for args, shots in [((), 2), (("--shots", "1"), 1), (("--shots", "0"), 0)]:
+        code, out, err = run_cli(capsys, "eval", "--task-file", str(path), "--json", *args)
+        assert code == 0, err
+        assert json.loads(out)["provenance"]["task"]["shots"] == shots

@@ -62,7 +62,11 @@ CheckEndOpt = Annotated[
 NegativeOpt = Annotated[bool, typer.Option("--allow-negative", help="keep problems with negative results")]
 TaskFileOpt = Annotated[
     str | None,
-    typer.Option("--task-file", help="a task file (YAML or TOML: rows or a template); replaces --task and --style"),
+    typer.Option(
+        "--task-file",
+        help="a task file (YAML or TOML: rows or a template), or a .jsonl/.csv of prompt and answer rows; "
+        "replaces --task and --style",
+    ),
 ]
 
 
@@ -73,11 +77,20 @@ def out_directory(path: Path | None) -> Path | None:
     return path
 
 
-def task_spec(**given: Any) -> TaskSpec:
-    """A task from command-line task options (named as on the command line); the rest are TaskSpec's defaults."""
+def task_spec(typed: set[str] | None = None, **given: Any) -> TaskSpec:
+    """A task from command-line task options (named as on the command line); the rest are TaskSpec's defaults.
+    With a task file, only the options `typed` on the command line are passed: the file's own shots and scoring
+    stand unless an option says otherwise."""
     if given.get("shots", 0) < 0:
         raise Af1Error(f"--shots must be >= 0, got {given['shots']}")
+    if given.get("task_file") is not None and typed is not None:
+        given = {key: value for key, value in given.items() if key in typed}
     return TaskSpec.model_validate({TASK_FIELDS[key]: value for key, value in given.items()})
+
+
+def typed_options(ctx: typer.Context) -> set[str]:
+    """The running command's options given on the command line (not left at their defaults)."""
+    return {name for name in ctx.params if str(getattr(ctx.get_parameter_source(name), "name", "")) == "COMMANDLINE"}
 
 
 @dataclass(frozen=True)
@@ -272,7 +285,8 @@ def experiment_command(name: str) -> Callable[..., None]:
         from af1.results import provenance
 
         load = ModelChoice(*(kwargs.pop(k) for k in ("model", "dtype", "attn", "device_map")))
-        spec = task_spec(**{k: kwargs.pop(k) for k in task_names}) if task_names else None
+        typed = typed_options(kwargs.pop("ctx"))
+        spec = task_spec(typed, **{k: kwargs.pop(k) for k in task_names}) if task_names else None
         means, as_json, out_dir = kwargs.pop("means", None), kwargs.pop("as_json"), kwargs.pop("out_dir")
         upstream = parse_upstream(kwargs.pop("upstream") or [])
         given = {k: v for k, v in kwargs.items() if v is not None}
@@ -293,8 +307,9 @@ def experiment_command(name: str) -> Callable[..., None]:
 
     command.__name__ = name
     command.__doc__ = experiment.help
-    command.__signature__ = inspect.Signature(shared + own)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in shared + own}
+    context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+    command.__signature__ = inspect.Signature([context, *shared, *own])  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in [context, *shared, *own]}
     return command
 
 

@@ -114,9 +114,19 @@ class Item:
     spans: tuple[tuple[str, int, int], ...] = ()
 
 
+ROWS_DEFAULTS: dict[str, Any] = {"shots": 3, "scoring": "full"}  # a rows file given as the task file itself
+
+
 def read_task_file(path: str | Path) -> TaskFile:
-    """Parse and validate a task file; a bad one is one line."""
+    """Parse and validate a task file; a bad one is one line. A .jsonl or .csv of prompt/answer rows is a task file
+    by itself: its rows, 3 worked examples drawn from the other rows, full scoring, named after the file."""
     path = Path(path)
+    if path.suffix in (".jsonl", ".csv"):
+        if not path.is_file():
+            raise Af1Error(f"no such task file: {path}")
+        return TaskFile(rows=path.name, name=path.stem, **ROWS_DEFAULTS)
+    if path.suffix not in (".yaml", ".yml", ".toml"):
+        raise Af1Error(f"task file {path}: expected a .yaml, .yml or .toml description, or .jsonl or .csv rows")
     data = read_mapping(path, "task file")
     try:
         return TaskFile.model_validate(data)

@@ -43,12 +43,9 @@ class TaskSpec(BaseModel):
             if self.file_sha256 is not None and self.file_sha256 != digest:
                 raise ValueError(f"task file {self.file} changed since this task was described (sha256 differs)")
             object.__setattr__(self, "file_sha256", digest)
-            if task.shots is not None:
-                object.__setattr__(self, "shots", task.shots)
-            if task.scoring is not None:
-                object.__setattr__(self, "scoring", task.scoring)
-            if task.check_end is not None:
-                object.__setattr__(self, "check_end", task.check_end)
+            for key in ("shots", "scoring", "check_end"):  # the file's, unless given here (given wins)
+                if getattr(task, key) is not None and key not in self.model_fields_set:
+                    object.__setattr__(self, key, getattr(task, key))
             self._file_name = task.name or Path(self.file).stem
         return self
 
