@@ -1,5 +1,5 @@
 """The package's folders are its layers: each imports only the layers below it, and no module imports itself back
-(DESIGN.md; issue 27). Read from the source, lazy imports included, so a new upward arrow fails here first."""
+(README, "The package's layout"). Read from the source, lazy imports included: an upward arrow fails here."""
 
 from __future__ import annotations
 
