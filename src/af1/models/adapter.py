@@ -184,10 +184,8 @@ class ModelAdapter:
     # layer loop ---------------------------------------------------------------------------
     @contextlib.contextmanager
     def _short_circuited_layers(
-        self, record: list[tuple[tuple[Any, ...], dict[str, Any]]], first: list[torch.Tensor]
+        self, record: list[tuple[tuple[Any, ...], dict[str, Any]]], first: list[torch.Tensor], tuple_return: bool
     ) -> Iterator[None]:
-        tuple_return = self.family.layer_returns_tuple
-
         def make(i: int):
             def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
                 record[i] = (args, kwargs)
@@ -217,13 +215,25 @@ class ModelAdapter:
             T = input_ids_BT.shape[1]
             position_ids_BT = torch.arange(T, device=input_ids_BT.device).expand(input_ids_BT.shape[0], T)
         base = getattr(self.model, self.model.base_model_prefix)
-        with self._short_circuited_layers(record, first):
-            base(
-                input_ids=input_ids_BT,
-                attention_mask=torch.ones_like(input_ids_BT),
-                position_ids=position_ids_BT,
-                use_cache=False,
-            )
+        # the family's layer-return convention first; transformers releases change it (GPT-J's blocks return a
+        # tensor from 5.24 on), and the recorded inputs do not depend on it: a convention the model rejects is retried
+        failure: Exception | None = None
+        for tuple_return in (self.family.layer_returns_tuple, not self.family.layer_returns_tuple):
+            first.clear()
+            try:
+                with self._short_circuited_layers(record, first, tuple_return):
+                    base(
+                        input_ids=input_ids_BT,
+                        attention_mask=torch.ones_like(input_ids_BT),
+                        position_ids=position_ids_BT,
+                        use_cache=False,
+                    )
+                break
+            except (TypeError, AttributeError, IndexError, ValueError) as exc:
+                failure = failure or exc
+        else:
+            assert failure is not None
+            raise failure
         for _, kw in record:
             for key in ("past_key_values", "layer_past", "use_cache"):
                 kw.pop(key, None)
