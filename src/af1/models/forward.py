@@ -13,6 +13,7 @@ another split); tested against it on every family.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -87,6 +88,12 @@ def unshared_reason(model: Any, n_positions: int) -> str | None:
     return None
 
 
+def cache_keyword(model: Any) -> str:
+    """The keyword a model's forward takes its key/value cache by: `cache` from transformers 5.24 on (where
+    `past_key_values` is deprecated, with a warning per call), else `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def suffix_start(model: Any, ids_BT: torch.Tensor, context_len: int) -> int:
     """Where the positions a forward computes begin: the context's length when it is shared, else 0."""
     T = ids_BT.shape[1]
@@ -143,7 +150,7 @@ def forward_tail(model: Any, ids_BT: torch.Tensor, context_len: int = 0, keep: i
     pos = torch.arange(c, T, device=ids.device).expand(B, T - c)
     extra: dict[str, Any] = {"use_cache": False}
     if c:
-        extra = {"past_key_values": context_of(model, ids_BT[0, :c]).cache(model, B), "use_cache": True}
+        extra = {cache_keyword(model): context_of(model, ids_BT[0, :c]).cache(model, B), "use_cache": True}
     out = model(
         input_ids=ids[:, c:], attention_mask=torch.ones_like(ids), position_ids=pos, logits_to_keep=keep, **extra
     )
