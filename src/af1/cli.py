@@ -90,7 +90,7 @@ def task_spec(typed: set[str] | None = None, **given: Any) -> TaskSpec:
 
 def typed_options(ctx: typer.Context) -> set[str]:
     """The running command's options given on the command line (not left at their defaults)."""
-    return {name for name in ctx.params if str(getattr(ctx.get_parameter_source(name), "name", "")) == "COMMANDLINE"}
+    return {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}
 
 
 @dataclass(frozen=True)

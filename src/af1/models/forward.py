@@ -13,6 +13,7 @@ another split); tested against it on every family.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import weakref
 from collections import OrderedDict
@@ -90,8 +91,14 @@ def unshared_reason(model: Any, n_positions: int) -> str | None:
 
 def cache_keyword(model: Any) -> str:
     """The keyword a model's forward takes its key/value cache by: `cache` from transformers 5.24 on (where
-    `past_key_values` is deprecated, with a warning per call), else `past_key_values`."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    `past_key_values` is deprecated, with a warning per call), else `past_key_values`. Read once per model class:
+    this is on every forward's path."""
+    return _cache_keyword(type(model))
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def suffix_start(model: Any, ids_BT: torch.Tensor, context_len: int) -> int:
