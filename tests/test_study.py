@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -206,6 +207,55 @@ def test_ray_gives_the_same_results_as_local(local_run, tmp_path):
     assert all(len(p) == 1 for p in pids.values()) and pids["tiny-llama"] != pids["tiny-qwen2"]  # one actor each
     assert all(loads <= 1 for seen in workers.values() for _, loads in seen)  # the model loaded once
     assert os.getpid() not in pids["tiny-llama"]
+
+
+def test_a_study_outlives_the_ray_node_its_units_run_on(local_run, tmp_path):
+    """Two Ray nodes on this machine (Ray's own test cluster): the node holding both models' actors is removed once
+    its first unit has finished; the actors start again on the other node, the study ends with the local run's
+    results, and every record is whole."""
+    from ray.cluster_utils import Cluster
+
+    plan, local_out, _ = local_run
+    out = tmp_path / "ray"
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the driver's node runs no unit
+    first = cluster.add_node(num_cpus=2)
+    ran: dict[str, Any] = {}
+    study = threading.Thread(
+        target=lambda: ran.update(summary=run_study(load_plan(plan), out, ray=True, ray_address=cluster.address))
+    )
+    study.start()
+    try:
+        deadline = time.monotonic() + 300
+        while study.is_alive() and time.monotonic() < deadline and not _finished_units(out):
+            time.sleep(0.1)
+        finished_before = _finished_units(out)
+        cluster.add_node(num_cpus=2)
+        cluster.remove_node(first)
+        study.join(timeout=600)
+    finally:
+        cluster.shutdown()
+    assert 0 < finished_before < 30  # the node went away while units were still to run
+    summary = ran["summary"]
+    assert summary.failed == [] and len(summary.ran) == 30
+    assert results(out) == results(local_out)
+    records = [json.loads(p.read_text()) for p in (out / "units").rglob("unit.json")]
+    assert len(records) == 30 and all(r["state"] in ("done", "not_applicable") for r in records)
+    assert not list(out.rglob(".*.json.*"))  # no temp file of an interrupted write left behind
+    pids: dict[str, set[int]] = {}
+    for r in records:
+        pids.setdefault(r["model"], set()).add(r["worker"]["pid"])
+    assert any(len(p) == 2 for p in pids.values())  # an actor was started again, in a new process
+
+
+def _finished_units(out: Path) -> int:
+    """Units whose record says they ended (done, not applicable or failed), as the runner wrote them so far."""
+    count = 0
+    for path in (out / "units").rglob("unit.json"):
+        try:
+            count += json.loads(path.read_text()).get("state") in ("done", "not_applicable", "failed")
+        except (OSError, ValueError):  # written atomically, but a rename may land between glob and read
+            continue
+    return count
 
 
 def test_a_killed_study_reruns_only_the_missing_units(local_run, tmp_path):

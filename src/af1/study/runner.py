@@ -25,6 +25,10 @@ from af1.study.units import Worker, one_line, unit_inputs
 
 Outcome = dict[str, Any]
 
+# A model's actor that dies with its node is started again elsewhere (loading its model anew) and the units it held
+# run again there: a unit is a pure function of its model, task and inputs, so a rerun gives the same result.
+RESTARTS = {"max_restarts": 3, "max_task_retries": 3}
+
 
 @dataclass
 class StudySummary:
@@ -112,7 +116,8 @@ def _run_on_ray(
     address: str | None,
     init: dict[str, Any] | None,
 ) -> Iterator[tuple[Unit, Outcome]]:
-    """Each model's units on one actor with the model's resources; outcomes as they finish."""
+    """Each model's units on one actor with the model's resources; outcomes as they finish. A node lost while its
+    units run costs a restart of their actor on another node, not the units (`RESTARTS`)."""
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init or {}))
@@ -128,7 +133,9 @@ def _run_on_ray(
                 resources: dict[str, Any] = {"num_cpus": entry.cpus, "num_gpus": entry.gpus}
                 if entry.memory_gb:
                     resources["memory"] = int(entry.memory_gb * 2**30)
-                actors[name] = remote_worker.options(**resources).remote(entry, threads=max(1, int(entry.cpus)))
+                actors[name] = remote_worker.options(**resources, **RESTARTS).remote(
+                    entry, threads=max(1, int(entry.cpus))
+                )
             deps = [refs.get(d, outcomes.get(d)) for d in unit.deps]
             store.started(unit)
             refs[unit.id] = actors[name].run.remote(unit, *deps)
