@@ -170,7 +170,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     resample = alt["ablations_detail"]["resample"]
     assert resample["seeds"] == 5 and len(resample["per_seed"]) == 5
     assert resample["faithfulness"] == pytest.approx(sum(r["faithfulness"] for r in resample["per_seed"]) / 5)
-    pruning = allforone.prune_heads(tiny_setup, config)
+    pruning = allforone.prune_heads(tiny_setup, config, whole_curve=True)
     assert pruning["n_transfer_heads"] == 4 and len(pruning["faithfulness_vs_pruned"]) == 5
     assert (
         len(pruning["faithfulness_vs_pruned_ci"]) == 5
@@ -208,7 +208,7 @@ def test_greedy_pruning_reranks_after_every_removal(tiny_setup, monkeypatch):
         return real(setup, config, head_sets)
 
     monkeypatch.setattr(allforone, "pruned_scores", spy)
-    result = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=2))
+    result = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=2), whole_curve=True)
     order = [tuple(h) for h in result["prune_order"]]
     assert [len(r) for r in rounds] == list(range(8, 0, -1))
     for i, sets in enumerate(rounds):
@@ -244,11 +244,16 @@ def test_pruning_ranks_past_float32_saturation_and_stops_at_the_first_dip(tiny_s
     )
     scores = crafted_scores(tiny_setup.kept, 30.0)
     assert bool((scores.p_correct_P == 1.0).all()) and scores.mean_log_p_correct < 0  # saturated p, not log p
-    result = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=1))
+    result = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=1), whole_curve=True)
     assert [tuple(h) for h in result["prune_order"]] == [(1, 3), (1, 2), (1, 1), (1, 0)]  # largest margin first
     assert result["faithfulness_vs_pruned"] == [1.0, 1.0, pytest.approx(0.5, abs=0.1), 1.0, 1.0]
     assert result["n_pruned_before_first_drop"] == 1
     assert result["mean_log_p_correct_vs_pruned"][1] > result["mean_log_p_correct_vs_pruned"][0]
+    # by default the rounds stop at the first drop: the same pruned set, two rounds instead of four
+    short = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=1))
+    assert short["prune_order"] == result["prune_order"][:2] and short["curve"].startswith("up to the first drop")
+    assert short["faithfulness_vs_pruned"] == result["faithfulness_vs_pruned"][:3]
+    assert short["n_pruned_before_first_drop"] == 1
 
 
 def test_map_config_by_relative_depth():

@@ -22,6 +22,10 @@ class Options(base.ConfigOptions):
         description="share of solved problems pruning ranks on (with --wait; else the search's)",
     )
     split_seed: int = Field(default=0, description="seed of the split (with --wait; else the search's)")
+    whole_curve: bool = Field(
+        default=False,
+        description="rank every head, past the first drop (each round scores every remaining head: quadratic)",
+    )
 
 
 class Result(base.Result):
@@ -34,6 +38,7 @@ class Result(base.Result):
     faithfulness_vs_pruned: list[float]
     n_pruned_before_first_drop: int
     measure: str = ""
+    curve: str = "every head"  # results written before the curve stopped at the first drop ranked every head
     confirmation: dict[str, dict] = {}
     inputs: ProblemInputs | None = None  # sets: solved, selection (pruning ranks on it), confirmation
 
@@ -58,7 +63,9 @@ class Prune(base.Experiment):
                 raise base.NotApplicable("the search's config has no transfer layers, so no heads to prune")
             search = inputs.one("search")
             selection, seed = search.selection_fraction, search.split_seed
-        return Result(**allforone.prune_heads(setup, config, selection=selection, seed=seed))
+        return Result(
+            **allforone.prune_heads(setup, config, selection=selection, seed=seed, whole_curve=options.whole_curve)
+        )
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing
@@ -79,7 +86,7 @@ class Prune(base.Experiment):
             f"<h2>Head pruning in the transfer layers</h2><p>{result.n_transfer_heads} heads; ranked greedily by "
             f"{result.measure}: {result.n_pruned_before_first_drop} of them stop peeking before faithfulness first "
             f"falls below 95 % of the unpruned {result.faithfulness_full:.3f} on {result.n_selection} selection "
-            "problems."
+            f"problems (curve: {result.curve})."
             f"{confirmed}</p>",
             image_html(out_dir, "pruning.png"),
         ]
