@@ -258,6 +258,52 @@ def test_shared_context_equals_reference(tiny, task, config):
     assert (ref - shared).abs().max() <= TOL
 
 
+def test_clean_states_past_the_memory_budget_live_on_disk_and_give_the_same_logits(tiny, task, monkeypatch):
+    """AF1_MEMORY_GB below the clean states' size puts them in files: the same states bit for bit, the same
+    resumed logits, and a split resumed through its rows equals those rows of the whole."""
+    from af1.executors.fast import context_kv
+    from af1.executors.shared_context import clean_suffix_states, shared_context_logits, supports_shared
+    from af1.executors.spill import layer_tables
+
+    adapter, means = tiny
+    if supports_shared(adapter, task) is not None:
+        assert adapter.family.name == "gptj"
+        return
+    ctx = context_kv(adapter, task)
+    config = AF1Config(wait=0, transfer=1, ablation="resample", seed=2)
+    in_memory = clean_suffix_states(adapter, task, ctx, batch_size=5)
+    resumed = shared_context_logits(adapter, task, config, means, 5, ctx=ctx, clean=in_memory)
+    monkeypatch.setenv("AF1_MEMORY_GB", "1e-9")
+    assert layer_tables(2, (3, 4), torch.float32)[1] == "disk"
+    on_disk = clean_suffix_states(adapter, task, ctx, batch_size=5)
+    assert all(torch.equal(a, b) for a, b in zip(in_memory, on_disk, strict=True))
+    assert on_disk[0].untyped_storage().filename is not None and in_memory[0].untyped_storage().filename is None
+    assert torch.equal(resumed, shared_context_logits(adapter, task, config, means, 5, ctx=ctx, clean=on_disk))
+    rows = torch.tensor([4, 0, 2])
+    part = shared_context_logits(
+        adapter,
+        task.subset(rows.tolist()),
+        config.model_copy(update={"ablation": "cama"}),
+        means,
+        5,
+        ctx=ctx,
+        clean=on_disk,
+        clean_rows=rows,
+    )
+    whole = shared_context_logits(adapter, task, config.model_copy(update={"ablation": "cama"}), means, 5, ctx=ctx)
+    assert (part - whole[rows]).abs().max() <= TOL
+
+
+def test_a_bad_memory_budget_is_a_one_line_error(monkeypatch):
+    from af1.executors.spill import memory_budget_bytes
+
+    monkeypatch.setenv("AF1_MEMORY_GB", "lots")
+    with pytest.raises(Af1Error, match="AF1_MEMORY_GB must be a positive number"):
+        memory_budget_bytes()
+    monkeypatch.setenv("AF1_MEMORY_GB", "0.5")
+    assert memory_budget_bytes() == 2**29
+
+
 def test_executor_choice_names_why_it_is_not_faster(task):
     from af1.executors.protocol import choose_executor
 

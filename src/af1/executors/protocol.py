@@ -63,7 +63,14 @@ class SharedContext:
 
     def logits(self, step: StepSetup, config: AF1Config) -> torch.Tensor:
         return shared_context_logits(
-            step.adapter, step.kept, config, step.means, donors=step.donors, ctx=step.context(), clean=step.clean()
+            step.adapter,
+            step.kept,
+            config,
+            step.means,
+            donors=step.donors,
+            ctx=step.context(),
+            clean=step.clean_all(),
+            clean_rows=step.kept_rows(),
         )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from af1.executors.fast import ProblemKV, context_kv
+from af1.executors.spill import layer_tables
 from af1.interventions.af1 import AF1Config, ablation_start, overwrite_from, plans_for, resample_donors, zeroed_outputs
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.means import PositionMeans
@@ -75,8 +76,8 @@ def suffix_states(adapter: ModelAdapter, task: Task, ctx: ProblemKV, layer: int,
 @torch.no_grad()
 def clean_suffix_states(adapter: ModelAdapter, task: Task, ctx: ProblemKV, batch_size: int = 64) -> list[torch.Tensor]:
     """h[l] of every layer at the suffix positions of an unmodified run ([P, n-c, D] per layer): where the configs
-    of a task resume, each from the first layer it changes."""
-    per_layer: list[list[torch.Tensor]] = [[] for _ in range(adapter.n_layers)]
+    of a task resume, each from the first layer it changes. Past the memory budget (`spill`) they live in files."""
+    per_layer_PSD: list[torch.Tensor] = []
     for sl in batches(len(task), batch_size):
         ids = task.input_ids_PT[sl]
         inputs = _suffix_inputs(adapter, task, ids)
@@ -85,9 +86,13 @@ def clean_suffix_states(adapter: ModelAdapter, task: Task, ctx: ProblemKV, batch
             record(adapter, [residual(layer) for layer in range(adapter.n_layers)]) as cache,
         ):
             adapter.run_layers(inputs.hidden_BTD, inputs)
+        if not per_layer_PSD:
+            h_BSD = cache[residual(0)]
+            shape = (len(task), *h_BSD.shape[1:])
+            per_layer_PSD, _ = layer_tables(adapter.n_layers, shape, h_BSD.dtype)
         for layer in range(adapter.n_layers):
-            per_layer[layer].append(cache[residual(layer)])
-    return [torch.cat(h) for h in per_layer]
+            per_layer_PSD[layer][sl] = cache[residual(layer)].cpu()
+    return per_layer_PSD
 
 
 def first_changed_layer(config: AF1Config, masks: dict[int, LayerPlan], zero: dict[int, list[int]], L: int) -> int:
@@ -107,11 +112,13 @@ def shared_context_logits(
     donors: Task | None = None,
     ctx: ProblemKV | None = None,
     clean: list[torch.Tensor] | None = None,
+    clean_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Last-position logits [P, V] under AF1 (any ablation and ABP variant), equal to `reference_logits` up to
     float rounding; the resample donors come from `donors` (the task itself when None). With `clean`
     (`clean_suffix_states`), each problem resumes from the unmodified run at the first block the config changes
-    (a resample's donors run to `wait` per batch: only the drawn ones, never the whole distribution)."""
+    (a resample's donors run to `wait` per batch: only the drawn ones, never the whole distribution); `clean_rows`
+    says where the task's problems are in `clean` when it holds more of them."""
     config.check(adapter.n_layers, adapter.n_heads)
     reason = supports_shared(adapter, task)
     if reason is not None:
@@ -130,7 +137,10 @@ def shared_context_logits(
         ids = task.input_ids_PT[sl]
         edits = {}
         inputs = _suffix_inputs(adapter, task, ids)
-        h = inputs.hidden_BTD if first == 0 else clean[first - 1][sl].to(adapter.device)  # type: ignore[index]
+        if first == 0 or clean is None:
+            h = inputs.hidden_BTD
+        else:
+            h = clean[first - 1][sl if clean_rows is None else clean_rows[sl]].to(adapter.device)
         if ablate:
             donor = suffix_states(adapter, donors, ctx, config.wait, pick[sl]) if pick is not None else None
             edit = overwrite_from(config, means, ids, donor, start)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -47,17 +47,18 @@ class StepSetup:
             self.tables["context"] = context_kv(self.adapter, self.kept)
         return self.tables["context"]
 
-    def clean(self) -> list[torch.Tensor]:
-        """The unmodified run's states at the suffix positions of the kept problems, every layer: where
+    def clean_all(self) -> list[torch.Tensor]:
+        """The unmodified run's states at the suffix positions of every solved problem, every layer: where
         shared-context configs resume, and what a problem inside the means leaves out of them ([P, n-c, D] per
-        layer, in the model's dtype). Computed once for every solved problem; a split takes its rows."""
+        layer, in the model's dtype; in files past the memory budget). Computed once; a split reads its rows
+        (`kept_rows`), never copies them all."""
         if "clean" not in self.tables:
             self.tables["clean"] = clean_suffix_states(self.adapter, self.all_solved, self.context())
-        states = self.tables["clean"]
-        if self.kept is self.solved:
-            return states
-        rows = rows_in(self.all_solved, self.kept)
-        return [h[rows] for h in states]
+        return self.tables["clean"]
+
+    def kept_rows(self) -> torch.Tensor | None:
+        """Where the kept problems are among every solved problem (None: they are all of them)."""
+        return None if self.kept is self.solved else rows_in(self.all_solved, self.kept)
 
     def build_local_kv(self, config: AF1Config) -> TokenLocalKV:
         """Token-local keys/values after `wait` for every solved problem (a problem inside the means runs its own
@@ -67,10 +68,6 @@ class StepSetup:
         if config.leaves_one_out and bool(self.means.inside(solved.input_ids_PT).any()):
             own = self.clean_all()[config.wait]
         return token_local_kv(self.adapter, solved, config, self.means, self.context(), own_PUD=own)
-
-    def clean_all(self) -> list[torch.Tensor]:
-        """`clean` of every solved problem."""
-        return replace(self, kept=self.all_solved).clean()
 
     def local_kv(self, config: AF1Config) -> TokenLocalKV:
         """Token-local keys/values after `wait`; they depend only on wait and ablation, so repeated configs
