@@ -286,7 +286,8 @@ def test_cli_ray_takes_an_optional_address(monkeypatch, tmp_path, capsys, tiny_d
 
     calls = []
 
-    def fake(plan, out_dir, ray, ray_address):
+    def fake(plan, out_dir, ray, ray_address, static):
+        assert static is False  # the interactive report unless --static
         calls.append((ray, ray_address))
         return StudySummary([], [], [], [], Path(out_dir) / "report.html")
 
