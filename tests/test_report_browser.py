@@ -175,3 +175,15 @@ def test_a_missing_chromium_fails_saying_how_to_install_it(monkeypatch):
     monkeypatch.setenv("PATH", "")
     with pytest.raises(pytest.fail.Exception, match="install it with `apt-get install chromium`"):
         chromium()
+
+
+def test_a_result_the_interactive_figure_cannot_read_falls_back_to_its_png(results):
+    from af1.report.markup import figure_html
+
+    def old_result() -> str:
+        raise KeyError("faithfulness_wait_transfer")
+
+    shown = figure_html(results, "sweep.png", old_result)
+    assert "No interactive figure (KeyError" in shown and "data:image/png;base64," in shown
+    with interactive.static_report():
+        assert figure_html(results, "sweep.png", old_result).startswith("<img")  # static: never called

@@ -77,9 +77,13 @@ def page(title: str, parts: list[str]) -> str:
 
 def figure_html(d: Path, name: str, interactive_figure: Callable[[], str] | None) -> str:
     """A section's figure: the interactive one (the default report), else the PNG `name` in `d` (the static one)."""
-    if interactive_figure is not None and interactive.enabled():
+    if interactive_figure is None or not interactive.enabled():
+        return image_html(d, name)
+    try:
         return interactive_figure()
-    return image_html(d, name)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:  # a result of another af1 version: its PNG, said
+        note = f"<p class='note'>No interactive figure ({html.escape(type(exc).__name__)}: {html.escape(str(exc))})"
+        return note + (": its PNG instead.</p>" + image_html(d, name) if (d / name).is_file() else ".</p>")
 
 
 def ci_text(value: float | None, ci: list[float] | None = None) -> str:
