@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= results/demo
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup chromium demo test lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -16,10 +16,14 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev,ray]"
 	touch $@
 
+# the report's browser test drives Debian's Chromium (playwright's own download needs the internet); CI runs as root
+chromium:
+	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
+
 demo: setup
 	$(BIN)/af1 demo --out $(OUT)
 
-test: setup
+test: setup chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pyright

@@ -614,3 +614,13 @@ def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokeniz
     rows = result["counterfactual_problems"]
     assert [r["solved_index"] for r in rows] == sel and all(len(r["replacement"]) == 1 for r in rows)
     assert result["path_patching_scoring"]["scoring"] == "full" and result["answer_steps_n"]["1"] > 0
+    looks = result["attention_over_tokens"]  # one confirmation problem, token by token, for the report
+    first = task.subset(conf).steps()[0]
+    row = int(first.rows_in_parent[0])
+    assert looks["problem"] == row and looks["prompt"] == task.problems[conf[row]].prompt
+    assert looks["tokens"] == [tokenizer.decode([t]) for t in first.input_ids_PT[0].tolist()]
+    assert (
+        list(looks["heads"])
+        == [f"{h[0]}.{h[1]}" for h in dict.fromkeys(map(tuple, result["top_heads"] + result["key_heads"]))][:16]
+    )
+    assert all(len(w) == len(looks["tokens"]) and abs(sum(w) - 1) < 1e-3 for w in looks["heads"].values())

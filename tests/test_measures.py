@@ -192,7 +192,9 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     figures.pruning_plot(pruning, tmp_path / "pruning.png")
     html = build_report(tmp_path).read_text()
     assert "cannot show" not in html
-    assert "data:image/png;base64," in html and "Alternatives" in html and "Head pruning" in html
+    assert 'class="af1-plot"' in html and "Alternatives" in html and "Head pruning" in html  # interactive figures
+    static = build_report(tmp_path, static=True).read_text()
+    assert "<img" in static and "af1-plot" not in static and "McNemar" in static  # the PNGs (papers)
     assert "McNemar" in html and "constant guess" in html
     with pytest.raises(Af1Error, match="no af1 results"):
         build_report(tmp_path / "empty" if (tmp_path / "empty").mkdir() is None else tmp_path)

@@ -171,7 +171,9 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
     }
     assert all(r["k"] == 2 and 0 <= r["top_k_overlap"] <= 1 for r in overlap.values())
     html = (out / "report.html").read_text()
-    assert "Transfer on" in html and "tiny-qwen2" in html and "data:image/png;base64" in html
+    assert "Transfer on" in html and "tiny-qwen2" in html and 'class="af1-plot"' in html
+    assert "<img" in html  # positional's figure: a PNG in either report
+    assert '<table class="sortable">' in html  # the cross-model tables sort by a header click
     assert "peak RSS" in html and all(r["peak_rss_mb"] > 0 for r in report["units"])  # each unit's process
     styles = results(out)["tiny-llama/a+b.original.1d.1shot.n30/styles"]
     verbal = [r for r in styles["rows"] if r["style"] == "verbal"]  # fitted on the original style only
@@ -336,7 +338,8 @@ def test_cli_ray_takes_an_optional_address(monkeypatch, tmp_path, capsys, tiny_d
 
     calls = []
 
-    def fake(plan, out_dir, ray, ray_address):
+    def fake(plan, out_dir, ray, ray_address, static):
+        assert static is False  # the interactive report unless --static
         calls.append((ray, ray_address))
         return StudySummary([], [], [], [], Path(out_dir) / "report.html")
 
@@ -449,7 +452,7 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     html = (out / "report.html").read_text()
     for heading in ("Where each model waits", "CAMA alone", "Necessity", "Alternatives", "Head pruning"):
         assert heading in html
-    assert "Heads that carry the answer" in html and "wall time" in html and html.count("data:image/png;base64,") >= 4
+    assert "Heads that carry the answer" in html and "wall time" in html and html.count('class="af1-plot"') >= 4
     again = demo.run_demo(plan, out, said.append)
     assert again.ran == [] and len(again.skipped) == len(summary.units)
     code, text, _ = run_cli(capsys, "demo", "--model", str(tiny_dirs["llama"]), "--show-plan")

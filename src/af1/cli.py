@@ -188,6 +188,14 @@ def tasks() -> None:
 
 MeansOpt = Annotated[Path | None, typer.Option("--means", help="position means file to use (safetensors)")]
 OutDir = Annotated[Path | None, typer.Option("--out", help="directory for results and figures", callback=out_directory)]
+StaticOpt = Annotated[
+    bool,
+    typer.Option(
+        "--static",
+        help="the report with its PNG figures only (for papers); default: interactive figures, plotly.js embedded, "
+        "still one offline file",
+    ),
+]
 ThresholdOpt = Annotated[
     float | None, typer.Option("--threshold", help="faithfulness the subgraph must keep (default: the search's)")
 ]
@@ -349,12 +357,17 @@ def study(
             help="run the units on Ray: alone, the cluster ray.init finds (or a new local one); or its ADDRESS",
         ),
     ] = None,
+    static: StaticOpt = False,
 ) -> None:
     """Run a plan's units (model x task x experiment) into a resumable store and write the cross-model report."""
     from af1.study import load_plan, run_study
 
     summary = run_study(
-        load_plan(plan), out_dir, ray=ray is not None, ray_address=None if ray in (None, RAY_ALONE) else ray
+        load_plan(plan),
+        out_dir,
+        ray=ray is not None,
+        ray_address=None if ray in (None, RAY_ALONE) else ray,
+        static=static,
     )
     from af1.study.store import Store
 
@@ -373,11 +386,14 @@ def study(
 
 
 @app.command()
-def report(out_dir: Annotated[Path, typer.Argument(help="a results directory or a study's store")]) -> None:
-    """One self-contained HTML report of the results in a directory (a study's store: its study report)."""
+def report(
+    out_dir: Annotated[Path, typer.Argument(help="a results directory or a study's store")], static: StaticOpt = False
+) -> None:
+    """One self-contained HTML report of the results in a directory (a study's store: its study report): interactive
+    by default, still one offline file; --static for the PNG figures only."""
     from af1.study.report import build_report
 
-    out.print(f"wrote {build_report(out_dir)}")
+    out.print(f"wrote {build_report(out_dir, static)}")
 
 
 @app.command()
@@ -396,6 +412,7 @@ def demo(
     attn: AttnOpt = None,
     device_map: DeviceMapOpt = None,
     show_plan: Annotated[bool, typer.Option("--show-plan", help="print the demo's plan (YAML) and stop")] = False,
+    static: StaticOpt = False,
 ) -> None:
     """The main job: the built-in demo plan (AF1 study of 1-digit a+b on the bundled models, side by side), run by
     the study runner into one HTML report; rerun to resume."""
@@ -413,7 +430,7 @@ def demo(
     if show_plan:
         out.print(builtin.plan_yaml(plan), markup=False, highlight=False)
         return
-    summary = builtin.run_demo(plan, out_dir, out.print)
+    summary = builtin.run_demo(plan, out_dir, out.print, static)
     if summary.failed:
         print(f"af1: {len(summary.failed)} of {len(summary.units)} units failed: see {summary.report}", file=sys.stderr)
         raise typer.Exit(1)

@@ -13,7 +13,8 @@ from rich.table import Table
 from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import allforone, heads
-from af1.report.markup import ci_text, image_html, table_html, with_ci
+from af1.report import interactive
+from af1.report.markup import ci_text, figure_html, table_html, with_ci
 from af1.stats import mcnemar_exact, mean_std
 from af1.tasks.builtin import FILE_STYLE
 from af1.tasks.evaluation import ProblemInputs, solved
@@ -73,6 +74,8 @@ class Result(base.Result):
     top_heads: list[list[int]]
     knockout: dict
     attention_of_top_heads: dict = {}
+    attention_over_tokens: dict[str, Any] | None = None  # the confirmation part's first problem: each top/key head's
+    # attention from the last position over its tokens (row `problem` of inputs.sets["confirmation"])
     overlap: list[dict] = []
     placement: list[dict] | None = None
     af1_consistency: dict[str, Any] | None = None
@@ -358,7 +361,20 @@ class Heads(base.Experiment):
                     ],
                 )
             )
-        parts.append(image_html(out_dir, "heads.png"))
+
+        def figures() -> str:
+            data = result.data()
+            looks = (
+                interactive.attention_plot(data["attention_over_tokens"])
+                if result.attention_over_tokens
+                else (
+                    "<p class='note'>This result does not hold the heads' attention per token (written before it was "
+                    "stored).</p>"
+                )
+            )
+            return interactive.heads_map(data) + interactive.mlp_plot(data) + looks
+
+        parts.append(figure_html(out_dir, "heads.png", figures))
         return parts
 
     def show(self, result: Result) -> list[Table | str]:

@@ -12,7 +12,8 @@ from rich.table import Table
 from af1.experiments import base
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
-from af1.report.markup import image_html, table_html, with_ci
+from af1.report import interactive
+from af1.report.markup import figure_html, table_html, with_ci
 from af1.tasks.evaluation import ProblemInputs
 
 
@@ -78,7 +79,7 @@ class Necessity(base.Experiment):
             "<h2>Necessity</h2><p>In the unmodified model the last token is kept from reading every non-context "
             "position in one layer or a window of layers; right: inside the found AF1 the transfer window is moved "
             "later.</p>",
-            image_html(out_dir, "necessity.png"),
+            figure_html(out_dir, "necessity.png", lambda: interactive.necessity_plot(result.data())),
             table_html(
                 ["window", "lowest faithfulness [95 % CI]", "at first layer"],
                 [

@@ -10,7 +10,8 @@ from rich.table import Table
 
 from af1.experiments import base
 from af1.methods import allforone
-from af1.report.markup import ci_text, image_html, with_ci
+from af1.report import interactive
+from af1.report.markup import ci_text, figure_html, with_ci
 from af1.tasks.evaluation import ProblemInputs
 
 
@@ -88,7 +89,7 @@ class Prune(base.Experiment):
             f"falls below 95 % of the unpruned {result.faithfulness_full:.3f} on {result.n_selection} selection "
             f"problems (curve: {result.curve})."
             f"{confirmed}</p>",
-            image_html(out_dir, "pruning.png"),
+            figure_html(out_dir, "pruning.png", lambda: interactive.pruning_plot(result.data())),
         ]
 
     def show(self, result: Result) -> list[Table | str]:

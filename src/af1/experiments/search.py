@@ -11,12 +11,14 @@ from rich.table import Table
 
 from af1.experiments import base
 from af1.methods import allforone
+from af1.report import interactive
 from af1.report.markup import (
     ci_text,
-    image_html,
+    figure_html,
     layout_html,
     layout_table,
     layouts_text,
+    load_json,
     stages_table,
     table_html,
     with_ci,
@@ -93,7 +95,13 @@ class Search(base.Experiment):
         return overview_of(finished)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
-        parts = ["<h2>The AF1 subgraph</h2>", image_html(out_dir, "search.png")]
+        def grid() -> str:
+            sweep = sweep_beside(out_dir)
+            if sweep is None:
+                return interactive.search_plot(result.data(), result.n_layers)
+            return interactive.sweep_grid(sweep, result.data())
+
+        parts = ["<h2>The AF1 subgraph</h2>", figure_html(out_dir, "search.png", grid)]
         if result.found:
             parts.append(
                 f"<p>Chosen on {result.n_selection} solved problems (the largest L_wait, then the smallest "
@@ -145,6 +153,16 @@ class Search(base.Experiment):
             table,
             *layout_table(result.faithfulness_by_layout, result.layouts),
         ]
+
+
+def sweep_beside(out_dir: Path) -> dict[str, Any] | None:
+    """The sweep a search read, where it lies beside the search's files: the same results directory (af1 report), or
+    the sibling unit of a study's store (units/<model>/<task>/sweep/unit.json); None elsewhere."""
+    found = load_json(out_dir, "sweep.json")
+    if found is None:
+        record = load_json(out_dir.parent / "sweep", "unit.json")
+        found = (record or {}).get("result") if (record or {}).get("state") == "done" else None
+    return found
 
 
 def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:

@@ -13,7 +13,8 @@ from af1.experiments import base
 from af1.interventions.af1 import Ablation, AF1Config
 from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
-from af1.report.markup import image_html, with_ci
+from af1.report import interactive
+from af1.report.markup import figure_html, with_ci
 
 
 class Options(base.Options):
@@ -67,8 +68,10 @@ class Sweep(base.Experiment):
             f"{result.scoring} answer scored); {result.n_cells} cells, executor {result.executor}. Faithfulness = "
             "accuracy under AF1 on the solved problems; a constant guess scores "
             f"{result.faithfulness_baseline or float('nan'):.3f} on them. Red triangles: cells whose whole 95 % "
-            "interval lies at or above 0.9.</p>",
-            image_html(out_dir, "sweep.png"),
+            "interval lies at or above 0.9."
+            + (" Hover a cell for its numbers; click it for its problems." if interactive.enabled() else "")
+            + "</p>",
+            figure_html(out_dir, "sweep.png", lambda: interactive.sweep_grid(result.data())),
         ]
 
     def show(self, result: Result) -> list[Table | str]:

@@ -522,7 +522,8 @@ def prune_heads(
     heads = [(layer, h) for layer in config.peek_layers() for h in range(setup.adapter.n_heads)]
     unpruned = faithfulness(on_sel, config)
     order: list[tuple[int, int]] = []
-    faith_curve, p_curve, ci_curve = [unpruned.accuracy], [unpruned.mean_p_correct], [unpruned.rate(on_sel.kept)["ci"]]
+    unpruned_rate = unpruned.rate(on_sel.kept)
+    faith_curve, p_curve, ci_curve = [unpruned.accuracy], [unpruned.mean_p_correct], [unpruned_rate["ci"]]
     log_p_curve = [unpruned.mean_log_p_correct]
     remaining = list(heads)
     for _ in progress(range(len(heads)), desc="prune heads"):
@@ -554,6 +555,7 @@ def prune_heads(
         "prune_order": [list(hd) for hd in order],
         "faithfulness_vs_pruned": faith_curve,
         "faithfulness_vs_pruned_ci": ci_curve,
+        "faithfulness_selection_baseline": unpruned_rate["baseline"],  # the constant guess on the selection split
         "mean_p_correct_vs_pruned": p_curve,
         "mean_log_p_correct_vs_pruned": log_p_curve,
         "keep": keep,

@@ -611,6 +611,41 @@ def _step_attention(
     return out
 
 
+@torch.no_grad()
+def token_attention(
+    adapter: ModelAdapter, tokenizer: Any, task: Task, heads: list[tuple[int, int]]
+) -> dict[str, Any] | None:
+    """Each head's attention from the last position over every token of one problem (the first of `task`, at its
+    first answer step): the per-token picture behind `last_query_attention`'s shares, for the report to draw."""
+    if not len(task) or not heads:
+        return None
+    step = task.steps()[0]
+    row = int(step.rows_in_parent[0])  # the problem's row in `task`
+    ids = step.input_ids_PT[:1].to(adapter.device)
+    probs: dict[int, torch.Tensor] = {}
+    group = adapter.n_heads // adapter.n_kv_heads
+
+    def capture(layer: int):
+        def fn(module, q, k, _v):
+            k = k.repeat_interleave(group, dim=1) if k.shape[1] != q.shape[1] else k
+            scale = getattr(module, "scaling", None) or q.shape[-1] ** -0.5
+            probs[layer] = torch.softmax((q[:, :, -1:].float() @ k.float().transpose(-1, -2))[:, :, 0] * scale, -1)
+
+        return fn
+
+    layers = sorted({layer for layer, _ in heads})
+    with attention_plans(adapter, {layer: LayerPlan(capture=capture(layer)) for layer in layers}):
+        forward_last(adapter.model, ids)  # the whole input, context included: a weight for every token
+    return {
+        "problem": row,
+        "prompt": task.problems[row].prompt,
+        "answer_step": 0,
+        "tokens": [tokenizer.decode([t]) for t in ids[0].tolist()],
+        "roles": list(step.layout),
+        "heads": {f"{layer}.{h}": [round(float(x), 5) for x in probs[layer][0, h].cpu()] for layer, h in heads},
+    }
+
+
 def norm_read(norm: torch.nn.Module, x_BD: torch.Tensor, m_BD: torch.Tensor) -> torch.Tensor:
     """What a residual component m contributes to norm(x) when the norm's scale is frozen at x's: g * c(m) / s(x)
     (c: centring for LayerNorm, s: its std or RMS). Summed over the components of x it gives norm(x) minus its
@@ -847,6 +882,10 @@ def study(
         },
         "attention_of_top_heads": last_query_attention(adapter, tested_on, top[: min(k, 5)]),
         "attention_measured_on": "the confirmation part of the solved problems",
+        # one problem's tokens (the confirmation part's first): where each top and key head looks, token by token
+        "attention_over_tokens": token_attention(
+            adapter, lm.tokenizer, tested_on, list(dict.fromkeys(top + keys))[:16]
+        ),
         "mlp_logit_lens_layer": mlp_logit_lens(adapter, kept),
         "mlp_logit_lens_measured_on": "all solved problems (no head is chosen by it)",
         "warnings": warnings,

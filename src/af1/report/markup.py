@@ -5,10 +5,13 @@ from __future__ import annotations
 import base64
 import html
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+
+from af1.report import interactive
 
 STYLE = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -62,12 +65,25 @@ def load_json(d: Path, name: str) -> dict[str, Any] | None:
 
 
 def page(title: str, parts: list[str]) -> str:
-    """A self-contained HTML page of the given sections."""
+    """A self-contained HTML page of the given sections; in the interactive report plotly.js is embedded once (when a
+    figure needs it) with the script that draws the figures and sorts tables, and nothing is fetched from elsewhere."""
     title = html.escape(title)
+    body = "".join(parts)
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style>"
-        f"</head><body><h1>{title}</h1>{''.join(parts)}</body></html>"
+        f"{interactive.page_head(body)}</head><body><h1>{title}</h1>{body}{interactive.page_script()}</body></html>"
     )
+
+
+def figure_html(d: Path, name: str, interactive_figure: Callable[[], str] | None) -> str:
+    """A section's figure: the interactive one (the default report), else the PNG `name` in `d` (the static one)."""
+    if interactive_figure is None or not interactive.enabled():
+        return image_html(d, name)
+    try:
+        return interactive_figure()
+    except (KeyError, IndexError, TypeError, ValueError) as exc:  # a result of another af1 version: its PNG, said
+        note = f"<p class='note'>No interactive figure ({html.escape(type(exc).__name__)}: {html.escape(str(exc))})"
+        return note + (": its PNG instead.</p>" + image_html(d, name) if (d / name).is_file() else ".</p>")
 
 
 def ci_text(value: float | None, ci: list[float] | None = None) -> str:

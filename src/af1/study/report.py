@@ -11,6 +11,7 @@ from typing import Any
 from af1.errors import Af1Error
 from af1.experiments import REGISTRY
 from af1.experiments.base import Finished
+from af1.report.interactive import sortable, static_report
 from af1.report.markup import load_json, page, table_html
 from af1.results import read_json, write_atomic, write_json
 from af1.study.plan import StudyPlan, Unit, expand, task_label
@@ -72,7 +73,7 @@ def collect(store: Store, units: list[Unit]) -> tuple[dict[str, Any], list[str]]
     for name, experiment in sorted(REGISTRY.items(), key=lambda item: item[1].overview_rank):
         overview, html_parts = experiment.overview(finished.get(name, []))
         data.update(overview)
-        parts += html_parts
+        parts += [sortable(part) for part in html_parts]  # the cross-model tables sort by a header click
     return data, parts
 
 
@@ -101,8 +102,13 @@ def unit_sections(store: Store, units: list[Unit]) -> list[str]:
     return [part for parts in by_place.values() for part in parts]
 
 
-def build_study_report(store: Store, plan: StudyPlan, units: list[Unit]) -> Path:
-    """DIR/report.json and a self-contained DIR/report.html."""
+def build_study_report(store: Store, plan: StudyPlan, units: list[Unit], static: bool = False) -> Path:
+    """DIR/report.json and a self-contained DIR/report.html: interactive figures, or with `static` the PNGs only."""
+    with static_report(static):
+        return _write_study_report(store, plan, units)
+
+
+def _write_study_report(store: Store, plan: StudyPlan, units: list[Unit]) -> Path:
     data, overview = collect(store, units)
     data = {"name": plan.name, **data}
     write_json(store.root / "report.json", data)
@@ -133,14 +139,20 @@ def build_study_report(store: Store, plan: StudyPlan, units: list[Unit]) -> Path
     return write_atomic(store.root / "report.html", page(f"af1 study: {plan.name}", parts))
 
 
-def build_report(d: str | Path) -> Path:
-    """Write DIR/report.html from the experiments' result files found in DIR (or DIR's study store)."""
+def build_report(d: str | Path, static: bool = False) -> Path:
+    """Write DIR/report.html from the experiments' result files found in DIR (or DIR's study store): with interactive
+    figures (plotly.js embedded, offline), or with `static` the PNG figures only."""
 
     d = Path(d)
     if not d.is_dir():
         raise Af1Error(f"no such results directory: {d}")
     if (d / "plan.json").is_file() and (d / "units").is_dir():
-        return _study_report(d)
+        return _study_report(d, static)
+    with static_report(static):
+        return _results_report(d)
+
+
+def _results_report(d: Path) -> Path:
     parts: list[str] = []
     provenance = None
     for experiment in REGISTRY.values():
@@ -161,7 +173,7 @@ def build_report(d: str | Path) -> Path:
     return write_atomic(d / "report.html", page("af1 report", parts))
 
 
-def _study_report(d: Path) -> Path:
+def _study_report(d: Path, static: bool) -> Path:
 
     plan = StudyPlan.model_validate(read_json(d / "plan.json")["plan"])
-    return build_study_report(Store(d), plan, expand(plan))
+    return build_study_report(Store(d), plan, expand(plan), static)

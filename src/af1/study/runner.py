@@ -45,8 +45,10 @@ def run_study(
     ray: bool = False,
     ray_address: str | None = None,
     ray_init: dict[str, Any] | None = None,
+    static: bool = False,
 ) -> StudySummary:
-    """Run every unfinished unit of the plan into out_dir and write the cross-model report.
+    """Run every unfinished unit of the plan into out_dir and write the cross-model report (interactive; with
+    `static` its PNG figures only).
 
     With ray, ray_address None lets ray.init join the cluster it finds or start a local one
     (ray_init: more ray.init arguments); 'auto' or an address joins that cluster.
@@ -78,7 +80,7 @@ def run_study(
         outcomes[unit.id] = store.finished(unit, outcome)
         ran.append(unit.id)
     failed = [u.id for u in units if outcomes.get(u.id, {}).get("state") not in FINISHED]
-    report = build_study_report(store, plan, units)
+    report = build_study_report(store, plan, units, static)
     return StudySummary(units, ran, skipped, failed, report)
 
 

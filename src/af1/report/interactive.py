@@ -1,0 +1,648 @@
+"""Interactive figures for the HTML report, still one offline file: plotly.js is embedded once per page (from the
+`plotly` package, never a CDN), each figure is its JSON beside a div that a small inline script draws, a sweep cell
+clicks through to its problems, and tables marked sortable sort by a header click. `static_report()` switches every
+section back to the PNG figures (for papers)."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+PLOT_CLASS = "af1-plot"
+SORTABLE_CLASS = "sortable"
+_STATIC: ContextVar[bool] = ContextVar("af1_static_report", default=False)
+
+
+@contextmanager
+def static_report(static: bool = True) -> Iterator[None]:
+    """Within it, sections embed their PNG figures only (the report of today's papers); outside, interactive ones."""
+    token = _STATIC.set(static)
+    try:
+        yield
+    finally:
+        _STATIC.reset(token)
+
+
+def enabled() -> bool:
+    """Whether the report being written is the interactive one (the default)."""
+    return not _STATIC.get()
+
+
+@cache
+def plotly_js() -> str:
+    """plotly.js as the installed `plotly` package bundles it (minified): embedded, so the page needs no network."""
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+def clean(value: Any) -> Any:
+    """JSON-ready: NaN and infinities become null (JSON has neither), tensors and arrays plain lists."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean(v) for v in value]
+    return value
+
+
+def script_json(value: Any) -> str:
+    """JSON safe inside a <script> element (no '</' can close it early)."""
+    return json.dumps(clean(value), separators=(",", ":")).replace("</", "<\\/")
+
+
+def plot_html(data: list[dict[str, Any]], layout: dict[str, Any], detail: dict[str, Any] | None = None) -> str:
+    """One figure: a div the page's script draws from the JSON beside it; `detail` (a sweep's cells and problems)
+    makes a click on a cell list that cell's problems under the figure."""
+    spec: dict[str, Any] = {"data": data, "layout": {"margin": {"t": 40}, **layout}}
+    if detail is not None:
+        spec["detail"] = detail
+    return (
+        f'<div class="{PLOT_CLASS}"><script type="application/json">{script_json(spec)}</script>'
+        '<div class="af1-plot-area"></div><div class="af1-detail"></div></div>'
+    )
+
+
+def ci_of(ci: Any) -> list[float | None]:
+    """[low, high] of an interval, [None, None] when there is none."""
+    return [ci[0], ci[1]] if ci and len(ci) == 2 else [None, None]
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def rate_text(value: Any, ci: Any, n: Any, baseline: Any) -> str:
+    """A rate as hover text: value [interval], n and the constant guess; a missing part says it is missing."""
+    low, high = ci_of(ci)
+    interval = f"[{fmt(low, 2)}, {fmt(high, 2)}]" if low is not None else "[interval not stored]"
+    guess = fmt(baseline) if baseline is not None else "not stored"
+    return f"faithfulness {fmt(value)} {interval}<br>n {fmt(n)}<br>constant guess {guess}"
+
+
+# --- the (L_wait, L_transfer) grid, the search's frontier and choice -----------------------------------------------
+
+
+def sweep_grid(sweep: dict[str, Any], found: dict[str, Any] | None = None) -> str:
+    """Faithfulness over (L_wait rows, L_transfer columns), layer on the y-axis as the PNG draws it; hover gives each
+    cell's rate, 95 % interval, n, constant guess and executor; a click lists the cell's problems and whether each is
+    right under it. With `found` (a search), its frontier and its chosen (or best) cell on top."""
+    faith = clean(sweep["faithfulness_wait_transfer"])
+    low, high = clean(sweep.get("ci_low_wait_transfer")), clean(sweep.get("ci_high_wait_transfer"))
+    L = int(sweep["n_layers"])
+    waits, transfers = list(range(-1, L)), list(range(L + 1))
+    n = sweep.get("n_solved")
+    baseline = sweep.get("faithfulness_baseline")
+    executors = sweep.get("cell_executors") or {}
+    text = [
+        [
+            ""
+            if faith[r][c] is None
+            else f"L_wait {w}, L_transfer {k}<br>"
+            + rate_text(faith[r][c], [low[r][c], high[r][c]] if low and high else None, n, baseline)
+            + f"<br>executor {html.escape(str(executors.get(f'{w},{k}', sweep.get('executor'))))}"
+            + ("<br>click: its problems" if sweep.get("cells") else "")
+            for c, k in enumerate(transfers)
+        ]
+        for r, w in enumerate(waits)
+    ]
+    data: list[dict[str, Any]] = [
+        {
+            "type": "heatmap",
+            "name": "faithfulness",
+            "x": transfers,
+            "y": waits,
+            "z": faith,
+            "zmin": 0,
+            "zmax": 1,
+            "colorscale": "Viridis",
+            "colorbar": {"title": {"text": "faithfulness"}},
+            "text": text,
+            "hovertemplate": "%{text}<extra></extra>",
+            "hoverongaps": False,
+            "xgap": 1,
+            "ygap": 1,
+        }
+    ]
+    threshold = (found or {}).get("threshold", 0.9)
+    if low:
+        marked = [
+            (w, k) for r, w in enumerate(waits) for c, k in enumerate(transfers) if (low[r][c] or -1) >= threshold
+        ]
+        if marked:
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "name": f"95 % interval at or above {threshold}",
+                    "x": [k for _, k in marked],
+                    "y": [w + 0.3 for w, _ in marked],
+                    "marker": {"symbol": "triangle-up", "color": "red", "size": 6},
+                    "hoverinfo": "skip",
+                }
+            )
+    if found:
+        data += search_traces(found)
+    title = (
+        f"AF1 faithfulness: {sweep.get('model')} {sweep.get('task')} ({sweep.get('style')}, "
+        f"{sweep.get('scoring', 'first')} answer), n={n}, constant guess {fmt(baseline)}"
+    )
+    layout = {
+        "title": {"text": html.escape(title), "font": {"size": 13}},
+        "xaxis": {
+            "title": {"text": "L_transfer (layers in which the last token peeks)"},
+            "dtick": 1,
+            "zeroline": False,
+        },
+        "yaxis": {
+            "title": {"text": "L_wait (CAMA at the output of this block; -1 = none)"},
+            "dtick": 1,
+            "zeroline": False,
+        },
+        "height": min(900, 340 + 22 * L),
+        "legend": {"orientation": "h", "y": -0.2},
+        "shapes": chosen_shape(found) if found else [],
+    }
+    return plot_html(data, layout, sweep_detail(sweep))
+
+
+def sweep_detail(sweep: dict[str, Any]) -> dict[str, Any] | None:
+    """What a click on a cell lists: each problem's input and answer, and the cell's correctness bits (one per solved
+    problem, in the order of `kept_problems`); None when the result holds no per-problem bits."""
+    cells, problems = sweep.get("cells"), sweep.get("kept_problems")
+    if not cells or not problems:
+        return None
+    low, high = clean(sweep.get("ci_low_wait_transfer")), clean(sweep.get("ci_high_wait_transfer"))
+    faith = clean(sweep["faithfulness_wait_transfer"])
+    rates = {}
+    for cell in cells:
+        w, k = map(int, cell.split(","))
+        ci = [low[w + 1][k], high[w + 1][k]] if low and high else None
+        rates[cell] = {"value": faith[w + 1][k], "ci": ci}
+    return {
+        "kind": "cells",
+        "cells": cells,
+        "rates": rates,
+        "baseline": sweep.get("faithfulness_baseline"),
+        "executors": sweep.get("cell_executors") or {},
+        "problems": [
+            {"input": p.get("input") or p.get("prompt") or "", "answer": p.get("answer_text", p.get("answer"))}
+            for p in problems
+        ],
+        "no_prediction": "the sweep stores only whether each problem is right under a cell, not what the model "
+        "predicted there (af1 run --wait W --transfer K lists the predictions under that cell)",
+    }
+
+
+def search_traces(found: dict[str, Any]) -> list[dict[str, Any]]:
+    """The search's frontier (per L_wait, the smallest L_transfer reaching the threshold on the selection split) and
+    its chosen cell (or, when none passed, its best eligible cell), with both splits' rates in the hover."""
+    n_sel, n_conf = found.get("n_selection"), found.get("n_confirmation")
+    base_sel, base_conf = found.get("faithfulness_baseline_selection"), found.get("faithfulness_baseline")
+
+    def hover(cell: dict[str, Any], what: str) -> str:
+        return (
+            f"{what}: L_wait {cell['wait']}, L_transfer {cell['transfer']}<br>selection split: "
+            + rate_text(cell.get("faithfulness_selection"), cell.get("faithfulness_selection_ci"), n_sel, base_sel)
+            + "<br>confirmation split: "
+            + rate_text(cell.get("faithfulness"), cell.get("faithfulness_ci"), n_conf, base_conf)
+        )
+
+    traces: list[dict[str, Any]] = []
+    frontier = found.get("frontier") or []
+    if frontier:
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": f"frontier: smallest L_transfer reaching {found.get('threshold')} (selection split)",
+                "x": [f["transfer"] for f in frontier],
+                "y": [f["wait"] for f in frontier],
+                "line": {"color": "orange", "width": 2},
+                "marker": {"size": 7},
+                "text": [hover(f, "frontier") for f in frontier],
+                "hovertemplate": "%{text}<extra></extra>",
+            }
+        )
+    chosen = found if found.get("found") else found.get("best")
+    if chosen and chosen.get("wait") is not None:
+        what = "chosen cell" if found.get("found") else f"best eligible cell (none reaches {found.get('threshold')})"
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": what,
+                "x": [chosen["transfer"]],
+                "y": [chosen["wait"]],
+                "marker": {"symbol": "x", "color": "red", "size": 9},
+                "text": [hover(chosen, what)],
+                "hovertemplate": "%{text}<extra></extra>",
+            }
+        )
+    return traces
+
+
+def chosen_shape(found: dict[str, Any]) -> list[dict[str, Any]]:
+    """The search's chosen cell outlined in red (its best eligible cell dashed, when none reached the threshold)."""
+    cell = found if found.get("found") else found.get("best")
+    if not cell or cell.get("wait") is None:
+        return []
+    w, k = cell["wait"], cell["transfer"]
+    line = {"color": "red", "width": 3, **({} if found.get("found") else {"dash": "dash"})}
+    return [{"type": "rect", "x0": k - 0.5, "x1": k + 0.5, "y0": w - 0.5, "y1": w + 0.5, "line": line}]
+
+
+def search_plot(found: dict[str, Any], n_layers: int) -> str:
+    """The frontier and the chosen cell on the grid's axes, for a search whose sweep is not at hand."""
+    layout = {
+        "title": {"text": "The search's frontier and choice (its sweep's grid is not beside it)", "font": {"size": 13}},
+        "xaxis": {"title": {"text": "L_transfer"}, "range": [-0.5, n_layers + 0.5], "dtick": 1, "zeroline": False},
+        "yaxis": {"title": {"text": "L_wait"}, "range": [-1.5, n_layers - 0.5], "dtick": 1, "zeroline": False},
+        "height": 360,
+        "shapes": chosen_shape(found),
+    }
+    return plot_html(search_traces(found), layout)
+
+
+# --- curves with their intervals -----------------------------------------------------------------------------------
+
+
+def curve(
+    x: list[Any], values: list[Any], cis: list[Any] | None, name: str, hover: list[str], **extra: Any
+) -> dict[str, Any]:
+    """A line with its 95 % intervals as asymmetric error bars (none where they are not stored)."""
+    trace: dict[str, Any] = {
+        "type": "scatter",
+        "mode": "lines+markers",
+        "name": name,
+        "x": x,
+        "y": values,
+        "text": hover,
+        "hovertemplate": "%{text}<extra></extra>",
+        **extra,
+    }
+    if cis:
+        bounds = [ci_of(ci) for ci in cis]
+        trace["error_y"] = {
+            "type": "data",
+            "symmetric": False,
+            "array": [None if h is None or v is None else h - v for v, (_, h) in zip(values, bounds, strict=False)],
+            "arrayminus": [
+                None if lo is None or v is None else v - lo for v, (lo, _) in zip(values, bounds, strict=False)
+            ],
+            "thickness": 1,
+            "width": 3,
+        }
+    return trace
+
+
+def guess_line(value: Any, xref: str = "x", yref: str = "y") -> list[dict[str, Any]]:
+    """The constant guess as a dotted horizontal line (nothing when it is not stored)."""
+    if value is None:
+        return []
+    return [
+        {
+            "type": "line",
+            "xref": f"{xref} domain",
+            "x0": 0,
+            "x1": 1,
+            "yref": yref,
+            "y0": value,
+            "y1": value,
+            "line": {"dash": "dot", "color": "grey"},
+        }
+    ]
+
+
+def guess_note(value: Any, xref: str = "x", yref: str = "y") -> list[dict[str, Any]]:
+    """The label of `guess_line`."""
+    if value is None:
+        return []
+    return [
+        {
+            "xref": f"{xref} domain",
+            "x": 0,
+            "yref": yref,
+            "y": value,
+            "text": "constant guess",
+            "showarrow": False,
+            "xanchor": "left",
+            "yanchor": "bottom",
+            "font": {"size": 10, "color": "grey"},
+        }
+    ]
+
+
+def necessity_plot(result: dict[str, Any]) -> str:
+    """Faithfulness with the last token kept from reading the problem, per first blocked layer and window width; and,
+    inside a found AF1, with the transfer window moved later. Every point: its interval, n and constant guess."""
+    n, baseline = result.get("n_solved"), result.get("faithfulness_baseline")
+    data = []
+    for width, values in result["windows"].items():
+        cis = (result.get("windows_ci") or {}).get(width)
+        hover = [
+            f"blocked layers {i}..{i + int(width) - 1}<br>" + rate_text(v, cis[i] if cis else None, n, baseline)
+            for i, v in enumerate(values)
+        ]
+        data.append(curve(list(range(len(values))), values, cis, f"{width} layer(s) from here", hover))
+    layout: dict[str, Any] = {
+        "xaxis": {"title": {"text": "first blocked layer"}, "dtick": 1},
+        "yaxis": {"title": {"text": "faithfulness"}, "range": [-0.02, 1.02]},
+        "title": {"text": "the last token cannot read the problem (operands, slots)", "font": {"size": 13}},
+        "shapes": guess_line(baseline),
+        "annotations": guess_note(baseline),
+        "height": 380,
+    }
+    shifted = result.get("shifted_transfer")
+    if shifted:
+        by = shifted["by_start"]
+        hover = [
+            f"transfer layers from {s['start']}<br>"
+            + rate_text(
+                s["faithfulness"],
+                s.get("faithfulness_ci"),
+                s.get("faithfulness_n", shifted.get("n")),
+                s.get("faithfulness_baseline"),
+            )
+            for s in by
+        ]
+        data.append(
+            curve(
+                [s["start"] for s in by],
+                [s["faithfulness"] for s in by],
+                [s.get("faithfulness_ci") for s in by],
+                f"AF1 (wait {shifted['wait']}, transfer {shifted['transfer']}), window moved",
+                hover,
+                xaxis="x2",
+                yaxis="y2",
+            )
+        )
+        layout.update(
+            xaxis={**layout["xaxis"], "domain": [0, 0.55]},
+            xaxis2={"title": {"text": "first transfer layer"}, "domain": [0.65, 1], "dtick": 1, "anchor": "y2"},
+            yaxis2={"range": [-0.02, 1.02], "anchor": "x2"},
+            shapes=guess_line(baseline) + guess_line(by[0].get("faithfulness_baseline") if by else None, "x2", "y2"),
+            annotations=guess_note(baseline)
+            + guess_note(by[0].get("faithfulness_baseline") if by else None, "x2", "y2"),
+        )
+    return plot_html(data, layout)
+
+
+def pruning_plot(result: dict[str, Any]) -> str:
+    """Faithfulness on the selection split as transfer heads stop peeking one by one, with intervals, n and the
+    constant guess; the line at 95 % of the unpruned."""
+    values = result["faithfulness_vs_pruned"]
+    cis = result.get("faithfulness_vs_pruned_ci")
+    n, baseline = result.get("n_selection"), result.get("faithfulness_selection_baseline")
+    order = result.get("prune_order") or []
+    hover = [
+        (f"{i} heads pruned" + (f" (last: {order[i - 1][0]}.{order[i - 1][1]})" if 0 < i <= len(order) else ""))
+        + "<br>"
+        + rate_text(v, cis[i] if cis else None, n, baseline)
+        for i, v in enumerate(values)
+    ]
+    keep = 0.95 * result["faithfulness_full"]
+    layout = {
+        "xaxis": {
+            "title": {"text": f"transfer heads that no longer peek (of {result['n_transfer_heads']})"},
+            "dtick": max(1, len(values) // 20),
+        },
+        "yaxis": {"title": {"text": "faithfulness (selection split)"}, "range": [-0.02, 1.02]},
+        "shapes": [
+            *guess_line(baseline),
+            {
+                "type": "line",
+                "xref": "x domain",
+                "x0": 0,
+                "x1": 1,
+                "y0": keep,
+                "y1": keep,
+                "line": {"dash": "dash", "color": "orange"},
+            },
+        ],
+        "annotations": [
+            *guess_note(baseline),
+            {
+                "xref": "x domain",
+                "x": 1,
+                "y": keep,
+                "text": "95 % of unpruned",
+                "showarrow": False,
+                "yanchor": "bottom",
+                "xanchor": "right",
+            },
+        ],
+        "height": 360,
+    }
+    return plot_html([curve(list(range(len(values))), values, cis, "faithfulness", hover)], layout)
+
+
+# --- heads ------------------------------------------------------------------------------------------------------
+
+
+def heads_map(result: dict[str, Any]) -> str:
+    """The path-patching effect per (layer, head), layer on the y-axis, key and top heads marked; hover gives each
+    head's effect and rank."""
+    effect = clean(result["relative_logit_change_layer_head"])
+    L, H = len(effect), len(effect[0]) if effect else 0
+    flat = [v for row in effect for v in row if v is not None]
+    lim = max([1e-6, *(abs(v) for v in flat)])
+    keys = {tuple(h) for h in result.get("key_heads") or []}
+    top = [tuple(h) for h in result.get("top_heads") or []]
+    split = result.get("split") or {}
+    where = f"on {split.get('n_selection', '?')} selection problems, path patching: {result.get('path', 'direct')}"
+    text = [
+        [
+            f"layer {layer}, head {h}<br>relative change of the correct logit {fmt(effect[layer][h])}<br>"
+            + ("key head" if (layer, h) in keys else "not a key head")
+            + (f", top {top.index((layer, h)) + 1}" if (layer, h) in top else "")
+            + f"<br>{where}"
+            for h in range(H)
+        ]
+        for layer in range(L)
+    ]
+    data: list[dict[str, Any]] = [
+        {
+            "type": "heatmap",
+            "x": list(range(H)),
+            "y": list(range(L)),
+            "z": effect,
+            "zmin": -lim,
+            "zmax": lim,
+            "colorscale": "RdBu",
+            "reversescale": True,  # negative (the correct logit falls: a key head) red, as in the PNG
+            "colorbar": {"title": {"text": "relative change"}},
+            "text": text,
+            "hovertemplate": "%{text}<extra></extra>",
+            "xgap": 1,
+            "ygap": 1,
+        }
+    ]
+    if top:
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers+text",
+                "name": "top heads (rank)",
+                "x": [h for _, h in top],
+                "y": [layer for layer, _ in top],
+                "text": [str(i + 1) for i in range(len(top))],
+                "textposition": "middle center",
+                "marker": {"symbol": "circle", "size": 17, "color": "white", "line": {"color": "black", "width": 1}},
+                "textfont": {"size": 10, "color": "black"},
+                "hoverinfo": "skip",
+            }
+        )
+    layout = {
+        "title": {"text": f"relative change of the correct logit ({html.escape(where)})", "font": {"size": 13}},
+        "xaxis": {"title": {"text": "head"}, "dtick": 1},
+        "yaxis": {"title": {"text": "layer"}, "dtick": 1},
+        "height": min(900, 300 + 18 * L),
+    }
+    return plot_html(data, layout)
+
+
+def mlp_plot(result: dict[str, Any]) -> str:
+    """The path-patching effect of each MLP layer and, where measured, its logit lens (layer on the y-axis)."""
+    mlp = clean(result.get("relative_logit_change_mlp_layer")) or []
+    lens = clean(result.get("mlp_logit_lens_layer"))
+    split = result.get("split") or {}
+    data: list[dict[str, Any]] = [
+        {
+            "type": "bar",
+            "orientation": "h",
+            "name": f"path patching ({result.get('path', 'direct')}), "
+            f"{split.get('n_selection', '?')} selection problems",
+            "x": mlp,
+            "y": list(range(len(mlp))),
+            "hovertemplate": "MLP of layer %{y}: relative change of the correct logit %{x:.3f}<extra></extra>",
+        }
+    ]
+    layout: dict[str, Any] = {
+        "title": {"text": "MLP layers", "font": {"size": 13}},
+        "xaxis": {"title": {"text": "relative change of the correct logit"}, "domain": [0, 0.45]},
+        "yaxis": {"title": {"text": "layer"}, "dtick": 1},
+        "height": min(700, 290 + 16 * len(mlp)),
+        "legend": {"orientation": "h", "y": -0.4},
+        "margin": {"t": 40, "b": 110},
+    }
+    if lens is not None:
+        data.append(
+            {
+                "type": "bar",
+                "orientation": "h",
+                "name": f"logit lens ({result.get('mlp_logit_lens_measured_on', 'all solved problems')})",
+                "x": lens,
+                "y": list(range(len(lens))),
+                "xaxis": "x2",
+                "yaxis": "y2",
+                "hovertemplate": "MLP of layer %{y}: output through the final norm . answer unembedding %{x:.3f}"
+                "<extra></extra>",
+            }
+        )
+        layout["xaxis2"] = {"title": {"text": "MLP output . answer unembedding"}, "domain": [0.55, 1], "anchor": "y2"}
+        layout["yaxis2"] = {"anchor": "x2", "dtick": 1}
+    return plot_html(data, layout)
+
+
+def attention_plot(looks: dict[str, Any]) -> str:
+    """Each top and key head's attention from the last position over one problem's tokens (rows: heads)."""
+    tokens = looks["tokens"]
+    roles = looks.get("roles") or [""] * len(tokens)
+    heads = list(looks["heads"])
+    shown = [repr(t)[1:-1] or "·" for t in tokens]
+    text = [
+        [
+            f"head {h}<br>token {i} {html.escape(shown[i])!s} ({html.escape(str(roles[i]))})<br>"
+            f"attention {fmt(looks['heads'][h][i])}"
+            for i in range(len(tokens))
+        ]
+        for h in heads
+    ]
+    data = [
+        {
+            "type": "heatmap",
+            "x": list(range(len(tokens))),
+            "y": list(range(len(heads))),
+            "z": [looks["heads"][h] for h in heads],
+            "zmin": 0,
+            "colorscale": [[0, "#f7fbff"], [1, "#08306b"]],  # more attention, darker
+            "colorbar": {"title": {"text": "attention"}},
+            "text": text,
+            "hovertemplate": "%{text}<extra></extra>",
+        }
+    ]
+    layout = {
+        "title": {
+            "text": f"where the heads look from the last position: {html.escape(str(looks.get('prompt', '')))!s} "
+            f"(answer step {looks.get('answer_step', 0)})",
+            "font": {"size": 13},
+        },
+        "xaxis": {
+            "tickmode": "array",
+            "tickvals": list(range(len(tokens))),
+            "ticktext": [html.escape(s) for s in shown],
+            "tickangle": 0 if len(tokens) <= 30 else -60,
+            "tickfont": {"size": 11 if len(tokens) <= 30 else 9},
+        },
+        "yaxis": {
+            "title": {"text": "head (layer.head)"},
+            "tickmode": "array",
+            "tickvals": list(range(len(heads))),
+            "ticktext": heads,
+            "autorange": "reversed",
+        },
+        "height": 260 + 22 * len(heads),
+        "margin": {"t": 40, "b": 90},
+    }
+    return plot_html(data, layout)
+
+
+# --- the page's script ----------------------------------------------------------------------------------------------
+
+STYLE = """
+.af1-plot{margin:.8em 0}.af1-detail table{font-size:.85em}.af1-detail .scroll{max-height:420px;overflow:auto}
+.af1-detail td.input{text-align:left;white-space:pre-wrap;font-family:monospace;font-size:1em}
+td.right{color:#176b1b}td.wrong{color:#b00020}table.sortable th{cursor:pointer}
+table.sortable th:after{content:" \\21C5";color:#aaa;font-size:.8em}
+"""
+
+
+@cache
+def boot_js() -> str:
+    """The page's script (report.js beside this module): draws each figure, lists a clicked cell's problems, sorts
+    tables."""
+    return (Path(__file__).parent / "report.js").read_text()
+
+
+def page_head(body: str) -> str:
+    """What a page's <head> needs for its body: the style, plotly.js once when a figure is interactive, the script."""
+    if not enabled():
+        return ""
+    plots = f'class="{PLOT_CLASS}"' in body
+    if not plots and f'class="{SORTABLE_CLASS}"' not in body:
+        return ""
+    library = f"<script>{plotly_js()}</script>" if plots else ""
+    return f"<style>{STYLE}</style>{library}"
+
+
+def page_script() -> str:
+    """The script that draws the figures and sorts the tables, once at the end of the page."""
+    return f"<script>{boot_js()}</script>" if enabled() else ""
+
+
+def sortable(fragment: str) -> str:
+    """An HTML fragment whose tables sort by a click on a header (in the interactive report)."""
+    return fragment.replace("<table>", f'<table class="{SORTABLE_CLASS}">') if enabled() else fragment

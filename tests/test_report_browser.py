@@ -1,0 +1,189 @@
+"""The interactive report in a real browser (headless Chromium through playwright): it loads with no console error,
+no request leaves the file, a sweep cell's hover gives its numbers and a click lists its problems; tables sort; the
+static report keeps the PNGs only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import af1.api
+from af1.report import interactive
+from af1.report.markup import page, table_html
+from af1.study.report import build_report
+from af1.tasks.spec import TaskSpec
+
+from cli_helpers import run_cli
+from conftest import fitted_tiny_model
+
+CHROMIUM = "/usr/bin/chromium"
+INSTALL = "apt-get install chromium"
+
+
+def chromium() -> str:
+    """Debian's Chromium (playwright's own download needs the internet); missing, the test fails saying how to
+    install it, never skips."""
+    found = CHROMIUM if Path(CHROMIUM).is_file() else shutil.which("chromium")
+    if found is None:
+        pytest.fail(f"no Chromium at {CHROMIUM}: install it with `{INSTALL}` (make test does)", pytrace=False)
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    path = chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("playwright is missing: pip install -e '.[dev]'", pytrace=False)
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=path, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+class Opened:
+    """A page of the browser on a file, recording console errors and every request that is not the file's own."""
+
+    def __init__(self, browser: Any, path: Path) -> None:
+        self.errors: list[str] = []
+        self.outside: list[str] = []
+        self.page = browser.new_page(viewport={"width": 1200, "height": 900})
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.route("**/*", self._route)
+        self.page.goto(path.resolve().as_uri())
+        self.page.wait_for_load_state("load")
+
+    def _route(self, route: Any) -> None:
+        url = route.request.url
+        if url.startswith(("file:", "data:")):
+            route.continue_()
+        else:
+            self.outside.append(url)
+            route.abort()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, tokenizer) -> Path:
+    """A sweep and its search (threshold 0.5) of a tiny fitted model, as `af1 search --out DIR` writes them."""
+    spec = TaskSpec(operation="a+b", shots=1, n=12)
+    root = tmp_path_factory.mktemp("browser")
+    model = fitted_tiny_model("llama", [spec], tokenizer, n_layers=3)
+    model.save_pretrained(root / "m")
+    tokenizer.save_pretrained(root / "m")
+    af1.api.run("search", af1.api.load_model(str(root / "m")), spec, root / "out", threshold=0.5)
+    return root / "out"
+
+
+def cell_point(page: Any, index: int, wait: int, transfer: int) -> tuple[float, float]:
+    """Where on the screen the grid `index` draws cell (wait, transfer): from plotly's own axes."""
+    area = page.locator("div.af1-plot-area").nth(index)
+    area.scroll_into_view_if_needed()
+    x, y = page.evaluate(
+        """([i, w, k]) => {
+            const gd = document.querySelectorAll('div.af1-plot-area')[i], fl = gd._fullLayout;
+            const r = gd.getBoundingClientRect();
+            return [r.left + fl._size.l + fl.xaxis.d2p(k), r.top + fl._size.t + fl.yaxis.d2p(w)];
+        }""",
+        [index, wait, transfer],
+    )
+    return x, y
+
+
+def test_the_interactive_report_loads_offline_hovers_and_clicks_through(results, browser):
+    report = build_report(results)
+    text = report.read_text()
+    assert text.count(interactive.plotly_js()[:200]) == 1  # plotly.js embedded once, for both grids
+    ours = text.replace(interactive.plotly_js(), "")  # the page around the library (which names URLs it never loads)
+    assert "<script src" not in ours and "http" not in ours.replace("http://www.w3.org", "")
+    sweep = json.loads((results / "sweep.json").read_text())
+    search = json.loads((results / "search.json").read_text())
+    w, k = (
+        (search["wait"], search["transfer"])
+        if search["found"]
+        else (search["best"]["wait"], search["best"]["transfer"])
+    )
+    bits = sweep["cells"][f"{w},{k}"]
+
+    opened = Opened(browser, report)
+    page = opened.page
+    assert page.locator("div.af1-plot-area .main-svg").count() >= 2  # the sweep's grid and the search's, drawn
+    x, y = cell_point(page, 0, w, k)
+    page.mouse.move(x, y)
+    hover = page.locator(".hoverlayer").first
+    hover.locator("text").first.wait_for()
+    said = hover.text_content() or ""
+    row = w + 1
+    faith, low = sweep["faithfulness_wait_transfer"][row][k], sweep["ci_low_wait_transfer"][row][k]
+    assert f"L_wait {w}, L_transfer {k}" in said and f"faithfulness {faith:.3f} [{low:.2f}," in said, said
+    assert f"n {sweep['n_solved']}" in said and f"constant guess {sweep['faithfulness_baseline']:.3f}" in said, said
+
+    page.mouse.click(x, y)
+    detail = page.locator(".af1-detail").first
+    detail.locator("table.problems").wait_for()
+    rows = detail.locator("table.problems tr")
+    assert rows.count() == 1 + sweep["n_solved"] == 1 + len(bits)
+    verdicts = [rows.nth(i + 1).locator("td").nth(3).inner_text() for i in range(len(bits))]
+    assert verdicts == ["right" if b == "1" else "wrong" for b in bits]
+    first = sweep["kept_problems"][0]
+    assert rows.nth(1).locator("td").nth(1).inner_text().strip() == first["input"].strip()
+    assert rows.nth(1).locator("td").nth(2).inner_text() == str(first["answer_text"])
+    assert f"n {len(bits)} ({bits.count('1')} right)" in detail.inner_text()
+    assert "not stored" in detail.inner_text()  # no prediction under the cell is invented
+    assert opened.errors == [] and opened.outside == []
+    page.close()
+
+
+def test_the_static_report_keeps_the_pngs_only(results, capsys):
+    code, out, _ = run_cli(capsys, "report", str(results), "--static")
+    text = (results / "report.html").read_text()
+    assert code == 0 and "wrote" in out
+    assert text.count("data:image/png;base64,") == 2 and "af1-plot" not in text and "Plotly" not in text
+    build_report(results)  # back to the default: interactive
+    text = (results / "report.html").read_text()
+    assert "<img" not in text and text.count('class="af1-plot"') == 2
+
+
+def test_a_sortable_table_sorts_by_a_header_click(browser, tmp_path):
+    table = table_html(["model", "faithfulness"], [["b", "0.500 [0.30, 0.70]"], ["a", "0.917 [0.6, 1]"], ["c", "n/a"]])
+    path = tmp_path / "t.html"
+    path.write_text(page("tables", [interactive.sortable(table)]))
+    opened = Opened(browser, path)
+    cells = opened.page.locator("table.sortable td:first-child")
+    header = opened.page.locator("table.sortable th").nth(1)
+    header.click()
+    assert cells.all_inner_texts() == ["b", "a", "c"]  # numbers by value, then text
+    header.click()
+    assert cells.all_inner_texts() == ["a", "b", "c"]  # descending; text stays after the numbers
+    first = opened.page.locator("table.sortable th").first
+    first.click()
+    first.click()
+    assert cells.all_inner_texts() == ["c", "b", "a"]
+    assert opened.errors == [] and opened.outside == []
+    opened.page.close()
+
+
+def test_a_missing_chromium_fails_saying_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", "/nonexistent/chromium")
+    monkeypatch.setenv("PATH", "")
+    with pytest.raises(pytest.fail.Exception, match="install it with `apt-get install chromium`"):
+        chromium()
+
+
+def test_a_result_the_interactive_figure_cannot_read_falls_back_to_its_png(results):
+    from af1.report.markup import figure_html
+
+    def old_result() -> str:
+        raise KeyError("faithfulness_wait_transfer")
+
+    shown = figure_html(results, "sweep.png", old_result)
+    assert "No interactive figure (KeyError" in shown and "data:image/png;base64," in shown
+    with interactive.static_report():
+        assert figure_html(results, "sweep.png", old_result).startswith("<img")  # static: never called
