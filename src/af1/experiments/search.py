@@ -171,8 +171,8 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
     for f in finished:
         result, sweep = f.result, f.one("sweep")
         cell = result.data() if result.found else result.best or {}
-        if sweep is not None:
-            verdicts.append(verdict(result, sweep, f.description))
+        if sweep is not None:  # a plan of several tasks has a line per task: each says which
+            verdicts.append(f"{f.task}: {verdict(result, sweep, f.description)}")
         faith.append(
             {
                 "model": f.model,
