@@ -39,6 +39,17 @@ def best_of(fn: Callable[[], Any], repeat: int = 3) -> tuple[float, Any]:
     return best, out
 
 
+def machine() -> dict[str, Any]:
+    """What the timings depend on: the platform, cores, torch threads, the CPU's vector capability."""
+    return {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "bf16_screen_used": bf16_pays(),  # the grid's greedy screen (af1.executors.greedy) runs only where it pays
+    }
+
+
 def write(name: str, lm, task, data: dict[str, Any]) -> Path:
     record = {
         "benchmark": name,
@@ -47,13 +58,7 @@ def write(name: str, lm, task, data: dict[str, Any]) -> Path:
         "n_problems": len(task),
         "tokens_per_prompt": task.n_positions,
         "layers": lm.adapter.n_layers,
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "bf16_screen_used": bf16_pays(),  # the grid's greedy screen (af1.executors.greedy) runs only where it pays
-        },
+        "machine": machine(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         **data,
         "provenance": provenance(lm.info),
