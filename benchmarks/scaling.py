@@ -137,7 +137,7 @@ def figure(rows: list[dict[str, Any]], path: Path) -> None:
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
     styles = {"smollm2": "-", "qwen0.5b": "--", TINY: ":"}
     stages = ["plain_forward", "eval", "means", "one_config", "grid", "heads"]
-    colors = dict(zip(stages, plt.get_cmap("tab10").colors, strict=False))
+    colors = {stage: plt.get_cmap("tab10")(i) for i, stage in enumerate(stages)}
     for model in dict.fromkeys(r["model"] for r in rows if "stages" in r):
         mine = sorted((r for r in rows if r["model"] == model and "stages" in r), key=lambda r: r["n"])
         for stage in stages:
@@ -161,7 +161,7 @@ def figure(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="How time and memory grow with n and the model.")
     parser.add_argument("--models", nargs="+", default=["smollm2", "qwen0.5b", TINY])
     parser.add_argument("--ns", nargs="+", type=int, default=[100, 300, 1000, 3000])
     parser.add_argument("--grid-max-n", type=int, default=300)
