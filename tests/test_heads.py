@@ -46,7 +46,9 @@ def test_patching_with_itself_changes_nothing(task, path):
     assert pp["path"] == path and isinstance(pp["clean_logit_diff"], float)
     for key, value in pp.items():
         if key.endswith(("_layer_head", "_layer")):
-            assert torch.equal(value, torch.zeros_like(value)), key
+            # the patched rows run in one batch beside the clean row: a CPU whose matmul rounds a row by where it
+            # sits in the batch (CI's did, by 2e-8) leaves float noise, never an effect
+            assert value.abs().max() < 1e-6, key
     clean = last_logits(adapter.model, task.input_ids_PT)
     patched = heads.activation_patching(adapter, task, same, [(0, 1), (2, 3)], rows_per_forward=7)
     assert torch.allclose(patched, clean.gather(1, task.answer_ids_P[:, None]).T.expand(2, -1), atol=1e-5)

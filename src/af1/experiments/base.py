@@ -3,17 +3,22 @@ report section. The CLI, plan files, the study runner, the HTML report and the P
 
 from __future__ import annotations
 
+import html
+import io
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from rich.console import Console
 from rich.table import Table
 
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
 from af1.models import LoadedModel
+from af1.report.markup import page
 from af1.tasks.evaluation import Evaluated
 from af1.tasks.spec import TaskSpec
 
@@ -38,6 +43,26 @@ class Result(BaseModel):
     def data(self) -> dict[str, Any]:
         """Every field, declared or not: what the JSON holds."""
         return self.model_dump()
+
+    def _repr_html_(self) -> str:
+        """In a notebook: what the command line prints (its numbers with n, interval and constant guess), then the
+        experiment's report section in a frame of its own (interactive figures, offline; styles kept apart)."""
+        experiment = EXPERIMENT_OF.get(type(self))
+        if experiment is None:
+            return f"<pre>{html.escape(self.model_dump_json(indent=1)[:4000])}</pre>"
+        console = Console(record=True, width=110, file=io.StringIO())
+        for item in experiment.show(self):
+            console.print(item)
+        summary = f"<p><b>af1 {html.escape(experiment.name)}</b></p><pre>{html.escape(console.export_text())}</pre>"
+        with tempfile.TemporaryDirectory() as empty:  # a result alone: no PNG beside it
+            section = page(experiment.name, experiment.section(self, Path(empty)))
+        return (
+            f"{summary}<iframe title='af1 {html.escape(experiment.name)}' srcdoc=\"{html.escape(section)}\" "
+            "style='width:100%;height:640px;border:1px solid #ddd'></iframe>"
+        )
+
+
+EXPERIMENT_OF: dict[type[Result], Experiment] = {}  # each experiment's Result class -> the experiment
 
 
 class NotApplicable(Exception):
@@ -180,6 +205,11 @@ AnyResult = Result
 
 class Experiment:
     """One experiment. A module defines a subclass and registers an instance in `af1.experiments.REGISTRY`."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "Result" in cls.__dict__:  # its results show themselves in a notebook through it (`Result._repr_html_`)
+            EXPERIMENT_OF[cls.Result] = cls()
 
     name: ClassVar[str]
     help: ClassVar[str]

@@ -103,7 +103,9 @@ class AnswerRows:
     def logits(self, adapter: ModelAdapter, final_ZBD: torch.Tensor) -> torch.Tensor:
         """Logits [N, B, 2]: the final norm, then these rows (and the family's soft-capping)."""
         normed = adapter.final_norm(final_ZBD.to(execution_device(adapter.final_norm)))
-        logits = torch.einsum("zbd,brd->zbr", normed.to(self.rows_BRD.device), self.rows_BRD).float()
+        # a product and a sum per row, not a batched matmul: a GEMM's low bits may depend on where a row sits in
+        # the batch (seen on AVX-512), and the clean row 0 must go through the same arithmetic as a patched row
+        logits = (normed.to(self.rows_BRD.device)[:, :, None, :] * self.rows_BRD).sum(-1).float()
         logits = logits if self.bias_BR is None else logits + self.bias_BR
         cap = getattr(adapter.config, "final_logit_softcapping", None)
         return torch.tanh(logits / cap) * cap if cap else logits

@@ -1,0 +1,39 @@
+"""The quick-start notebook runs top to bottom (nbclient, a real kernel) and its results render as HTML."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+from af1.tasks.spec import TaskSpec
+
+from conftest import fitted_tiny_model
+
+NOTEBOOK = Path(__file__).parent.parent / "examples" / "quickstart.ipynb"
+
+
+def test_the_quickstart_notebook_runs_and_its_results_render_as_html(tmp_path, tokenizer, monkeypatch):
+    spec = TaskSpec(operation="a+b", style="calculate", shots=3, n=30)
+    model = fitted_tiny_model("llama", [spec], tokenizer, n_layers=3)
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    monkeypatch.setenv("AF1_NOTEBOOK_MODEL", str(tmp_path / "tiny"))
+    monkeypatch.setenv("AF1_NOTEBOOK_N", "30")
+    monkeypatch.setenv("AF1_NO_PROGRESS", "1")
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute(env=dict(os.environ))
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    shown = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    assert len(shown) == 3  # eval, run and search show themselves
+    eval_html, run_html, search_html = shown
+    assert "af1 eval" in eval_html and "af1 run" in run_html and "af1 search" in search_html
+    assert "<iframe" in search_html and "af1-plot" in search_html  # the interactive grid, offline in its frame
+    assert "https://" not in search_html.split("srcdoc=")[0]  # nothing in the summary fetches from elsewhere
+    last = notebook.cells[-1]["outputs"][0]["data"]["text/plain"]
+    assert last.startswith("(True") or last.startswith("(False")
