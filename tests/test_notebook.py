@@ -29,11 +29,14 @@ def test_the_quickstart_notebook_runs_and_its_results_render_as_html(tmp_path, t
     ).execute(env=dict(os.environ))
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
-    shown = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
-    assert len(shown) == 3  # eval, run and search show themselves
-    eval_html, run_html, search_html = shown
-    assert "af1 eval" in eval_html and "af1 run" in run_html and "af1 search" in search_html
-    assert "<iframe" in search_html and "af1-plot" in search_html  # the interactive grid, offline in its frame
-    assert "https://" not in search_html.split("srcdoc=")[0]  # nothing in the summary fetches from elsewhere
+    results = [o for o in outputs if o.get("output_type") == "execute_result"]  # rich's progress lines aside
+    shown = [o["data"]["text/html"] for o in results if "text/html" in o.get("data", {})]
+    assert len(shown) == 4  # eval, run, sweep and search show themselves
+    for html, name in zip(shown, ["eval", "run", "sweep", "search"], strict=True):
+        assert html.startswith(f"<iframe title='af1 {name}'"), html[:80]
+        assert "constant guess" in html  # its numbers come with their baseline
+    grid = shown[2]
+    assert "af1-plot" in grid and "plotly" in grid  # the interactive grid, its library inside the frame
+    assert "&lt;script src=" not in grid and "&lt;link" not in grid  # plotly.js inline: no file fetched at view time
     last = notebook.cells[-1]["outputs"][0]["data"]["text/plain"]
     assert last.startswith("(True") or last.startswith("(False")

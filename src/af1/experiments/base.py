@@ -4,14 +4,12 @@ report section. The CLI, plan files, the study runner, the HTML report and the P
 from __future__ import annotations
 
 import html
-import io
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from rich.console import Console
 from rich.table import Table
 
 from af1.errors import Af1Error
@@ -45,20 +43,18 @@ class Result(BaseModel):
         return self.model_dump()
 
     def _repr_html_(self) -> str:
-        """In a notebook: what the command line prints (its numbers with n, interval and constant guess), then the
-        experiment's report section in a frame of its own (interactive figures, offline; styles kept apart)."""
+        """In a notebook: the experiment's report section (its numbers with n, interval and constant guess, and its
+        interactive figures, offline) in a frame of its own, so that its styles and scripts stay apart; the frame
+        takes its content's height."""
         experiment = EXPERIMENT_OF.get(type(self))
         if experiment is None:
             return f"<pre>{html.escape(self.model_dump_json(indent=1)[:4000])}</pre>"
-        console = Console(record=True, width=110, file=io.StringIO())
-        for item in experiment.show(self):
-            console.print(item)
-        summary = f"<p><b>af1 {html.escape(experiment.name)}</b></p><pre>{html.escape(console.export_text())}</pre>"
         with tempfile.TemporaryDirectory() as empty:  # a result alone: no PNG beside it
             section = page(experiment.name, experiment.section(self, Path(empty)))
+        fit = "this.style.height=(this.contentDocument.documentElement.scrollHeight+20)+'px'"
         return (
-            f"{summary}<iframe title='af1 {html.escape(experiment.name)}' srcdoc=\"{html.escape(section)}\" "
-            "style='width:100%;height:640px;border:1px solid #ddd'></iframe>"
+            f'<iframe title=\'af1 {html.escape(experiment.name)}\' srcdoc="{html.escape(section)}" onload="{fit}" '
+            "style='width:100%;height:480px;border:1px solid #ddd'></iframe>"
         )
 
 

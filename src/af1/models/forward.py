@@ -127,7 +127,7 @@ def context_of(model: Any, ids_T: torch.Tensor) -> Context:
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
     finally:
         torch.set_num_threads(threads)
-    past = out.past_key_values
+    past = out.cache if getattr(out, "cache", None) is not None else out.past_key_values  # renamed in 5.24
     layers = [(layer.keys.detach(), layer.values.detach()) for layer in past.layers]
     if key not in per_model and len(per_model) >= MAX_CONTEXTS:  # a stale one is replaced in place
         per_model.pop(next(iter(per_model)))

@@ -102,7 +102,11 @@ def sweep_grid(sweep: dict[str, Any], found: dict[str, Any] | None = None) -> st
     faith = clean(sweep["faithfulness_wait_transfer"])
     low, high = clean(sweep.get("ci_low_wait_transfer")), clean(sweep.get("ci_high_wait_transfer"))
     L = int(sweep["n_layers"])
-    waits, transfers = list(range(-1, L)), list(range(L + 1))
+    # the columns up to the largest L_transfer swept (a --max-transfer sweep leaves the rest empty)
+    width = 1 + max((c for row in faith for c, v in enumerate(row) if v is not None), default=L)
+    faith = [row[:width] for row in faith]
+    low, high = [row[:width] for row in low or []], [row[:width] for row in high or []]
+    waits, transfers = list(range(-1, L)), list(range(width))
     n = sweep.get("n_solved")
     baseline = sweep.get("faithfulness_baseline")
     executors = sweep.get("cell_executors") or {}
@@ -265,7 +269,11 @@ def chosen_shape(found: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def search_plot(found: dict[str, Any], n_layers: int) -> str:
-    """The frontier and the chosen cell on the grid's axes, for a search whose sweep is not at hand."""
+    """The frontier and the chosen cell on the grid's axes, for a search whose sweep is not at hand (nothing, when
+    no cell reached the threshold and none is eligible: empty axes say nothing)."""
+    traces = search_traces(found)
+    if not traces:
+        return ""
     layout = {
         "title": {"text": "The search's frontier and choice (its sweep's grid is not beside it)", "font": {"size": 13}},
         "xaxis": {"title": {"text": "L_transfer"}, "range": [-0.5, n_layers + 0.5], "dtick": 1, "zeroline": False},
@@ -273,7 +281,7 @@ def search_plot(found: dict[str, Any], n_layers: int) -> str:
         "height": 360,
         "shapes": chosen_shape(found),
     }
-    return plot_html(search_traces(found), layout)
+    return plot_html(traces, layout)
 
 
 # --- curves with their intervals -----------------------------------------------------------------------------------
