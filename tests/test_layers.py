@@ -1,5 +1,5 @@
 """The package's folders are its layers: each imports only the layers below it, and no module imports itself back
-(README, "The package's layout"). Read from the source, lazy imports included: an upward arrow fails here."""
+(docs/layout.md, "The package's layout"). Read from the source, lazy imports included: an upward arrow fails here."""
 
 from __future__ import annotations
 

@@ -1,0 +1,53 @@
+"""The documentation: the generated reference matches the code, the site builds strictly, the README's links
+resolve and it stays short."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+REGENERATE = "python docs/gen_reference.py"
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def test_cli_reference_is_what_the_generator_writes_now() -> None:
+    made = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "gen_reference.py"), "--stdout"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    committed = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert made.stdout == committed, f"docs/cli.md is out of date with the registry: run `{REGENERATE}`"
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    found = subprocess.run([sys.executable, "-m", "mkdocs", "--version"], capture_output=True, text=True)
+    assert found.returncode == 0, "mkdocs is not installed: pip install 'mkdocs>=1.6' (it is in the dev extra)"
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert built.returncode == 0, f"mkdocs build --strict failed:\n{built.stderr}"
+
+
+def test_every_relative_link_in_the_readme_points_to_a_file() -> None:
+    text = README.read_text(encoding="utf-8")
+    targets = [t for t in LINK.findall(text) if not re.match(r"^[a-z][a-z0-9+.-]*:|^#", t)]
+    assert targets, "no relative links found: the pattern no longer matches the README"
+    missing = [t for t in targets if not (ROOT / t.split("#")[0]).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+def test_the_readme_is_short() -> None:
+    lines = README.read_text(encoding="utf-8").count("\n")
+    assert lines <= 220, f"README.md has {lines} lines; keep it at most 220 (details belong in docs/)"
