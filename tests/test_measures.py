@@ -396,3 +396,24 @@ def test_cli_refuses_a_model_that_solves_nothing(capsys, tmp_path, tokenizer):
     code, _, err = run_cli(capsys, "run", "--model", str(tmp_path), "--wait", "0", "--out", str(tmp_path / "o"))
     assert code == 2 and "solves none" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_means_file_holds_every_answer_step_and_is_refused_where_it_does_not_fit(tiny_setup, tmp_path):
+    """--means FILE with full scoring: written once with every step and layout, read back to the same means, the
+    same faithfulness; another model's file is one line naming what it lacks."""
+    lm, spec, task = tiny_setup.lm, tiny_setup.spec, tiny_setup.task
+    path = tmp_path / "means.safetensors"
+    written = make_setup(lm, spec, task, tiny_setup.base, task, means_path=path, cache_means=False)
+    assert path.is_file() and len(written.steps) == 3
+    read = make_setup(lm, spec, task, tiny_setup.base, task, means_path=path, cache_means=False)
+    for a, b, c in zip(tiny_setup.steps, written.steps, read.steps, strict=True):
+        assert torch.equal(a.means.sums_LTSD, b.means.sums_LTSD) and torch.equal(b.means.sums_LTSD, c.means.sums_LTSD)
+        assert torch.equal(a.means.member_hashes, c.means.member_hashes)
+    config = AF1Config(wait=0, transfer=1)
+    assert torch.equal(
+        allforone.faithfulness(read, config).correct_P, allforone.faithfulness(tiny_setup, config).correct_P
+    )
+    model = tiny_model("llama", seed=1)
+    other = LoadedModel(model, lm.tokenizer, ModelAdapter(model), {})
+    with pytest.raises(Af1Error, match="another model or task layout: it has no means for answer step 0"):
+        make_setup(other, spec, task, tiny_setup.base, task, means_path=path, cache_means=False)

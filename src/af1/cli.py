@@ -186,7 +186,14 @@ def tasks() -> None:
     out.print(table)
 
 
-MeansOpt = Annotated[Path | None, typer.Option("--means", help="position means file to use (safetensors)")]
+MeansOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--means",
+        help="position means file (safetensors): read from it, or, when it does not exist, computed for every "
+        "answer step and token layout of the task and written there",
+    ),
+]
 OutDir = Annotated[Path | None, typer.Option("--out", help="directory for results and figures", callback=out_directory)]
 StaticOpt = Annotated[
     bool,

@@ -63,6 +63,12 @@ def stage(name: str, timings: dict[str, float] | None = None) -> Iterator[None]:
         _line(f"{name}: done in {seconds:.1f} s")
 
 
+def note(text: str) -> None:
+    """One line of what a long job did (a file written), on stderr unless progress is off."""
+    if enabled():
+        _line(text)
+
+
 def _line(text: str) -> None:
     sys.stderr.write(f"af1: {text}\n")
     sys.stderr.flush()

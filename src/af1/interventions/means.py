@@ -143,20 +143,16 @@ class PositionMeans:
         none[:, :start] = False
         return none
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """What a file holds of these means (beside their key and meta)."""
+        return {name: getattr(self, name).contiguous() for name in TENSORS}
+
+    @classmethod
+    def of(cls, tensors: dict[str, torch.Tensor], key: str, meta: dict[str, Any]) -> PositionMeans:
+        return cls(*(tensors[name] for name in TENSORS), key, meta)
+
     def save(self, path: str | Path) -> Path:
-        tensors = {
-            "sums_LTSD": self.sums_LTSD.contiguous(),
-            "slot_tokens_TS": self.slot_tokens_TS.contiguous(),
-            "counts_TS": self.counts_TS.contiguous(),
-            "member_hashes": self.member_hashes.contiguous(),
-        }
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(tmp), metadata={"key": self.key, "format": FORMAT, "meta": json.dumps(self.meta)})
-        write_atomic(path, tmp.read_bytes())
-        tmp.unlink()
-        return path
+        return _save_atomic(self.tensors(), {"key": self.key, "format": FORMAT, "meta": json.dumps(self.meta)}, path)
 
     @classmethod
     def load(cls, path: str | Path, expected_key: str | None = None) -> PositionMeans:
@@ -175,14 +171,49 @@ class PositionMeans:
         key = metadata.get("key", "")
         if expected_key is not None and key != expected_key:
             raise Af1Error(f"means file {path} was computed for another model or task layout")
-        return cls(
-            tensors["sums_LTSD"],
-            tensors["slot_tokens_TS"],
-            tensors["counts_TS"],
-            tensors["member_hashes"],
-            key,
-            json.loads(metadata.get("meta", "{}")),
-        )
+        return cls.of(tensors, key, json.loads(metadata.get("meta", "{}")))
+
+
+TENSORS = ("sums_LTSD", "slot_tokens_TS", "counts_TS", "member_hashes")
+FILE_FORMAT = "steps-v1"  # a means file of several answer steps and layouts (`save_means_file`)
+
+
+def _save_atomic(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: str | Path) -> Path:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(tmp), metadata=metadata)
+    write_atomic(path, tmp.read_bytes())
+    tmp.unlink()
+    return path
+
+
+def save_means_file(parts: list[PositionMeans], path: str | Path) -> Path:
+    """Several steps' means in one safetensors file (`--means FILE`), each under its key: every answer step and
+    token layout of a task, so that full scoring reads them all from it."""
+    tensors = {f"{i}.{name}": t for i, part in enumerate(parts) for name, t in part.tensors().items()}
+    index = json.dumps([{"key": part.key, "meta": part.meta} for part in parts])
+    return _save_atomic(tensors, {"format": FILE_FORMAT, "parts": index}, path)
+
+
+def load_means_file(path: str | Path) -> dict[str, PositionMeans]:
+    """The means a file holds, by key: a file of several steps (`save_means_file`) or of one (`PositionMeans.save`)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            metadata = f.metadata() or {}
+    except Exception as exc:
+        raise Af1Error(f"cannot read means file {path}: {exc}") from exc
+    if metadata.get("format") != FILE_FORMAT:
+        one = PositionMeans.load(path)
+        return {one.key: one}
+    tensors = load_file(str(path))
+    parts = json.loads(metadata["parts"])
+    return {
+        part["key"]: PositionMeans.of({n: tensors[f"{i}.{n}"] for n in TENSORS}, part["key"], part["meta"])
+        for i, part in enumerate(parts)
+    }
 
 
 def slot_table(input_ids_PT: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,17 @@ from af1.executors.protocol import choose_executor
 from af1.executors.step import StepSetup
 from af1.interventions.af1 import AF1Config
 from af1.interventions.attention import check_maskable
-from af1.interventions.means import PositionMeans, cached_step_means, compute_step_means, means_key
+from af1.interventions.means import (
+    PositionMeans,
+    cached_step_means,
+    compute_step_means,
+    load_means_file,
+    means_key,
+    model_fingerprint,
+    save_means_file,
+)
 from af1.models import LoadedModel, ModelAdapter
+from af1.progress import note
 from af1.stats import (
     baseline_warning,
     constant_baseline,
@@ -171,11 +180,6 @@ def make_setup(
     kept_steps = kept.steps()
     if any(k.part_key not in dist_steps for k in kept_steps):
         raise Af1Error("the means sample has no answer as long as some solved problems' answers")
-    if means_path is not None and len(kept_steps) > 1:
-        raise Af1Error(
-            "--means holds the means of one scoring step of one token layout: use it with --scoring first"
-            + (" and --largest-layout" if task.groups else "")
-        )
     warnings: list[str] = [w for w in (task.sampling_note, task.exclusion_note, task.end_note) if w]
     for what, on in ((f"base accuracy ({spec.scoring} scoring)", task), ("faithfulness on the solved problems", kept)):
         note = baseline_warning(what, constant_baseline(on.targets(), on.layout_P.tolist()), len(on))
@@ -196,13 +200,36 @@ def step_means(
     """The position means of the answer steps `wanted` (by `part_key`) over the distribution: each token layout's
     steps in one pass (`compute_step_means`), from the cache or `means_path` when given."""
     if means_path is not None:
-        (only,) = [s for s in distribution.steps() if s.part_key in wanted]
-        return {only.part_key: PositionMeans.load(means_path, expected_key=means_key(adapter, only))}
+        return means_from_file(adapter, distribution, wanted, Path(means_path))
     out: dict[Any, PositionMeans] = {}
     for group in distribution.groups or [distribution]:
         steps = [s for s in group.steps() if s.part_key in wanted]
         means = cached_step_means(adapter, steps) if cache else compute_step_means(adapter, steps)
         out.update({s.part_key: m for s, m in zip(steps, means, strict=True)})
+    return out
+
+
+def means_from_file(
+    adapter: ModelAdapter, distribution: Task, wanted: list[Any], path: Path
+) -> dict[Any, PositionMeans]:
+    """`--means FILE`: the wanted steps' means read from FILE, which must hold them for this model and task; a FILE
+    that does not exist yet gets every answer step and layout of the distribution, computed once and written."""
+    groups = distribution.groups or [distribution]
+    if not path.exists():
+        parts = [m for group in groups for m in compute_step_means(adapter, group.steps())]
+        save_means_file(parts, path)
+        note(f"wrote the position means of {len(parts)} answer step(s) and layout(s) to {path}")
+    held = load_means_file(path)
+    fingerprint = model_fingerprint(adapter)
+    out: dict[Any, PositionMeans] = {}
+    for step in (s for group in groups for s in group.steps() if s.part_key in wanted):
+        found = held.get(means_key(adapter, step, fingerprint))
+        if found is None:
+            raise Af1Error(
+                f"means file {path} was computed for another model or task layout: it has no means for answer "
+                f"step {step.step or 0} of this task's {len(step)}-problem layout (give a new path to compute them)"
+            )
+        out[step.part_key] = found
     return out
 
 
