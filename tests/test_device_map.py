@@ -136,11 +136,14 @@ def test_bfloat16_placed_and_whole_agree(pair, tokenizer):
     # The fast path's one-query attention rounds its bf16 output other than sdpa does (both within one ulp of float32),
     # and this fitted tiny model amplifies one ulp into whole logits: so both are held to the float32 reference.
     truth = reference_logits(pair[0].adapter, task, config, means)
-    error = [(x - truth).abs().mean().item() for x in (fast, expected)]
     # The argmaxes are no measure here: this fitted model turns bf16 rounding into logit changes of up to 17 in both
-    # paths, so 18 or 23 of 30 agree with float32 depending on the machine's kernels (CI's fresh venv gave 18 and 23
-    # where an earlier one gave counts a tenth apart). The mean error over the vocabulary is what is held tight.
-    assert error[0] < 1.5 * error[1] and max(error) < 2e-3
+    # paths, so 18 or 23 of 30 agree with float32 depending on the machine's kernels (a fresh venv gave 18 and 23
+    # where an earlier one gave counts a tenth apart). What is held: the error on the tokens that compete for the
+    # prediction (float32's top 10 per problem; 1.61 vs 1.55 logits here) and over the whole vocabulary.
+    top = truth.topk(10, -1).indices
+    near = [(x.gather(-1, top) - truth.gather(-1, top)).abs().mean().item() for x in (fast, expected)]
+    error = [(x - truth).abs().mean().item() for x in (fast, expected)]
+    assert near[0] < 1.25 * near[1] and error[0] < 1.5 * error[1] and max(error) < 2e-3
     assert prepare(placed, SPEC).base.accuracy == prepare(whole, SPEC).base.accuracy > 0.3
 
 

@@ -415,5 +415,5 @@ def test_a_means_file_holds_every_answer_step_and_is_refused_where_it_does_not_f
     )
     model = tiny_model("llama", seed=1)
     other = LoadedModel(model, lm.tokenizer, ModelAdapter(model), {})
-    with pytest.raises(Af1Error, match="another model or task layout: it has no means for answer step 0"):
+    with pytest.raises(Af1Error, match="another model or task layout: of its 3 answer step"):
         make_setup(other, spec, task, tiny_setup.base, task, means_path=path, cache_means=False)

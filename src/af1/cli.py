@@ -191,7 +191,7 @@ MeansOpt = Annotated[
     typer.Option(
         "--means",
         help="position means file (safetensors): read from it, or, when it does not exist, computed for every "
-        "answer step and token layout of the task and written there",
+        "answer step the task scores and every token layout, and written there",
     ),
 ]
 OutDir = Annotated[Path | None, typer.Option("--out", help="directory for results and figures", callback=out_directory)]

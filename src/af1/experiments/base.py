@@ -46,19 +46,22 @@ class Result(BaseModel):
         """In a notebook: the experiment's report section (its numbers with n, interval and constant guess, and its
         interactive figures, offline) in a frame of its own, so that its styles and scripts stay apart; the frame
         takes its content's height."""
-        experiment = EXPERIMENT_OF.get(type(self))
+        from af1.experiments import REGISTRY  # the registry imports this module
+
+        experiment = next((e for e in REGISTRY.values() if type(self) is e.Result), None)
         if experiment is None:
             return f"<pre>{html.escape(self.model_dump_json(indent=1)[:4000])}</pre>"
         with tempfile.TemporaryDirectory() as empty:  # a result alone: no PNG beside it
             section = page(experiment.name, experiment.section(self, Path(empty)))
-        fit = "this.style.height=(this.contentDocument.documentElement.scrollHeight+20)+'px'"
+        # the frame takes its content's height, and again when a click opens a cell's problems
+        fit = (
+            "const f=this,d=f.contentDocument,fit=()=>{f.style.height=(d.documentElement.scrollHeight+20)+'px'};"
+            "fit();new ResizeObserver(fit).observe(d.body)"
+        )
         return (
             f'<iframe title=\'af1 {html.escape(experiment.name)}\' srcdoc="{html.escape(section)}" onload="{fit}" '
             "style='width:100%;height:480px;border:1px solid #ddd'></iframe>"
         )
-
-
-EXPERIMENT_OF: dict[type[Result], Experiment] = {}  # each experiment's Result class -> the experiment
 
 
 class NotApplicable(Exception):
@@ -201,11 +204,6 @@ AnyResult = Result
 
 class Experiment:
     """One experiment. A module defines a subclass and registers an instance in `af1.experiments.REGISTRY`."""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "Result" in cls.__dict__:  # its results show themselves in a notebook through it (`Result._repr_html_`)
-            EXPERIMENT_OF[cls.Result] = cls()
 
     name: ClassVar[str]
     help: ClassVar[str]

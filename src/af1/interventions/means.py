@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from af1.errors import Af1Error
 from af1.interventions.sites import record, residual
@@ -180,11 +180,8 @@ FILE_FORMAT = "steps-v1"  # a means file of several answer steps and layouts (`s
 
 def _save_atomic(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: str | Path) -> Path:
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(tmp), metadata=metadata)
-    write_atomic(path, tmp.read_bytes())
-    tmp.unlink()
+    write_atomic(path, save(tensors, metadata=metadata))  # whole or not at all, whoever else writes there
     return path
 
 
@@ -208,12 +205,15 @@ def load_means_file(path: str | Path) -> dict[str, PositionMeans]:
     if metadata.get("format") != FILE_FORMAT:
         one = PositionMeans.load(path)
         return {one.key: one}
-    tensors = load_file(str(path))
-    parts = json.loads(metadata["parts"])
-    return {
-        part["key"]: PositionMeans.of({n: tensors[f"{i}.{n}"] for n in TENSORS}, part["key"], part["meta"])
-        for i, part in enumerate(parts)
-    }
+    try:
+        tensors = load_file(str(path))
+        parts = json.loads(metadata["parts"])
+        return {
+            part["key"]: PositionMeans.of({n: tensors[f"{i}.{n}"] for n in TENSORS}, part["key"], part["meta"])
+            for i, part in enumerate(parts)
+        }
+    except (KeyError, ValueError, TypeError) as exc:
+        raise Af1Error(f"means file {path} is incomplete or damaged ({type(exc).__name__}: {exc})") from exc
 
 
 def slot_table(input_ids_PT: torch.Tensor) -> torch.Tensor:

@@ -226,8 +226,9 @@ def means_from_file(
         found = held.get(means_key(adapter, step, fingerprint))
         if found is None:
             raise Af1Error(
-                f"means file {path} was computed for another model or task layout: it has no means for answer "
-                f"step {step.step or 0} of this task's {len(step)}-problem layout (give a new path to compute them)"
+                f"means file {path} was computed for another model or task layout: of its {len(held)} answer "
+                f"step(s) none is step {step.step or 0} of this task's {len(step)}-problem layout (give a new path "
+                "to compute them)"
             )
         out[step.part_key] = found
     return out
