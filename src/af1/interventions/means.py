@@ -149,7 +149,9 @@ class PositionMeans:
 
     @classmethod
     def of(cls, tensors: dict[str, torch.Tensor], key: str, meta: dict[str, Any]) -> PositionMeans:
-        return cls(*(tensors[name] for name in TENSORS), key, meta)
+        return cls(
+            tensors["sums_LTSD"], tensors["slot_tokens_TS"], tensors["counts_TS"], tensors["member_hashes"], key, meta
+        )
 
     def save(self, path: str | Path) -> Path:
         return _save_atomic(self.tensors(), {"key": self.key, "format": FORMAT, "meta": json.dumps(self.meta)}, path)
