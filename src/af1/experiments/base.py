@@ -46,11 +46,10 @@ class Result(BaseModel):
         """In a notebook: the experiment's report section (its numbers with n, interval and constant guess, and its
         interactive figures, offline) in a frame of its own, so that its styles and scripts stay apart; the frame
         takes its content's height."""
-        from af1.experiments import REGISTRY  # the registry imports this module
-
-        experiment = next((e for e in REGISTRY.values() if type(self) is e.Result), None)
-        if experiment is None:
+        kind = EXPERIMENT_OF_RESULT.get(type(self))
+        if kind is None:
             return f"<pre>{html.escape(self.model_dump_json(indent=1)[:4000])}</pre>"
+        experiment = kind()  # made here, when a notebook shows a result, never at import
         with tempfile.TemporaryDirectory() as empty:  # a result alone: no PNG beside it
             section = page(experiment.name, experiment.section(self, Path(empty)))
         # the frame takes its content's height, and again when a click opens a cell's problems
@@ -62,6 +61,9 @@ class Result(BaseModel):
             f'<iframe title=\'af1 {html.escape(experiment.name)}\' srcdoc="{html.escape(section)}" onload="{fit}" '
             "style='width:100%;height:480px;border:1px solid #ddd'></iframe>"
         )
+
+
+EXPERIMENT_OF_RESULT: dict[type[Result], type[Experiment]] = {}
 
 
 class NotApplicable(Exception):
@@ -215,6 +217,13 @@ class Experiment:
     task_defaults: ClassVar[dict[str, Any]] = {}  # task options that differ from TaskSpec's on the command line
     overview_rank: ClassVar[int] = 0  # where its cross-model part stands in a study report (lower: earlier)
     config_from_search: ClassVar[bool] = False  # runs at the search's config unless its options give a wait
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Remember which experiment writes each Result class, so that a result renders itself in a notebook
+        without importing the registry (which imports this module)."""
+        super().__init_subclass__(**kwargs)
+        if "Result" in cls.__dict__:  # the class that declares a Result writes it; a subclass of it does not
+            EXPERIMENT_OF_RESULT.setdefault(cls.Result, cls)
 
     def needs(self, options: Any) -> tuple[str, ...]:
         """Experiments this one reads and that a plan gets implicitly (with default options): the search, when
