@@ -155,6 +155,19 @@ def test_search_never_chooses_a_cell_no_better_than_a_constant_guess():
     assert found["faithfulness_baseline"] == 1.0 and "near constant" in found["warnings"][0]
 
 
+def test_necessity_without_a_found_af1_is_a_typed_result_that_draws_its_windows_alone(tiny_setup, tmp_path):
+    """No AF1 to move the transfer window in: the result says so with `shifted_transfer` null, and the figure draws
+    the windows panel only (a declared null field once read as present and crashed the drawing)."""
+    from af1.experiments.necessity import Result
+    from af1.report import figures
+
+    result = Result.model_validate(allforone.necessity(tiny_setup, windows=(1,), found=None))
+    assert result.shifted_transfer is None and result.n_solved == len(tiny_setup.kept)
+    assert figures.necessity_plot(result.data(), tmp_path / "n.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="Extra inputs are not permitted"):  # every field a result writes is declared
+        Result.model_validate({**result.data(), "undeclared": 1})
+
+
 def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     config = AF1Config(wait=0, transfer=1)
     nec = allforone.necessity(tiny_setup, windows=(1, 2), found=config)

@@ -18,10 +18,12 @@ class Options(base.ConfigOptions):
     pass
 
 
-class Result(base.Result):
+class Result(base.SetupFields):
     wait: int
     transfer: int
-    n_solved: int
+    configured: dict[str, Any]  # the intervention every row is paired against, with its faithfulness
+    ablations: dict[str, float]
+    abp_variants: dict[str, float]
     ablations_detail: dict[str, dict[str, Any]]
     abp_variants_detail: dict[str, dict[str, Any]]
     measured_on: str = "the solved problems"

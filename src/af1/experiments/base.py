@@ -7,10 +7,11 @@ import html
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator, with_config
 from rich.table import Table
+from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
@@ -36,10 +37,10 @@ class Result(BaseModel):
     """An experiment's result. The fields it declares are what figures, reports and other experiments read;
     every other measured field passes through to the JSON as it is."""
 
-    model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     def data(self) -> dict[str, Any]:
-        """Every field, declared or not: what the JSON holds."""
+        """Every field (each one declared): what the JSON holds."""
         return self.model_dump()
 
     def _repr_html_(self) -> str:
@@ -61,6 +62,91 @@ class Result(BaseModel):
             f'<iframe title=\'af1 {html.escape(experiment.name)}\' srcdoc="{html.escape(section)}" onload="{fit}" '
             "style='width:100%;height:480px;border:1px solid #ddd'></iframe>"
         )
+
+
+def _plain_lists(value: Any) -> Any:
+    """A tensor or array as nested lists (NaN stays NaN here; the JSON writes it as null)."""
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+Grid = Annotated[list[list[float | None]], BeforeValidator(_plain_lists)]  # [L_wait + 1, L_transfer] cells
+Matrix = Annotated[list[list[float | None]], BeforeValidator(_plain_lists)]  # e.g. [layer, head]; null: NaN
+Vector = Annotated[list[float | None], BeforeValidator(_plain_lists)]  # e.g. [layer]
+Number = Annotated[float, BeforeValidator(_plain_lists)]  # a 0-d tensor's value
+
+
+@with_config(ConfigDict(extra="forbid"))
+class LayoutRow(TypedDict):
+    """One token layout of a task: its size, shape (roles of its tokens) and an example input."""
+
+    layout: int
+    n: int
+    n_positions: int
+    context_len: int
+    roles: str
+    example_input: str | None
+    n_solved: NotRequired[int]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class AnswerEnd(TypedDict):
+    """Whether full scoring checks that the model stops after the answer, with which token, or why not."""
+
+    checked: bool
+    separator: str | None
+    stop_tokens: dict[int, str] | None
+    note: str | None
+
+
+@with_config(ConfigDict(extra="forbid"))
+class MeansStep(TypedDict):
+    """One answer step's CAMA means on one layout: thin positions and leave-one-out fallbacks."""
+
+    layout: int
+    step: int
+    positions: list[int]
+    n_problems_low: int
+    n_inside: int
+    n_fallback_pairs: int
+    n_problems_fallback: int
+
+
+@with_config(ConfigDict(extra="forbid"))
+class MeansFrom(TypedDict):
+    """Where CAMA's means come from: the sample, whether the evaluated problems are left out of it, fallbacks."""
+
+    origin: str
+    n_problems: int
+    leave_one_out: str
+    n_fallback_pairs: int
+    per_step: list[MeansStep]
+
+
+class SetupFields(Result):
+    """What every result measured on a setup carries (`Setup.describe`): the model and task, the base accuracy with
+    its interval and constant guess, the token layouts, whether the end of the answer is checked, where CAMA's means
+    come from and the warnings about them."""
+
+    model: str | None = None
+    task: str
+    style: str
+    shots: int
+    scoring: str
+    n: int
+    n_solved: int
+    base_accuracy: float
+    base_accuracy_ci: list[float] | None = None
+    base_accuracy_baseline: float | None = None
+    base_accuracy_by_layout: list[dict[str, Any]] | None = None  # a task of several token layouts: each one's
+    layouts: list[LayoutRow] = []
+    n_layers: int
+    n_heads: int
+    context_len: int | None = None  # None for several layouts: see `layouts`
+    n_positions: int | None = None
+    bos_prepended: dict[str, Any] | None = None  # the document-start token put before every prompt, if any
+    end: AnswerEnd
+    means_from: MeansFrom
+    warnings: list[str] = []
 
 
 EXPERIMENT_OF_RESULT: dict[type[Result], type[Experiment]] = {}

@@ -18,12 +18,14 @@ class Options(base.GatedOptions):
     transfer: int = Field(default=2, ge=0, description="peek layers of ABP alone")
 
 
-class Result(base.Result):
+class Result(base.SetupFields):
     transfer: int
     cama_only: dict[int, float]
     cama_only_ci: dict[int, list[float]]
     abp_only: dict[int, float]
     abp_only_ci: dict[int, list[float]]
+    cama_only_executor: dict[int, dict[str, str | None] | None] = {}  # which executor ran each, and why
+    abp_only_executor: dict[int, dict[str, str | None] | None] = {}
     faithfulness_baseline: float | None = None
     inputs: ProblemInputs | None = None  # sets: solved
 

@@ -43,6 +43,10 @@ class Options(base.Options):
 class Result(base.Result):
     heads: list[list[int]]
     gqa: str
+    config: dict[str, Any]  # the fine-tuning's steps, learning rate, batch size and seed
+    scoring: str
+    lr_grid: list[float]
+    seeds: list[int]
     n_train: int
     n_val: int = 0
     n_eval: int

@@ -60,8 +60,25 @@ class Result(base.Result):
     model: str | None = None
     task: str
     style: str
+    n: int
     n_solved: int
     n_heads: int
+    scoring: str
+    layouts: list[dict[str, Any]] = []  # path patching, knock-outs and attention per layout, pooled by each one's n
+    base_accuracy_all: float
+    path_patching_scoring: dict[str, Any]  # what path patching scores, its constant guess and a warning if near one
+    answer_steps_n: dict[int, int] = {}  # solved problems with an answer step k, by k
+    counterfactual_problems: list[dict[str, Any]] = []  # per selection problem: its counterfactual ids, value drawn
+    relative_logit_change_layer_head: base.Matrix
+    logit_diff_change_layer_head: base.Matrix
+    relative_logit_change_mlp_layer: base.Vector
+    logit_diff_change_mlp_layer: base.Vector
+    clean_logit_diff: base.Number
+    key_heads_by_metric: dict[str, list[list[int]]] = {}
+    attention_measured_on: str = ""
+    mlp_logit_lens_layer: base.Vector = []
+    mlp_logit_lens_measured_on: str = ""
+    warnings: list[str] = []
     threshold: float
     counterfactual: str
     counterfactual_kind: str = "operator"

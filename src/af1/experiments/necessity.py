@@ -28,8 +28,7 @@ class Options(base.ConfigOptions):
         return v
 
 
-class Result(base.Result):
-    n_layers: int
+class Result(base.SetupFields):
     windows: dict[str, list[float]]
     windows_ci: dict[str, list[list[float]]] = {}
     faithfulness_baseline: float | None = None

@@ -43,7 +43,30 @@ class Result(base.Result):
     median_ci_n_windows: int | None = None
     warnings: list[str] = []
     window_start: str | None = None
-    perplexity_vs_swap: dict[str, float | None]
+    perplexity_vs_swap: dict[str, float | None]  # by the share of tokens displaced
+    perplexity_vs_position_swap: dict[str, float | None] = {}  # the same swaps of position ids alone
+    swap_fraction: str = ""
+    n_layers: int
+    n_heads: int
+    attention_softcapping: float | None = None
+    median_ci_note: str = ""
+    r_layer_head: base.Matrix
+    r_row_centred_layer_head: base.Matrix
+    r_no_sink_layer_head: base.Matrix
+    r_two_term_layer_head: base.Matrix
+    r_random_init_layer_head: base.Matrix
+    r_norm_matched_layer_head: base.Matrix
+    r_shuffled_layer_head: base.Matrix
+    r_median_random_init_row_centred: float | None = None
+    r_median_norm_matched: float | None = None
+    r_median_norm_matched_row_centred: float | None = None
+    r_median_shuffled_row_centred: float | None = None
+    rope_analyses_skipped: str | None = None  # why the RoPE analyses did not run (no rotary tables)
+    dummy_distance_r2_layer_head: base.Matrix | None = None
+    dummy_distance_interaction_share_median: float | None = None
+    band_logit_variance_share: base.Vector | None = None  # [band], band 0 = highest frequency
+    band_key_energy_mean: base.Vector | None = None
+    band_key_energy_token: base.Vector | None = None
 
 
 SHOWN = (

@@ -29,14 +29,21 @@ class Options(base.ConfigOptions):
     )
 
 
-class Result(base.Result):
+class Result(base.SetupFields):
     wait: int
     transfer: int
     n_transfer_heads: int
     n_selection: int
     n_confirmation: int
     faithfulness_full: float
+    faithfulness_full_ci: list[float]
     faithfulness_vs_pruned: list[float]
+    faithfulness_vs_pruned_ci: list[list[float]]
+    faithfulness_selection_baseline: float | None = None  # the constant guess on the selection split
+    prune_order: list[list[int]]
+    mean_p_correct_vs_pruned: list[float] = []
+    mean_log_p_correct_vs_pruned: list[float] = []
+    keep: float
     n_pruned_before_first_drop: int
     measure: str = ""
     curve: str = "every head"  # results written before the curve stopped at the first drop ranked every head

@@ -21,20 +21,21 @@ class Options(base.ConfigOptions):
     reference: bool = Field(default=False, description="the hook-based path instead of the fast executor")
 
 
-class Result(base.Result):
+class Result(base.SetupFields):
     wait: int
     transfer: int
-    n_solved: int
     faithfulness: float
     faithfulness_ci: list[float]
     faithfulness_baseline: float
+    faithfulness_n: int
+    mean_p_correct: float | None = None
+    problems: list[dict[str, Any]] = []  # every solved problem: input, ids, answer, prediction under the config
     executor: str
     fallback_reason: str | None = None
     stages: dict[str, list[int]]
     config: dict[str, Any]
     measured_on: str = "the solved problems"
     faithfulness_by_layout: list[dict[str, Any]] | None = None  # a task of several token layouts: each one's
-    layouts: list[dict[str, Any]] = []
 
 
 class Run(base.Experiment):

@@ -57,6 +57,11 @@ class Result(base.Result):
     faithfulness: float | None = None
     faithfulness_ci: list[float] | None = None
     faithfulness_selection: float | None = None
+    faithfulness_selection_ci: list[float] | None = None
+    faithfulness_baseline_selection: float | None = None
+    frontier: list[dict[str, Any]] = []  # per L_transfer, the largest L_wait that keeps the threshold (selection)
+    n_ineligible_no_compute: int = 0  # cells above the threshold that leave no layer to compute in
+    warnings: list[str] = []
     faithfulness_baseline: float | None = None
     n_selection: int | None = None
     n_confirmation: int | None = None

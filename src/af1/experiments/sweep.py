@@ -24,18 +24,19 @@ class Options(base.Options):
     reference: bool = Field(default=False, description="the hook-based path instead of the fast executor")
 
 
-class Result(base.Result):
-    model: str | None = None
-    task: str
-    style: str
-    scoring: str = "first"
-    n: int
-    n_solved: int
-    n_layers: int
+class Result(base.SetupFields):
     n_cells: int
-    base_accuracy: float
-    base_accuracy_ci: list[float] | None = None
     faithfulness_baseline: float | None = None
+    waits: list[int]
+    transfers: list[int]
+    faithfulness_wait_transfer: base.Grid
+    ci_low_wait_transfer: base.Grid
+    ci_high_wait_transfer: base.Grid
+    cell_executors: dict[str, str] = {}
+    cell_fallback_reasons: dict[str, str] = {}
+    fallback_reasons: list[str] = []
+    kept_problems: list[dict[str, Any]] = []  # the solved problems the cells' bits index, in order
+    kept_layouts: list[int] | None = None  # a task of several token layouts: each kept problem's
     config: dict[str, Any] = {}
     targets: list[Any] = []
     cells: dict[str, str] = {}

@@ -19,9 +19,8 @@ class Options(base.Options):
     pass
 
 
-class Result(base.Result):
+class Result(base.SetupFields):
     target: str
-    n_solved: int
     rows: list[dict[str, Any]]
     sources_without_config: dict[str, str] = {}
     measured_on: str = "solved problems"

@@ -274,7 +274,7 @@ def search(
     eligible = [m for m in measured.values() if m["eligible"]]
     if eligible:
         result["best"] = dict(max(eligible, key=lambda m: (m["faithfulness_selection"], m["wait"], -m["transfer"])))
-        if "kept_layouts" in sweep_result:
+        if sweep_result.get("kept_layouts") is not None:
             result["best"]["faithfulness_by_layout"] = by_layout(result["best"]["wait"], result["best"]["transfer"])
     if passing:
         w = max(w for w, _ in passing)
@@ -282,7 +282,7 @@ def search(
         chosen = passing[(w, k)]
         config = AF1Config(**{**sweep_result.get("config", {}), "wait": w, "transfer": k})
         result.update({kk: v for kk, v in chosen.items() if kk != "eligible"}, stages=config.stages(L))
-        if "kept_layouts" in sweep_result:
+        if sweep_result.get("kept_layouts") is not None:
             result["faithfulness_by_layout"] = by_layout(w, k)
     note = baseline_warning("faithfulness (confirmation split)", base_conf["baseline"], len(conf))
     if note:

@@ -98,7 +98,8 @@ def sweep_heatmap(
 
 
 def necessity_plot(result: dict[str, Any], path: Path) -> Path:
-    fig, axes = plt.subplots(1, 2 if "shifted_transfer" in result else 1, figsize=(11, 4), squeeze=False)
+    shifted = result.get("shifted_transfer")  # None where no AF1 was found to move the window in
+    fig, axes = plt.subplots(1, 2 if shifted else 1, figsize=(11, 4), squeeze=False)
     ax = axes[0, 0]
     for width, values in result["windows"].items():
         ax.plot(range(len(values)), values, marker="o", ms=3, label=f"{width} layer(s) from here")
@@ -107,8 +108,7 @@ def necessity_plot(result: dict[str, Any], path: Path) -> Path:
     ax.set_ylim(-0.02, 1.02)
     ax.set_title("last token cannot read the problem (operands, slots)")
     ax.legend(fontsize=8)
-    if "shifted_transfer" in result:
-        shifted = result["shifted_transfer"]
+    if shifted:
         ax2 = axes[0, 1]
         starts = [s["start"] for s in shifted["by_start"]]
         ax2.plot(starts, [s["faithfulness"] for s in shifted["by_start"]], marker="o", ms=3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +96,7 @@ def ci_text(value: float | None, ci: list[float] | None = None) -> str:
 LAYOUT_HEADERS = ["layout", "positions", "example input (its end)", "n", "rate [95 % CI]", "constant guess"]
 
 
-def layout_rows(by_layout: list[dict[str, Any]] | None, layouts: list[dict[str, Any]] | None) -> list[list[Any]]:
+def layout_rows(by_layout: list[dict[str, Any]] | None, layouts: Sequence[Mapping[str, Any]] | None) -> list[list[Any]]:
     """A pooled rate's parts, one row per token layout (empty for a task of one layout)."""
     shape = {row["layout"]: row for row in layouts or []}
     rows = []
@@ -109,7 +109,7 @@ def layout_rows(by_layout: list[dict[str, Any]] | None, layouts: list[dict[str, 
     return rows
 
 
-def layout_html(what: str, by_layout: list[dict[str, Any]] | None, layouts: list[dict[str, Any]] | None) -> str:
+def layout_html(what: str, by_layout: list[dict[str, Any]] | None, layouts: Sequence[Mapping[str, Any]] | None) -> str:
     """The per-layout table under a pooled rate, with a line saying what is pooled; nothing for one layout."""
     rows = layout_rows(by_layout, layouts)
     if not rows:
@@ -120,7 +120,7 @@ def layout_html(what: str, by_layout: list[dict[str, Any]] | None, layouts: list
     )
 
 
-def layout_table(by_layout: list[dict[str, Any]] | None, layouts: list[dict[str, Any]] | None) -> list[Table]:
+def layout_table(by_layout: list[dict[str, Any]] | None, layouts: Sequence[Mapping[str, Any]] | None) -> list[Table]:
     """The same per-layout rows for a terminal: one table, or none for a task of one layout."""
     rows = layout_rows(by_layout, layouts)
     if not rows:

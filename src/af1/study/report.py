@@ -161,7 +161,8 @@ def _results_report(d: Path) -> Path:
             continue
         provenance = provenance or data.get("provenance")
         try:
-            parts += experiment.section(experiment.Result.model_validate(data), d)
+            result = experiment.Result.model_validate({k: v for k, v in data.items() if k != "provenance"})
+            parts += experiment.section(result, d)
         except Exception as exc:  # a result file of another af1 version: say so, render the rest
             parts.append(
                 f"<p>{html.escape(experiment.file)}: cannot show ({html.escape(str(exc).splitlines()[0])})</p>"
