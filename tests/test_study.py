@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -291,6 +292,22 @@ def test_a_killed_study_reruns_only_the_missing_units(local_run, tmp_path):
     assert set(summary.skipped) == set(done) and set(summary.ran) == {u.id for u in summary.units} - set(done)
     for unit_id, mtime in done.items():
         assert (out / "units" / unit_id / "unit.json").stat().st_mtime_ns == mtime
+    assert results(out) == results(local_out)
+
+
+def test_a_stored_result_this_af1_would_not_write_is_run_again(local_run, tmp_path):
+    """A unit whose stored result does not fit its experiment's Result (a field an older af1 wrote) is not taken
+    as done: it runs again, and only it."""
+    plan, local_out, _ = local_run
+    out = tmp_path / "out"
+    shutil.copytree(local_out, out)
+    record_path = next(p for p in sorted((out / "units").rglob("unit.json")) if "/eval/" not in str(p))
+    record = json.loads(record_path.read_text())
+    assert record["state"] == "done"
+    record["result"]["field_of_an_older_af1"] = 1
+    record_path.write_text(json.dumps(record))
+    summary = run_study(load_plan(plan), out)
+    assert summary.ran == [record["id"]]
     assert results(out) == results(local_out)
 
 

@@ -12,6 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from af1.experiments import REGISTRY
 from af1.results import read_json, write_json
 from af1.study.plan import Unit
 
@@ -43,6 +46,8 @@ class Store:
         record = self.record(unit)
         if record is None or record.get("key") != unit.key or record.get("state") not in FINISHED:
             return None
+        if record.get("state") == "done" and not fits(unit.experiment, record.get("result")):
+            return None  # written by an af1 whose result had other fields: run again rather than misread
         return record
 
     def results(self) -> dict[str, Any]:
@@ -61,3 +66,12 @@ class Store:
         record = {**unit.describe(), "key": unit.key, "options": unit.options, "deps": list(unit.deps), **fields}
         write_json(self.unit_dir(unit) / "unit.json", record)
         return record
+
+
+def fits(experiment: str, result: Any) -> bool:
+    """Whether a stored result is one this af1's experiment writes (every field declared, each of its type)."""
+    try:
+        REGISTRY[experiment].Result.model_validate(result)
+    except (ValidationError, KeyError):
+        return False
+    return True
