@@ -34,8 +34,8 @@ class Options(BaseModel):
 
 
 class Result(BaseModel):
-    """An experiment's result. The fields it declares are what figures, reports and other experiments read;
-    every other measured field passes through to the JSON as it is."""
+    """An experiment's result: every field it writes is declared (an undeclared one is refused), so that figures,
+    reports, other experiments and a resumed study read what they expect."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
@@ -69,8 +69,7 @@ def _plain_lists(value: Any) -> Any:
     return value.tolist() if hasattr(value, "tolist") else value
 
 
-Grid = Annotated[list[list[float | None]], BeforeValidator(_plain_lists)]  # [L_wait + 1, L_transfer] cells
-Matrix = Annotated[list[list[float | None]], BeforeValidator(_plain_lists)]  # e.g. [layer, head]; null: NaN
+Matrix = Annotated[list[list[float | None]], BeforeValidator(_plain_lists)]  # [layer, head], a grid; null: NaN
 Vector = Annotated[list[float | None], BeforeValidator(_plain_lists)]  # e.g. [layer]
 Number = Annotated[float, BeforeValidator(_plain_lists)]  # a 0-d tensor's value
 

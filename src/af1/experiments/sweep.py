@@ -29,9 +29,9 @@ class Result(base.SetupFields):
     faithfulness_baseline: float | None = None
     waits: list[int]
     transfers: list[int]
-    faithfulness_wait_transfer: base.Grid
-    ci_low_wait_transfer: base.Grid
-    ci_high_wait_transfer: base.Grid
+    faithfulness_wait_transfer: base.Matrix  # [L_wait + 1, L_transfer]; null where not measured
+    ci_low_wait_transfer: base.Matrix
+    ci_high_wait_transfer: base.Matrix
     cell_executors: dict[str, str] = {}
     cell_fallback_reasons: dict[str, str] = {}
     fallback_reasons: list[str] = []
