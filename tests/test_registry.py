@@ -64,6 +64,13 @@ def test_with_passes_options_to_the_experiments_run_first(capsys):
         assert code == 2 and message in err and out == "" and len(err.strip().splitlines()) == 1
 
 
+def test_a_cross_model_experiment_declares_the_sources_a_study_ran_it_without():
+    """A study runs a per-task experiment across models with the sources that finished and records the others in
+    its result (`missing_sources`): each such experiment's Result declares that field, or its result is refused."""
+    across = [e for e in REGISTRY.values() if e.scope == "models"]
+    assert across and all("missing_sources" in e.Result.model_fields for e in across)
+
+
 def test_the_options_model_is_the_only_place_defaults_live():
     """The command line passes only what the user gave; what is not given takes the options' default."""
     options = REGISTRY["search"].Options.model_validate({})

@@ -23,6 +23,7 @@ class Result(base.SetupFields):
     target: str
     rows: list[dict[str, Any]]
     sources_without_config: dict[str, str] = {}
+    missing_sources: list[str] = []  # in a study: the sources' units that did not finish (it ran without them)
     measured_on: str = "solved problems"
     n_measured: int = 0
     inputs: ProblemInputs | None = None  # sets: solved; confirmation when measured there
