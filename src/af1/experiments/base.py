@@ -121,10 +121,9 @@ class MeansFrom(TypedDict):
     per_step: list[MeansStep]
 
 
-class SetupFields(Result):
-    """What every result measured on a setup carries (`Setup.describe`): the model and task, the base accuracy with
-    its interval and constant guess, the token layouts, whether the end of the answer is checked, where CAMA's means
-    come from and the warnings about them."""
+class TaskFields(Result):
+    """What a result about one model on one task carries: the model and task, and the base accuracy with its
+    interval and constant guess (the evaluation writes these; every setup-measured result repeats them)."""
 
     model: str | None = None
     task: str
@@ -137,6 +136,13 @@ class SetupFields(Result):
     base_accuracy_ci: list[float] | None = None
     base_accuracy_baseline: float | None = None
     base_accuracy_by_layout: list[dict[str, Any]] | None = None  # a task of several token layouts: each one's
+    warnings: list[str] = []
+
+
+class SetupFields(TaskFields):
+    """What every result measured on a setup carries (`Setup.describe`) beyond the task's: the token layouts,
+    whether the end of the answer is checked, and where CAMA's means come from."""
+
     layouts: list[LayoutRow] = []
     n_layers: int
     n_heads: int
@@ -145,7 +151,6 @@ class SetupFields(Result):
     bos_prepended: dict[str, Any] | None = None  # the document-start token put before every prompt, if any
     end: AnswerEnd
     means_from: MeansFrom
-    warnings: list[str] = []
 
 
 EXPERIMENT_OF_RESULT: dict[type[Result], type[Experiment]] = {}

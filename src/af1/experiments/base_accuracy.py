@@ -18,22 +18,10 @@ class Options(base.Options):
     pass
 
 
-class Result(base.Result):
-    model: str | None = None
-    task: str
-    style: str
-    shots: int
+class Result(base.TaskFields):
     digits: int | None = 1  # None for a task file
-    scoring: str = "first"
-    n: int
-    n_solved: int
-    base_accuracy: float
-    base_accuracy_ci: list[float] | None = None
-    base_accuracy_baseline: float | None = None
-    base_accuracy_by_layout: list[dict[str, Any]] | None = None  # a task of several token layouts: each one's
     mean_p_correct: float | None = None
     task_layout: dict[str, Any] = {}
-    warnings: list[str] = []
     problems: list[dict[str, Any]] = []
 
 

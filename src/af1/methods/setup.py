@@ -182,9 +182,9 @@ def make_setup(
         raise Af1Error("the means sample has no answer as long as some solved problems' answers")
     warnings: list[str] = [w for w in (task.sampling_note, task.exclusion_note, task.end_note) if w]
     for what, on in ((f"base accuracy ({spec.scoring} scoring)", task), ("faithfulness on the solved problems", kept)):
-        note = baseline_warning(what, constant_baseline(on.targets(), on.layout_P.tolist()), len(on))
-        if note:
-            warnings.append(note)
+        warning = baseline_warning(what, constant_baseline(on.targets(), on.layout_P.tolist()), len(on))
+        if warning:
+            warnings.append(warning)
     all_means = step_means(lm.adapter, distribution, [k.part_key for k in kept_steps], means_path, cache_means)
     steps = [StepSetup(lm.adapter, k, all_means[k.part_key], dist_steps[k.part_key]) for k in kept_steps]
     return Setup(lm, spec, task, base, kept, distribution, steps, warnings)
