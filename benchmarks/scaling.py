@@ -67,6 +67,7 @@ def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
     from af1.methods import heads as heads_method
     from af1.methods.allforone import faithfulness, sweep
     from af1.methods.setup import make_setup
+    from af1.progress import peak_memory
     from af1.tasks.evaluation import evaluated, last_logits
     from af1.tasks.means_sample import distribution_task
     from af1.tasks.spec import TaskSpec
@@ -79,9 +80,11 @@ def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
     spec = TaskSpec(operation="a+b", digits=2, n=n, style="calculate", shots=3)
 
     def timed(stage: str, fn: Any) -> Any:
-        start = time.perf_counter()
-        out = fn()
-        stages[stage] = {"seconds": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb()}
+        with peak_memory() as peak:
+            start = time.perf_counter()
+            out = fn()
+            seconds = time.perf_counter() - start
+        stages[stage] = {"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "own_peak_rss_mb": peak[0].mb}
         return out
 
     done = timed("eval", lambda: evaluated(lm.model, lm.tokenizer, spec))
@@ -147,8 +150,8 @@ def figure(rows: list[dict[str, Any]], path: Path) -> None:
             ns = [p[0] for p in pts]
             kw = {"color": colors[stage], "linestyle": styles.get(model, "-"), "marker": "o", "markersize": 3}
             ax_t.plot(ns, [p[1]["seconds"] for p in pts], label=f"{model} {stage}", **kw)
-            ax_m.plot(ns, [p[1]["peak_rss_mb"] for p in pts], **kw)
-    for ax, label in ((ax_t, "wall seconds"), (ax_m, "peak RSS so far, MB")):
+            ax_m.plot(ns, [p[1].get("own_peak_rss_mb", p[1]["peak_rss_mb"]) for p in pts], **kw)
+    for ax, label in ((ax_t, "wall seconds"), (ax_m, "peak RSS of the stage, MB")):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("problems (n)")
@@ -167,6 +170,7 @@ def main() -> None:
     parser.add_argument("--grid-max-n", type=int, default=300)
     parser.add_argument("--heads-max-n", type=int, default=100)
     parser.add_argument("--max-n", nargs="*", default=["qwen0.5b=1000"], help="MODEL=N: a model's largest n")
+    parser.add_argument("--out", default="scaling", help="the results' name: benchmarks/results/OUT.json and .png")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--grid", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--heads", action="store_true", help=argparse.SUPPRESS)
@@ -191,7 +195,7 @@ def main() -> None:
     from common import machine
 
     RESULTS.mkdir(exist_ok=True)
-    figure(rows, RESULTS / "scaling.png")
+    figure(rows, RESULTS / f"{args.out}.png")
     data = {
         "benchmark": "scaling",
         "task": "a+b, 2 digits, calculate, 3 shots, full answers (end checked)",
@@ -200,10 +204,12 @@ def main() -> None:
         "grid": "max transfer 2, only for n <= --grid-max-n",
         "heads": "path patching (wang, the operator counterfactual, one ranking) + knock-outs (top 10, 3 random sets), "
         "n <= --heads-max-n",
-        "rss": "the measuring process's peak RSS after each stage (stages run in the order listed; monotone)",
+        "rss": "peak_rss_mb: the measuring process's peak RSS after each stage (stages run in the order listed; "
+        "monotone); own_peak_rss_mb: the stage's own peak (the high-water mark reset at its start; what it holds "
+        "from earlier stages, the model first, included)",
         "rows": rows,
     }
-    print(f"wrote {write_json(RESULTS / 'scaling.json', data)}")
+    print(f"wrote {write_json(RESULTS / f'{args.out}.json', data)}")
 
 
 if __name__ == "__main__":

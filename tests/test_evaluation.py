@@ -50,6 +50,22 @@ def test_every_answer_step_from_one_forward_equals_each_step_alone(tokenizer, fa
             task, [last_logits(model, s.input_ids_PT, 5, context_len=s.context_len) for s in steps]
         )
         assert scores.predicted_PA == per_step.predicted_PA and torch.equal(scores.correct_P, per_step.correct_P)
+        # each batch scored as it comes (memory flat in n) = the same batches' logits stacked, then scored
+        for batch_size in (7, 64):
+            stacked = Scores.combine(
+                task,
+                [
+                    Scores.from_logits(logits, step.answer_ids_P)
+                    for step, logits in zip(steps, all_step_logits(model, steps, batch_size), strict=True)
+                ],
+            )
+            scored = evaluate(model, task, batch_size)
+            assert scored.predicted_PA == stacked.predicted_PA
+            assert torch.equal(scored.correct_P, stacked.correct_P)
+            assert torch.equal(scored.p_correct_P, stacked.p_correct_P)
+            # float64 sums over the vocabulary: their order (so the last bits) may follow the batch's shape
+            assert scored.log_p_correct_P is not None and stacked.log_p_correct_P is not None
+            assert (scored.log_p_correct_P - stacked.log_p_correct_P).abs().max() < 1e-12
 
 
 def test_an_answer_that_does_not_stop_is_wrong_under_full_scoring(tokenizer):

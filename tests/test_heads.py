@@ -594,15 +594,14 @@ def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokeniz
     """On a tiny model told it solved every problem: heads come from path patching on the selection half alone,
     knock-outs and attention are measured on the confirmation half, random sets avoid the chosen heads, and every
     patched problem's counterfactual is recorded."""
-    from types import SimpleNamespace
-
+    from af1.models import LoadedModel
     from af1.tasks.evaluation import Evaluated, Scores
 
     model = tiny_model("llama")
     spec = TaskSpec(operation="a+b", shots=2, n=10, seed=1, answer_digits="any")
     task = build_task(spec, tokenizer)
     everything = Scores([[0]] * len(task), torch.ones(len(task)), torch.ones(len(task), dtype=torch.bool))
-    lm = SimpleNamespace(adapter=ModelAdapter(model), model=model, tokenizer=tokenizer, info={})
+    lm = LoadedModel(model, tokenizer, ModelAdapter(model))
     done = Evaluated(task, everything, id(model))
     result = heads.study(lm, spec, k=3, draws=2, done=done, path="direct", kind="b", split=(0.5, 4))
     from af1.stats import split_indices

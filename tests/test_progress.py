@@ -31,3 +31,25 @@ def test_progress_off_is_silent_and_still_yields_everything(capsys, monkeypatch)
     with progress.stage("y", None):
         pass
     assert capsys.readouterr().err == ""
+
+
+def test_peak_memory_is_the_blocks_own_where_linux_allows_it():
+    """A block that touches 300 MB peaks at least that high; a later block that allocates nothing does not carry
+    the earlier peak (the high-water mark is reset at its start)."""
+    import sys
+
+    import numpy as np
+
+    from af1.progress import peak_memory
+
+    with peak_memory() as big:
+        block = np.ones(300 * (1 << 20) // 8)  # 300 MB, every page touched
+        del block
+    with peak_memory() as small:
+        pass
+    assert big[0].mb > 0 and small[0].mb > 0
+    if sys.platform.startswith("linux"):
+        assert big[0].covers == small[0].covers == "its own"
+        assert big[0].mb - small[0].mb > 250
+    else:
+        assert small[0].covers == "the process so far"

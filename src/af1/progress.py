@@ -1,12 +1,17 @@
-"""Progress of long work on stderr: a bar on a terminal, plain timed lines in a log (stderr not a terminal)."""
+"""Progress of long work on stderr: a bar on a terminal, plain timed lines in a log (stderr not a terminal); and its
+memory: the peak RSS of a stretch of work, freed heap pages given back."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -78,3 +83,70 @@ def _console():
     from rich.console import Console
 
     return Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """The peak resident memory of a stretch of work, in MB, and what it covers: "its own" where Linux lets the
+    high-water mark be reset at its start, else "the process so far" (units sharing a process share it)."""
+
+    mb: float
+    covers: str
+
+
+@contextmanager
+def peak_memory() -> Iterator[list[PeakMemory]]:
+    """Measure the peak RSS of the work inside: yields a list that holds one `PeakMemory` once the block ends."""
+    own = _reset_high_water_mark()
+    out: list[PeakMemory] = []
+    try:
+        yield out
+    finally:
+        hwm = _high_water_mark_mb() if own else None
+        out.append(PeakMemory(hwm, "its own") if hwm is not None else PeakMemory(_max_rss_mb(), "the process so far"))
+
+
+def _reset_high_water_mark() -> bool:
+    """Linux: writing 5 to /proc/self/clear_refs resets VmHWM to the current RSS (since 4.0)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return _high_water_mark_mb() is not None
+
+
+def _high_water_mark_mb() -> float | None:
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return None
+
+
+def _max_rss_mb() -> float:
+    """This process's peak RSS so far (Linux reports KB, macOS bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
+
+
+def return_freed_memory() -> None:
+    """Give the heap's freed pages back to the OS. glibc keeps them: batch after batch of large logits then grows the
+    RSS with n though nothing is held (4.2 GB for 3,000 problems on the tiny model, 0.77 GB with this per batch)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL("libc.so.6"), "malloc_trim", None)
+    except OSError:  # not glibc (musl has no malloc_trim)
+        return None

@@ -83,13 +83,13 @@ class Result(base.Result):
     counterfactual: str
     counterfactual_kind: str = "operator"
     second_counterfactual: dict[str, Any] | None = None
-    split: dict[str, Any] = {}
+    split: heads.Split
     path: str = "direct"
     metric: str = "relative"
     key_heads: list[list[int]]
     key_head_share: float
     top_heads: list[list[int]]
-    knockout: dict
+    knockout: heads.Knockout
     attention_of_top_heads: dict = {}
     attention_over_tokens: dict[str, Any] | None = None  # the confirmation part's first problem: each top/key head's
     # attention from the last position over its tokens (row `problem` of inputs.sets["confirmation"])

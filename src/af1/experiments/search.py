@@ -59,7 +59,7 @@ class Result(base.Result):
     faithfulness_selection: float | None = None
     faithfulness_selection_ci: list[float] | None = None
     faithfulness_baseline_selection: float | None = None
-    frontier: list[dict[str, Any]] = []  # per L_transfer, the largest L_wait that keeps the threshold (selection)
+    frontier: list[allforone.Cell] = []  # per L_transfer, the largest L_wait that keeps the threshold (selection)
     n_ineligible_no_compute: int = 0  # cells above the threshold that leave no layer to compute in
     warnings: list[str] = []
     faithfulness_baseline: float | None = None
@@ -68,8 +68,8 @@ class Result(base.Result):
     selection_fraction: float = 0.5
     split_seed: int = 0
     stages: dict[str, list[int]] | None = None
-    best: dict[str, Any] | None = None
-    faithfulness_by_layout: list[dict[str, Any]] | None = None  # a task of several token layouts: each one's
+    best: allforone.Cell | None = None
+    faithfulness_by_layout: list[allforone.LayoutRate] | None = None  # a task of several token layouts: each one's
     layouts: list[dict[str, Any]] = []
 
 
@@ -264,8 +264,8 @@ def verdict(search: Result, sweep: Any, description: str | None = None) -> str:
             f"{search.faithfulness_baseline:.3f}); {base_text}."
         )
     best = search.best
-    if best and best.get("faithfulness_by_layout"):
-        split += f", pooled over token layouts ({layouts_text(best['faithfulness_by_layout'])})"
+    if best and (parts := best.get("faithfulness_by_layout")):
+        split += f", pooled over token layouts ({layouts_text(parts)})"
     tail = (
         f" Its best eligible cell is L_wait {best['wait']}, L_transfer {best['transfer']}: "
         f"{ci_text(best['faithfulness'], best['faithfulness_ci'])} ({split})."

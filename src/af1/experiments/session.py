@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from af1.errors import Af1Error
 from af1.interventions.attention import check_maskable
 from af1.methods.setup import prepare
 from af1.models import LoadedModel
 from af1.tasks.evaluation import Evaluated, evaluated, recorded
+
+if TYPE_CHECKING:
+    from af1.tasks.spec import TaskSpec
 
 
 def one_line(exc: BaseException) -> str:
@@ -56,7 +59,7 @@ class Session:
                 raise
         return self._lm
 
-    def evaluated(self, spec: Any) -> Evaluated:
+    def evaluated(self, spec: TaskSpec) -> Evaluated:
         """The task and the model's base scores on it: one evaluation per task, shared by every experiment."""
         key = spec.model_dump_json()
         if key not in self._evaluated:  # evaluations are small: every task's is kept (setups, with means, are not)
@@ -66,12 +69,12 @@ class Session:
             self._evaluated[key] = found or evaluated(lm.model, lm.tokenizer, spec)
         return self._evaluated[key]
 
-    def remember(self, spec: Any, problems: list[dict[str, Any]]) -> None:
+    def remember(self, spec: TaskSpec, problems: list[dict[str, Any]]) -> None:
         """The problem rows of an evaluation this run already made of this model and task (the eval experiment's
         result): read back when the task comes up again, instead of evaluating it a second time."""
         self._recorded[spec.model_dump_json()] = problems
 
-    def setup(self, spec: Any) -> Any:
+    def setup(self, spec: TaskSpec) -> Any:
         """The AF1 setup of a task (solved problems, CAMA means per answer step, fast-path caches)."""
 
         key = spec.model_dump_json()

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ConfigDict, with_config
+from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
 from af1.executors.fast import (
@@ -28,7 +30,6 @@ from af1.models import LoadedModel
 from af1.progress import progress
 from af1.results import read_json, write_json
 from af1.stats import (
-    LAYOUT_KEYS,
     baseline_warning,
     constant_baseline,
     mcnemar_exact,
@@ -198,6 +199,32 @@ def has_compute_stage(wait: int, transfer: int, n_layers: int) -> bool:
     return wait + transfer < n_layers - 1
 
 
+@with_config(ConfigDict(extra="forbid"))
+class LayoutRate(TypedDict):
+    """One token layout's part of a pooled rate (`stats.LAYOUT_KEYS`)."""
+
+    layout: int
+    value: float
+    n: int
+    ci: list[float]
+    baseline: float
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Cell(TypedDict):
+    """One (L_wait, L_transfer) cell as the search measures it: faithfulness on the confirmation split (with its
+    interval), on the selection split that chose, and whether it may be chosen at all."""
+
+    wait: int
+    transfer: int
+    faithfulness: float
+    faithfulness_ci: list[float]
+    faithfulness_selection: float
+    faithfulness_selection_ci: list[float]
+    eligible: bool
+    faithfulness_by_layout: NotRequired[list[LayoutRate]]
+
+
 def search(
     sweep_result: dict[str, Any], threshold: float = 0.9, selection: float = 0.5, seed: int = 0
 ) -> dict[str, Any]:
@@ -217,22 +244,22 @@ def search(
     sel_targets, conf_targets = [targets[i] for i in sel], [targets[i] for i in conf]
     sel_layouts, conf_layouts = [layouts[i] for i in sel], [layouts[i] for i in conf]
 
-    def measure(w: int, k: int) -> dict[str, Any] | None:
+    def measure(w: int, k: int) -> Cell | None:
         bits = sweep_result["cells"].get(f"{w},{k}")
         if bits is None:
             return None
         correct = _unbits(bits)
         s = rate([correct[i] for i in sel], sel_targets, sel_layouts)
         c = rate([correct[i] for i in conf], conf_targets, conf_layouts)
-        return {
-            "wait": w,
-            "transfer": k,
-            "faithfulness": c["value"],
-            "faithfulness_ci": c["ci"],
-            "faithfulness_selection": s["value"],
-            "faithfulness_selection_ci": s["ci"],
-            "eligible": has_compute_stage(w, k, L) and s["ci"][0] > s["baseline"],
-        }
+        return Cell(
+            wait=w,
+            transfer=k,
+            faithfulness=c["value"],
+            faithfulness_ci=c["ci"],
+            faithfulness_selection=s["value"],
+            faithfulness_selection_ci=s["ci"],
+            eligible=has_compute_stage(w, k, L) and s["ci"][0] > s["baseline"],
+        )
 
     measured = {(w, k): m for w in range(-1, L) for k in range(L - w) if (m := measure(w, k)) is not None}
     passing = {wk: m for wk, m in measured.items() if m["eligible"] and m["faithfulness_selection"] >= threshold}
@@ -259,7 +286,7 @@ def search(
         "warnings": [],
     }
 
-    def by_layout(w: int, k: int) -> list[dict[str, Any]]:
+    def by_layout(w: int, k: int) -> list[LayoutRate]:
         """The pooled confirmation rate's parts: each token layout's confirmation problems."""
         correct, layout_P = _unbits(sweep_result["cells"][f"{w},{k}"]), sweep_result["kept_layouts"]
         out = []
@@ -268,14 +295,15 @@ def search(
             if not rows:  # the split put none of this layout's problems on the confirmation side
                 continue
             r = rate([correct[i] for i in rows], [targets[i] for i in rows])
-            out.append({"layout": g, **{kk: r[kk] for kk in LAYOUT_KEYS}})
+            out.append(LayoutRate(layout=g, value=r["value"], n=r["n"], ci=r["ci"], baseline=r["baseline"]))
         return out
 
     eligible = [m for m in measured.values() if m["eligible"]]
     if eligible:
-        result["best"] = dict(max(eligible, key=lambda m: (m["faithfulness_selection"], m["wait"], -m["transfer"])))
+        best = Cell(**max(eligible, key=lambda m: (m["faithfulness_selection"], m["wait"], -m["transfer"])))
         if sweep_result.get("kept_layouts") is not None:
-            result["best"]["faithfulness_by_layout"] = by_layout(result["best"]["wait"], result["best"]["transfer"])
+            best["faithfulness_by_layout"] = by_layout(best["wait"], best["transfer"])
+        result["best"] = best
     if passing:
         w = max(w for w, _ in passing)
         k = min(kk for ww, kk in passing if ww == w)

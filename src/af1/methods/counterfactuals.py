@@ -8,7 +8,7 @@ import random
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,6 +16,9 @@ from af1.errors import Af1Error
 from af1.tasks.builtin import NAMES, OPERATIONS, prompt_template
 from af1.tasks.files import read_task_file, slot_values
 from af1.tasks.task import Task
+
+if TYPE_CHECKING:
+    from af1.tasks.task import Tokenizer
 
 NOT_OPERANDS = ("context", "const", "bos")  # roles that are not an operand (or a task file's slot)
 
@@ -87,7 +90,7 @@ def _spans(
     return spans
 
 
-def _splice(task: Task, tokenizer: Any, i: int, spans: list[tuple[int, int]], value: str) -> list[int]:
+def _splice(task: Task, tokenizer: Tokenizer, i: int, spans: list[tuple[int, int]], value: str) -> list[int]:
     """Problem i's whole input (few-shot prefix and the BOS af1 prepends included) with `value` in every span of
     its own prompt."""
     p = task.problems[i]
@@ -99,7 +102,12 @@ def _splice(task: Task, tokenizer: Any, i: int, spans: list[tuple[int, int]], va
 
 
 def _draw(
-    task: Task, tokenizer: Any, i: int, spans: list[tuple[int, int]], candidates: list[str], role: str
+    task: Task,
+    tokenizer: Tokenizer,
+    i: int,
+    spans: list[tuple[int, int]],
+    candidates: list[str],
+    role: str,
 ) -> tuple[list[int], str, list[int]] | None:
     """The first candidate (in a seeded order per problem: the task's seed and the prompt) that, put in every span,
     keeps the token layout and changes nothing but the `role` positions: (ids, value, changed positions)."""
@@ -117,7 +125,7 @@ def _draw(
 
 def _drawn(
     task: Task,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     choices: Callable[[int], tuple[list[tuple[int, int]], list[str], str]],
     role: str,
     replacement: str,
@@ -137,7 +145,7 @@ def _drawn(
     return Counterfactual(torch.tensor(rows), replacement, sorted(positions), drawn, kind)
 
 
-def slot_counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
+def slot_counterfactual(task: Task, tokenizer: Tokenizer) -> Counterfactual:
     """A task file's prompts with the slot it names replaced, everywhere it stands, by its null value, or else by
     another of the slot's values that keeps the token layout, changing only that slot's tokens. The value is drawn
     per problem from the file's values, seeded by the task's seed and the prompt alone (so a problem gets the same
@@ -170,7 +178,7 @@ def slot_counterfactual(task: Task, tokenizer: Any) -> Counterfactual:
     return _drawn(task, tokenizer, choices, named.slot, replacement, f"slot {named.slot}")
 
 
-def operand_counterfactual(task: Task, tokenizer: Any, operand: str) -> Counterfactual:
+def operand_counterfactual(task: Task, tokenizer: Tokenizer, operand: str) -> Counterfactual:
     """A built-in task's prompts with one operand replaced by another value of its range with the same digits that
     keeps the token layout (only that operand's tokens change), drawn per problem like a task file's slot."""
     spec = task.spec
@@ -188,7 +196,7 @@ def operand_counterfactual(task: Task, tokenizer: Any, operand: str) -> Counterf
     return _drawn(task, tokenizer, choices, operand, f"another value of operand {operand.lower()}", operand)
 
 
-def counterfactual(task: Task, tokenizer: Any, kind: str | None = None) -> Counterfactual:
+def counterfactual(task: Task, tokenizer: Tokenizer, kind: str | None = None) -> Counterfactual:
     """The task's prompts with the operator replaced by a null symbol or word that keeps the token layout, or
     (kind an operand's name) that operand replaced per problem (`operand_counterfactual`); a task file replaces
     the slot it names (`slot_counterfactual`)."""

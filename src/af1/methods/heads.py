@@ -28,9 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from pydantic import ConfigDict, with_config
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
 from af1.executors.fast import capture_problem_kv, last_token_inputs
@@ -55,6 +57,13 @@ from af1.progress import stage as progress_stage
 from af1.stats import baseline_warning, constant_baseline, split_indices
 from af1.tasks.evaluation import Evaluated, Scores, batches, evaluated, require_solved, solved
 from af1.tasks.task import Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from af1.models.loading import LoadedModel
+    from af1.tasks.spec import TaskSpec
+    from af1.tasks.task import Tokenizer
 
 # --- capture of head and MLP outputs -------------------------------------------------------------
 
@@ -467,7 +476,7 @@ def pooled(weighted: list[tuple[float, Any]]) -> Any:
 def layout_path_patching(
     adapter: ModelAdapter,
     kept: Task,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     path: str,
     kind: str | None = None,
     scoring: str | None = None,
@@ -615,7 +624,7 @@ def _step_attention(
 
 @torch.no_grad()
 def token_attention(
-    adapter: ModelAdapter, tokenizer: Any, task: Task, heads: list[tuple[int, int]]
+    adapter: ModelAdapter, tokenizer: PreTrainedTokenizerBase, task: Task, heads: list[tuple[int, int]]
 ) -> dict[str, Any] | None:
     """Each head's attention from the last position over every token of one problem (the first of `task`, at its
     first answer step): the per-token picture behind `last_query_attention`'s shares, for the report to draw."""
@@ -747,7 +756,7 @@ def scoring_note(on: Task, scored: str) -> dict[str, Any]:
 def ranked(
     adapter: ModelAdapter,
     on: Task,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     path: str,
     metric: str,
     k: int,
@@ -784,9 +793,49 @@ def problem_split(n: int, split: tuple[float, int]) -> tuple[list[int], list[int
     return sel, conf
 
 
+# which solved problems chose the heads and which tested them ("from": the split's origin; a keyword, so this form)
+Split = with_config(ConfigDict(extra="forbid"))(
+    TypedDict(
+        "Split",
+        {
+            "from": str,
+            "selection_fraction": float,
+            "split_seed": int,
+            "n_selection": int,
+            "n_confirmation": int,
+            "heads_chosen_on": str,
+            "tested_on": str,
+        },
+    )
+)
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Knockout(TypedDict):
+    """The top k heads mean-ablated against random sets of k, on the confirmation part, with intervals."""
+
+    k: int
+    heads: list[list[int]]
+    scoring: str
+    means: str
+    means_without_other_problems: int
+    measured_on: str
+    n: int
+    accuracy_top_k: float
+    accuracy_top_k_ci: list[float]
+    random_drawn_from: str
+    random_heads: list[list[list[int]]]
+    accuracy_random_k_mean: float
+    accuracy_random_k_std: float
+    accuracy_random_k: list[float]
+    accuracy_random_k_ci: list[list[float]]
+    accuracy_baseline: float
+    base_accuracy: float
+
+
 def study(
-    lm: Any,
-    spec: Any,
+    lm: LoadedModel,
+    spec: TaskSpec,
     threshold: float = -0.05,
     k: int = 10,
     draws: int = 10,
@@ -831,6 +880,38 @@ def study(
     knock_warning = baseline_warning(f"the knock-outs ({spec.scoring} answer)", top_rate["baseline"], len(tested_on))
     warnings += [knock_warning] if knock_warning else []
     pp_rows = pp.pop("counterfactual_rows")
+    split_record = Split(
+        {
+            "from": split_from,
+            "selection_fraction": split[0],
+            "split_seed": split[1],
+            "n_selection": len(sel),
+            "n_confirmation": len(conf),
+            "heads_chosen_on": "the selection part (path patching)",
+            "tested_on": "the confirmation part (knock-outs, attention of the top heads)",
+        }
+    )
+    knockout = Knockout(
+        k=k,
+        heads=[list(h) for h in top],
+        scoring=spec.scoring,
+        means="per answer step and position, over all the task's problems, each knocked-out problem's own "
+        "clean state left out (leave-one-out); a (problem, step) that no other problem shares keeps its own "
+        "state, so its heads are not knocked out there (counted in means_without_other_problems)",
+        means_without_other_problems=loo_fallbacks(tested_on, means),
+        measured_on="the confirmation part of the solved problems",
+        n=len(tested_on),
+        accuracy_top_k=top_rate["value"],
+        accuracy_top_k_ci=top_rate["ci"],
+        random_drawn_from=f"the {n_heads - len(chosen)} heads neither in the top {k} nor key heads",
+        random_heads=[[list(h) for h in heads] for heads in rand_sets],
+        accuracy_random_k_mean=float(rand.mean()),
+        accuracy_random_k_std=float(rand.std()) if draws > 1 else 0.0,
+        accuracy_random_k=randoms,
+        accuracy_random_k_ci=[r["ci"] for r in randoms_detail],
+        accuracy_baseline=top_rate["baseline"],
+        base_accuracy=1.0,
+    )
     result: dict[str, Any] = {
         "model": lm.info.get("spec"),
         "task": spec.name,
@@ -841,15 +922,7 @@ def study(
         "scoring": spec.scoring,
         "path_patching_scoring": main["scoring"],
         "base_accuracy_all": base.accuracy,
-        "split": {
-            "from": split_from,
-            "selection_fraction": split[0],
-            "split_seed": split[1],
-            "n_selection": len(sel),
-            "n_confirmation": len(conf),
-            "heads_chosen_on": "the selection part (path patching)",
-            "tested_on": "the confirmation part (knock-outs, attention of the top heads)",
-        },
+        "split": split_record,
         "counterfactual": main["counterfactual"],
         "counterfactual_kind": main["counterfactual_kind"],
         "counterfactual_problems": counterfactual_problems(kept, sel, pp_rows),
@@ -861,27 +934,7 @@ def study(
         "key_heads_by_metric": {m: [list(h) for h in key_heads(effect_of(pp, m), threshold)] for m in METRICS},
         "top_heads": [list(h) for h in top],
         **pp,
-        "knockout": {
-            "k": k,
-            "heads": [list(h) for h in top],
-            "scoring": spec.scoring,
-            "means": "per answer step and position, over all the task's problems, each knocked-out problem's own "
-            "clean state left out (leave-one-out); a (problem, step) that no other problem shares keeps its own "
-            "state, so its heads are not knocked out there (counted in means_without_other_problems)",
-            "means_without_other_problems": loo_fallbacks(tested_on, means),
-            "measured_on": "the confirmation part of the solved problems",
-            "n": len(tested_on),
-            "accuracy_top_k": top_rate["value"],
-            "accuracy_top_k_ci": top_rate["ci"],
-            "random_drawn_from": f"the {n_heads - len(chosen)} heads neither in the top {k} nor key heads",
-            "random_heads": [[list(h) for h in heads] for heads in rand_sets],
-            "accuracy_random_k_mean": float(rand.mean()),
-            "accuracy_random_k_std": float(rand.std()) if draws > 1 else 0.0,
-            "accuracy_random_k": randoms,
-            "accuracy_random_k_ci": [r["ci"] for r in randoms_detail],
-            "accuracy_baseline": top_rate["baseline"],
-            "base_accuracy": 1.0,
-        },
+        "knockout": knockout,
         "attention_of_top_heads": last_query_attention(adapter, tested_on, top[: min(k, 5)]),
         "attention_measured_on": "the confirmation part of the solved problems",
         # one problem's tokens (the confirmation part's first): where each top and key head looks, token by token
@@ -935,7 +988,9 @@ def study(
     return result
 
 
-def choose_heads(lm: Any, done: Evaluated, k: int, path: str = "wang", metric: str = "relative") -> dict[str, Any]:
+def choose_heads(
+    lm: LoadedModel, done: Evaluated, k: int, path: str = "wang", metric: str = "relative"
+) -> dict[str, Any]:
     """The top-k heads by path patching on all of an evaluation's solved problems (for fine-tuning, which tests
     them on other problems): the heads, what was scored and on how many."""
     kept = solved(done.task, done.base)

@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +33,9 @@ from af1.interventions.attention import LayerPlan, attention_plans
 from af1.models.adapter import ModelAdapter
 from af1.tasks.evaluation import batches
 from af1.tasks.task import document_start
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 CORPUS_NAME = "austen_pride_and_prejudice_ch1.txt"
 CORPUS_SOURCE = "Jane Austen, Pride and Prejudice (1813), chapter 1; public domain"
@@ -55,7 +58,12 @@ def load_corpus(path: str | Path | None = None) -> str:
 
 
 def corpus_windows(
-    adapter: ModelAdapter, tokenizer: Any, text: str, length: int, n_windows: int, start_token: int | None = None
+    adapter: ModelAdapter,
+    tokenizer: PreTrainedTokenizerBase,
+    text: str,
+    length: int,
+    n_windows: int,
+    start_token: int | None = None,
 ) -> torch.Tensor:
     """[window, position] token ids: consecutive windows of the tokenized text, each led by `start_token` (the
     model's document start) when given."""
@@ -373,7 +381,12 @@ def random_init_like(adapter: ModelAdapter, seed: int, norm_matched: bool = Fals
     return ModelAdapter(model.eval().requires_grad_(False).to(adapter.device))
 
 
-def study(adapter: ModelAdapter, tokenizer: Any, config: PositionalConfig, corpus: str | Path | None = None):
+def study(
+    adapter: ModelAdapter,
+    tokenizer: PreTrainedTokenizerBase,
+    config: PositionalConfig,
+    corpus: str | Path | None = None,
+):
     """The whole positional study on one model: fits, controls, dummy distance, bands, perturbation."""
 
     start = document_start(tokenizer)

@@ -19,12 +19,15 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import DynamicCache
 
 from af1.models.adapter import input_device
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs")
 MAX_CONTEXTS = 8  # contexts kept per model (one per task layout in a run; a study has a handful)
@@ -38,7 +41,7 @@ class Context:
     layers: list[tuple[torch.Tensor, torch.Tensor]]
     versions: tuple[int, ...]
 
-    def cache(self, model: Any, batch: int) -> DynamicCache:
+    def cache(self, model: PreTrainedModel, batch: int) -> DynamicCache:
         """A fresh cache of `batch` rows holding the context (the forward appends the suffix to its own copy)."""
         cache = DynamicCache(config=model.config)
         for i, (k, v) in enumerate(self.layers):
@@ -49,14 +52,14 @@ class Context:
 _CONTEXTS: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], Context]] = weakref.WeakKeyDictionary()
 
 
-def _versions(model: Any) -> tuple[int, ...]:
+def _versions(model: PreTrainedModel) -> tuple[int, ...]:
     """What a context depends on besides its ids: every weight's in-place version and storage (`model.to(dtype)`
     swaps the storage without a new version)."""
     return tuple(x for p in model.parameters() for x in (p._version, p.data_ptr()))
 
 
 @contextlib.contextmanager
-def unhooked(model: Any) -> Iterator[None]:
+def unhooked(model: PreTrainedModel) -> Iterator[None]:
     """Run the unmodified model inside someone's hooks and attention plans (e.g. the shared context, computed the
     first time a hooked forward needs it): every module's forward hooks and plan are set aside for the block."""
     saved = []
@@ -77,7 +80,7 @@ def unhooked(model: Any) -> Iterator[None]:
                 module._af1_plan = plan
 
 
-def unshared_reason(model: Any, n_positions: int) -> str | None:
+def unshared_reason(model: PreTrainedModel, n_positions: int) -> str | None:
     """Why the model's cache cannot carry a context for prompts of n positions (a sliding window shorter than the
     prompt would drop context the full forward reads; an encoder-decoder has no such cache), or None."""
     config = model.config.get_text_config(decoder=True)
@@ -89,7 +92,7 @@ def unshared_reason(model: Any, n_positions: int) -> str | None:
     return None
 
 
-def cache_keyword(model: Any) -> str:
+def cache_keyword(model: PreTrainedModel) -> str:
     """The keyword a model's forward takes its key/value cache by: `cache` from transformers 5.24 on (where
     `past_key_values` is deprecated, with a warning per call), else `past_key_values`. Read once per model class:
     this is on every forward's path."""
@@ -101,7 +104,7 @@ def _cache_keyword(model_class: type) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
-def suffix_start(model: Any, ids_BT: torch.Tensor, context_len: int) -> int:
+def suffix_start(model: PreTrainedModel, ids_BT: torch.Tensor, context_len: int) -> int:
     """Where the positions a forward computes begin: the context's length when it is shared, else 0."""
     T = ids_BT.shape[1]
     c = min(context_len, T - 1)
@@ -110,7 +113,7 @@ def suffix_start(model: Any, ids_BT: torch.Tensor, context_len: int) -> int:
     return c
 
 
-def context_of(model: Any, ids_T: torch.Tensor) -> Context:
+def context_of(model: PreTrainedModel, ids_T: torch.Tensor) -> Context:
     """The context of these token ids, computed once per model (and recomputed after the weights change)."""
     per_model = _CONTEXTS.setdefault(model, {})
     key = tuple(int(t) for t in ids_T)
@@ -135,18 +138,18 @@ def context_of(model: Any, ids_T: torch.Tensor) -> Context:
     return per_model[key]
 
 
-def forget_contexts(model: Any) -> None:
+def forget_contexts(model: PreTrainedModel) -> None:
     """Drop a model's computed contexts (the next forward computes them again): for timing a cold start."""
     _CONTEXTS.pop(model, None)
 
 
-def forward_last(model: Any, ids_BT: torch.Tensor, context_len: int = 0) -> torch.Tensor:
+def forward_last(model: PreTrainedModel, ids_BT: torch.Tensor, context_len: int = 0) -> torch.Tensor:
     """Next-token logits [B, V] at the last position (fp32, CPU), with explicit mask and position ids; the first
     `context_len` positions (the same in every row) come from the context's cache when the model can share it."""
     return forward_tail(model, ids_BT, context_len, 1)[:, -1]
 
 
-def forward_tail(model: Any, ids_BT: torch.Tensor, context_len: int = 0, keep: int = 1) -> torch.Tensor:
+def forward_tail(model: PreTrainedModel, ids_BT: torch.Tensor, context_len: int = 0, keep: int = 1) -> torch.Tensor:
     """Next-token logits [B, keep, V] at the last `keep` positions (fp32, CPU): `forward_last` for several teacher-
     forced answer steps at once (a causal position never reads later ones)."""
     B, T = ids_BT.shape

@@ -19,6 +19,9 @@ from af1.models.cache import cache_root
 from af1.progress import enabled
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -29,8 +32,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class LoadedModel:
     """A model, its tokenizer, its family adapter and where it came from."""
 
-    model: Any
-    tokenizer: Any
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
     adapter: ModelAdapter
     info: dict[str, Any] = field(default_factory=dict)
 

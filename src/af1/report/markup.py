@@ -13,6 +13,8 @@ from rich.table import Table
 
 from af1.report import interactive
 
+Rows = Sequence[Mapping[str, Any]]  # JSON records: per-layout rates, layout rows
+
 STYLE = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 h1{font-size:1.6em} h2{margin-top:2em;border-bottom:1px solid #ddd}
@@ -96,7 +98,7 @@ def ci_text(value: float | None, ci: list[float] | None = None) -> str:
 LAYOUT_HEADERS = ["layout", "positions", "example input (its end)", "n", "rate [95 % CI]", "constant guess"]
 
 
-def layout_rows(by_layout: list[dict[str, Any]] | None, layouts: Sequence[Mapping[str, Any]] | None) -> list[list[Any]]:
+def layout_rows(by_layout: Rows | None, layouts: Rows | None) -> list[list[Any]]:
     """A pooled rate's parts, one row per token layout (empty for a task of one layout)."""
     shape = {row["layout"]: row for row in layouts or []}
     rows = []
@@ -109,7 +111,7 @@ def layout_rows(by_layout: list[dict[str, Any]] | None, layouts: Sequence[Mappin
     return rows
 
 
-def layout_html(what: str, by_layout: list[dict[str, Any]] | None, layouts: Sequence[Mapping[str, Any]] | None) -> str:
+def layout_html(what: str, by_layout: Rows | None, layouts: Rows | None) -> str:
     """The per-layout table under a pooled rate, with a line saying what is pooled; nothing for one layout."""
     rows = layout_rows(by_layout, layouts)
     if not rows:
@@ -120,7 +122,7 @@ def layout_html(what: str, by_layout: list[dict[str, Any]] | None, layouts: Sequ
     )
 
 
-def layout_table(by_layout: list[dict[str, Any]] | None, layouts: Sequence[Mapping[str, Any]] | None) -> list[Table]:
+def layout_table(by_layout: Rows | None, layouts: Rows | None) -> list[Table]:
     """The same per-layout rows for a terminal: one table, or none for a task of one layout."""
     rows = layout_rows(by_layout, layouts)
     if not rows:
@@ -131,7 +133,7 @@ def layout_table(by_layout: list[dict[str, Any]] | None, layouts: Sequence[Mappi
     return [table]
 
 
-def layouts_text(by_layout: list[dict[str, Any]] | None) -> str:
+def layouts_text(by_layout: Rows | None) -> str:
     """A pooled rate's parts in one line ('' for one layout): 'layout 0: 0.967 [0.83, 0.99], n 30 (constant guess
     0.100); layout 1: ...'."""
     return "; ".join(

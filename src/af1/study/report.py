@@ -45,6 +45,7 @@ def collect(store: Store, units: list[Unit]) -> tuple[dict[str, Any], list[str]]
                 "seconds": rec.get("seconds"),
                 "host": (rec.get("worker") or {}).get("host"),
                 "peak_rss_mb": (rec.get("worker") or {}).get("peak_rss_mb"),
+                "peak_rss_covers": (rec.get("worker") or {}).get("peak_rss_covers", "the process so far"),
                 "error": rec.get("error") or rec.get("reason"),
             }
         )
@@ -121,13 +122,13 @@ def _write_study_report(store: Store, plan: StudyPlan, units: list[Unit]) -> Pat
         *unit_sections(store, units),
         "<h2>Units and wall time</h2>",
         table_html(
-            ["unit", "state", "seconds", "peak RSS (MB, its process so far)", "host", "error or reason"],
+            ["unit", "state", "seconds", "peak RSS (MB, the unit's own)", "host", "error or reason"],
             [
                 [
                     r["id"],
                     r["state"],
                     "" if r["seconds"] is None else r["seconds"],
-                    "" if r["peak_rss_mb"] is None else round(r["peak_rss_mb"]),
+                    peak_rss(r),
                     r["host"] or "",
                     r["error"] or "",
                 ]
@@ -178,3 +179,11 @@ def _study_report(d: Path, static: bool) -> Path:
 
     plan = StudyPlan.model_validate(read_json(d / "plan.json")["plan"])
     return build_study_report(Store(d), plan, expand(plan), static)
+
+
+def peak_rss(row: dict[str, Any]) -> str:
+    """A unit's peak RSS in MB; marked where only its process's peak so far could be read (no Linux /proc)."""
+    if row["peak_rss_mb"] is None:
+        return ""
+    mb = f"{row['peak_rss_mb']:.0f}"
+    return mb if row["peak_rss_covers"] == "its own" else f"{mb} (process so far)"

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import resource
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -18,6 +16,7 @@ from af1.experiments import REGISTRY, Inputs, NotApplicable
 from af1.experiments.base import NO_CELL, Resources, check_found
 from af1.experiments.session import Session, one_line
 from af1.models import load_model
+from af1.progress import peak_memory
 from af1.results import provenance, to_json
 from af1.study.plan import ModelEntry, Unit
 
@@ -53,21 +52,22 @@ class Worker(Session):
         done = {d["id"]: d["result"] for d in deps if d.get("state") == "done"}
         missing = [d["id"] for d in deps if d.get("state") != "done" and d["id"].rsplit("/", 1)[1] in required]
         inapplicable = [d["id"] for d in deps if d.get("state") == "not_applicable" and d["id"] in missing]
-        if missing and not (experiment.scope == "models" and done):  # cross-model does with the sources it has
-            if inapplicable:
-                outcome = {"state": "not_applicable", "reason": f"reads {inapplicable[0]}, which did not apply"}
-            else:
-                outcome = {"state": "failed", "error": f"needs {missing[0]}, which did not finish"}
-        else:  # an optional input that did not finish is left out
-            try:
-                result = run_unit(self, unit, done, state_dir)
-                if missing:
-                    result["missing_sources"] = missing
-                outcome = {"state": "done", "result": json.loads(to_json(result))}
-            except NotApplicable as why:
-                outcome = {"state": "not_applicable", "reason": str(why)}
-            except Exception as exc:
-                outcome = {"state": "failed", "error": one_line(exc), "traceback": traceback.format_exc(limit=-8)}
+        with peak_memory() as peak:
+            if missing and not (experiment.scope == "models" and done):  # cross-model does with the sources it has
+                if inapplicable:
+                    outcome = {"state": "not_applicable", "reason": f"reads {inapplicable[0]}, which did not apply"}
+                else:
+                    outcome = {"state": "failed", "error": f"needs {missing[0]}, which did not finish"}
+            else:  # an optional input that did not finish is left out
+                try:
+                    result = run_unit(self, unit, done, state_dir)
+                    if missing:
+                        result["missing_sources"] = missing
+                    outcome = {"state": "done", "result": json.loads(to_json(result))}
+                except NotApplicable as why:
+                    outcome = {"state": "not_applicable", "reason": str(why)}
+                except Exception as exc:
+                    outcome = {"state": "failed", "error": one_line(exc), "traceback": traceback.format_exc(limit=-8)}
         lm = self.loaded
         info = lm.info if lm is not None else {"spec": self.entry.spec}
         task = unit.task.model_dump() if unit.task is not None else None
@@ -80,16 +80,11 @@ class Worker(Session):
                 "pid": os.getpid(),
                 "threads": torch.get_num_threads(),
                 "model_loads": self.loads,
-                "peak_rss_mb": peak_rss_mb(),  # the worker process's peak so far (units share a process)
+                "peak_rss_mb": peak[0].mb,
+                "peak_rss_covers": peak[0].covers,  # the unit's own, where the OS lets it be measured
             },
             "provenance": json.loads(to_json(provenance(info, task=task))),
         }
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory so far, in MB (Linux reports KB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 
 
 def unit_inputs(worker: Resources, unit: Unit, deps: dict[str, dict[str, Any]], state_dir: str | None) -> Inputs:

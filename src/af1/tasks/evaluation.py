@@ -9,18 +9,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from pydantic import BaseModel
 
 from af1.errors import Af1Error
 from af1.models.forward import forward_last, forward_tail
-from af1.progress import progress
+from af1.progress import progress, return_freed_memory
 from af1.stats import LAYOUT_KEYS, rate
 from af1.tasks.task import Task, build_task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from af1.tasks.spec import TaskSpec
+    from af1.tasks.task import Tokenizer
+
+R = TypeVar("R")  # what `per_step` makes of each batch's logits
 
 
 @dataclass
@@ -146,7 +154,11 @@ def batches(n: int, batch_size: int) -> Iterator[slice]:
 
 @torch.no_grad()
 def last_logits(
-    model: Any, input_ids_PT: torch.Tensor, batch_size: int = 64, desc: str | None = None, context_len: int = 0
+    model: PreTrainedModel,
+    input_ids_PT: torch.Tensor,
+    batch_size: int = 64,
+    desc: str | None = None,
+    context_len: int = 0,
 ) -> torch.Tensor:
     """Next-token logits at the last position of every prompt, batched; a shared context runs once."""
     chunks = progress(list(batches(len(input_ids_PT), batch_size)), desc)
@@ -154,39 +166,62 @@ def last_logits(
     return torch.cat(out) if out else torch.empty(0)
 
 
-def evaluate(model: Any, task: Task, batch_size: int = 64) -> Scores:
+def evaluate(model: PreTrainedModel, task: Task, batch_size: int = 64) -> Scores:
     """Score the unmodified model: greedy exact match of the whole answer (or of its first token). Every answer step
-    of a problem comes from one forward over its prompt and its answer but the last token (teacher forcing)."""
+    of a problem comes from one forward over its prompt and its answer but the last token (teacher forcing); each
+    batch is scored as it comes, so memory holds one batch of logits whatever n is."""
     steps = task.steps()
-    logits: list[torch.Tensor | None] = [None] * len(steps)
+    scores: list[Scores | None] = [None] * len(steps)
     by_layout: dict[Any, list[int]] = {}
     for i, step in enumerate(steps):
         by_layout.setdefault(step.part_key[:-1], []).append(i)
     for order in by_layout.values():
-        for i, step_logits in zip(order, all_step_logits(model, [steps[i] for i in order], batch_size), strict=True):
-            logits[i] = step_logits
-    assert all(x is not None for x in logits), "every answer step is some layout's"
-    return Scores.from_steps(task, [x for x in logits if x is not None])
+        done = per_step(model, [steps[i] for i in order], batch_size, Scores.from_logits, Scores.concat, Scores.subset)
+        for i, step_scores in zip(order, done, strict=True):
+            scores[i] = step_scores
+    assert all(x is not None for x in scores), "every answer step is some layout's"
+    return Scores.combine(task, [x for x in scores if x is not None])
+
+
+def all_step_logits(model: PreTrainedModel, steps: list[Task], batch_size: int = 64) -> list[torch.Tensor]:
+    """Last-position logits [P_k, V] of consecutive answer steps 0, 1, ... of one token layout, each problem run once
+    at its deepest step (`per_step`)."""
+    return per_step(model, steps, batch_size, lambda logits_BV, _: logits_BV, torch.cat, lambda x, i: x[i])
 
 
 @torch.no_grad()
-def all_step_logits(model: Any, steps: list[Task], batch_size: int = 64) -> list[torch.Tensor]:
-    """Last-position logits [P_k, V] of consecutive answer steps 0, 1, ... of one token layout (rows `index_P` of
-    one task), each problem run once at its deepest step: its logits at step k's last position are step k's."""
+def per_step(
+    model: PreTrainedModel,
+    steps: list[Task],
+    batch_size: int,
+    reduce: Callable[[torch.Tensor, torch.Tensor], R],
+    join: Callable[[list[R]], R],
+    take: Callable[[R, list[int]], R],
+) -> list[R]:
+    """`reduce(logits [B, V], answer ids [B])` of every batch of consecutive answer steps 0, 1, ... of one token
+    layout (rows `rows_in_parent` of one task), joined per step and put in its rows' order by `take(value, rows)`.
+    Each problem runs once at its deepest step: its logits at step k's last position are step k's."""
     rows = [s.rows_in_parent for s in steps]
     where = [{int(r): i for i, r in enumerate(r_k.tolist())} for r_k in rows]
     deepest = {r: k for k, w in enumerate(where) for r in w}
-    out: list[list[tuple[int, torch.Tensor]]] = [[] for _ in steps]
+    parts: list[list[tuple[list[int], R]]] = [[] for _ in steps]
     jobs = []
     for d in sorted(set(deepest.values())):
         problems = [r for r, k in deepest.items() if k == d]
         jobs += [(d, problems[sl]) for sl in batches(len(problems), batch_size)]
     for d, problems in progress(jobs, "evaluate"):
         ids = steps[d].input_ids_PT[[where[d][r] for r in problems]]
-        tail = forward_tail(model, ids, steps[d].context_len, d + 1)  # [B, d+1, V]
+        tail_BKV = forward_tail(model, ids, steps[d].context_len, d + 1)
         for k in range(d + 1):
-            out[k] += [(where[k][r], tail[b, k]) for b, r in enumerate(problems)]
-    return [torch.stack([x for _, x in sorted(pairs, key=lambda pair: pair[0])]) for pairs in out]
+            index = [where[k][r] for r in problems]
+            parts[k].append((index, reduce(tail_BKV[:, k], steps[k].answer_ids_P[index])))
+        del tail_BKV
+        return_freed_memory()  # else the RSS grows with n by the freed logits the heap keeps
+    out = []
+    for pieces in parts:
+        order = [i for index, _ in pieces for i in index]
+        out.append(take(join([piece for _, piece in pieces]), sorted(range(len(order)), key=order.__getitem__)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -197,14 +232,14 @@ class Evaluated:
     base: Scores
     model_id: int  # id() of the model that was scored
 
-    def check(self, model: Any, spec: Any) -> Evaluated:
+    def check(self, model: PreTrainedModel, spec: TaskSpec) -> Evaluated:
         """Itself, when it is this model's evaluation of this spec; reusing another's would be a silent error."""
         if self.model_id != id(model) or self.task.spec != spec:
             raise ValueError("an evaluation of another model or task was passed for reuse")
         return self
 
 
-def evaluated(model: Any, tokenizer: Any, spec: Any, done: Evaluated | None = None) -> Evaluated:
+def evaluated(model: PreTrainedModel, tokenizer: Tokenizer, spec: TaskSpec, done: Evaluated | None = None) -> Evaluated:
     """Build a spec's task and score the unmodified model on it; `done`, an evaluation already made of the
     same model and spec, is checked and returned instead."""
     if done is not None:
@@ -218,7 +253,7 @@ def solved(task: Task, scores: Scores) -> Task:
     return task.subset(scores.correct_P.nonzero().flatten())
 
 
-def require_solved(n_solved: int, spec: Any) -> None:
+def require_solved(n_solved: int, spec: TaskSpec) -> None:
     """Interventions are measured on the solved problems: none solved is a one-line error."""
     if n_solved == 0:
         raise Af1Error(f"the model solves none of the {spec.name} problems ({spec.style_name}, {spec.shots} shots)")
@@ -264,7 +299,9 @@ class ProblemInputs(BaseModel):
         )
 
 
-def recorded(model: Any, tokenizer: Any, spec: Any, rows: list[dict[str, Any]]) -> Evaluated | None:
+def recorded(
+    model: PreTrainedModel, tokenizer: Tokenizer, spec: TaskSpec, rows: list[dict[str, Any]]
+) -> Evaluated | None:
     """An evaluation read back from its problem rows (`problem_rows`) instead of run again; None when the rows are
     not exactly this spec's inputs (another tokenizer or version): then it is run."""
     task = build_task(spec, tokenizer)

@@ -7,12 +7,15 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from af1.errors import Af1Error
 from af1.tasks.problems import Problem, file_pool, problem_identity, problem_pool
 from af1.tasks.spec import TaskSpec
 from af1.tasks.task import Task, tokenize_task
+
+if TYPE_CHECKING:
+    from af1.tasks.task import Tokenizer
 
 # The CAMA means' sample: disjoint from the evaluated problems where the distribution has enough others, sized so
 # that every (position, token) held by at least MEANS_COMMON of the evaluated problems is expected MEANS_MIN_COUNT
@@ -40,7 +43,7 @@ def means_sample_size(evaluated: Task) -> int:
     return max(MEANS_SAMPLE_MIN, min(MEANS_SAMPLE_MAX, math.ceil(MEANS_MIN_COUNT / min(shares))))
 
 
-def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
+def distribution_task(spec: TaskSpec, tokenizer: Tokenizer, evaluated: Task) -> Task:
     """The problems CAMA averages over: a seeded sample of `means_sample_size` problems disjoint from the evaluated
     ones, topped up with MEANS_MIN_COUNT problems of each layout and answer step the sample missed (evaluated ones
     only where no other problem has it: each is left out of its own mean), or the whole distribution where it has
@@ -71,7 +74,7 @@ def distribution_task(spec: TaskSpec, tokenizer: Any, evaluated: Task) -> Task:
 
 
 def _covered(
-    spec: TaskSpec, examples: list[Problem], sample: list[Problem], tokenizer: Any, like: Task
+    spec: TaskSpec, examples: list[Problem], sample: list[Problem], tokenizer: Tokenizer, like: Task
 ) -> tuple[Task | None, set[Any]]:
     """The sample tokenized in `like`'s layouts and the (layout, answer step) keys it holds; None and nothing when it
     has no problem of some layout."""
@@ -87,7 +90,7 @@ def _missing_parts(
     examples: list[Problem],
     sample: list[Problem],
     candidates: list[Problem],
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     like: Task,
     have: set[Any] | None = None,
 ) -> list[Problem]:

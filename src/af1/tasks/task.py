@@ -16,8 +16,9 @@ import dataclasses
 import itertools
 import string
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -26,6 +27,13 @@ from af1.tasks.builtin import NAMES, OPERATIONS, SEPARATOR, Operation, prompt_te
 from af1.tasks.files import read_task_file
 from af1.tasks.problems import Problem, file_pool, problem_pool, sample_problems
 from af1.tasks.spec import DEFAULT_N, TaskSpec
+
+
+class Tokenizer(Protocol):
+    """What the task layer reads of a tokenizer (a Hugging Face one, or a test's stand-in): a text's ids and, when
+    asked, each token's character span. `document_start` reads its special tokens where it has them."""
+
+    def __call__(self, text: str, /, *, return_offsets_mapping: bool = ...) -> Mapping[str, Any]: ...
 
 
 @dataclass
@@ -270,7 +278,7 @@ class Task:
 
 
 def _roles(
-    tokenizer: Any, problem: Problem, operation: Operation | None, style: str
+    tokenizer: Tokenizer, problem: Problem, operation: Operation | None, style: str
 ) -> tuple[list[int], tuple[str, ...]]:
     """Token ids of a prompt and the role of each token (which operand or slot it spells, or const)."""
     enc = tokenizer(problem.text, return_offsets_mapping=True)
@@ -291,7 +299,7 @@ def _roles(
     return ids, tuple(roles)
 
 
-def answer_tokens(tokenizer: Any, text: str, answer: str, prompt_ids: list[int]) -> tuple[int, ...] | None:
+def answer_tokens(tokenizer: Tokenizer, text: str, answer: str, prompt_ids: list[int]) -> tuple[int, ...] | None:
     """Every token the tokenizer emits for `answer` right after `text`, or None if prompt and answer merge."""
     full = tokenizer(text + answer)["input_ids"]
     if full[: len(prompt_ids)] != prompt_ids or len(full) == len(prompt_ids):
@@ -299,7 +307,7 @@ def answer_tokens(tokenizer: Any, text: str, answer: str, prompt_ids: list[int])
     return tuple(int(t) for t in full[len(prompt_ids) :])
 
 
-def answer_token(tokenizer: Any, text: str, answer: str, prompt_ids: list[int]) -> int | None:
+def answer_token(tokenizer: Tokenizer, text: str, answer: str, prompt_ids: list[int]) -> int | None:
     """The first token the tokenizer emits for `answer` right after `text`, or None if they merge."""
     tokens = answer_tokens(tokenizer, text, answer, prompt_ids)
     return None if tokens is None else tokens[0]
@@ -317,7 +325,12 @@ def answer_end(spec: TaskSpec) -> str | None:
 
 
 def stop_token(
-    tokenizer: Any, text: str, answer: str, separator: str, prompt_ids: list[int], answer_ids: tuple[int, ...]
+    tokenizer: Tokenizer,
+    text: str,
+    answer: str,
+    separator: str,
+    prompt_ids: list[int],
+    answer_ids: tuple[int, ...],
 ) -> int | None:
     """The first token the tokenizer emits for `separator` after `text` + `answer`, or None when it merges with the
     answer (the answer's own tokens would change)."""
@@ -329,7 +342,11 @@ def stop_token(
 
 
 def end_tokens(
-    spec: TaskSpec, problems: list[Problem], prompt_ids: list[list[int]], answers: list[tuple[int, ...]], tokenizer: Any
+    spec: TaskSpec,
+    problems: list[Problem],
+    prompt_ids: list[list[int]],
+    answers: list[tuple[int, ...]],
+    tokenizer: Tokenizer,
 ) -> tuple[list[int], dict[str, Any]]:
     """Each problem's token after its answer in a worked example (empty when the end is not checked), and whether
     full scoring checks the end, with which token, or why not."""
@@ -370,7 +387,7 @@ def document_start(tokenizer: Any) -> tuple[int, str] | None:
 
 
 def _encode(
-    spec: TaskSpec, problems: list[Problem], tokenizer: Any
+    spec: TaskSpec, problems: list[Problem], tokenizer: Tokenizer
 ) -> tuple[list[Problem], list[tuple[list[int], tuple[str, ...]]], list[tuple[int, ...] | None], bool]:
     operation = OPERATIONS[spec.operation] if spec.file is None else None
     encoded = [_roles(tokenizer, p, operation, spec.style) for p in problems]
@@ -405,7 +422,11 @@ PAD = -1  # pads the whole-task ids of a task of several layouts: not a token, s
 
 
 def tokenize_task(
-    spec: TaskSpec, examples: list[Problem], problems: list[Problem], tokenizer: Any, like: Task | None = None
+    spec: TaskSpec,
+    examples: list[Problem],
+    problems: list[Problem],
+    tokenizer: Tokenizer,
+    like: Task | None = None,
 ) -> Task:
     """Tokenize and check problems: unambiguous answers, grouped by token layout, each group's constant context.
 
@@ -528,7 +549,7 @@ def _layout_task(
     prompt_roles: tuple[str, ...],
     answers: list[tuple[int, ...]],
     stops: list[int],
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     like: Task | None,
 ) -> Task:
     """Problems of one token layout: the constant context and, when the first token varies, a prepended BOS."""
@@ -583,7 +604,7 @@ def _layout_task(
     )
 
 
-def build_task(spec: TaskSpec, tokenizer: Any) -> Task:
+def build_task(spec: TaskSpec, tokenizer: Tokenizer) -> Task:
     """Enumerate, tokenize and check the problems of a spec (or read them from its task file)."""
     examples, pool = problem_pool(spec) if spec.file is None else file_pool(spec)
     task = tokenize_task(spec, examples, sample_problems(spec, pool), tokenizer)
