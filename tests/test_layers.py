@@ -93,3 +93,24 @@ def test_the_layers_are_the_folders():
     assert sorted(p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()) == sorted(
         k for k, v in RANK.items() if k not in ("cli", "api")
     )
+
+
+def test_family_quirks_are_read_only_by_the_model_layer():
+    """A family's quirk columns (how its layers behave, `Family` fields after the module paths) are read in
+    `models/` only: the methods and executors ask the adapter, so a new quirk is a column, its rows' values and
+    the adapter's question (docs/layout.md, "Adding a family quirk")."""
+    import dataclasses
+    import re
+
+    from af1.models.families import Family
+
+    paths = {"name", "model_types", "layers", "final_norm", "lm_head", "attention", "o_proj", "mlp"}
+    quirks = [f.name for f in dataclasses.fields(Family) if f.name not in paths] + ["rope"]
+    pattern = re.compile(r"family\.(" + "|".join(quirks) + r")\b")
+    readers = sorted(
+        str(p.relative_to(SRC))
+        for p in SRC.rglob("*.py")
+        if p.relative_to(SRC).parts[0] != "models" and pattern.search(p.read_text())
+    )
+    assert readers == []
+    assert len(quirks) >= 8  # the columns this test guards exist

@@ -340,3 +340,26 @@ def test_options_given_win_over_the_file_and_defaults_do_not(tmp_path, capsys, c
         code, out, err = run_cli(capsys, "eval", "--task-file", str(path), "--json", *args)
         assert code == 0, err
         assert json.loads(out)["provenance"]["task"]["shots"] == shots
+
+
+def test_a_task_file_is_read_once_until_it_changes(tmp_path, monkeypatch):
+    """The spec's check, the task and the counterfactuals share one read of an unchanged file; an edited file is
+    read again (its new content, not the cached one)."""
+    import os
+
+    import af1.tasks.files as files
+
+    path = tmp_path / "t.yaml"
+    digits = '{values: ["1", "2", "3"]}'
+    path.write_text(
+        f"name: first\ntemplate: '{{a}}+{{b}}='\nslots: {{a: {digits}, b: {digits}}}\nanswer: {{expr: a + b}}\n"
+    )
+    parsed = []
+    real = files._read_task_file
+    monkeypatch.setattr(files, "_read_task_file", lambda p: parsed.append(p) or real(p))
+    files._read_once.cache_clear()
+    first = files.read_task_file(path)
+    assert files.read_task_file(str(path)) is first and len(parsed) == 1
+    path.write_text(path.read_text().replace("first", "second"))
+    os.utime(path, ns=(1, 1))  # a different modification time even within the clock's resolution
+    assert files.read_task_file(path).name == "second" and len(parsed) == 2

@@ -180,7 +180,7 @@ def attention_plans(adapter: ModelAdapter, plans: dict[int, LayerPlan]) -> Itera
     }
     handles = []
     try:
-        if adapter.family.uses_attention_interface:
+        if adapter.no_attention_interface() is None:
             model.config._attn_implementation = PREFIX + kernel
         else:  # one pre-hook per module: an outer block's hook already reads the module's current plan
             handles = [

@@ -56,8 +56,8 @@ def answer_batch(task: Task, index: list[int]) -> tuple[torch.Tensor, torch.Tens
 
 def head_slices(adapter: ModelAdapter, heads: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
     """Boolean masks over the attention parameters that belong to the chosen heads."""
-    if adapter.family.fused_qkv:
-        raise Af1Error(f"precise fine-tuning does not support the fused QKV projection of {adapter.family.name}")
+    if (reason := adapter.no_head_slices()) is not None:
+        raise Af1Error(f"precise fine-tuning does not support {reason}")
     d, group = adapter.head_dim, adapter.n_heads // adapter.n_kv_heads
     masks: dict[str, torch.Tensor] = {}
     names = {id(p): n for n, p in adapter.model.named_parameters()}

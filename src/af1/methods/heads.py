@@ -81,12 +81,6 @@ def run_last(
     return cache, logits
 
 
-def o_proj_weight(adapter: ModelAdapter, layer: int) -> torch.Tensor:
-    """[D, H*d]: the output projection as a matrix acting on the concatenated heads (GPT-2's Conv1D transposed)."""
-    proj = adapter.o_proj(layer)
-    return weight_of(proj).T if adapter.family.conv1d else weight_of(proj)
-
-
 @dataclass
 class AnswerRows:
     """The unembedding rows [B, 2, D] (and bias [B, 2]) of each problem's correct and top wrong token."""
@@ -202,16 +196,13 @@ def head_deltas(adapter: ModelAdapter, layer: int, z_clean_BE: torch.Tensor, z_n
     """[H, B, D]: what each head's change of output adds to the residual stream through o_proj."""
     H, d = adapter.n_heads, adapter.head_dim
     with adapter.onloaded(adapter.o_proj(layer)):
-        W = o_proj_weight(adapter, layer)
+        W = adapter.o_proj_weight(layer)
         return torch.einsum("bhe,dhe->hbd", (z_new_BE - z_clean_BE).to(W.device).view(-1, H, d), W.view(-1, H, d))
 
 
 def check_direct_paths(adapter: ModelAdapter) -> None:
-    if adapter.family.post_norms:
-        raise Af1Error(
-            f"{adapter.family.name} normalises attention and MLP outputs before the residual stream: "
-            "their direct paths to the logits are not linear, so path patching is not offered for it"
-        )
+    if (reason := adapter.nonlinear_outputs()) is not None:
+        raise Af1Error(f"{reason}: their direct paths to the logits are not linear, so path patching is not offered")
 
 
 PATHS = ("wang", "direct", "total")
@@ -679,7 +670,7 @@ def mlp_logit_lens(adapter: ModelAdapter, task: Task, scoring: str | None = None
     final norm with its scale frozen at the final residual (`norm_read`) and the unembedding, at every scored answer
     step (`scored_steps`: per problem the mean over its steps, then over problems). None for families whose MLP
     output is normalised again before the residual sum (post-norms)."""
-    if adapter.family.post_norms:
+    if adapter.nonlinear_outputs() is not None:
         return None
     if task.groups:
         return pooled([(w, mlp_logit_lens(adapter, group, scoring)) for w, group in per_layout(task)])

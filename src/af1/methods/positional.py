@@ -215,7 +215,7 @@ def rope_tables(adapter: ModelAdapter, T: int) -> tuple[torch.Tensor, torch.Tens
     """cos, sin [T, head_dim] of the model's rotary embedding; refuses families without a plain one."""
     base = getattr(adapter.model, adapter.model.base_model_prefix)
     rotary = getattr(base, "rotary_emb", None)
-    if adapter.family.rotary != "plain" or rotary is None:
+    if not adapter.plain_rotary or rotary is None:
         raise Af1Error(f"the {adapter.family.name} family has no plain rotary embedding for the RoPE analyses")
     x = torch.zeros(1, T, adapter.hidden_size, device=adapter.device)
     cos, sin = rotary(x, torch.arange(T, device=adapter.device)[None])

@@ -105,10 +105,33 @@ class ModelAdapter:
 
     def no_attention_interface(self) -> str | None:
         """Why work that routes keys/values through transformers' attention interface cannot run on this family
-        (its attention bypasses it: GPT-J), or None; the one place this family quirk is read."""
+        (its attention bypasses it: GPT-J), or None."""
         if self.family.uses_attention_interface:
             return None
         return f"the {self.family.name} family does not use transformers' attention interface"
+
+    def nonlinear_outputs(self) -> str | None:
+        """Why the attention and MLP outputs' direct paths to the logits are not linear (they are normalised before
+        the residual sum: Gemma-2/3's post-norms), or None."""
+        if not self.family.post_norms:
+            return None
+        return f"{self.family.name} normalises attention and MLP outputs before the residual stream"
+
+    def no_head_slices(self) -> str | None:
+        """Why a head's query, key and value weights are not separate row slices (one fused projection), or None."""
+        if not self.family.fused_qkv:
+            return None
+        return f"the fused QKV projection of {self.family.name}"
+
+    @property
+    def plain_rotary(self) -> bool:
+        """Whether the family's rotary embedding is the plain one (every dimension, one base for every layer)."""
+        return self.family.rotary == "plain"
+
+    def o_proj_weight(self, layer: int) -> torch.Tensor:
+        """[D, H*d]: the output projection as a matrix acting on the concatenated heads (GPT-2's Conv1D transposed)."""
+        weight = weight_of(self.o_proj(layer))
+        return weight.T if self.family.conv1d else weight
 
     @property
     def parallel_residual(self) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import functools
 import hashlib
 import io
 import itertools
@@ -119,8 +120,25 @@ ROWS_DEFAULTS: dict[str, Any] = {"shots": 3, "scoring": "full"}  # a rows file g
 
 def read_task_file(path: str | Path) -> TaskFile:
     """Parse and validate a task file; a bad one is one line. A .jsonl or .csv of prompt/answer rows is a task file
-    by itself: its rows, 3 worked examples drawn from the other rows, full scoring, named after the file."""
+    by itself: its rows, 3 worked examples drawn from the other rows, full scoring, named after the file. Read once
+    per process while the file is unchanged (its value is frozen): the spec's check, the task and the
+    counterfactuals share it."""
     path = Path(path)
+    try:
+        stat = path.stat()
+    except OSError:
+        return _read_task_file(path)  # the error says what is wrong with it
+    return _read_once(str(path), str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_once(path: str, resolved: str, size: int, mtime_ns: int) -> TaskFile:
+    """`_read_task_file` keyed by the file's path (as given, for its messages, and resolved), size and modification
+    time: a changed file is read again."""
+    return _read_task_file(Path(path))
+
+
+def _read_task_file(path: Path) -> TaskFile:
     if path.suffix in (".jsonl", ".csv"):
         if not path.is_file():
             raise Af1Error(f"no such task file: {path}")
