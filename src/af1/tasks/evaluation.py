@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from af1.tasks.task import Tokenizer
 
 R = TypeVar("R")  # what `per_step` makes of each batch's logits
-TRIM_EVERY = 4  # batches between giving freed heap pages back (each time costs about 2 % of a batch's time)
+TRIM_EVERY = 4  # batches between giving freed heap pages back (after every batch it cost 9 % of SmolLM2's evaluation)
 
 
 @dataclass
