@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -28,10 +27,6 @@ os.environ.setdefault("AF1_NO_PROGRESS", "1")
 RESULTS = Path(__file__).parent / "results"
 CONFIGS = {"smollm2": (19, 4), "qwen0.5b": (15, 1)}  # each model's searched cell on the demo task
 TINY = "tiny-llama"
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def load(name: str) -> Any:
@@ -67,7 +62,7 @@ def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
     from af1.methods import heads as heads_method
     from af1.methods.allforone import faithfulness, sweep
     from af1.methods.setup import make_setup
-    from af1.progress import peak_memory
+    from af1.progress import max_rss_mb, peak_memory
     from af1.tasks.evaluation import evaluated, last_logits
     from af1.tasks.means_sample import distribution_task
     from af1.tasks.spec import TaskSpec
@@ -75,7 +70,7 @@ def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     lm = load(name)
     stages: dict[str, dict[str, float]] = {}
-    rss_loaded = peak_rss_mb()
+    rss_loaded = max_rss_mb()
     load_seconds = time.perf_counter() - t0
     spec = TaskSpec(operation="a+b", digits=2, n=n, style="calculate", shots=3)
 
@@ -84,7 +79,7 @@ def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
             start = time.perf_counter()
             out = fn()
             seconds = time.perf_counter() - start
-        stages[stage] = {"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "own_peak_rss_mb": peak[0].mb}
+        stages[stage] = {"seconds": seconds, "peak_rss_mb": max_rss_mb(), "own_peak_rss_mb": peak[0].mb}
         return out
 
     done = timed("eval", lambda: evaluated(lm.model, lm.tokenizer, spec))

@@ -103,7 +103,7 @@ def peak_memory() -> Iterator[list[PeakMemory]]:
         yield out
     finally:
         hwm = _high_water_mark_mb() if own else None
-        out.append(PeakMemory(hwm, "its own") if hwm is not None else PeakMemory(_max_rss_mb(), "the process so far"))
+        out.append(PeakMemory(hwm, "its own") if hwm is not None else PeakMemory(max_rss_mb(), "the process so far"))
 
 
 def _reset_high_water_mark() -> bool:
@@ -126,7 +126,7 @@ def _high_water_mark_mb() -> float | None:
     return None
 
 
-def _max_rss_mb() -> float:
+def max_rss_mb() -> float:
     """This process's peak RSS so far (Linux reports KB, macOS bytes)."""
     import resource
 
