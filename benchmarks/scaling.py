@@ -58,6 +58,7 @@ def load(name: str) -> Any:
 
 def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
     """Every stage on one model and n, in this process: seconds, peak RSS so far, ratio to the plain forward."""
+    from af1.experiments.heads import Options as HeadsOptions
     from af1.interventions.af1 import AF1Config
     from af1.methods import heads as heads_method
     from af1.methods.allforone import faithfulness, sweep
@@ -94,7 +95,23 @@ def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
         if grid:
             timed("grid", lambda: sweep(setup, AF1Config(), max_transfer=2))
         if heads:
-            timed("heads", lambda: heads_method.study(lm, spec, k=10, draws=3, done=done))
+            o = HeadsOptions()  # the heads study's defaults, with 3 random sets
+            split = (o.selection, o.split_seed)
+            timed(
+                "heads",
+                lambda: heads_method.study(
+                    lm,
+                    spec,
+                    threshold=o.threshold,
+                    k=10,
+                    draws=3,
+                    path=o.path,
+                    metric=o.metric,
+                    split=split,
+                    split_from="the heads study's own seeded split",
+                    done=done,
+                ),
+            )
     forward = stages["plain_forward"]["seconds"]
     for stage in stages.values():
         stage["over_plain_forward"] = stage["seconds"] / forward

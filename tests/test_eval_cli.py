@@ -22,7 +22,11 @@ def test_evaluate_matches_a_manual_forward(tokenizer):
     model = tiny_model("llama")
     task = build_task(TaskSpec(operation="a+b", shots=1), tokenizer)
     scores = evaluate(model, task, batch_size=7)
-    assert task.end["checked"] and all(s[-1] == task.stop_tokens[i] for i, s in enumerate(task.scored_tokens))
+    assert (
+        task.end is not None
+        and task.end["checked"]
+        and all(s[-1] == task.stop_tokens[i] for i, s in enumerate(task.scored_tokens))
+    )
     for i in range(len(task)):
         targets = list(task.scored_tokens[i])
         ids = task.input_ids_PT[i].tolist() + targets

@@ -95,4 +95,4 @@ def test_an_answer_that_does_not_stop_is_wrong_under_full_scoring(tokenizer):
     unchecked = build_task(spec.model_copy(update={"check_end": False}), tokenizer)
     assert says(unchecked, go_on=True).correct_P.all()  # the old scoring: nothing after "1" was read
     first = build_task(spec.model_copy(update={"scoring": "first"}), tokenizer)
-    assert len(first.steps()) == 1 and first.end["checked"] is False
+    assert len(first.steps()) == 1 and first.end is not None and first.end["checked"] is False

@@ -63,7 +63,8 @@ def test_problems_are_grouped_by_layout(mixed, tokenizer):
         assert {p.prompt for p in group.problems} == {p.prompt for p in alone.problems}
         assert group.layout == alone.layout and group.context_len == alone.context_len
     rows = task.rows()
-    assert [r["layout"] for r in rows] == task.layout_P.tolist() and {r["layout"] for r in rows} == {0, 1}
+    assert all("layout" in r for r in rows)
+    assert [r.get("layout") for r in rows] == task.layout_P.tolist() and {r.get("layout") for r in rows} == {0, 1}
     for i, row in enumerate(rows):  # each row is fed as its own layout's ids, never the padding
         assert PAD not in row["input_ids"] and row["input"] == task.input_text(i)
         assert row["input_ids"] == tokenizer(row["input"])["input_ids"]
@@ -149,6 +150,7 @@ def test_pooled_rates_are_each_layouts_own_measurement(mixed):
         for single in singles:
             assert close(by_prompt(single.kept, allforone.faithfulness(single, config).p_correct_P.tolist()), got)
         pooled = scores.rate(whole.kept)
+        assert "by_layout" in pooled
         assert [r["n"] for r in pooled["by_layout"]] == [21, 15]
         assert pooled["k"] == sum(round(r["value"] * r["n"]) for r in pooled["by_layout"])
         for part, group in zip(pooled["by_layout"], whole.kept.groups, strict=True):  # each with its own baseline
@@ -156,7 +158,7 @@ def test_pooled_rates_are_each_layouts_own_measurement(mixed):
         # the pooled baseline guesses per layout (the prompt shows it): sum of n_g * b_g over n
         n_b = sum(r["n"] * r["baseline"] for r in pooled["by_layout"])
         assert pooled["baseline"] == pytest.approx(n_b / pooled["n"])
-    assert allforone.faithfulness(whole, configs[0]).rate(whole.kept)["by_layout"][0]["value"] > 0
+    assert allforone.faithfulness(whole, configs[0]).rate(whole.kept).get("by_layout", [])[0]["value"] > 0
     half = whole.on(list(range(0, len(whole.kept), 2)))  # a split keeps each row's own layout's means
     got = by_prompt(whole.kept, allforone.faithfulness(whole, configs[0]).p_correct_P.tolist())
     assert close(by_prompt(half.kept, allforone.faithfulness(half, configs[0]).p_correct_P.tolist()), got)

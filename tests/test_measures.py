@@ -68,7 +68,7 @@ def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
     asked = setup_executor(tiny_setup, config, reference=True)
     assert asked == {"executor": "reference", "fallback_reason": "asked for (--reference)"}
     resample = setup_executor(tiny_setup, config.model_copy(update={"ablation": "resample"}))
-    assert resample["executor"] == "shared-context" and "token-local" in resample["fallback_reason"]
+    assert resample["executor"] == "shared-context" and "token-local" in (resample["fallback_reason"] or "")
 
 
 def test_low_counts_of_the_means_are_named(tiny_setup):
@@ -127,7 +127,7 @@ def test_search_chooses_on_selection_and_confirms_on_the_rest():
         (0, 4): right,
     }
     sweep = synthetic_sweep(L, n, cells, targets)
-    found = allforone.search(sweep, 0.9)
+    found = allforone.search(sweep, threshold=0.9, selection=0.5, seed=0)
     assert found["found"] and (found["wait"], found["transfer"]) == (3, 1)
     assert found["faithfulness_selection"] == 1.0 and found["faithfulness"] == 0.0  # the split shows it
     assert found["n_selection"] == len(sel) and found["n_confirmation"] == len(conf)
@@ -136,21 +136,22 @@ def test_search_chooses_on_selection_and_confirms_on_the_rest():
     assert [(f["wait"], f["transfer"]) for f in found["frontier"]] == [(0, 4), (1, 1), (3, 1)]
     assert found["n_ineligible_no_compute"] == L + 1
     sweep = synthetic_sweep(L, n, {k: v for k, v in cells.items() if k != (3, 1)}, targets)
-    found = allforone.search(sweep, 0.9)
+    found = allforone.search(sweep, threshold=0.9, selection=0.5, seed=0)
     assert (found["wait"], found["transfer"], found["faithfulness"]) == (1, 1, 1.0)
-    assert allforone.search(sweep, 1.0)["found"] is True
-    nothing = allforone.search(synthetic_sweep(L, n, {(1, 1): [i % 2 == 0 for i in range(n)]}, targets), 0.9)
+    assert allforone.search(sweep, threshold=1.0, selection=0.5, seed=0)["found"] is True
+    halves = synthetic_sweep(L, n, {(1, 1): [i % 2 == 0 for i in range(n)]}, targets)
+    nothing = allforone.search(halves, threshold=0.9, selection=0.5, seed=0)
     assert nothing["found"] is False and nothing["wait"] is None
     assert (nothing["best"]["wait"], nothing["best"]["transfer"]) == (1, 1)
     with pytest.raises(Af1Error, match=r"\[0, 1\]"):
-        allforone.search(sweep, 1.5)
+        allforone.search(sweep, threshold=1.5, selection=0.5, seed=0)
 
 
 def test_search_never_chooses_a_cell_no_better_than_a_constant_guess():
     L, n = 4, 30
     constant = ["7"] * n  # every target the same: a constant guess is right on all of them
     sweep = synthetic_sweep(L, n, {(0, 1): [True] * n}, constant)
-    found = allforone.search(sweep, 0.9)
+    found = allforone.search(sweep, threshold=0.9, selection=0.5, seed=0)
     assert found["found"] is False and "best" not in found
     assert found["faithfulness_baseline"] == 1.0 and "near constant" in found["warnings"][0]
 
@@ -183,7 +184,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     resample = alt["ablations_detail"]["resample"]
     assert resample["seeds"] == 5 and len(resample["per_seed"]) == 5
     assert resample["faithfulness"] == pytest.approx(sum(r["faithfulness"] for r in resample["per_seed"]) / 5)
-    pruning = allforone.prune_heads(tiny_setup, config, whole_curve=True)
+    pruning = allforone.prune_heads(tiny_setup, config, selection=0.5, seed=0, whole_curve=True)
     assert pruning["n_transfer_heads"] == 4 and len(pruning["faithfulness_vs_pruned"]) == 5
     assert (
         len(pruning["faithfulness_vs_pruned_ci"]) == 5
@@ -193,13 +194,16 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     assert pruning["n_selection"] + pruning["n_confirmation"] == len(tiny_setup.kept)
     assert set(pruning["confirmation"]) == {"unpruned", "pruned", "mcnemar"}
     with pytest.raises(Af1Error, match="transfer layers"):
-        allforone.prune_heads(tiny_setup, AF1Config(wait=0))
+        allforone.prune_heads(tiny_setup, AF1Config(wait=0), selection=0.5, seed=0, whole_curve=False)
     from af1.report import figures
     from af1.results import write_json
 
     sweep = allforone.sweep(tiny_setup, AF1Config())
     write_json(tmp_path / "sweep.json", sweep)
-    write_json(tmp_path / "search.json", {**allforone.search(sweep, 0.5), "n_layers": sweep["n_layers"]})
+    write_json(
+        tmp_path / "search.json",
+        {**allforone.search(sweep, threshold=0.5, selection=0.5, seed=0), "n_layers": sweep["n_layers"]},
+    )
     write_json(tmp_path / "alternatives.json", alt)
     write_json(tmp_path / "prune.json", pruning)  # each experiment's file is <name>.json
     figures.pruning_plot(pruning, tmp_path / "pruning.png")
@@ -223,7 +227,7 @@ def test_greedy_pruning_reranks_after_every_removal(tiny_setup, monkeypatch):
         return real(setup, config, head_sets)
 
     monkeypatch.setattr(allforone, "pruned_scores", spy)
-    result = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=2), whole_curve=True)
+    result = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=2), selection=0.5, seed=0, whole_curve=True)
     order = [tuple(h) for h in result["prune_order"]]
     assert [len(r) for r in rounds] == list(range(8, 0, -1))
     for i, sets in enumerate(rounds):
@@ -259,13 +263,13 @@ def test_pruning_ranks_past_float32_saturation_and_stops_at_the_first_dip(tiny_s
     )
     scores = crafted_scores(tiny_setup.kept, 30.0)
     assert bool((scores.p_correct_P == 1.0).all()) and scores.mean_log_p_correct < 0  # saturated p, not log p
-    result = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=1), whole_curve=True)
+    result = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=1), selection=0.5, seed=0, whole_curve=True)
     assert [tuple(h) for h in result["prune_order"]] == [(1, 3), (1, 2), (1, 1), (1, 0)]  # largest margin first
     assert result["faithfulness_vs_pruned"] == [1.0, 1.0, pytest.approx(0.5, abs=0.1), 1.0, 1.0]
     assert result["n_pruned_before_first_drop"] == 1
     assert result["mean_log_p_correct_vs_pruned"][1] > result["mean_log_p_correct_vs_pruned"][0]
     # by default the rounds stop at the first drop: the same pruned set, two rounds instead of four
-    short = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=1))
+    short = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=1), selection=0.5, seed=0, whole_curve=False)
     assert short["prune_order"] == result["prune_order"][:2] and short["curve"].startswith("up to the first drop")
     assert short["faithfulness_vs_pruned"] == result["faithfulness_vs_pruned"][:3]
     assert short["n_pruned_before_first_drop"] == 1

@@ -317,7 +317,7 @@ def test_a_rows_file_is_a_task_file_by_itself(tmp_path, tokenizer):
     spec = TaskSpec(file=str(path))
     assert (spec.shots, spec.scoring, spec.name) == (3, "full", "counting")
     task = build_task(spec, tokenizer)
-    assert len(task.examples) == 3 and len(task) == 17 and task.end["checked"]
+    assert len(task.examples) == 3 and len(task) == 17 and task.end is not None and task.end["checked"]
     csv_path = write(tmp_path, "c.csv", "prompt,answer\n" + "".join(f"{i} then, {i + 1}\n" for i in range(10, 30)))
     assert TaskSpec(file=str(csv_path)).name == "c"
     with pytest.raises(Af1Error, match=r"expected a \.yaml, \.yml or \.toml description, or \.jsonl or \.csv rows"):

@@ -51,7 +51,8 @@ def test_full_scoring_steps_are_teacher_forced(tokenizer):
     assert task.targets()[0] == " ".join(map(str, task.answer_tokens[0]))
     first = build_task(TaskSpec(operation="a+b", shots=2, scoring="first"), tokenizer)
     assert len(first.steps()) == 1 and first.targets() == [str(int(t)) for t in first.answer_ids_P]
-    assert first.end["checked"] is False and first.end_note is None  # first-token scoring: not a full answer
+    assert first.end is not None and first.end["checked"] is False  # first-token scoring: not a full answer
+    assert first.end_note is None
 
 
 def test_full_scoring_checks_that_the_answer_ends(tokenizer):
@@ -77,7 +78,7 @@ def test_full_scoring_checks_that_the_answer_ends(tokenizer):
     sub = task.subset([0, 1])
     assert sub.stop_tokens == [newline] * 2 and sub.scored_tokens == [(*a, newline) for a in sub.answer_tokens]
     zero = build_task(TaskSpec(operation="a+b", style="calculate"), tokenizer)  # no shots: no separator shown
-    assert zero.end["checked"] is False and "no worked example" in zero.end["note"]
+    assert zero.end is not None and zero.end["checked"] is False and "no worked example" in (zero.end["note"] or "")
     assert zero.n_steps() == 2 and zero.end_note is not None and "not checked" in zero.end_note
 
 
@@ -90,6 +91,8 @@ def test_varying_first_token_gets_a_bos_never_context(tokenizer):
     assert task.rows()[0]["input_ids"] == task.input_ids_PT[0].tolist()
     with_prefix = build_task(TaskSpec(operation="a+b", style="calculate", shots=0), tokenizer)
     assert with_prefix.bos is None and with_prefix.context_len > 1  # a constant instruction is context enough
+    for t in (task, with_prefix):  # the one way a text becomes ids (counterfactuals use it): the prompts' own
+        assert [t.encode(p.text, tokenizer) for p in t.problems] == t.input_ids_PT.tolist()
 
 
 def test_no_bos_to_prepend_is_a_one_line_error():

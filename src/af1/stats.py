@@ -10,7 +10,9 @@ import math
 import random
 from collections import Counter
 from collections.abc import Hashable, Sequence
-from typing import Any
+
+from pydantic import ConfigDict, with_config
+from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 Z95 = 1.959963984540054
 BASELINE_WARNING = 0.5
@@ -45,12 +47,55 @@ def constant_baseline(targets: Sequence[Hashable], layouts: Sequence[Hashable] |
     return sum(best.values()) / len(targets)
 
 
-LAYOUT_KEYS = ("value", "n", "ci", "baseline")  # what each token layout's part of a pooled rate reports
+@with_config(ConfigDict(extra="forbid"))
+class LayoutRate(TypedDict):
+    """One token layout's part of a pooled rate: its value, n, 95 % interval and constant guess."""
+
+    layout: int
+    value: float
+    n: int
+    ci: list[float]
+    baseline: float
 
 
-def rate(
-    correct: Sequence[bool], targets: Sequence[Hashable], layouts: Sequence[Hashable] | None = None
-) -> dict[str, Any]:
+class Rate(TypedDict):
+    """A rate as every number af1 reports it: value, k of n, 95 % interval, constant-guess baseline; for a task of
+    several token layouts each layout's part (`by_layout`, filled in by `Scores.rate`)."""
+
+    value: float
+    k: int
+    n: int
+    ci: list[float]
+    baseline: float
+    near_constant: bool
+    by_layout: NotRequired[list[LayoutRate]]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class McNemar(TypedDict):
+    """A paired exact McNemar test: problems only the first / only the second side gets right, two-sided p."""
+
+    only_first: int
+    only_second: int
+    p_value: float
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Paired(McNemar):
+    """A McNemar test with the number of problems paired."""
+
+    n: int
+
+
+class MeanStd(TypedDict):
+    """Mean and sample standard deviation of n values."""
+
+    mean: float
+    std: float
+    n: int
+
+
+def rate(correct: Sequence[bool], targets: Sequence[Hashable], layouts: Sequence[Hashable] | None = None) -> Rate:
     """A rate with its n, 95 % Wilson interval and constant-guess baseline (same problems; per token layout when
     `layouts` gives each problem's)."""
     if len(correct) != len(targets):
@@ -58,14 +103,14 @@ def rate(
     k, n = sum(bool(c) for c in correct), len(correct)
     low, high = wilson(k, n)
     baseline = constant_baseline(targets, layouts)
-    return {
-        "value": k / n if n else float("nan"),
-        "k": k,
-        "n": n,
-        "ci": [low, high],
-        "baseline": baseline,
-        "near_constant": bool(baseline >= BASELINE_WARNING),
-    }
+    return Rate(
+        value=k / n if n else float("nan"),
+        k=k,
+        n=n,
+        ci=[low, high],
+        baseline=baseline,
+        near_constant=bool(baseline >= BASELINE_WARNING),
+    )
 
 
 def baseline_warning(what: str, baseline: float, n: int) -> str | None:
@@ -78,7 +123,7 @@ def baseline_warning(what: str, baseline: float, n: int) -> str | None:
     return None
 
 
-def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> dict[str, Any]:
+def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> McNemar:
     """Paired exact McNemar test of two configurations on the same problems (two-sided binomial on discordant pairs)."""
     if len(a) != len(b):
         raise ValueError("McNemar needs the same problems on both sides")
@@ -90,7 +135,7 @@ def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> dict[str, Any]:
     else:
         tail = sum(math.comb(m, i) for i in range(min(only_a, only_b) + 1)) / 2**m
         p = min(1.0, 2 * tail)
-    return {"only_first": only_a, "only_second": only_b, "p_value": p}
+    return McNemar(only_first=only_a, only_second=only_b, p_value=p)
 
 
 def split_indices(n: int, fraction: float = 0.5, seed: int = 0) -> tuple[list[int], list[int]]:
@@ -103,7 +148,7 @@ def split_indices(n: int, fraction: float = 0.5, seed: int = 0) -> tuple[list[in
     return sorted(order[:cut]), sorted(order[cut:])
 
 
-def mean_std(values: Sequence[float]) -> dict[str, float]:
+def mean_std(values: Sequence[float]) -> MeanStd:
     """Mean and sample standard deviation (0 for one value)."""
     n = len(values)
     mean = sum(values) / n

@@ -9,7 +9,7 @@ the faster ones are recorded with the result (`fallback_reason`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -19,6 +19,7 @@ from af1.executors.shared_context import shared_context_logits, supports_shared
 from af1.executors.step import StepSetup
 from af1.interventions.af1 import AF1Config
 from af1.models import ModelAdapter
+from af1.tasks.evaluation import ExecutorChoice
 from af1.tasks.task import Task
 
 
@@ -105,10 +106,10 @@ def pick(adapter: ModelAdapter, task: Task, config: AF1Config, reference: bool =
     raise AssertionError("the reference executor supports every case")
 
 
-def choose_executor(adapter: ModelAdapter, task: Task, config: AF1Config, reference: bool = False) -> dict[str, Any]:
-    """`pick` as a result records it: {"executor": name, "fallback_reason": why not faster, or None}."""
+def choose_executor(adapter: ModelAdapter, task: Task, config: AF1Config, reference: bool = False) -> ExecutorChoice:
+    """`pick` as a result records it: the executor's name and why the faster ones could not (None)."""
     executor, reason = pick(adapter, task, config, reference)
-    return {"executor": executor.name, "fallback_reason": reason}
+    return ExecutorChoice(executor=executor.name, fallback_reason=reason)
 
 
 def af1_logits(step: StepSetup, config: AF1Config, reference: bool = False) -> torch.Tensor:

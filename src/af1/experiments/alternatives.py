@@ -21,11 +21,11 @@ class Options(base.ConfigOptions):
 class Result(base.SetupFields):
     wait: int
     transfer: int
-    configured: dict[str, Any]  # the intervention every row is paired against, with its faithfulness
+    configured: allforone.Configured  # the intervention every row is paired against, with its faithfulness
     ablations: dict[str, float]
     abp_variants: dict[str, float]
-    ablations_detail: dict[str, dict[str, Any]]
-    abp_variants_detail: dict[str, dict[str, Any]]
+    ablations_detail: dict[str, allforone.Alternative | allforone.Resampled]
+    abp_variants_detail: dict[str, allforone.Alternative]
     measured_on: str = "the solved problems"
     inputs: ProblemInputs | None = None  # sets: solved; confirmation when measured there
 

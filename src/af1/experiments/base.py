@@ -9,17 +9,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator, with_config
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from rich.table import Table
-from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
+from af1.methods.setup import MeansFrom
 from af1.models import LoadedModel
 from af1.report.markup import page
+from af1.stats import LayoutRate
 from af1.tasks.evaluation import Evaluated
 from af1.tasks.spec import TaskSpec
+from af1.tasks.task import AnswerEnd, BosToken, LayoutRow
 
 NO_CELL = "its search found no cell whose interval clears the constant-guess baseline"
 
@@ -74,53 +76,6 @@ Vector = Annotated[list[float | None], BeforeValidator(_plain_lists)]  # e.g. [l
 Number = Annotated[float, BeforeValidator(_plain_lists)]  # a 0-d tensor's value
 
 
-@with_config(ConfigDict(extra="forbid"))
-class LayoutRow(TypedDict):
-    """One token layout of a task: its size, shape (roles of its tokens) and an example input."""
-
-    layout: int
-    n: int
-    n_positions: int
-    context_len: int
-    roles: str
-    example_input: str | None
-    n_solved: NotRequired[int]
-
-
-@with_config(ConfigDict(extra="forbid"))
-class AnswerEnd(TypedDict):
-    """Whether full scoring checks that the model stops after the answer, with which token, or why not."""
-
-    checked: bool
-    separator: str | None
-    stop_tokens: dict[int, str] | None
-    note: str | None
-
-
-@with_config(ConfigDict(extra="forbid"))
-class MeansStep(TypedDict):
-    """One answer step's CAMA means on one layout: thin positions and leave-one-out fallbacks."""
-
-    layout: int
-    step: int
-    positions: list[int]
-    n_problems_low: int
-    n_inside: int
-    n_fallback_pairs: int
-    n_problems_fallback: int
-
-
-@with_config(ConfigDict(extra="forbid"))
-class MeansFrom(TypedDict):
-    """Where CAMA's means come from: the sample, whether the evaluated problems are left out of it, fallbacks."""
-
-    origin: str
-    n_problems: int
-    leave_one_out: str
-    n_fallback_pairs: int
-    per_step: list[MeansStep]
-
-
 class TaskFields(Result):
     """What a result about one model on one task carries: the model and task, and the base accuracy with its
     interval and constant guess (the evaluation writes these; every setup-measured result repeats them)."""
@@ -135,7 +90,7 @@ class TaskFields(Result):
     base_accuracy: float
     base_accuracy_ci: list[float] | None = None
     base_accuracy_baseline: float | None = None
-    base_accuracy_by_layout: list[dict[str, Any]] | None = None  # a task of several token layouts: each one's
+    base_accuracy_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's
     warnings: list[str] = []
 
 
@@ -148,7 +103,7 @@ class SetupFields(TaskFields):
     n_heads: int
     context_len: int | None = None  # None for several layouts: see `layouts`
     n_positions: int | None = None
-    bos_prepended: dict[str, Any] | None = None  # the document-start token put before every prompt, if any
+    bos_prepended: BosToken | None = None  # the document-start token put before every prompt, if any
     end: AnswerEnd
     means_from: MeansFrom
 

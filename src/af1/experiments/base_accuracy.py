@@ -10,8 +10,9 @@ from rich.table import Table
 
 from af1.experiments import base
 from af1.report.markup import ci_text, layout_html, layout_table, table_html, with_ci
-from af1.stats import baseline_warning, mcnemar_exact
+from af1.stats import Paired, baseline_warning, mcnemar_exact
 from af1.tasks.evaluation import problem_rows
+from af1.tasks.task import ProblemRow
 
 
 class Options(base.Options):
@@ -22,7 +23,7 @@ class Result(base.TaskFields):
     digits: int | None = 1  # None for a task file
     mean_p_correct: float | None = None
     task_layout: dict[str, Any] = {}
-    problems: list[dict[str, Any]] = []
+    problems: list[ProblemRow] = []
 
 
 class BaseAccuracy(base.Experiment):
@@ -117,12 +118,10 @@ class BaseAccuracy(base.Experiment):
         return [table, *layout_table(result.base_accuracy_by_layout, result.task_layout.get("layouts"))]
 
 
-def paired(a: Result, b: Result) -> dict[str, Any] | None:
+def paired(a: Result, b: Result) -> Paired | None:
     """Two models' base accuracy on the same problems, paired (exact McNemar); None when their problems differ."""
 
     if [(p["prompt"], p["answer"]) for p in a.problems] != [(p["prompt"], p["answer"]) for p in b.problems]:
         return None
-    return {
-        "n": len(a.problems),
-        **mcnemar_exact([p["solved"] for p in a.problems], [p["solved"] for p in b.problems]),
-    }
+    test = mcnemar_exact([p.get("solved") is True for p in a.problems], [p.get("solved") is True for p in b.problems])
+    return Paired(n=len(a.problems), **test)

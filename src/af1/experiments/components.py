@@ -10,7 +10,7 @@ from rich.table import Table
 from af1.experiments import base
 from af1.methods import allforone
 from af1.report.markup import ci_text, table_html, with_ci
-from af1.tasks.evaluation import ProblemInputs
+from af1.tasks.evaluation import ExecutorChoice, ProblemInputs
 
 
 class Options(base.GatedOptions):
@@ -24,8 +24,8 @@ class Result(base.SetupFields):
     cama_only_ci: dict[int, list[float]]
     abp_only: dict[int, float]
     abp_only_ci: dict[int, list[float]]
-    cama_only_executor: dict[int, dict[str, str | None] | None] = {}  # which executor ran each, and why
-    abp_only_executor: dict[int, dict[str, str | None] | None] = {}
+    cama_only_executor: dict[int, ExecutorChoice | None] = {}  # which executor ran each, and why
+    abp_only_executor: dict[int, ExecutorChoice | None] = {}
     faithfulness_baseline: float | None = None
     inputs: ProblemInputs | None = None  # sets: solved
 
@@ -40,7 +40,9 @@ class Components(base.Experiment):
         setup = inputs.resources.setup(inputs.spec)
         L = setup.adapter.n_layers
         waits = options.waits or sorted({0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3})
-        return Result(**allforone.components(setup, waits, options.transfer), inputs=allforone.setup_inputs(setup))
+        return Result(
+            **allforone.components(setup, waits, transfer=options.transfer), inputs=allforone.setup_inputs(setup)
+        )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [

@@ -4,7 +4,6 @@ window of layers; inside a found AF1 also the transfer window moved later (on th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field, field_validator
 from rich.table import Table
@@ -32,7 +31,7 @@ class Result(base.SetupFields):
     windows: dict[str, list[float]]
     windows_ci: dict[str, list[list[float]]] = {}
     faithfulness_baseline: float | None = None
-    shifted_transfer: dict[str, Any] | None = None
+    shifted_transfer: allforone.ShiftedTransfer | None = None
     no_config: str | None = None
     inputs: ProblemInputs | None = None  # sets: solved (windows); confirmation (the moved transfer window), if any
 
@@ -63,7 +62,7 @@ class Necessity(base.Experiment):
                 note = f"the transfer window is not moved: {base.NO_CELL}"
             else:
                 found_on = allforone.confirmation(setup, search.data())
-        result = allforone.necessity(setup, tuple(options.windows), found, found_on)
+        result = allforone.necessity(setup, windows=options.windows, found=found, found_on=found_on)
         halves = {} if found_on is None else {"confirmation": found_on}
         return Result(**result, no_config=note, inputs=allforone.setup_inputs(setup, **halves))
 

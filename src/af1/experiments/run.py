@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field
 from rich.table import Table
 
 from af1.experiments import base
-from af1.interventions.af1 import Ablation
+from af1.interventions.af1 import Ablation, AF1Config
 from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
 from af1.report.markup import ci_text, layout_html, layout_table, stages_table, table_html, with_ci
+from af1.stats import LayoutRate
+from af1.tasks.task import ProblemRow
 
 
 class Options(base.ConfigOptions):
@@ -29,13 +30,13 @@ class Result(base.SetupFields):
     faithfulness_baseline: float
     faithfulness_n: int
     mean_p_correct: float | None = None
-    problems: list[dict[str, Any]] = []  # every solved problem: input, ids, answer, prediction under the config
+    problems: list[ProblemRow] = []  # every solved problem: input, ids, answer, prediction under the config
     executor: str
     fallback_reason: str | None = None
     stages: dict[str, list[int]]
-    config: dict[str, Any]
+    config: AF1Config  # the whole intervention measured
     measured_on: str = "the solved problems"
-    faithfulness_by_layout: list[dict[str, Any]] | None = None  # a task of several token layouts: each one's
+    faithfulness_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's
 
 
 class Run(base.Experiment):
@@ -60,8 +61,8 @@ class Run(base.Experiment):
                 ["ablation", "ABP", "solved", "faithfulness [95 % CI]", "constant guess", "executor"],
                 [
                     [
-                        result.config["ablation"],
-                        result.config["abp"],
+                        result.config.ablation,
+                        result.config.abp,
                         result.n_solved,
                         with_ci(result.faithfulness, result.faithfulness_ci),
                         result.faithfulness_baseline,
@@ -80,8 +81,8 @@ class Run(base.Experiment):
         table.add_row(
             str(result.wait),
             str(result.transfer),
-            result.config["ablation"],
-            result.config["abp"],
+            result.config.ablation,
+            result.config.abp,
             str(result.n_solved),
             ci_text(result.faithfulness, result.faithfulness_ci),
             f"{result.faithfulness_baseline:.3f}",

@@ -23,6 +23,7 @@ from af1.report.markup import (
     table_html,
     with_ci,
 )
+from af1.stats import LayoutRate
 
 
 class Options(base.Options):
@@ -69,7 +70,7 @@ class Result(base.Result):
     split_seed: int = 0
     stages: dict[str, list[int]] | None = None
     best: allforone.Cell | None = None
-    faithfulness_by_layout: list[allforone.LayoutRate] | None = None  # a task of several token layouts: each one's
+    faithfulness_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's
     layouts: list[dict[str, Any]] = []
 
 
@@ -86,7 +87,9 @@ class Search(base.Experiment):
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         sweep = inputs.one("sweep")
-        found = allforone.search(sweep.data(), options.threshold, options.selection, options.split_seed)
+        found = allforone.search(
+            sweep.data(), threshold=options.threshold, selection=options.selection, seed=options.split_seed
+        )
         layouts = sweep.data().get("layouts") or []
         return Result(**found, model=inputs.model_name, n_layers=sweep.n_layers, config=sweep.config, layouts=layouts)
 

@@ -3,7 +3,7 @@ experiment that reads them (a study's worker and the command line both run exper
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ class Session:
         self._lm: LoadedModel | None = None
         self._load_error: str | None = None
         self._evaluated: dict[str, Evaluated] = {}
-        self._recorded: dict[str, list[dict[str, Any]]] = {}
+        self._recorded: dict[str, Sequence[Mapping[str, Any]]] = {}  # as stored: perhaps by an older version
         self._setups: dict[str, Any] = {}
         self.loads = 0
 
@@ -69,7 +69,7 @@ class Session:
             self._evaluated[key] = found or evaluated(lm.model, lm.tokenizer, spec)
         return self._evaluated[key]
 
-    def remember(self, spec: TaskSpec, problems: list[dict[str, Any]]) -> None:
+    def remember(self, spec: TaskSpec, problems: Sequence[Mapping[str, Any]]) -> None:
         """The problem rows of an evaluation this run already made of this model and task (the eval experiment's
         result): read back when the task comes up again, instead of evaluating it a second time."""
         self._recorded[spec.model_dump_json()] = problems

@@ -15,6 +15,7 @@ from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
 from af1.report import interactive
 from af1.report.markup import figure_html, with_ci
+from af1.tasks.task import ProblemRow
 
 
 class Options(base.Options):
@@ -35,7 +36,7 @@ class Result(base.SetupFields):
     cell_executors: dict[str, str] = {}
     cell_fallback_reasons: dict[str, str] = {}
     fallback_reasons: list[str] = []
-    kept_problems: list[dict[str, Any]] = []  # the solved problems the cells' bits index, in order
+    kept_problems: list[ProblemRow] = []  # the solved problems the cells' bits index, in order
     kept_layouts: list[int] | None = None  # a task of several token layouts: each kept problem's
     config: dict[str, Any] = {}
     targets: list[Any] = []

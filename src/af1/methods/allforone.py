@@ -7,6 +7,7 @@ problems (`af1.stats.rate`); every measurement is scored over all answer steps o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ from af1.models import LoadedModel
 from af1.progress import progress
 from af1.results import read_json, write_json
 from af1.stats import (
+    LayoutRate,
+    McNemar,
     baseline_warning,
     constant_baseline,
     mcnemar_exact,
@@ -39,6 +42,7 @@ from af1.stats import (
 )
 from af1.tasks.evaluation import ProblemInputs, Scores
 from af1.tasks.spec import TaskSpec
+from af1.tasks.task import ProblemRow
 
 RESAMPLE_SEEDS = 5
 
@@ -50,16 +54,34 @@ def faithfulness(setup: Setup, config: AF1Config, reference: bool = False) -> Sc
     return scores
 
 
-def faith_fields(setup: Setup, scores: Scores, prefix: str = "faithfulness") -> dict[str, Any]:
-    """`<prefix>`, `<prefix>_ci`, `<prefix>_baseline` and n of a rate on the solved problems."""
+@with_config(ConfigDict(extra="forbid"))
+class Faithfulness(TypedDict):
+    """Faithfulness on the solved problems with its interval, constant guess and n (each layout's part, for a task
+    of several), and the executor that measured it (absent where several configs ran in one batched pass)."""
+
+    faithfulness: float
+    faithfulness_ci: list[float]
+    faithfulness_baseline: float
+    faithfulness_n: int
+    faithfulness_by_layout: NotRequired[list[LayoutRate]]
+    executor: NotRequired[str]
+    fallback_reason: NotRequired[str | None]
+
+
+def faith_fields(setup: Setup, scores: Scores) -> Faithfulness:
+    """Faithfulness, its interval, baseline and n on the solved problems, with the executor that ran it."""
     r = scores.rate(setup.kept)
-    fields = {prefix: r["value"], f"{prefix}_ci": r["ci"], f"{prefix}_baseline": r["baseline"], f"{prefix}_n": r["n"]}
+    fields = Faithfulness(
+        faithfulness=r["value"], faithfulness_ci=r["ci"], faithfulness_baseline=r["baseline"], faithfulness_n=r["n"]
+    )
     if "by_layout" in r:
-        fields[f"{prefix}_by_layout"] = r["by_layout"]
-    return {**fields, **(scores.executor or {})}
+        fields["faithfulness_by_layout"] = r["by_layout"]
+    if scores.executor is not None:
+        fields["executor"], fields["fallback_reason"] = scores.executor["executor"], scores.executor["fallback_reason"]
+    return fields
 
 
-def problem_rows(setup: Setup, intervened: Scores | None = None) -> list[dict[str, Any]]:
+def problem_rows(setup: Setup, intervened: Scores | None = None) -> list[ProblemRow]:
     """Every problem as fed (text and ids), whether the full model solved it, and how it fared under AF1."""
     rows = setup.task.rows()
     under = {}
@@ -92,7 +114,7 @@ def run_result(setup: Setup, config: AF1Config, reference: bool = False) -> dict
         **setup.describe(),
         "wait": config.wait,
         "transfer": config.transfer,
-        "config": config.model_dump(),
+        "config": config,
         "stages": config.stages(setup.adapter.n_layers),
         **faith_fields(setup, scores),  # with the executor that ran it
         "mean_p_correct": scores.mean_p_correct,
@@ -200,17 +222,6 @@ def has_compute_stage(wait: int, transfer: int, n_layers: int) -> bool:
 
 
 @with_config(ConfigDict(extra="forbid"))
-class LayoutRate(TypedDict):
-    """One token layout's part of a pooled rate (`stats.LAYOUT_KEYS`)."""
-
-    layout: int
-    value: float
-    n: int
-    ci: list[float]
-    baseline: float
-
-
-@with_config(ConfigDict(extra="forbid"))
 class Cell(TypedDict):
     """One (L_wait, L_transfer) cell as the search measures it: faithfulness on the confirmation split (with its
     interval), on the selection split that chose, and whether it may be chosen at all."""
@@ -225,9 +236,7 @@ class Cell(TypedDict):
     faithfulness_by_layout: NotRequired[list[LayoutRate]]
 
 
-def search(
-    sweep_result: dict[str, Any], threshold: float = 0.9, selection: float = 0.5, seed: int = 0
-) -> dict[str, Any]:
+def search(sweep_result: dict[str, Any], *, threshold: float, selection: float, seed: int) -> dict[str, Any]:
     """The AF1 subgraph, chosen on a selection split of the solved problems and confirmed on the rest.
 
     Choice: the largest wait, then the smallest transfer, whose selection faithfulness reaches the
@@ -318,7 +327,7 @@ def search(
     return result
 
 
-def components(setup: Setup, waits: list[int], transfer: int = 2) -> dict[str, Any]:
+def components(setup: Setup, waits: list[int], *, transfer: int) -> dict[str, Any]:
     """CAMA alone (no attention mask) and ABP alone (no ablation, `transfer` peek layers) per L_wait."""
     L = setup.adapter.n_layers
     waits = [w for w in waits if 0 <= w < L]
@@ -339,9 +348,27 @@ def components(setup: Setup, waits: list[int], transfer: int = 2) -> dict[str, A
 # --- necessity -------------------------------------------------------------------------------
 
 
+@with_config(ConfigDict(extra="forbid"))
+class ShiftedStart(Faithfulness):
+    """Faithfulness with the transfer window starting at `start` instead of right after the wait."""
+
+    start: int
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ShiftedTransfer(TypedDict):
+    """A found AF1's transfer window moved to every later start, on n problems."""
+
+    wait: int
+    transfer: int
+    n: int
+    by_start: list[ShiftedStart]
+
+
 def necessity(
     setup: Setup,
-    windows: tuple[int, ...] = (1, 2, 4),
+    *,
+    windows: Sequence[int],
     found: AF1Config | None = None,
     found_on: Setup | None = None,
 ) -> dict[str, Any]:
@@ -374,17 +401,42 @@ def necessity(
         shifted = []
         for start in range(found.wait + 1, L - found.transfer + 1):
             config = found.model_copy(update={"transfer_start": start})
-            shifted.append({"start": start, **faith_fields(on, faithfulness(on, config))})
-        result["shifted_transfer"] = {
-            "wait": found.wait,
-            "transfer": found.transfer,
-            "n": len(on.kept),
-            "by_start": shifted,
-        }
+            shifted.append(ShiftedStart(start=start, **faith_fields(on, faithfulness(on, config))))
+        result["shifted_transfer"] = ShiftedTransfer(
+            wait=found.wait, transfer=found.transfer, n=len(on.kept), by_start=shifted
+        )
     return result
 
 
 # --- alternatives ----------------------------------------------------------------------------
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Alternative(Faithfulness):
+    """One alternative intervention, paired against the configured one on the same problems."""
+
+    mcnemar_vs_configured: McNemar
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Resampled(TypedDict):
+    """Resample ablation over several seeds: mean and spread of faithfulness, each seed's pairing, and the median
+    and largest McNemar p over seeds (a typical seed, never the most favourable one)."""
+
+    faithfulness: float
+    faithfulness_std: float
+    per_seed: list[Alternative]
+    seeds: int
+    mcnemar_p_median: float
+    mcnemar_p_max: float
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Configured(Faithfulness):
+    """The configured intervention every alternative is paired against."""
+
+    ablation: str
+    abp: str
 
 
 def alternatives(setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS) -> dict[str, Any]:
@@ -393,26 +445,27 @@ def alternatives(setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS) -
     reference_scores = faithfulness(setup, config)
     reference_correct = reference_scores.correct_P.tolist()
 
-    def entry(scores: Scores) -> dict[str, Any]:
-        return {
+    def entry(scores: Scores) -> Alternative:
+        return Alternative(
             **faith_fields(setup, scores),
-            "mcnemar_vs_configured": mcnemar_exact(scores.correct_P.tolist(), reference_correct),
-        }
+            mcnemar_vs_configured=mcnemar_exact(scores.correct_P.tolist(), reference_correct),
+        )
 
-    ablations: dict[str, Any] = {}
+    ablations: dict[str, Alternative | Resampled] = {}
     for name in ABLATIONS:
         if name == "resample":
             runs = [faithfulness(setup, config.model_copy(update={"ablation": name, "seed": s})) for s in range(seeds)]
             per_seed = [entry(r) for r in runs]
             p_values = sorted(e["mcnemar_vs_configured"]["p_value"] for e in per_seed)
-            ablations[name] = {
-                "faithfulness": mean_std([r.accuracy for r in runs])["mean"],
-                "faithfulness_std": mean_std([r.accuracy for r in runs])["std"],
-                "per_seed": per_seed,
-                "seeds": seeds,
-                "mcnemar_p_median": p_values[len(p_values) // 2],  # a typical seed, never the most favourable
-                "mcnemar_p_max": p_values[-1],
-            }
+            spread = mean_std([r.accuracy for r in runs])
+            ablations[name] = Resampled(
+                faithfulness=spread["mean"],
+                faithfulness_std=spread["std"],
+                per_seed=per_seed,
+                seeds=seeds,
+                mcnemar_p_median=p_values[len(p_values) // 2],
+                mcnemar_p_max=p_values[-1],
+            )
         else:
             ablations[name] = entry(faithfulness(setup, config.model_copy(update={"ablation": name})))
     variants = {v: entry(faithfulness(setup, config.model_copy(update={"abp": v}))) for v in ABP_VARIANTS}
@@ -420,7 +473,7 @@ def alternatives(setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS) -
         **setup.describe(),
         "wait": config.wait,
         "transfer": config.transfer,
-        "configured": {"ablation": config.ablation, "abp": config.abp, **faith_fields(setup, reference_scores)},
+        "configured": Configured(ablation=config.ablation, abp=config.abp, **faith_fields(setup, reference_scores)),
         "ablations": {k: v["faithfulness"] for k, v in ablations.items()},
         "abp_variants": {k: v["faithfulness"] for k, v in variants.items()},
         "ablations_detail": ablations,
@@ -502,13 +555,6 @@ def transfer_config(setup: Setup, config: AF1Config, from_layers: int, own: AF1C
     return out
 
 
-def compare_base(a: Setup, b: Setup) -> dict[str, Any] | None:
-    """Two models' base accuracy on the same problems, paired (exact McNemar); None when their problems differ."""
-    if [p.text for p in a.task.problems] != [p.text for p in b.task.problems]:
-        return None
-    return {"n": len(a.task), **mcnemar_exact(a.base.correct_P.tolist(), b.base.correct_P.tolist())}
-
-
 # --- head pruning -------------------------------------------------------------------------------
 
 
@@ -525,10 +571,11 @@ def pruned_scores(setup: Setup, config: AF1Config, head_sets: list[list[tuple[in
 def prune_heads(
     setup: Setup,
     config: AF1Config,
+    *,
+    selection: float,
+    seed: int,
+    whole_curve: bool,
     keep: float = 0.95,
-    selection: float = 0.5,
-    seed: int = 0,
-    whole_curve: bool = False,
 ) -> dict[str, Any]:
     """Stop transfer-layer heads peeking one at a time, greedily: each round removes the head whose removal keeps
     the mean log-probability of the correct answer highest (re-ranked after every removal), on a selection split.

@@ -98,7 +98,7 @@ def _splice(task: Task, tokenizer: Tokenizer, i: int, spans: list[tuple[int, int
     text = p.text
     for a, b in sorted(spans, reverse=True):  # right to left
         text = text[: offset + a] + value + text[offset + b :]
-    return ([task.bos[0]] if task.bos is not None else []) + tokenizer(text)["input_ids"]
+    return task.encode(text, tokenizer)
 
 
 def _draw(

@@ -827,17 +827,18 @@ class Knockout(TypedDict):
 def study(
     lm: LoadedModel,
     spec: TaskSpec,
-    threshold: float = -0.05,
-    k: int = 10,
-    draws: int = 10,
-    compare_specs: list[Any] | None = None,
-    done: Evaluated | None = None,
-    path: str = "wang",
-    metric: str = "relative",
+    *,
+    threshold: float,
+    k: int,
+    draws: int,
+    path: str,
+    metric: str,
+    split: tuple[float, int],
+    split_from: str,
     kind: str | None = None,
     second_kind: str | None = None,
-    split: tuple[float, int] = (0.5, 0),
-    split_from: str = "the heads study's own seeded split",
+    compare_specs: list[TaskSpec] | None = None,
+    done: Evaluated | None = None,
 ) -> dict[str, Any]:
     """Path patching (by `path`, counterfactual `kind`, every answer step unless the task scores the first token)
     and key and top-k heads (by `metric`, both metrics kept), chosen on the selection part of the solved problems

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ConfigDict, with_config
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
 from af1.errors import Af1Error
 from af1.executors.protocol import choose_executor
 from af1.executors.step import StepSetup
@@ -27,12 +30,42 @@ from af1.stats import (
     baseline_warning,
     constant_baseline,
 )
-from af1.tasks.evaluation import Evaluated, Scores, evaluated, require_solved, solved
+from af1.tasks.evaluation import Evaluated, ExecutorChoice, Scores, evaluated, require_solved, solved
 from af1.tasks.means_sample import distribution_task
 from af1.tasks.spec import TaskSpec
 from af1.tasks.task import Task
 
 LOW_COUNT = 5  # a conditional mean over fewer problems than this is flagged
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ThinMeans(TypedDict):
+    """Where CAMA's means are thin for the evaluated problems of one step (`low_count_positions`)."""
+
+    positions: list[int]
+    n_problems_low: int
+    n_inside: int
+    n_fallback_pairs: int
+    n_problems_fallback: int
+
+
+@with_config(ConfigDict(extra="forbid"))
+class MeansStep(ThinMeans):
+    """One answer step's CAMA means on one layout: thin positions and leave-one-out fallbacks."""
+
+    layout: int
+    step: int | None  # a setup's steps always have one (None: a task not split into steps)
+
+
+@with_config(ConfigDict(extra="forbid"))
+class MeansFrom(TypedDict):
+    """Where CAMA's means come from: the sample, whether the evaluated problems are left out of it, fallbacks."""
+
+    origin: str
+    n_problems: int
+    leave_one_out: str
+    n_fallback_pairs: int
+    per_step: list[MeansStep]
 
 
 @dataclass
@@ -69,10 +102,10 @@ class Setup:
         return replace(self, kept=kept, steps=[replace(by_part[k.part_key], kept=k) for k in kept.steps()])
 
     @property
-    def means_notes(self) -> list[dict[str, Any]]:
+    def means_notes(self) -> list[MeansStep]:
         """Per step of the kept problems (a split counts its own): thin means, leave-one-out fallbacks."""
         return [
-            {"layout": s.kept.layout_id, "step": s.kept.step, **low_count_positions(s.means, s.kept)}
+            MeansStep(layout=s.kept.layout_id, step=s.kept.step, **low_count_positions(s.means, s.kept))
             for s in self.steps
         ]
 
@@ -118,22 +151,22 @@ class Setup:
             "n_heads": self.adapter.n_heads,
             "context_len": None if self.task.groups else self.task.context_len,  # several layouts: see `layouts`
             "n_positions": None if self.task.groups else self.task.n_positions,
-            "bos_prepended": self.task.describe()["bos_prepended"],
+            "bos_prepended": self.task.bos_prepended,
             "end": self.task.end,  # whether full scoring checks that the model stops after the answer
-            "means_from": {
-                "origin": self.distribution.origin,
-                "n_problems": len(self.distribution),
-                "leave_one_out": "each solved problem inside the means is left out of them"
+            "means_from": MeansFrom(
+                origin=self.distribution.origin,
+                n_problems=len(self.distribution),
+                leave_one_out="each solved problem inside the means is left out of them"
                 if any(n["n_inside"] for n in notes)
                 else "the means are over other problems only",
-                "n_fallback_pairs": sum(n["n_fallback_pairs"] for n in notes),
-                "per_step": notes,
-            },
+                n_fallback_pairs=sum(n["n_fallback_pairs"] for n in notes),
+                per_step=notes,
+            ),
             "warnings": self.warnings + self.means_warnings(),
         }
 
 
-def low_count_positions(means: PositionMeans, task: Task) -> dict[str, Any]:
+def low_count_positions(means: PositionMeans, task: Task) -> ThinMeans:
     """Where CAMA's means are thin for the evaluated problems (positions after the first varying one): positions
     where some problem's conditional mean is over fewer than LOW_COUNT other problems (its own state left out when
     it is inside the means), how many problems have one, and how many (problem, position) pairs have no other
@@ -144,13 +177,13 @@ def low_count_positions(means: PositionMeans, task: Task) -> dict[str, Any]:
     low_PT = others_PT < LOW_COUNT
     low_PT[:, : task.context_len + 1] = False  # context, and the first varying position: already its own mean
     fallback_PT = means.fallbacks(ids, task.context_len + 1)
-    return {
-        "positions": low_PT.any(0).nonzero().flatten().tolist(),
-        "n_problems_low": int(low_PT.any(1).sum()),
-        "n_inside": int(inside_P.sum()),
-        "n_fallback_pairs": int(fallback_PT.sum()),
-        "n_problems_fallback": int(fallback_PT.any(1).sum()),
-    }
+    return ThinMeans(
+        positions=low_PT.any(0).nonzero().flatten().tolist(),
+        n_problems_low=int(low_PT.any(1).sum()),
+        n_inside=int(inside_P.sum()),
+        n_fallback_pairs=int(fallback_PT.sum()),
+        n_problems_fallback=int(fallback_PT.any(1).sum()),
+    )
 
 
 def prepare(
@@ -234,10 +267,10 @@ def means_from_file(
     return out
 
 
-def setup_executor(setup: Setup, config: AF1Config, reference: bool = False) -> dict[str, Any]:
+def setup_executor(setup: Setup, config: AF1Config, reference: bool = False) -> ExecutorChoice:
     """Which executor runs a config on a setup (on each of its steps), and why when it is not the fast one."""
     chosen = [choose_executor(s.adapter, s.kept, config, reference) for s in setup.steps]
     if all(c == chosen[0] for c in chosen):
         return chosen[0]
     reasons = dict.fromkeys(c["fallback_reason"] for c in chosen if c["fallback_reason"])
-    return {"executor": "mixed", "fallback_reason": "; ".join(reasons)}
+    return ExecutorChoice(executor="mixed", fallback_reason="; ".join(reasons))

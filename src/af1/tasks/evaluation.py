@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, with_config
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
 from af1.models.forward import forward_last, forward_tail
 from af1.progress import progress, return_freed_memory
-from af1.stats import LAYOUT_KEYS, rate
-from af1.tasks.task import Task, build_task
+from af1.stats import LayoutRate, Rate, rate
+from af1.tasks.task import ProblemRow, Task, build_task
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -32,6 +33,14 @@ R = TypeVar("R")  # what `per_step` makes of each batch's logits
 TRIM_EVERY = 4  # batches between giving freed heap pages back (after every batch it cost 9 % of SmolLM2's evaluation)
 
 
+@with_config(ConfigDict(extra="forbid"))
+class ExecutorChoice(TypedDict):
+    """Which executor measured scores under an intervention and, when not the fastest, why the faster could not."""
+
+    executor: str
+    fallback_reason: str | None
+
+
 @dataclass
 class Scores:
     """Per-problem outcome of one (possibly intervened) evaluation over every scoring step."""
@@ -41,7 +50,7 @@ class Scores:
         torch.Tensor
     )  # probability of the whole answer and its end (of its first token for first-token scoring)
     correct_P: torch.Tensor  # bool: every step right
-    executor: dict[str, Any] | None = None  # under an intervention: which executor ran it and, on a fallback, why
+    executor: ExecutorChoice | None = None  # under an intervention: which executor ran it and, on a fallback, why
     # log-probability of the whole answer (summed over steps), float64 from the logits: it keeps ranking where
     # p_correct rounds to 1.0 in float32 (large margins); None when only greedy tokens were computed
     log_p_correct_P: torch.Tensor | None = None
@@ -61,7 +70,7 @@ class Scores:
             return float("nan")
         return float(self.log_p_correct_P.mean())
 
-    def rate(self, task: Task) -> dict[str, Any]:
+    def rate(self, task: Task) -> Rate:
         """Accuracy with its n, 95 % interval and the constant-guess baseline on the same problems; for a task of
         several token layouts, pooled over them (the baseline: one constant guess per layout, which the prompt
         shows), with each layout's own (`by_layout`)."""
@@ -72,7 +81,10 @@ class Scores:
             for group in task.groups:
                 rows = group.where_P.tolist()
                 r = rate([correct[i] for i in rows], [targets[i] for i in rows])
-                pooled["by_layout"].append({"layout": group.layout_id, **{k: r[k] for k in LAYOUT_KEYS}})
+                part = LayoutRate(
+                    layout=group.layout_id, value=r["value"], n=r["n"], ci=r["ci"], baseline=r["baseline"]
+                )
+                pooled["by_layout"].append(part)
         return pooled
 
     def subset(self, index: list[int]) -> Scores:
@@ -261,17 +273,17 @@ def require_solved(n_solved: int, spec: TaskSpec) -> None:
         raise Af1Error(f"the model solves none of the {spec.name} problems ({spec.style_name}, {spec.shots} shots)")
 
 
-def problem_rows(task: Task, scores: Scores) -> list[dict[str, Any]]:
+def problem_rows(task: Task, scores: Scores) -> list[ProblemRow]:
     """One row per problem as fed to the model (text and ids), with its greedy answer tokens and whether it is right."""
     rows = task.rows()
     for row, predicted, p, right in zip(
         rows, scores.predicted_PA, scores.p_correct_P.tolist(), scores.correct_P.tolist(), strict=True
     ):
-        row.update(predicted_tokens=predicted, p_correct=p, solved=bool(right))
+        row["predicted_tokens"], row["p_correct"], row["solved"] = predicted, p, bool(right)
     return rows
 
 
-def inputs_sha256(rows: list[dict[str, Any]]) -> str:
+def inputs_sha256(rows: list[ProblemRow]) -> str:
     """A fingerprint of problem rows' exact inputs (token ids, answer tokens and the end-of-answer token, in order):
     two results, or a result and an eval unit's `problems`, with the same fingerprint were measured on the same
     inputs and targets."""
@@ -286,7 +298,7 @@ class ProblemInputs(BaseModel):
     A result's `inputs` is None only when it was written before results listed them."""
 
     sha256: str  # inputs_sha256 of `problems`
-    problems: list[dict[str, Any]]
+    problems: list[ProblemRow]
     sets: dict[str, list[int]]  # name -> indices into `problems`
 
     @classmethod
@@ -302,16 +314,18 @@ class ProblemInputs(BaseModel):
 
 
 def recorded(
-    model: PreTrainedModel, tokenizer: Tokenizer, spec: TaskSpec, rows: list[dict[str, Any]]
+    model: PreTrainedModel, tokenizer: Tokenizer, spec: TaskSpec, rows: Sequence[Mapping[str, Any]]
 ) -> Evaluated | None:
-    """An evaluation read back from its problem rows (`problem_rows`) instead of run again; None when the rows are
-    not exactly this spec's inputs (another tokenizer or version): then it is run."""
+    """An evaluation read back from its problem rows (`problem_rows`, as stored: perhaps by an older version)
+    instead of run again; None when the rows are not exactly this spec's inputs (another tokenizer or version)."""
     task = build_task(spec, tokenizer)
-    if len(rows) != len(task) or any("p_correct" not in r for r in rows):
+    if len(rows) != len(task):
         return None
     inputs = [(r.get("input_ids"), r.get("answer_tokens"), r.get("stop_token")) for r in rows]
     if inputs != [(r["input_ids"], r["answer_tokens"], r["stop_token"]) for r in task.rows()]:
         return None
+    if any(key not in r for r in rows for key in ("predicted_tokens", "p_correct", "solved")):
+        return None  # rows of inputs only, or of an older version: evaluated again
     scores = Scores(
         [list(r["predicted_tokens"]) for r in rows],
         torch.tensor([float(r["p_correct"]) for r in rows]),

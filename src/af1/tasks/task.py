@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+from pydantic import ConfigDict, with_config
+from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
 from af1.tasks.builtin import NAMES, OPERATIONS, SEPARATOR, Operation, prompt_template
@@ -34,6 +36,58 @@ class Tokenizer(Protocol):
     asked, each token's character span. `document_start` reads its special tokens where it has them."""
 
     def __call__(self, text: str, /, *, return_offsets_mapping: bool = ...) -> Mapping[str, Any]: ...
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ProblemRow(TypedDict):
+    """One problem as it was fed (`Task.rows`): enough to rerun exactly that input; the keys below `layout` are
+    filled in by what scored it (the unmodified model, then an intervention)."""
+
+    prompt: str
+    input: str
+    input_ids: list[int]
+    answer: int | str
+    answer_text: str
+    answer_tokens: list[int]
+    stop_token: int | None
+    layout: NotRequired[int]  # a task of several token layouts: this problem's
+    predicted_tokens: NotRequired[list[int]]
+    p_correct: NotRequired[float]
+    solved: NotRequired[bool]
+    right_under_intervention: NotRequired[bool | None]
+    predicted_tokens_under_intervention: NotRequired[list[int] | None]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class BosToken(TypedDict):
+    """The document-start token put before every prompt of a task whose first token varies."""
+
+    id: int
+    text: str
+
+
+@with_config(ConfigDict(extra="forbid"))
+class AnswerEnd(TypedDict):
+    """Whether full scoring checks that the model stops after the answer, with which token (id -> text), or why
+    not."""
+
+    checked: bool
+    separator: str | None
+    stop_tokens: dict[str, str | None] | None  # token id (as JSON writes it) -> its text
+    note: str | None
+
+
+@with_config(ConfigDict(extra="forbid"))
+class LayoutRow(TypedDict):
+    """One token layout of a task: its size, shape (roles of its tokens) and an example input."""
+
+    layout: int
+    n: int
+    n_positions: int
+    context_len: int
+    roles: str
+    example_input: str | None
+    n_solved: NotRequired[int]
 
 
 @dataclass
@@ -69,7 +123,7 @@ class Task:
     # each row's first token after its answer in a worked example: one more step of full scoring (the model must
     # stop there); empty when the end is not checked. Kept apart from answer_tokens, which stay the answer itself
     stop_tokens: list[int] = field(default_factory=list)
-    end: dict[str, Any] = field(default_factory=dict)  # whether the end is checked, with which token, or why not
+    end: AnswerEnd | None = None  # whether the end is checked, with which token, or why not (None: not built)
 
     @property
     def sampling_note(self) -> str | None:
@@ -92,13 +146,23 @@ class Task:
             return f"{n} problems left out: --largest-layout keeps only the largest token layout"
         return f"{n} problems left out: their token layout is shared by fewer than {MIN_LAYOUT} problems"
 
+    def encode(self, text: str, tokenizer: Tokenizer) -> list[int]:
+        """A text's token ids as this task feeds its prompts: the document-start token it prepends (if any), then
+        the tokenizer's ids. Counterfactual prompts are encoded here, so that they match the task's own."""
+        return ([self.bos[0]] if self.bos is not None else []) + list(tokenizer(text)["input_ids"])
+
+    @property
+    def bos_prepended(self) -> BosToken | None:
+        """The document-start token put before every prompt, if any (its id and text)."""
+        return None if self.bos is None else BosToken(id=self.bos[0], text=self.bos[1])
+
     @property
     def end_note(self) -> str | None:
         """Says that full scoring does not check where the answer ends, and why; None when it does (or scores the
         first token only)."""
-        if self.spec.scoring == "first" or self.end.get("checked", True):
+        if self.spec.scoring == "first" or self.end is None or self.end["checked"]:
             return None
-        return f'the end of the answer is not checked ({self.end.get("note")}): "14" would count for "1"'
+        return f'the end of the answer is not checked ({self.end["note"]}): "14" would count for "1"'
 
     @property
     def n_positions(self) -> int:
@@ -224,38 +288,38 @@ class Task:
                 return group.input_text(group.where_P.tolist().index(i))
         return (self.bos[1] if self.bos else "") + self.problems[i].text
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[ProblemRow]:
         """Each problem as it was fed: enough to rerun exactly that input (and its layout group, when several)."""
         if self.groups:
-            out: list[dict[str, Any]] = [{} for _ in range(len(self))]
+            out: dict[int, ProblemRow] = {}  # the groups cover every row once
             for group in self.groups:
                 for r, row in zip(group.where_P.tolist(), dataclasses.replace(group, groups=[]).rows(), strict=True):
                     out[r] = {**row, "layout": group.layout_id}
-            return out
+            return [out[r] for r in range(len(self))]
         return [
-            {
-                "prompt": p.prompt,
-                "input": self.input_text(i),
-                "input_ids": self.input_ids_PT[i].tolist(),
-                "answer": p.answer,
-                "answer_text": p.answer_text,
-                "answer_tokens": list(self.answer_tokens[i]),
-                "stop_token": self.stop_tokens[i] if self.stop_tokens else None,
-            }
+            ProblemRow(
+                prompt=p.prompt,
+                input=self.input_text(i),
+                input_ids=self.input_ids_PT[i].tolist(),
+                answer=p.answer,
+                answer_text=p.answer_text,
+                answer_tokens=list(self.answer_tokens[i]),
+                stop_token=self.stop_tokens[i] if self.stop_tokens else None,
+            )
             for i, p in enumerate(self.problems)
         ]
 
-    def layouts(self) -> list[dict[str, Any]]:
+    def layouts(self) -> list[LayoutRow]:
         """Each token layout's size and shape, with an example input; one entry for a task of one layout."""
         return [
-            {
-                "layout": group.layout_id,
-                "n": len(group),
-                "n_positions": group.n_positions,
-                "context_len": group.context_len,
-                "roles": compact_roles(group.layout),
-                "example_input": group.input_text(0) if len(group) else None,
-            }
+            LayoutRow(
+                layout=group.layout_id,
+                n=len(group),
+                n_positions=group.n_positions,
+                context_len=group.context_len,
+                roles=compact_roles(group.layout),
+                example_input=group.input_text(0) if len(group) else None,
+            )
             for group in self.groups or [self]
         ]
 
@@ -268,7 +332,7 @@ class Task:
             "n_positions": None if self.groups else self.n_positions,  # several layouts: see `layouts`
             "context_len": None if self.groups else self.context_len,
             "layout": list(self.layout),
-            "bos_prepended": None if self.bos is None else {"id": self.bos[0], "text": self.bos[1]},
+            "bos_prepended": self.bos_prepended,
             "example_input": self.input_text(0) if self.problems else None,
             "answer_lengths": dict(sorted(Counter(len(a) for a in self.answer_tokens).items())),
             "end": self.end,
@@ -347,11 +411,11 @@ def end_tokens(
     prompt_ids: list[list[int]],
     answers: list[tuple[int, ...]],
     tokenizer: Tokenizer,
-) -> tuple[list[int], dict[str, Any]]:
+) -> tuple[list[int], AnswerEnd]:
     """Each problem's token after its answer in a worked example (empty when the end is not checked), and whether
     full scoring checks the end, with which token, or why not."""
     separator = answer_end(spec)
-    end: dict[str, Any] = {"checked": False, "separator": separator, "stop_tokens": None, "note": None}
+    end = AnswerEnd(checked=False, separator=separator, stop_tokens=None, note=None)
     if spec.scoring == "first":
         return [], {**end, "note": "first-token scoring"}
     if not spec.check_end:
@@ -440,7 +504,7 @@ def tokenize_task(
             "the tokenizer merges the end of the prompt with the answer "
             f"(e.g. {bad[0].text!r} + {bad[0].answer_text!r}): the answer's tokens are ambiguous"
         )
-    if like is not None and not like.end.get("checked"):
+    if like is not None and not (like.end and like.end["checked"]):
         stops, end = [], like.end  # a means distribution is scored as the evaluated task is
     else:
         stops, end = end_tokens(spec, problems, [i for i, _ in encoded], [tuple(a or ()) for a in answers], tokenizer)
