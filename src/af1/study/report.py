@@ -122,7 +122,7 @@ def _write_study_report(store: Store, plan: StudyPlan, units: list[Unit]) -> Pat
         *unit_sections(store, units),
         "<h2>Units and wall time</h2>",
         table_html(
-            ["unit", "state", "seconds", "peak RSS (MB, the unit's own)", "host", "error or reason"],
+            ["unit", "state", "seconds", "peak RSS during the unit (MB, model included)", "host", "error or reason"],
             [
                 [
                     r["id"],
