@@ -108,7 +108,7 @@ def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
                     path=o.path,
                     metric=o.metric,
                     split=split,
-                    split_from="the heads study's own seeded split",
+                    split_from=heads_method.OWN_SPLIT,
                     done=done,
                 ),
             )

@@ -198,7 +198,7 @@ class Heads(base.Experiment):
         if spec.file is None and options.rank_both:
             second = "a" if kind in (None, "operator") else "operator"
         search = inputs.one("search")
-        split, split_from = (options.selection, options.split_seed), "the heads study's own seeded split"
+        split, split_from = (options.selection, options.split_seed), heads.OWN_SPLIT
         if search is not None:  # the search's split: the heads are chosen on its selection half only
             split, split_from = (search.selection_fraction, search.split_seed), "the search's split"
         done = inputs.resources.evaluated(spec)

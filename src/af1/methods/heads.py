@@ -688,6 +688,7 @@ def mlp_logit_lens(adapter: ModelAdapter, task: Task, scoring: str | None = None
 
 
 METRICS = ("relative", "logit_diff")
+OWN_SPLIT = "the heads study's own seeded split"  # where the heads are chosen without a search's split
 
 
 def effect_of(pp: dict[str, Any], metric: str) -> torch.Tensor:
