@@ -114,7 +114,8 @@ def test_every_intervention_matches_the_whole_model(pair, tokenizer):
     sweep = allforone.sweep(setup, max_transfer=1)
     whole_sweep = allforone.sweep(prepare(whole, SPEC), max_transfer=1)
     assert torch.equal(
-        sweep["faithfulness_wait_transfer"].nan_to_num(-1), whole_sweep["faithfulness_wait_transfer"].nan_to_num(-1)
+        torch.tensor(sweep["faithfulness_wait_transfer"]).nan_to_num(-1),
+        torch.tensor(whole_sweep["faithfulness_wait_transfer"]).nan_to_num(-1),
     )
 
 

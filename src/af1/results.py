@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 
 
 def git_revision() -> str | None:
@@ -59,6 +60,8 @@ def _clean(value: Any) -> Any:
         return [_clean(v) for v in value]
     if isinstance(value, torch.Tensor):
         return _clean(value.tolist())
+    if isinstance(value, BaseModel):  # a typed value inside a method's result (ProblemInputs, AF1Config)
+        return _clean(value.model_dump())
     if isinstance(value, Path):
         return str(value)
     return value

@@ -58,7 +58,10 @@ class Alternatives(base.Experiment):
         on, where = base.measured_on(inputs, options, setup)
         halves = {} if on is setup else {"confirmation": on}
         return Result(
-            **allforone.alternatives(on, config), measured_on=where, inputs=allforone.setup_inputs(setup, **halves)
+            **setup.describe().fields(),
+            **allforone.alternatives(on, config),
+            measured_on=where,
+            inputs=allforone.setup_inputs(setup, **halves),
         )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:

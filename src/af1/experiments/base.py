@@ -15,13 +15,11 @@ from rich.table import Table
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
-from af1.methods.setup import MeansFrom
+from af1.methods.setup import SetupDescription
 from af1.models import LoadedModel
 from af1.report.markup import page
-from af1.stats import LayoutRate
-from af1.tasks.evaluation import Evaluated
+from af1.tasks.evaluation import Evaluated, TaskDescription
 from af1.tasks.spec import TaskSpec
-from af1.tasks.task import AnswerEnd, BosToken, LayoutRow
 
 NO_CELL = "its search found no cell whose interval clears the constant-guess baseline"
 
@@ -76,36 +74,15 @@ Vector = Annotated[list[float | None], BeforeValidator(_plain_lists)]  # e.g. [l
 Number = Annotated[float, BeforeValidator(_plain_lists)]  # a 0-d tensor's value
 
 
-class TaskFields(Result):
-    """What a result about one model on one task carries: the model and task, and the base accuracy with its
-    interval and constant guess (the evaluation writes these; every setup-measured result repeats them)."""
-
-    model: str | None = None
-    task: str
-    style: str
-    shots: int
-    scoring: str
-    n: int
-    n_solved: int
-    base_accuracy: float
-    base_accuracy_ci: list[float] | None = None
-    base_accuracy_baseline: float | None = None
-    base_accuracy_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's
-    warnings: list[str] = []
+class TaskFields(Result, TaskDescription):
+    """What a result about one model on one task carries (declared in `af1.tasks.evaluation.TaskDescription`): the
+    model and task, and the base accuracy with its interval and constant guess."""
 
 
-class SetupFields(TaskFields):
-    """What every result measured on a setup carries (`Setup.describe`) beyond the task's: the token layouts,
-    whether the end of the answer is checked, and where CAMA's means come from."""
-
-    layouts: list[LayoutRow] = []
-    n_layers: int
-    n_heads: int
-    context_len: int | None = None  # None for several layouts: see `layouts`
-    n_positions: int | None = None
-    bos_prepended: BosToken | None = None  # the document-start token put before every prompt, if any
-    end: AnswerEnd
-    means_from: MeansFrom
+class SetupFields(TaskFields, SetupDescription):
+    """What every result measured on a setup carries (declared in `af1.methods.setup.SetupDescription`, which
+    `Setup.describe` returns): beyond the task's, the token layouts, whether the end of the answer is checked, and
+    where CAMA's means come from."""
 
 
 EXPERIMENT_OF_RESULT: dict[type[Result], type[Experiment]] = {}
@@ -226,8 +203,9 @@ def measured_on(inputs: Inputs, options: ConfigOptions, setup: Any) -> tuple[Any
     search's own config (never the problems that chose it)."""
     if options.wait is not None:
         return setup, "the solved problems"
-
-    return allforone.confirmation(setup, inputs.one(SEARCH).data()), "the search's confirmation split"
+    search = inputs.one(SEARCH)
+    on = allforone.confirmation(setup, search.selection_fraction, search.split_seed)
+    return on, "the search's confirmation split"
 
 
 @dataclass

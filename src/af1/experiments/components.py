@@ -41,7 +41,9 @@ class Components(base.Experiment):
         L = setup.adapter.n_layers
         waits = options.waits or sorted({0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3})
         return Result(
-            **allforone.components(setup, waits, transfer=options.transfer), inputs=allforone.setup_inputs(setup)
+            **setup.describe().fields(),
+            **allforone.components(setup, waits, transfer=options.transfer),
+            inputs=allforone.setup_inputs(setup),
         )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:

@@ -109,7 +109,8 @@ def consistency(inputs: base.Inputs, config: Any, result: Result) -> dict[str, A
     import random
 
     setup = inputs.resources.setup(inputs.spec)
-    on = allforone.confirmation(setup, inputs.one("search").data())
+    search = inputs.one("search")
+    on = allforone.confirmation(setup, search.selection_fraction, search.split_seed)
     transfer_heads = [(layer, h) for layer in config.peek_layers() for h in range(setup.adapter.n_heads)]
     keys = {tuple(h) for h in result.key_heads}
     top = {tuple(h) for h in result.top_heads}

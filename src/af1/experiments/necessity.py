@@ -61,10 +61,15 @@ class Necessity(base.Experiment):
             if found is None:  # the unmodified model's windows still say where the last token reads
                 note = f"the transfer window is not moved: {base.NO_CELL}"
             else:
-                found_on = allforone.confirmation(setup, search.data())
+                found_on = allforone.confirmation(setup, search.selection_fraction, search.split_seed)
         result = allforone.necessity(setup, windows=options.windows, found=found, found_on=found_on)
         halves = {} if found_on is None else {"confirmation": found_on}
-        return Result(**result, no_config=note, inputs=allforone.setup_inputs(setup, **halves))
+        return Result(
+            **setup.describe().fields(),
+            **result,
+            no_config=note,
+            inputs=allforone.setup_inputs(setup, **halves),
+        )
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing

@@ -47,7 +47,7 @@ class Result(base.SetupFields):
     n_pruned_before_first_drop: int
     measure: str = ""
     curve: str = "every head"  # results written before the curve stopped at the first drop ranked every head
-    confirmation: dict[str, dict] = {}
+    confirmation: allforone.PrunedConfirmation | None = None
     inputs: ProblemInputs | None = None  # sets: solved, selection (pruning ranks on it), confirmation
 
 
@@ -71,9 +71,8 @@ class Prune(base.Experiment):
                 raise base.NotApplicable("the search's config has no transfer layers, so no heads to prune")
             search = inputs.one("search")
             selection, seed = search.selection_fraction, search.split_seed
-        return Result(
-            **allforone.prune_heads(setup, config, selection=selection, seed=seed, whole_curve=options.whole_curve)
-        )
+        pruning = allforone.prune_heads(setup, config, selection=selection, seed=seed, whole_curve=options.whole_curve)
+        return Result(**setup.describe().fields(), **pruning)
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing
@@ -104,6 +103,8 @@ class Prune(base.Experiment):
         for i, f in enumerate(result.faithfulness_vs_pruned):
             table.add_row(str(i), f"{f:.3f}")
         c = result.confirmation
+        if c is None:
+            return [table]
         return [
             table,
             f"{result.n_pruned_before_first_drop} of {result.n_transfer_heads} heads pruned at >= 95 %; on the "

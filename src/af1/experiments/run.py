@@ -51,7 +51,9 @@ class Run(base.Experiment):
         setup = inputs.resources.setup(inputs.spec)
         config = config.model_copy(update={"ablation": options.ablation, "abp": options.abp})
         on, where = base.measured_on(inputs, options, setup)
-        return Result(**allforone.run_result(on, config, options.reference), measured_on=where)
+        return Result(
+            **setup.describe().fields(), **allforone.run_result(on, config, options.reference), measured_on=where
+        )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [

@@ -87,11 +87,24 @@ class Search(base.Experiment):
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         sweep = inputs.one("sweep")
-        found = allforone.search(
-            sweep.data(), threshold=options.threshold, selection=options.selection, seed=options.split_seed
+        grid = allforone.GridCells(
+            cells=sweep.cells, targets=sweep.targets, kept_layouts=sweep.kept_layouts, config=sweep.config
         )
-        layouts = sweep.data().get("layouts") or []
-        return Result(**found, model=inputs.model_name, n_layers=sweep.n_layers, config=sweep.config, layouts=layouts)
+        found = allforone.search(
+            grid,
+            n_layers=sweep.n_layers,
+            threshold=options.threshold,
+            selection=options.selection,
+            seed=options.split_seed,
+        )
+        return Result(
+            **found,
+            model=inputs.model_name,
+            n_layers=sweep.n_layers,
+            scoring=sweep.scoring,
+            config=sweep.config,
+            layouts=sweep.layouts,
+        )
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         """The sweep again, with this threshold's confident cells, its frontier and its choice."""

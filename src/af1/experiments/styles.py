@@ -34,7 +34,7 @@ class Result(base.Result):
     wait: int
     transfer: int
     scoring: str | None = None
-    rows: list[dict]  # each with `measured_on`, `faithfulness_n` and its `inputs` (ProblemInputs)
+    rows: list[allforone.StyleRow]  # each with `measured_on`, `faithfulness_n` and its `inputs` (ProblemInputs)
 
 
 class Styles(base.Experiment):
@@ -80,11 +80,13 @@ class Styles(base.Experiment):
                         r["style"],
                         r["operation"],
                         r.get("n", ""),
-                        with_ci(r["base_accuracy"], r.get("base_accuracy_ci")) if "base_accuracy" in r else r["error"],
+                        with_ci(r["base_accuracy"], r.get("base_accuracy_ci"))
+                        if "base_accuracy" in r
+                        else r.get("error", ""),
                         r.get("n_solved", ""),
                         with_ci(r.get("faithfulness"), r.get("faithfulness_ci")),
                         r.get("faithfulness_baseline", ""),
-                        f"{r['measured_on']} ({r['faithfulness_n']})" if "measured_on" in r else "",
+                        f"{r['measured_on']} ({r.get('faithfulness_n')})" if "measured_on" in r else "",
                     ]
                     for r in result.rows
                 ],
@@ -98,8 +100,10 @@ class Styles(base.Experiment):
                 r["style"],
                 r["operation"],
                 str(r.get("n", "")),
-                ci_text(r.get("base_accuracy"), r.get("base_accuracy_ci")) if "base_accuracy" in r else r["error"],
+                ci_text(r.get("base_accuracy"), r.get("base_accuracy_ci"))
+                if "base_accuracy" in r
+                else r.get("error", ""),
                 ci_text(r.get("faithfulness"), r.get("faithfulness_ci")),
-                f"{r['measured_on']} ({r['faithfulness_n']})" if "measured_on" in r else "",
+                f"{r['measured_on']} ({r.get('faithfulness_n')})" if "measured_on" in r else "",
             )
         return [table]

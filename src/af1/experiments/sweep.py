@@ -39,7 +39,7 @@ class Result(base.SetupFields):
     kept_problems: list[ProblemRow] = []  # the solved problems the cells' bits index, in order
     kept_layouts: list[int] | None = None  # a task of several token layouts: each kept problem's
     config: dict[str, Any] = {}
-    targets: list[Any] = []
+    targets: list[str] = []
     cells: dict[str, str] = {}
     executor: str | None = None
 
@@ -55,7 +55,8 @@ class Sweep(base.Experiment):
         setup = inputs.resources.setup(inputs.spec)
         config = AF1Config(ablation=options.ablation, abp=options.abp, seed=inputs.spec.seed)
         state = inputs.state_dir / "sweep.state.json" if inputs.state_dir else None
-        return Result(**allforone.sweep(setup, config, options.max_transfer, options.reference, state_path=state))
+        grid = allforone.sweep(setup, config, options.max_transfer, options.reference, state_path=state)
+        return Result(**setup.describe().fields(), **grid)
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing

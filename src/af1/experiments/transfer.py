@@ -21,7 +21,7 @@ class Options(base.Options):
 
 class Result(base.SetupFields):
     target: str
-    rows: list[dict[str, Any]]
+    rows: list[allforone.Transferred]
     sources_without_config: dict[str, str] = {}
     missing_sources: list[str] = []  # in a study: the sources' units that did not finish (it ran without them)
     measured_on: str = "solved problems"
@@ -29,12 +29,12 @@ class Result(base.SetupFields):
     inputs: ProblemInputs | None = None  # sets: solved; confirmation when measured there
 
 
-def own_text(row: dict[str, Any]) -> str:
+def own_text(row: allforone.Transferred) -> str:
     """The target's own config on the same problems, and how each mapped config differs from it."""
     own = row.get("own")
     if not own:
         return "-"
-    p = [row[by]["mcnemar_vs_own"]["p_value"] for by in ("absolute", "relative")]
+    p = [row[by].get("mcnemar_vs_own", {}).get("p_value", float("nan")) for by in ("absolute", "relative")]
     return (
         f"{own['wait']} / {own['transfer']}: {with_ci(own['faithfulness'], own['faithfulness_ci'])} "
         f"(p {p[0]:.2g}, {p[1]:.2g})"
@@ -54,9 +54,9 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
         for row in f.result.rows:
             tables.setdefault(f.task, []).append(
                 {
-                    "source": row["source"]["model"],
+                    "source": row["source"].get("model"),
                     "target": f.model,
-                    "source_found": row["source"]["found"],
+                    "source_found": row["source"].get("found", True),
                     "source_wait": row["source"]["wait"],
                     "source_transfer": row["source"]["transfer"],
                     "absolute": row["absolute"],
@@ -108,7 +108,8 @@ class Transfer(base.Experiment):
         own = base.searched_config(mine) if mine is not None else None
         on, where = setup, "solved problems"
         if own is not None and mine is not None:  # where this model's own config is fair: not chosen there
-            on, where = allforone.confirmation(setup, mine.data()), "the confirmation split of its own search"
+            on = allforone.confirmation(setup, mine.selection_fraction, mine.split_seed)
+            where = "the confirmation split of its own search"
         rows, without = [], {}
         for search in searches:
             config = base.searched_config(search)
@@ -119,7 +120,7 @@ class Transfer(base.Experiment):
             row["source"].update(model=search.model, found=search.found, threshold=search.threshold)
             rows.append(row)
         return Result(
-            **setup.describe(),
+            **setup.describe().fields(),
             target=inputs.model_name,
             rows=rows,
             sources_without_config=without,
@@ -139,9 +140,9 @@ class Transfer(base.Experiment):
                 ["config of", "L_wait / L_transfer", "same layers", "same relative depth", "constant guess", "own"],
                 [
                     [
-                        r["source"]["model"],
+                        r["source"].get("model"),
                         f"{r['source']['wait']} / {r['source']['transfer']}"
-                        + ("" if r["source"]["found"] else " (best)"),
+                        + ("" if r["source"].get("found", True) else " (best)"),
                         f"{r['absolute']['wait']} / {r['absolute']['transfer']}: "
                         + with_ci(r["absolute"]["faithfulness"], r["absolute"]["faithfulness_ci"]),
                         f"{r['relative']['wait']} / {r['relative']['transfer']}: "
@@ -159,7 +160,7 @@ class Transfer(base.Experiment):
         table = Table("config of", "same layers", "same relative depth")
         for r in result.rows:
             table.add_row(
-                r["source"]["model"],
+                str(r["source"].get("model")),
                 ci_text(r["absolute"]["faithfulness"], r["absolute"]["faithfulness_ci"]),
                 ci_text(r["relative"]["faithfulness"], r["relative"]["faithfulness_ci"]),
             )

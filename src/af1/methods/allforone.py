@@ -7,7 +7,7 @@ problems (`af1.stats.rate`); every measurement is scored over all answer steps o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from af1.results import read_json, write_json
 from af1.stats import (
     LayoutRate,
     McNemar,
+    Rate,
     baseline_warning,
     constant_baseline,
     mcnemar_exact,
@@ -40,7 +41,7 @@ from af1.stats import (
     rate,
     split_indices,
 )
-from af1.tasks.evaluation import ProblemInputs, Scores
+from af1.tasks.evaluation import ExecutorChoice, ProblemInputs, Scores
 from af1.tasks.spec import TaskSpec
 from af1.tasks.task import ProblemRow
 
@@ -106,20 +107,32 @@ def setup_inputs(setup: Setup, **halves: Setup) -> ProblemInputs:
     return ProblemInputs.of(setup.task, setup.base, solved=setup.kept, **{k: h.kept for k, h in halves.items()})
 
 
-def run_result(setup: Setup, config: AF1Config, reference: bool = False) -> dict[str, Any]:
+@with_config(ConfigDict(extra="forbid", arbitrary_types_allowed=True))
+class AtConfig(Faithfulness):
+    """One AF1 configuration measured (`run_result`): its layers and stages, faithfulness with the executor that
+    ran it, the mean probability of the correct answer, and every problem with its prediction under AF1."""
+
+    wait: int
+    transfer: int
+    config: AF1Config
+    stages: dict[str, list[int]]
+    mean_p_correct: float
+    problems: list[ProblemRow]
+
+
+def run_result(setup: Setup, config: AF1Config, reference: bool = False) -> AtConfig:
     """One AF1 evaluation with every problem listed."""
     config.check(setup.adapter.n_layers, setup.adapter.n_heads)
     scores = faithfulness(setup, config, reference)
-    return {
-        **setup.describe(),
-        "wait": config.wait,
-        "transfer": config.transfer,
-        "config": config,
-        "stages": config.stages(setup.adapter.n_layers),
+    return AtConfig(
+        wait=config.wait,
+        transfer=config.transfer,
+        config=config,
+        stages=config.stages(setup.adapter.n_layers),
         **faith_fields(setup, scores),  # with the executor that ran it
-        "mean_p_correct": scores.mean_p_correct,
-        "problems": problem_rows(setup, scores),
-    }
+        mean_p_correct=scores.mean_p_correct,
+        problems=problem_rows(setup, scores),
+    )
 
 
 # --- the grid ------------------------------------------------------------------------------
@@ -133,13 +146,51 @@ def _unbits(bits: str) -> list[bool]:
     return [c == "1" for c in bits]
 
 
+@with_config(ConfigDict(extra="forbid"))
+class CellBits(ExecutorChoice):
+    """One measured cell of the grid: right or wrong on each solved problem, in order ("1"/"0"), and its executor."""
+
+    correct: str
+
+
+@with_config(ConfigDict(extra="forbid"))
+class GridCells(TypedDict):
+    """What the search reads of a grid: each measured cell's bits over the solved problems ("wait,transfer" ->
+    "1"/"0" per problem, in order), the problems' targets and token layouts (None: a task of one), and the config
+    every cell shares."""
+
+    cells: dict[str, str]
+    targets: list[str]
+    kept_layouts: list[int] | None
+    config: dict[str, Any]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Grid(GridCells):
+    """Faithfulness of every (wait, transfer) cell (`sweep`): rows L_wait -1..L-1, columns L_transfer 0..L, NaN
+    where not measured, with 95 % intervals, the constant guess, and which executor measured each cell and why."""
+
+    waits: list[int]
+    transfers: list[int]
+    faithfulness_wait_transfer: list[list[float | None]]
+    ci_low_wait_transfer: list[list[float | None]]
+    ci_high_wait_transfer: list[list[float | None]]
+    faithfulness_baseline: float
+    cell_executors: dict[str, str]
+    cell_fallback_reasons: dict[str, str]
+    executor: str
+    fallback_reasons: list[str]
+    n_cells: int
+    kept_problems: list[ProblemRow]
+
+
 def sweep(
     setup: Setup,
     base_config: AF1Config | None = None,
     max_transfer: int | None = None,
     reference: bool = False,
     state_path: Path | None = None,
-) -> dict[str, Any]:
+) -> Grid:
     """Faithfulness of every (wait, transfer) cell, per problem, with intervals; resumable through `state_path`."""
     base_config = base_config or AF1Config()
     L = setup.adapter.n_layers
@@ -150,7 +201,7 @@ def sweep(
         "kept": [p.text for p in setup.kept.problems],
         "reference": reference,
     }
-    done: dict[str, dict[str, Any]] = {}
+    done: dict[str, CellBits] = {}
     if state_path is not None and state_path.is_file():
         state = read_json(state_path)
         if state.get("key") == key:
@@ -176,7 +227,7 @@ def sweep(
                 )
         for k in todo:
             scores = Scores.from_steps(setup.kept, [logits[k] for logits in per_step])
-            done[f"{w},{k}"] = {"correct": _bits(scores.correct_P), **how}
+            done[f"{w},{k}"] = CellBits(correct=_bits(scores.correct_P), **how)
         if state_path is not None:
             write_json(state_path, {"key": key, "cells": done})
     targets, layouts = setup.kept.targets(), setup.kept.layout_P.tolist()
@@ -186,33 +237,33 @@ def sweep(
         w, k = map(int, cell.split(","))
         r = rate(_unbits(value["correct"]), targets, layouts)
         faith_WX[w + 1, k], (low_WX[w + 1, k], high_WX[w + 1, k]) = r["value"], r["ci"]
-    fallbacks = sorted({v["fallback_reason"] for v in done.values() if v["executor"] != "fast"})
+    fallbacks = sorted({r for v in done.values() if v["executor"] != "fast" and (r := v["fallback_reason"])})
     executors = {v["executor"] for v in done.values()}
-    return {
-        **setup.describe(),
-        "config": base_config.model_dump(),
-        "waits": list(range(-1, L)),
-        "transfers": list(range(L + 1)),
-        "faithfulness_wait_transfer": faith_WX,
-        "ci_low_wait_transfer": low_WX,
-        "ci_high_wait_transfer": high_WX,
-        "faithfulness_baseline": constant_baseline(targets, layouts),
-        "targets": targets,
-        "cells": {cell: v["correct"] for cell, v in done.items()},
-        "cell_executors": {cell: v["executor"] for cell, v in done.items()},
-        "cell_fallback_reasons": {cell: v["fallback_reason"] for cell, v in done.items() if v["fallback_reason"]},
-        "executor": executors.pop() if len(executors) == 1 else "mixed",
-        "fallback_reasons": fallbacks,
-        "n_cells": len(cells),
-        "kept_problems": setup.kept.rows(),
-        **({"kept_layouts": setup.kept.layout_P.tolist()} if setup.kept.groups else {}),
-    }
+    return Grid(
+        config=base_config.model_dump(),
+        waits=list(range(-1, L)),
+        transfers=list(range(L + 1)),
+        faithfulness_wait_transfer=faith_WX.tolist(),
+        ci_low_wait_transfer=low_WX.tolist(),
+        ci_high_wait_transfer=high_WX.tolist(),
+        faithfulness_baseline=constant_baseline(targets, layouts),
+        targets=targets,
+        cells={cell: v["correct"] for cell, v in done.items()},
+        cell_executors={cell: v["executor"] for cell, v in done.items()},
+        cell_fallback_reasons={cell: r for cell, v in done.items() if (r := v["fallback_reason"])},
+        executor=executors.pop() if len(executors) == 1 else "mixed",
+        fallback_reasons=fallbacks,
+        n_cells=len(cells),
+        kept_problems=setup.kept.rows(),
+        kept_layouts=setup.kept.layout_P.tolist() if setup.kept.groups else None,
+    )
 
 
-def confirmation(setup: Setup, found: dict[str, Any]) -> Setup:
-    """The setup restricted to the problems a search did not choose on (its confirmation split): where its
-    config's later analyses are measured, so that nothing is scored on the problems that chose it."""
-    _, conf = split_indices(len(setup.kept), found.get("selection_fraction", 0.5), found.get("split_seed", 0))
+def confirmation(setup: Setup, selection: float, seed: int) -> Setup:
+    """The setup restricted to the problems a search did not choose on (the confirmation side of its split of
+    `selection`, `seed`): where its config's later analyses are measured, so that nothing is scored on the problems
+    that chose it."""
+    _, conf = split_indices(len(setup.kept), selection, seed)
     return setup.on(conf)
 
 
@@ -236,7 +287,35 @@ class Cell(TypedDict):
     faithfulness_by_layout: NotRequired[list[LayoutRate]]
 
 
-def search(sweep_result: dict[str, Any], *, threshold: float, selection: float, seed: int) -> dict[str, Any]:
+@with_config(ConfigDict(extra="forbid"))
+class Found(TypedDict):
+    """The search's answer (`search`): the chosen cell (None where no cell passes) with its confirmation
+    faithfulness, interval and constant guess, its selection faithfulness, the split, the frontier, and the best
+    eligible cell."""
+
+    threshold: float
+    found: bool
+    selection_fraction: float
+    split_seed: int
+    n_selection: int
+    n_confirmation: int
+    faithfulness_baseline_selection: float
+    faithfulness_baseline: float
+    wait: int | None
+    transfer: int | None
+    faithfulness: float | None
+    faithfulness_ci: list[float] | None
+    faithfulness_selection: float | None
+    faithfulness_selection_ci: list[float] | None
+    frontier: list[Cell]
+    n_ineligible_no_compute: int
+    warnings: list[str]
+    stages: NotRequired[dict[str, list[int]]]
+    best: NotRequired[Cell]
+    faithfulness_by_layout: NotRequired[list[LayoutRate]]
+
+
+def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float, seed: int) -> Found:
     """The AF1 subgraph, chosen on a selection split of the solved problems and confirmed on the rest.
 
     Choice: the largest wait, then the smallest transfer, whose selection faithfulness reaches the
@@ -246,15 +325,15 @@ def search(sweep_result: dict[str, Any], *, threshold: float, selection: float, 
         raise Af1Error(f"--threshold must be in [0, 1], got {threshold}")
     if not 0 < selection < 1:
         raise Af1Error(f"--selection must be in (0, 1), got {selection}")
-    L = int(sweep_result["n_layers"])
-    targets = list(sweep_result["targets"])
-    layouts = sweep_result.get("kept_layouts") or [0] * len(targets)  # the baselines guess per layout
+    L = n_layers
+    targets = list(grid["targets"])
+    layouts = grid["kept_layouts"] or [0] * len(targets)  # the baselines guess per layout
     sel, conf = split_indices(len(targets), selection, seed)
     sel_targets, conf_targets = [targets[i] for i in sel], [targets[i] for i in conf]
     sel_layouts, conf_layouts = [layouts[i] for i in sel], [layouts[i] for i in conf]
 
     def measure(w: int, k: int) -> Cell | None:
-        bits = sweep_result["cells"].get(f"{w},{k}")
+        bits = grid["cells"].get(f"{w},{k}")
         if bits is None:
             return None
         correct = _unbits(bits)
@@ -275,29 +354,29 @@ def search(sweep_result: dict[str, Any], *, threshold: float, selection: float, 
     frontier = [passing[(w, min(k for ww, k in passing if ww == w))] for w in sorted({w for w, _ in passing})]
     base_sel = rate([True] * len(sel), sel_targets, sel_layouts)
     base_conf = rate([True] * len(conf), conf_targets, conf_layouts)
-    result: dict[str, Any] = {
-        "threshold": threshold,
-        "scoring": sweep_result.get("scoring"),
-        "found": bool(passing),
-        "selection_fraction": selection,
-        "split_seed": seed,
-        "n_selection": len(sel),
-        "n_confirmation": len(conf),
-        "faithfulness_baseline_selection": base_sel["baseline"],
-        "faithfulness_baseline": base_conf["baseline"],
-        "wait": None,
-        "transfer": None,
-        "faithfulness": None,
-        "faithfulness_ci": None,
-        "faithfulness_selection": None,
-        "frontier": frontier,
-        "n_ineligible_no_compute": sum(1 for w, k in measured if not has_compute_stage(w, k, L)),
-        "warnings": [],
-    }
+    result = Found(
+        threshold=threshold,
+        found=bool(passing),
+        selection_fraction=selection,
+        split_seed=seed,
+        n_selection=len(sel),
+        n_confirmation=len(conf),
+        faithfulness_baseline_selection=base_sel["baseline"],
+        faithfulness_baseline=base_conf["baseline"],
+        wait=None,
+        transfer=None,
+        faithfulness=None,
+        faithfulness_ci=None,
+        faithfulness_selection=None,
+        faithfulness_selection_ci=None,
+        frontier=frontier,
+        n_ineligible_no_compute=sum(1 for w, k in measured if not has_compute_stage(w, k, L)),
+        warnings=[],
+    )
 
     def by_layout(w: int, k: int) -> list[LayoutRate]:
         """The pooled confirmation rate's parts: each token layout's confirmation problems."""
-        correct, layout_P = _unbits(sweep_result["cells"][f"{w},{k}"]), sweep_result["kept_layouts"]
+        correct, layout_P = _unbits(grid["cells"][f"{w},{k}"]), grid["kept_layouts"] or []
         out = []
         for g in sorted(set(layout_P)):
             rows = [i for i in conf if layout_P[i] == g]
@@ -310,16 +389,24 @@ def search(sweep_result: dict[str, Any], *, threshold: float, selection: float, 
     eligible = [m for m in measured.values() if m["eligible"]]
     if eligible:
         best = Cell(**max(eligible, key=lambda m: (m["faithfulness_selection"], m["wait"], -m["transfer"])))
-        if sweep_result.get("kept_layouts") is not None:
+        if grid["kept_layouts"] is not None:
             best["faithfulness_by_layout"] = by_layout(best["wait"], best["transfer"])
         result["best"] = best
     if passing:
         w = max(w for w, _ in passing)
         k = min(kk for ww, kk in passing if ww == w)
         chosen = passing[(w, k)]
-        config = AF1Config(**{**sweep_result.get("config", {}), "wait": w, "transfer": k})
-        result.update({kk: v for kk, v in chosen.items() if kk != "eligible"}, stages=config.stages(L))
-        if sweep_result.get("kept_layouts") is not None:
+        config = AF1Config(**{**grid["config"], "wait": w, "transfer": k})
+        result.update(
+            wait=w,
+            transfer=k,
+            faithfulness=chosen["faithfulness"],
+            faithfulness_ci=chosen["faithfulness_ci"],
+            faithfulness_selection=chosen["faithfulness_selection"],
+            faithfulness_selection_ci=chosen["faithfulness_selection_ci"],
+            stages=config.stages(L),
+        )
+        if grid["kept_layouts"] is not None:
             result["faithfulness_by_layout"] = by_layout(w, k)
     note = baseline_warning("faithfulness (confirmation split)", base_conf["baseline"], len(conf))
     if note:
@@ -327,22 +414,44 @@ def search(sweep_result: dict[str, Any], *, threshold: float, selection: float, 
     return result
 
 
-def components(setup: Setup, waits: list[int], *, transfer: int) -> dict[str, Any]:
+@with_config(ConfigDict(extra="forbid"))
+class Components(TypedDict):
+    """CAMA alone and ABP alone per L_wait (`components`): faithfulness, interval and executor, and the constant
+    guess on the same problems."""
+
+    transfer: int
+    cama_only: dict[int, float]
+    cama_only_ci: dict[int, list[float]]
+    cama_only_executor: dict[int, ExecutorChoice | None]
+    abp_only: dict[int, float]
+    abp_only_ci: dict[int, list[float]]
+    abp_only_executor: dict[int, ExecutorChoice | None]
+    faithfulness_baseline: float
+
+
+def components(setup: Setup, waits: list[int], *, transfer: int) -> Components:
     """CAMA alone (no attention mask) and ABP alone (no ablation, `transfer` peek layers) per L_wait."""
     L = setup.adapter.n_layers
     waits = [w for w in waits if 0 <= w < L]
-    out: dict[str, Any] = {**setup.describe(), "transfer": transfer}
-    for name, make in (
-        ("cama_only", lambda w: AF1Config(wait=w, abp="none")),
-        ("abp_only", lambda w: AF1Config(wait=w, transfer=min(transfer, L - 1 - w), ablation="none")),
-    ):
+
+    def per_wait(name: str, make: Callable[[int], AF1Config]) -> tuple[dict[int, Scores], dict[int, Rate]]:
         scores = {w: faithfulness(setup, make(w)) for w in progress(waits, desc=name)}
-        rates = {w: s.rate(setup.kept) for w, s in scores.items()}
-        out[name] = {w: r["value"] for w, r in rates.items()}
-        out[f"{name}_ci"] = {w: r["ci"] for w, r in rates.items()}
-        out[f"{name}_executor"] = {w: s.executor for w, s in scores.items()}
-    out["faithfulness_baseline"] = constant_baseline(setup.kept.targets(), setup.kept.layout_P.tolist())
-    return out
+        return scores, {w: s.rate(setup.kept) for w, s in scores.items()}
+
+    cama, cama_rates = per_wait("cama_only", lambda w: AF1Config(wait=w, abp="none"))
+    abp, abp_rates = per_wait(
+        "abp_only", lambda w: AF1Config(wait=w, transfer=min(transfer, L - 1 - w), ablation="none")
+    )
+    return Components(
+        transfer=transfer,
+        cama_only={w: r["value"] for w, r in cama_rates.items()},
+        cama_only_ci={w: r["ci"] for w, r in cama_rates.items()},
+        cama_only_executor={w: s.executor for w, s in cama.items()},
+        abp_only={w: r["value"] for w, r in abp_rates.items()},
+        abp_only_ci={w: r["ci"] for w, r in abp_rates.items()},
+        abp_only_executor={w: s.executor for w, s in abp.items()},
+        faithfulness_baseline=constant_baseline(setup.kept.targets(), setup.kept.layout_P.tolist()),
+    )
 
 
 # --- necessity -------------------------------------------------------------------------------
@@ -365,13 +474,24 @@ class ShiftedTransfer(TypedDict):
     by_start: list[ShiftedStart]
 
 
+@with_config(ConfigDict(extra="forbid"))
+class Necessity(TypedDict):
+    """Faithfulness with the last token kept from reading the operands in each window of layers, by width (the
+    windows' first layers in order), with intervals and the constant guess; and a found AF1's moved transfer window."""
+
+    windows: dict[str, list[float]]
+    windows_ci: dict[str, list[list[float]]]
+    faithfulness_baseline: float
+    shifted_transfer: NotRequired[ShiftedTransfer]
+
+
 def necessity(
     setup: Setup,
     *,
     windows: Sequence[int],
     found: AF1Config | None = None,
     found_on: Setup | None = None,
-) -> dict[str, Any]:
+) -> Necessity:
     """Faithfulness when the last token cannot read the operands in one layer (or a window).
 
     Also, inside a found AF1, the transfer window moved to every later start, measured on `found_on` (the
@@ -390,12 +510,11 @@ def necessity(
         mine = [r for s, r in zip(sets, rates, strict=True) if len(s) == width]
         per_window[str(width)] = [r["value"] for r in mine]
         per_window_ci[str(width)] = [r["ci"] for r in mine]
-    result: dict[str, Any] = {
-        **setup.describe(),
-        "windows": per_window,
-        "windows_ci": per_window_ci,
-        "faithfulness_baseline": constant_baseline(setup.kept.targets(), setup.kept.layout_P.tolist()),
-    }
+    result = Necessity(
+        windows=per_window,
+        windows_ci=per_window_ci,
+        faithfulness_baseline=constant_baseline(setup.kept.targets(), setup.kept.layout_P.tolist()),
+    )
     if found is not None and found.transfer > 0:
         on = found_on or setup
         shifted = []
@@ -439,7 +558,20 @@ class Configured(Faithfulness):
     abp: str
 
 
-def alternatives(setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS) -> dict[str, Any]:
+@with_config(ConfigDict(extra="forbid"))
+class Alternatives(TypedDict):
+    """Every ablation and every ABP variant at one config (`alternatives`), each paired against the configured one."""
+
+    wait: int
+    transfer: int
+    configured: Configured
+    ablations: dict[str, float]
+    abp_variants: dict[str, float]
+    ablations_detail: dict[str, Alternative | Resampled]
+    abp_variants_detail: dict[str, Alternative]
+
+
+def alternatives(setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS) -> Alternatives:
     """At one config: each ablation with ABP as configured, and each ABP variant with CAMA; every one against
     the configured intervention on the same problems (paired exact McNemar). Resample runs `seeds` seeds."""
     reference_scores = faithfulness(setup, config)
@@ -469,19 +601,52 @@ def alternatives(setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS) -
         else:
             ablations[name] = entry(faithfulness(setup, config.model_copy(update={"ablation": name})))
     variants = {v: entry(faithfulness(setup, config.model_copy(update={"abp": v}))) for v in ABP_VARIANTS}
-    return {
-        **setup.describe(),
-        "wait": config.wait,
-        "transfer": config.transfer,
-        "configured": Configured(ablation=config.ablation, abp=config.abp, **faith_fields(setup, reference_scores)),
-        "ablations": {k: v["faithfulness"] for k, v in ablations.items()},
-        "abp_variants": {k: v["faithfulness"] for k, v in variants.items()},
-        "ablations_detail": ablations,
-        "abp_variants_detail": variants,
-    }
+    return Alternatives(
+        wait=config.wait,
+        transfer=config.transfer,
+        configured=Configured(ablation=config.ablation, abp=config.abp, **faith_fields(setup, reference_scores)),
+        ablations={k: v["faithfulness"] for k, v in ablations.items()},
+        abp_variants={k: v["faithfulness"] for k, v in variants.items()},
+        ablations_detail=ablations,
+        abp_variants_detail=variants,
+    )
 
 
 # --- styles and transfer ----------------------------------------------------------------------
+
+
+@with_config(ConfigDict(extra="forbid"))
+class StyleRow(TypedDict):
+    """One (input style, operation) of the styles table: its base accuracy and its faithfulness at the config, with
+    the problems measured on and their inputs; or why the style could not be measured (`error`)."""
+
+    style: str
+    operation: str
+    error: NotRequired[str]
+    n: NotRequired[int]
+    n_solved: NotRequired[int]
+    base_accuracy: NotRequired[float]
+    base_accuracy_ci: NotRequired[list[float] | None]
+    base_accuracy_baseline: NotRequired[float | None]
+    measured_on: NotRequired[str]
+    faithfulness: NotRequired[float]
+    faithfulness_ci: NotRequired[list[float]]
+    faithfulness_baseline: NotRequired[float]
+    faithfulness_n: NotRequired[int]
+    faithfulness_by_layout: NotRequired[list[LayoutRate]]
+    executor: NotRequired[str]
+    fallback_reason: NotRequired[str | None]
+    inputs: NotRequired[dict[str, Any]]  # ProblemInputs, dumped
+
+
+@with_config(ConfigDict(extra="forbid"))
+class StylesTable(TypedDict):
+    """The Table-4 analogue (`styles_table`): one row per style and operation at one config."""
+
+    wait: int
+    transfer: int
+    scoring: str
+    rows: list[StyleRow]
 
 
 def styles_table(
@@ -491,7 +656,7 @@ def styles_table(
     styles: list[str],
     operations: tuple[str, ...] = ("a+b", "a-b"),
     own: tuple[Setup, Setup, str] | None = None,
-) -> dict[str, Any]:
+) -> StylesTable:
     """The Table-4 analogue: per style and operation, base accuracy and faithfulness at one config, each row with
     its problems and the ones its faithfulness is measured on. `own` is the task's own cell, already prepared: its
     setup, the problems to measure it on (the search's confirmation half, when the config is the search's, so that
@@ -500,7 +665,6 @@ def styles_table(
     for style in progress(styles, desc="styles"):
         for op in operations:
             spec = base_spec.model_copy(update={"operation": op, "style": style})
-            row: dict[str, Any] = {"style": style, "operation": op}
             try:
                 if own is not None and own[0].spec == spec:
                     setup, on, where = own
@@ -508,17 +672,25 @@ def styles_table(
                     setup = prepare(lm, spec)
                     on, where = setup, "the solved problems"
             except Af1Error as exc:
-                row.update(error=str(exc))
-                rows.append(row)
+                rows.append(StyleRow(style=style, operation=op, error=str(exc)))
                 continue
             described = setup.describe()
-            row.update({k: described[k] for k in ("n", "n_solved", "base_accuracy", "base_accuracy_ci")})
-            row.update(base_accuracy_baseline=described["base_accuracy_baseline"], measured_on=where)
-            row.update(faith_fields(on, faithfulness(on, config)))
             halves = {} if on is setup else {"confirmation": on}
-            row.update(inputs=setup_inputs(setup, **halves).model_dump())
-            rows.append(row)
-    return {"wait": config.wait, "transfer": config.transfer, "scoring": base_spec.scoring, "rows": rows}
+            rows.append(
+                StyleRow(
+                    style=style,
+                    operation=op,
+                    n=described.n,
+                    n_solved=described.n_solved,
+                    base_accuracy=described.base_accuracy,
+                    base_accuracy_ci=described.base_accuracy_ci,
+                    base_accuracy_baseline=described.base_accuracy_baseline,
+                    measured_on=where,
+                    **faith_fields(on, faithfulness(on, config)),
+                    inputs=setup_inputs(setup, **halves).model_dump(),
+                )
+            )
+    return StylesTable(wait=config.wait, transfer=config.transfer, scoring=base_spec.scoring, rows=rows)
 
 
 def map_config(config: AF1Config, from_layers: int, to_layers: int, by: str) -> AF1Config:
@@ -535,23 +707,59 @@ def map_config(config: AF1Config, from_layers: int, to_layers: int, by: str) -> 
     return config.model_copy(update={"wait": wait, "transfer": transfer, "transfer_start": None, "pruned_heads": []})
 
 
-def transfer_config(setup: Setup, config: AF1Config, from_layers: int, own: AF1Config | None = None) -> dict[str, Any]:
+@with_config(ConfigDict(extra="forbid"))
+class TransferSource(TypedDict):
+    """Where a transferred config was found: its layers and its model's depth (a study adds which model, whether
+    its search found a cell, and at what threshold)."""
+
+    wait: int
+    transfer: int
+    n_layers: int
+    model: NotRequired[str | None]
+    found: NotRequired[bool]
+    threshold: NotRequired[float]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Mapped(Faithfulness):
+    """A config as mapped onto this model, measured; paired against this model's own config when it has one."""
+
+    wait: int
+    transfer: int
+    mcnemar_vs_own: NotRequired[McNemar]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Transferred(TypedDict):
+    """A config found on another model measured here (`transfer_config`): by the same layers, by the same relative
+    depth, and this model's own config beside them when it has one."""
+
+    source: TransferSource
+    absolute: Mapped
+    relative: Mapped
+    own: NotRequired[Mapped]
+
+
+def transfer_config(setup: Setup, config: AF1Config, from_layers: int, own: AF1Config | None = None) -> Transferred:
     """Faithfulness on this setup of a config found elsewhere, by absolute layers and by relative depth; with
     `own` (this model's config) also that one and a paired McNemar test of each mapping against it."""
-    out = {
-        **setup.describe(),
-        "source": {"wait": config.wait, "transfer": config.transfer, "n_layers": from_layers},
-    }
-    own_scores = None
-    if own is not None:
-        own_scores = faithfulness(setup, own)
-        out["own"] = {"wait": own.wait, "transfer": own.transfer, **faith_fields(setup, own_scores)}
-    for by in ("absolute", "relative"):
-        mapped = map_config(config, from_layers, setup.adapter.n_layers, by)
-        scores = faithfulness(setup, mapped)
-        out[by] = {"wait": mapped.wait, "transfer": mapped.transfer, **faith_fields(setup, scores)}
+    own_scores = None if own is None else faithfulness(setup, own)
+
+    def mapped(by: str) -> Mapped:
+        to = map_config(config, from_layers, setup.adapter.n_layers, by)
+        scores = faithfulness(setup, to)
+        out = Mapped(wait=to.wait, transfer=to.transfer, **faith_fields(setup, scores))
         if own_scores is not None:
-            out[by]["mcnemar_vs_own"] = mcnemar_exact(scores.correct_P.tolist(), own_scores.correct_P.tolist())
+            out["mcnemar_vs_own"] = mcnemar_exact(scores.correct_P.tolist(), own_scores.correct_P.tolist())
+        return out
+
+    out = Transferred(
+        source=TransferSource(wait=config.wait, transfer=config.transfer, n_layers=from_layers),
+        absolute=mapped("absolute"),
+        relative=mapped("relative"),
+    )
+    if own is not None and own_scores is not None:
+        out["own"] = Mapped(wait=own.wait, transfer=own.transfer, **faith_fields(setup, own_scores))
     return out
 
 
@@ -568,6 +776,41 @@ def pruned_scores(setup: Setup, config: AF1Config, head_sets: list[list[tuple[in
     return [Scores.from_steps(setup.kept, [logits[i] for logits in per_step]) for i in range(len(head_sets))]
 
 
+@with_config(ConfigDict(extra="forbid"))
+class PrunedConfirmation(TypedDict):
+    """The pruned set checked on the confirmation split: unpruned and pruned faithfulness, paired (exact McNemar)."""
+
+    unpruned: Faithfulness
+    pruned: Faithfulness
+    mcnemar: McNemar
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Pruning(TypedDict):
+    """Transfer-layer heads kept from peeking one at a time (`prune_heads`): the order, the curves on the selection
+    split with intervals and constant guess, the set before the first drop, and its confirmation."""
+
+    wait: int
+    transfer: int
+    n_transfer_heads: int
+    measure: str
+    curve: str
+    n_selection: int
+    n_confirmation: int
+    faithfulness_full: float
+    faithfulness_full_ci: list[float]
+    prune_order: list[list[int]]
+    faithfulness_vs_pruned: list[float]
+    faithfulness_vs_pruned_ci: list[list[float]]
+    faithfulness_selection_baseline: float
+    mean_p_correct_vs_pruned: list[float]
+    mean_log_p_correct_vs_pruned: list[float]
+    keep: float
+    n_pruned_before_first_drop: int
+    inputs: ProblemInputs
+    confirmation: PrunedConfirmation
+
+
 def prune_heads(
     setup: Setup,
     config: AF1Config,
@@ -576,7 +819,7 @@ def prune_heads(
     seed: int,
     whole_curve: bool,
     keep: float = 0.95,
-) -> dict[str, Any]:
+) -> Pruning:
     """Stop transfer-layer heads peeking one at a time, greedily: each round removes the head whose removal keeps
     the mean log-probability of the correct answer highest (re-ranked after every removal), on a selection split.
     The pruned set just before faithfulness first falls below `keep` of the unpruned is then checked on the
@@ -615,30 +858,29 @@ def prune_heads(
     n_pruned = next((i for i, f in enumerate(faith_curve) if f < keep * faith_curve[0]), len(faith_curve)) - 1
     pruned = config.model_copy(update={"pruned_heads": order[:n_pruned]})
     conf_full, conf_pruned = faithfulness(on_conf, config), faithfulness(on_conf, pruned)
-    return {
-        **setup.describe(),
-        "wait": config.wait,
-        "transfer": config.transfer,
-        "n_transfer_heads": len(heads),
-        "measure": "mean log-probability of the correct answer, summed over its steps, float64 (selection split), "
+    return Pruning(
+        wait=config.wait,
+        transfer=config.transfer,
+        n_transfer_heads=len(heads),
+        measure="mean log-probability of the correct answer, summed over its steps, float64 (selection split), "
         "re-ranked after every removal",
-        "curve": "every head" if whole_curve else "up to the first drop below keep x unpruned",
-        "n_selection": len(sel),
-        "n_confirmation": len(conf),
-        "faithfulness_full": faith_curve[0],
-        "faithfulness_full_ci": ci_curve[0],
-        "prune_order": [list(hd) for hd in order],
-        "faithfulness_vs_pruned": faith_curve,
-        "faithfulness_vs_pruned_ci": ci_curve,
-        "faithfulness_selection_baseline": unpruned_rate["baseline"],  # the constant guess on the selection split
-        "mean_p_correct_vs_pruned": p_curve,
-        "mean_log_p_correct_vs_pruned": log_p_curve,
-        "keep": keep,
-        "n_pruned_before_first_drop": n_pruned,
-        "inputs": setup_inputs(setup, selection=on_sel, confirmation=on_conf).model_dump(),
-        "confirmation": {
-            "unpruned": faith_fields(on_conf, conf_full),
-            "pruned": faith_fields(on_conf, conf_pruned),
-            "mcnemar": mcnemar_exact(conf_pruned.correct_P.tolist(), conf_full.correct_P.tolist()),
-        },
-    }
+        curve="every head" if whole_curve else "up to the first drop below keep x unpruned",
+        n_selection=len(sel),
+        n_confirmation=len(conf),
+        faithfulness_full=faith_curve[0],
+        faithfulness_full_ci=ci_curve[0],
+        prune_order=[list(hd) for hd in order],
+        faithfulness_vs_pruned=faith_curve,
+        faithfulness_vs_pruned_ci=ci_curve,
+        faithfulness_selection_baseline=unpruned_rate["baseline"],  # the constant guess on the selection split
+        mean_p_correct_vs_pruned=p_curve,
+        mean_log_p_correct_vs_pruned=log_p_curve,
+        keep=keep,
+        n_pruned_before_first_drop=n_pruned,
+        inputs=setup_inputs(setup, selection=on_sel, confirmation=on_conf),
+        confirmation=PrunedConfirmation(
+            unpruned=faith_fields(on_conf, conf_full),
+            pruned=faith_fields(on_conf, conf_pruned),
+            mcnemar=mcnemar_exact(conf_pruned.correct_P.tolist(), conf_full.correct_P.tolist()),
+        ),
+    )

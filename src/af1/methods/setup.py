@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import ConfigDict, with_config
+from pydantic import ConfigDict, Field, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
@@ -30,10 +30,18 @@ from af1.stats import (
     baseline_warning,
     constant_baseline,
 )
-from af1.tasks.evaluation import Evaluated, ExecutorChoice, Scores, evaluated, require_solved, solved
+from af1.tasks.evaluation import (
+    Evaluated,
+    ExecutorChoice,
+    Scores,
+    TaskDescription,
+    evaluated,
+    require_solved,
+    solved,
+)
 from af1.tasks.means_sample import distribution_task
 from af1.tasks.spec import TaskSpec
-from af1.tasks.task import Task
+from af1.tasks.task import AnswerEnd, BosToken, LayoutRow, Task
 
 LOW_COUNT = 5  # a conditional mean over fewer problems than this is flagged
 
@@ -66,6 +74,25 @@ class MeansFrom(TypedDict):
     leave_one_out: str
     n_fallback_pairs: int
     per_step: list[MeansStep]
+
+
+class SetupDescription(TaskDescription):
+    """What every result measured on a setup carries (`Setup.describe`) beyond the task's: the token layouts,
+    whether the end of the answer is checked, and where CAMA's means come from. Declared here, once: each
+    experiment's result extends it (`af1.experiments.base.SetupFields`), each method returns only its own part."""
+
+    layouts: list[LayoutRow] = Field(default_factory=list)
+    n_layers: int
+    n_heads: int
+    context_len: int | None = None  # None for several layouts: see `layouts`
+    n_positions: int | None = None
+    bos_prepended: BosToken | None = None  # the document-start token put before every prompt, if any
+    end: AnswerEnd
+    means_from: MeansFrom
+
+    def fields(self) -> dict[str, Any]:
+        """Each field's value as it is (not dumped): to spread into a result beside a method's own part."""
+        return dict(self)
 
 
 @dataclass
@@ -129,31 +156,37 @@ class Setup:
                 )
         return out
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> SetupDescription:
+        """What every result measured on this setup carries: the model, the task and its base accuracy, the token
+        layouts, whether the end of the answer is checked, and where CAMA's means come from."""
+        if self.task.end is None:
+            raise Af1Error("a setup's task is built by af1.tasks.build_task, which settles the end of its answers")
         base = self.base.rate(self.task)
         notes = self.means_notes
         solved_P = self.kept.layout_P.tolist()
-        layouts = [{**row, "n_solved": solved_P.count(row["layout"])} for row in self.task.layouts()]
-        return {
-            "model": self.lm.info.get("spec"),
-            "task": self.spec.name,
-            "style": self.spec.style_name,
-            "shots": self.spec.shots,
-            "scoring": self.spec.scoring,
-            "n": len(self.task),
-            "n_solved": len(self.kept),
-            "base_accuracy": base["value"],
-            "base_accuracy_ci": base["ci"],
-            "base_accuracy_baseline": base["baseline"],
-            **({"base_accuracy_by_layout": base["by_layout"]} if "by_layout" in base else {}),
-            "layouts": layouts,
-            "n_layers": self.adapter.n_layers,
-            "n_heads": self.adapter.n_heads,
-            "context_len": None if self.task.groups else self.task.context_len,  # several layouts: see `layouts`
-            "n_positions": None if self.task.groups else self.task.n_positions,
-            "bos_prepended": self.task.bos_prepended,
-            "end": self.task.end,  # whether full scoring checks that the model stops after the answer
-            "means_from": MeansFrom(
+        layouts = self.task.layouts()
+        for row in layouts:
+            row["n_solved"] = solved_P.count(row["layout"])
+        return SetupDescription(
+            model=self.lm.info.get("spec"),
+            task=self.spec.name,
+            style=self.spec.style_name,
+            shots=self.spec.shots,
+            scoring=self.spec.scoring,
+            n=len(self.task),
+            n_solved=len(self.kept),
+            base_accuracy=base["value"],
+            base_accuracy_ci=base["ci"],
+            base_accuracy_baseline=base["baseline"],
+            base_accuracy_by_layout=base.get("by_layout"),
+            layouts=layouts,
+            n_layers=self.adapter.n_layers,
+            n_heads=self.adapter.n_heads,
+            context_len=None if self.task.groups else self.task.context_len,  # several layouts: see `layouts`
+            n_positions=None if self.task.groups else self.task.n_positions,
+            bos_prepended=self.task.bos_prepended,
+            end=self.task.end,  # whether full scoring checks that the model stops after the answer
+            means_from=MeansFrom(
                 origin=self.distribution.origin,
                 n_problems=len(self.distribution),
                 leave_one_out="each solved problem inside the means is left out of them"
@@ -162,8 +195,8 @@ class Setup:
                 n_fallback_pairs=sum(n["n_fallback_pairs"] for n in notes),
                 per_step=notes,
             ),
-            "warnings": self.warnings + self.means_warnings(),
-        }
+            warnings=self.warnings + self.means_warnings(),
+        )
 
 
 def low_count_positions(means: PositionMeans, task: Task) -> ThinMeans:

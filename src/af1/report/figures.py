@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,7 @@ def necessity_plot(result: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-def pruning_plot(result: dict[str, Any], path: Path) -> Path:
+def pruning_plot(result: Mapping[str, Any], path: Path) -> Path:
     curve = result["faithfulness_vs_pruned"]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(range(len(curve)), curve, marker="o", ms=3)

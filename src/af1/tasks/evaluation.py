@@ -291,6 +291,26 @@ def inputs_sha256(rows: list[ProblemRow]) -> str:
     return hashlib.sha256(json.dumps(fed, separators=(",", ":")).encode()).hexdigest()
 
 
+class TaskDescription(BaseModel):
+    """A model evaluated on a task: the model and task, and the base accuracy with its interval and constant guess
+    (each layout's part, for a task of several); every result about one model on one task carries these."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    task: str
+    style: str
+    shots: int
+    scoring: str
+    n: int
+    n_solved: int
+    base_accuracy: float
+    base_accuracy_ci: list[float] | None = None
+    base_accuracy_baseline: float | None = None
+    base_accuracy_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's
+    warnings: list[str] = []
+
+
 class ProblemInputs(BaseModel):
     """The exact inputs of a result: every problem of its task once, as fed to the model (`problem_rows`: text, token
     ids, answer tokens, the unmodified model's greedy prediction), and each set of them a number was measured on
