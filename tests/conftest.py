@@ -135,7 +135,9 @@ def fitted_tiny_model(family: str, specs: list, tokenizer, n_layers: int = 3, se
     config.hidden_size = max(config.hidden_size, 64 * -(-rows // 64))  # room for an exact fit
     config.intermediate_size = 2 * config.hidden_size
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    config.tie_word_embeddings = False  # the fit rewrites the unembedding, never the embedding
+    attn = "eager" if family in ("gptj", "gemma2") else "sdpa"  # the only kernel these families offer
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
     model.eval().requires_grad_(False)
     assert not config.tie_word_embeddings, "the fit rewrites the unembedding"
     adapter = ModelAdapter(model)

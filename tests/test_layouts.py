@@ -222,8 +222,8 @@ def test_a_layout_without_a_counterfactual_is_left_out_of_path_patching(mixed, t
     (tmp_path / "null.yaml").write_text(text)
     kept = prepare(lm, TaskSpec(file=str(tmp_path / "null.yaml"))).kept
     pp, _ = heads.layout_path_patching(lm.adapter, kept, tokenizer, "direct")
-    assert pp["layouts_patched"] == [{"layout": 0, "n": len(kept.groups[0])}]
-    assert [s["layout"] for s in pp["layouts_not_patched"]] == [1]
+    assert pp.get("layouts_patched") == [{"layout": 0, "n": len(kept.groups[0])}]
+    assert [s["layout"] for s in pp.get("layouts_not_patched", [])] == [1]
     alone, _ = heads.layout_path_patching(lm.adapter, kept.groups[0], tokenizer, "direct")
     assert torch.allclose(pp["relative_logit_change_layer_head"], alone["relative_logit_change_layer_head"])
 
@@ -244,3 +244,18 @@ def test_the_search_reports_each_layouts_confirmation_rate(mixed):
     config = allforone.AF1Config(wait=1, transfer=0)
     got = by_prompt(setup.kept, allforone.faithfulness(setup, config).p_correct_P.tolist())
     assert close(by_prompt(only_short.kept, allforone.faithfulness(only_short, config).p_correct_P.tolist()), got)
+
+
+def test_the_heads_study_runs_on_a_task_of_several_layouts(mixed, tmp_path, monkeypatch, capsys):
+    """Path patching per layout writes which layouts it patched: fields its result declares (an undeclared one
+    was refused, so the heads study failed on every task of several layouts)."""
+    lm, spec, _, _ = mixed
+    import af1.api
+
+    monkeypatch.setattr(af1.api, "load_model", lambda *a, **k: lm)
+    args = ["heads", "--model", "smollm2", "--task-file", str(spec.file), "--out", str(tmp_path), "--draws", "2"]
+    code, _, err = run_cli(capsys, *args)
+    assert code == 0, err
+    result = json.loads((tmp_path / "heads.json").read_text())
+    assert [r["layout"] for r in result["layouts_patched"]] == [0, 1] and result["layouts_not_patched"] == []
+    assert sum(r["n"] for r in result["layouts_patched"]) == result["split"]["n_selection"]

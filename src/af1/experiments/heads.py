@@ -19,6 +19,7 @@ from af1.stats import mcnemar_exact, mean_std
 from af1.tasks.builtin import FILE_STYLE
 from af1.tasks.evaluation import ProblemInputs, solved
 from af1.tasks.spec import TaskSpec
+from af1.tasks.task import LayoutRow
 
 
 class Options(base.GatedOptions):
@@ -64,10 +65,12 @@ class Result(base.Result):
     n_solved: int
     n_heads: int
     scoring: str
-    layouts: list[dict[str, Any]] = []  # path patching, knock-outs and attention per layout, pooled by each one's n
+    layouts: list[LayoutRow] = []  # path patching, knock-outs and attention per layout, pooled by each one's n
     base_accuracy_all: float
-    path_patching_scoring: dict[str, Any]  # what path patching scores, its constant guess and a warning if near one
-    answer_steps_n: dict[int, int] = {}  # solved problems with an answer step k, by k
+    path_patching_scoring: heads.ScoringNote  # what path patching scores, its constant guess and a warning if near one
+    answer_steps_n: dict[str, int] = {}  # solved problems of the selection part with an answer step k, by k
+    layouts_patched: list[heads.LayoutPatched] | None = None  # a task of several layouts: those path patching measured
+    layouts_not_patched: list[heads.LayoutNotPatched] | None = None  # and those it left out, with why
     counterfactual_problems: list[dict[str, Any]] = []  # per selection problem: its counterfactual ids, value drawn
     relative_logit_change_layer_head: base.Matrix
     logit_diff_change_layer_head: base.Matrix
@@ -76,24 +79,26 @@ class Result(base.Result):
     clean_logit_diff: base.Number
     key_heads_by_metric: dict[str, list[list[int]]] = {}
     attention_measured_on: str = ""
-    mlp_logit_lens_layer: base.Vector = []
+    mlp_logit_lens_layer: base.Vector | None = None  # None: a family whose MLP output is not linear in its input
     mlp_logit_lens_measured_on: str = ""
     warnings: list[str] = []
     threshold: float
     counterfactual: str
     counterfactual_kind: str = "operator"
-    second_counterfactual: dict[str, Any] | None = None
+    second_counterfactual: heads.SecondCounterfactual | heads.NoSecondCounterfactual | None = None
     split: heads.Split
-    path: str = "direct"
+    path: str
     metric: str = "relative"
     key_heads: list[list[int]]
     key_head_share: float
     top_heads: list[list[int]]
     knockout: heads.Knockout
-    attention_of_top_heads: dict = {}
-    attention_over_tokens: dict[str, Any] | None = None  # the confirmation part's first problem: each top/key head's
+    attention_of_top_heads: dict[str, dict[str, float]] = {}
+    attention_over_tokens: heads.TokenAttention | None = (
+        None  # the confirmation part's first problem: each top/key head's
+    )
     # attention from the last position over its tokens (row `problem` of inputs.sets["confirmation"])
-    overlap: list[dict] = []
+    overlap: list[heads.TaskOverlap] = []
     placement: list[dict] | None = None
     af1_consistency: dict[str, Any] | None = None
     inputs: ProblemInputs | None = None  # clean; sets: solved, confirmation (AF1 rows)
@@ -373,7 +378,7 @@ class Heads(base.Experiment):
                             o["task"],
                             o["style"],
                             o.get("key_heads_jaccard", o.get("error", "")),
-                            o.get(f"top_{ko['k']}_overlap", ""),
+                            o.get("top_k_overlap", ""),
                         ]
                         for o in result.overlap
                     ],

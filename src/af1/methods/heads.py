@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import ConfigDict, with_config
-from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
 from af1.executors.fast import capture_problem_kv, last_token_inputs
@@ -56,7 +56,7 @@ from af1.progress import progress
 from af1.progress import stage as progress_stage
 from af1.stats import baseline_warning, constant_baseline, split_indices
 from af1.tasks.evaluation import Evaluated, Scores, batches, evaluated, require_solved, solved
-from af1.tasks.task import Task
+from af1.tasks.task import LayoutRow, Task
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -134,6 +134,50 @@ def logit_changes(logits_ZBR: torch.Tensor, weight_B: torch.Tensor | None = None
     return rel.cpu(), (((c1 - w1) - (c0 - w0)) * w).sum(-1).cpu()
 
 
+class Effects(TypedDict):
+    """Per sender the mean path-patching effects ([layer, head]; [layer] for the MLPs) and the clean logit
+    difference they are measured against."""
+
+    relative_logit_change_layer_head: torch.Tensor
+    logit_diff_change_layer_head: torch.Tensor
+    relative_logit_change_mlp_layer: torch.Tensor
+    logit_diff_change_mlp_layer: torch.Tensor
+    clean_logit_diff: float
+
+
+class PathPatching(Effects):
+    """Path patching on problems of one token layout (`path_patching`): the effects, by which path, what was
+    scored, and how many problems have each answer step."""
+
+    path: str
+    scoring: str
+    answer_steps_n: dict[str, int]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class LayoutPatched(TypedDict):
+    """A token layout path patching measured, with its n (the pooled effects weigh it by n)."""
+
+    layout: int
+    n: int
+
+
+@with_config(ConfigDict(extra="forbid"))
+class LayoutNotPatched(LayoutPatched):
+    """A token layout left out of path patching: no replacement keeps its token layout."""
+
+    reason: str
+
+
+class PooledPathPatching(PathPatching):
+    """Path patching per token layout, pooled by each layout's n (`layout_path_patching`): with each problem's
+    counterfactual row (None where its layout was left out) and, for a task of several layouts, which were patched."""
+
+    counterfactual_rows: list[dict[str, Any] | None]
+    layouts_patched: NotRequired[list[LayoutPatched]]
+    layouts_not_patched: NotRequired[list[LayoutNotPatched]]
+
+
 @dataclass
 class EffectSums:
     """Path-patching effects summed over weighted problem rows (of one or several answer steps)."""
@@ -157,15 +201,15 @@ class EffectSums:
             self.clean_diff + other.clean_diff,
         )
 
-    def means(self, P: int) -> dict[str, Any]:
+    def means(self, P: int) -> Effects:
         """Divided by the number of problems: the per-problem means path patching reports."""
-        return {
-            "relative_logit_change_layer_head": self.rel_LH / P,
-            "logit_diff_change_layer_head": self.diff_LH / P,
-            "relative_logit_change_mlp_layer": self.rel_L / P,
-            "logit_diff_change_mlp_layer": self.diff_L / P,
-            "clean_logit_diff": self.clean_diff / P,
-        }
+        return Effects(
+            relative_logit_change_layer_head=self.rel_LH / P,
+            logit_diff_change_layer_head=self.diff_LH / P,
+            relative_logit_change_mlp_layer=self.rel_L / P,
+            logit_diff_change_mlp_layer=self.diff_L / P,
+            clean_logit_diff=self.clean_diff / P,
+        )
 
 
 SCORED = {
@@ -215,7 +259,7 @@ def path_patching(
     path: str = "wang",
     batch_size: int = 32,
     scoring: str | None = None,
-) -> dict[str, Any]:
+) -> PathPatching:
     """The effect of every head and MLP on the last-position logits, by one of `PATHS`, over every teacher-forced
     answer step (first-token scoring: the first; `SCORED` says how they are averaged): per sender the mean
     relative change of the correct logit and the mean change of (correct - clean top wrong), with the clean
@@ -238,7 +282,7 @@ def path_patching(
             sums = downstream_path_patching(adapter, step, step_cf, path == "total", batch_size, weight)
         total = total.add(sums)
     steps_n = {str(step.step or 0): len(step) for step, _ in steps}
-    return {**total.means(len(task)), "path": path, "scoring": scored, "answer_steps_n": steps_n}
+    return PathPatching(**total.means(len(task)), path=path, scoring=scored, answer_steps_n=steps_n)
 
 
 def _rows_of(adapter: ModelAdapter, value_ZBD: torch.Tensor, layer: int, dtype: torch.dtype) -> torch.Tensor:
@@ -471,36 +515,37 @@ def layout_path_patching(
     path: str,
     kind: str | None = None,
     scoring: str | None = None,
-) -> tuple[dict[str, Any], Counterfactual]:
+) -> tuple[PooledPathPatching, Counterfactual]:
     """Path patching per token layout (each with its own counterfactual of `kind`), pooled over layouts by their n;
     a layout where no replacement keeps its token layout is left out and said so; the first layout's
     counterfactual describes them. `counterfactual_rows`: per problem of `kept`, its counterfactual (None where its
     layout was left out)."""
-    runs, skipped = [], []
+    runs: list[tuple[Task, Counterfactual]] = []
+    skipped: list[LayoutNotPatched] = []
     for _, group in per_layout(kept):
         try:  # a layout where no value of the slot (or its null value) keeps the token layout has none
             runs.append((group, counterfactual(group, tokenizer, kind)))
         except Af1Error as exc:
             if not kept.groups:
                 raise
-            skipped.append({"layout": group.layout_id, "n": len(group), "reason": str(exc)})
+            skipped.append(LayoutNotPatched(layout=group.layout_id, n=len(group), reason=str(exc)))
     if not runs:
         raise Af1Error(f"no token layout has a counterfactual: {skipped[0]['reason']}")
     n = sum(len(group) for group, _ in runs)
     parts = [(len(group) / n, path_patching(adapter, group, cf, path, scoring=scoring)) for group, cf in runs]
     steps_n: dict[str, int] = {}
     for _, part in parts:  # layouts may have answers of different lengths: their steps' counts add up
-        for k, count in part.pop("answer_steps_n").items():
+        for k, count in part["answer_steps_n"].items():
             steps_n[k] = steps_n.get(k, 0) + count
-    result = {**pooled(parts), "answer_steps_n": steps_n}
+    effects = pooled([(w, {k: v for k, v in part.items() if k != "answer_steps_n"}) for w, part in parts])
     rows: list[dict[str, Any] | None] = [None] * len(kept)
     for group, cf in runs:
         where = group.where_P.tolist() if kept.groups else range(len(kept))
         for r, row in zip(where, cf.rows(), strict=True):
             rows[r] = {**row, "layout": group.layout_id} if kept.groups else row
-    result["counterfactual_rows"] = rows
+    result = PooledPathPatching(**effects, answer_steps_n=steps_n, counterfactual_rows=rows)
     if kept.groups:
-        result["layouts_patched"] = [{"layout": g.layout_id, "n": len(g)} for g, _ in runs]
+        result["layouts_patched"] = [LayoutPatched(layout=g.layout_id, n=len(g)) for g, _ in runs]
         result["layouts_not_patched"] = skipped
     return result, runs[0][1]
 
@@ -573,22 +618,7 @@ def _step_attention(
     adapter: ModelAdapter, step: Task, heads: list[tuple[int, int]], n_prompt: int, answer_group: bool
 ) -> dict[str, dict[str, torch.Tensor]]:
     """At one answer step: per head and position group, each problem's share of the last query's attention [P]."""
-
-    probs: dict[int, torch.Tensor] = {}
-    group = adapter.n_heads // adapter.n_kv_heads
-
-    def capture(layer: int):
-        def fn(module, q, k, _v):
-            k = k.repeat_interleave(group, dim=1) if k.shape[1] != q.shape[1] else k
-            scale = getattr(module, "scaling", None) or q.shape[-1] ** -0.5
-            probs[layer] = torch.softmax((q[:, :, -1:].float() @ k.float().transpose(-1, -2))[:, :, 0] * scale, -1)
-
-        return fn
-
-    layers = sorted({layer for layer, _ in heads})
-    ids = step.input_ids_PT.to(adapter.device)
-    with attention_plans(adapter, {layer: LayerPlan(capture=capture(layer)) for layer in layers}):
-        forward_last(adapter.model, ids, step.context_len)
+    probs = last_query_probs(adapter, step.input_ids_PT.to(adapter.device), heads, step.context_len)
     roles = list(step.layout)
     n = len(roles)
     prompt = range(n_prompt - 1)  # the prompt's positions but its last (the query at step 0; "other" after it)
@@ -613,17 +643,11 @@ def _step_attention(
     return out
 
 
-@torch.no_grad()
-def token_attention(
-    adapter: ModelAdapter, tokenizer: PreTrainedTokenizerBase, task: Task, heads: list[tuple[int, int]]
-) -> dict[str, Any] | None:
-    """Each head's attention from the last position over every token of one problem (the first of `task`, at its
-    first answer step): the per-token picture behind `last_query_attention`'s shares, for the report to draw."""
-    if not len(task) or not heads:
-        return None
-    step = task.steps()[0]
-    row = int(step.rows_in_parent[0])  # the problem's row in `task`
-    ids = step.input_ids_PT[:1].to(adapter.device)
+def last_query_probs(
+    adapter: ModelAdapter, ids_PT: torch.Tensor, heads: list[tuple[int, int]], context_len: int = 0
+) -> dict[int, torch.Tensor]:
+    """Per layer of `heads`, the last position's attention over every position [P, head, T], in float32 from the
+    queries and keys the attention interface receives (`context_len`: a shared prefix computed once)."""
     probs: dict[int, torch.Tensor] = {}
     group = adapter.n_heads // adapter.n_kv_heads
 
@@ -637,15 +661,42 @@ def token_attention(
 
     layers = sorted({layer for layer, _ in heads})
     with attention_plans(adapter, {layer: LayerPlan(capture=capture(layer)) for layer in layers}):
-        forward_last(adapter.model, ids)  # the whole input, context included: a weight for every token
-    return {
-        "problem": row,
-        "prompt": task.problems[row].prompt,
-        "answer_step": 0,
-        "tokens": [tokenizer.decode([t]) for t in ids[0].tolist()],
-        "roles": list(step.layout),
-        "heads": {f"{layer}.{h}": [round(float(x), 5) for x in probs[layer][0, h].cpu()] for layer, h in heads},
-    }
+        forward_last(adapter.model, ids_PT, context_len)
+    return probs
+
+
+@with_config(ConfigDict(extra="forbid"))
+class TokenAttention(TypedDict):
+    """One problem's tokens with each head's attention from the last position over them (`token_attention`)."""
+
+    problem: int  # its row in the problems it was taken from
+    prompt: str
+    answer_step: int
+    tokens: list[str]
+    roles: list[str]
+    heads: dict[str, list[float]]  # "layer.head" -> a weight per token
+
+
+@torch.no_grad()
+def token_attention(
+    adapter: ModelAdapter, tokenizer: PreTrainedTokenizerBase, task: Task, heads: list[tuple[int, int]]
+) -> TokenAttention | None:
+    """Each head's attention from the last position over every token of one problem (the first of `task`, at its
+    first answer step): the per-token picture behind `last_query_attention`'s shares, for the report to draw."""
+    if not len(task) or not heads:
+        return None
+    step = task.steps()[0]
+    row = int(step.rows_in_parent[0])  # the problem's row in `task`
+    ids = step.input_ids_PT[:1].to(adapter.device)
+    probs = last_query_probs(adapter, ids, heads)  # the whole input, context included: a weight for every token
+    return TokenAttention(
+        problem=row,
+        prompt=task.problems[row].prompt,
+        answer_step=0,
+        tokens=[str(tokenizer.decode([t])) for t in ids[0].tolist()],
+        roles=list(step.layout),
+        heads={f"{layer}.{h}": [round(float(x), 5) for x in probs[layer][0, h].cpu()] for layer, h in heads},
+    )
 
 
 def norm_read(norm: torch.nn.Module, x_BD: torch.Tensor, m_BD: torch.Tensor) -> torch.Tensor:
@@ -691,7 +742,7 @@ METRICS = ("relative", "logit_diff")
 OWN_SPLIT = "the heads study's own seeded split"  # where the heads are chosen without a search's split
 
 
-def effect_of(pp: dict[str, Any], metric: str) -> torch.Tensor:
+def effect_of(pp: Effects, metric: str) -> torch.Tensor:
     """[layer, head] by one metric: the relative change of the correct logit, or the change of (correct - clean
     top wrong) as a share of the clean logit difference; negative: the head supports the answer."""
     if metric == "relative":
@@ -707,13 +758,22 @@ def key_heads(effect_LH: torch.Tensor, threshold: float = -0.05) -> list[tuple[i
     return [(layer, h) for _, layer, h in sorted(found)]
 
 
-def overlap(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], k: int | None = None) -> dict[str, float | None]:
+@with_config(ConfigDict(extra="forbid"))
+class Overlap(TypedDict):
+    """Two head sets compared: Jaccard (None when both are empty) and the share of their top k in common."""
+
+    jaccard: float | None
+    top_k_overlap: float
+    k: int
+
+
+def overlap(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], k: int | None = None) -> Overlap:
     """Jaccard of two head sets (None when both are empty) and the overlap of their top-k."""
     sa, sb = set(map(tuple, a)), set(map(tuple, b))
     jac = len(sa & sb) / len(sa | sb) if sa | sb else None
     k = k or min(len(a), len(b))
     top = len(set(map(tuple, a[:k])) & set(map(tuple, b[:k]))) / k if k else 1.0
-    return {"jaccard": jac, "top_k_overlap": top, "k": k}
+    return Overlap(jaccard=jac, top_k_overlap=top, k=k)
 
 
 def top_heads(effect_LH: torch.Tensor, k: int) -> list[tuple[int, int]]:
@@ -723,7 +783,19 @@ def top_heads(effect_LH: torch.Tensor, k: int) -> list[tuple[int, int]]:
     return [(i // H, i % H) for i in order]
 
 
-def scoring_note(on: Task, scored: str) -> dict[str, Any]:
+@with_config(ConfigDict(extra="forbid"))
+class ScoringNote(TypedDict):
+    """What path patching scored, on how many problems, and the constant guess of it (a warning when near one)."""
+
+    scoring: str
+    definition: str
+    n: int
+    constant_guess: float
+    constant_guess_by_step: dict[str, float]
+    warning: str | None
+
+
+def scoring_note(on: Task, scored: str) -> ScoringNote:
     """What path patching scored on these problems (those it patched), with the constant guess of what it scored
     (one guess per token layout, which the prompt shows): the whole answer and each answer step's token (full), or
     the first token (first, with a warning when it is near constant)."""
@@ -733,16 +805,28 @@ def scoring_note(on: Task, scored: str) -> dict[str, Any]:
     for k in range(max(map(len, answers)) if scored == "full" else 1):
         rows = [i for i, a in enumerate(answers) if len(a) > k]
         by_step[str(k)] = constant_baseline([answers[i][k] for i in rows], [layouts[i] for i in rows])
-    return {
-        "scoring": scored,
-        "definition": SCORED[scored],
-        "n": len(on),
-        "constant_guess": first if scored == "first" else constant_baseline([tuple(a) for a in answers], layouts),
-        "constant_guess_by_step": by_step,
-        "warning": baseline_warning("the first answer token path patching scores", first, len(on))
+    return ScoringNote(
+        scoring=scored,
+        definition=SCORED[scored],
+        n=len(on),
+        constant_guess=first if scored == "first" else constant_baseline([tuple(a) for a in answers], layouts),
+        constant_guess_by_step=by_step,
+        warning=baseline_warning("the first answer token path patching scores", first, len(on))
         if scored == "first"
         else None,
-    }
+    )
+
+
+class Ranked(TypedDict):
+    """Heads ranked by path patching with one counterfactual (`ranked`): the patching, the effect by the chosen
+    metric, the top k, what was scored, and the counterfactual."""
+
+    pp: PooledPathPatching
+    counterfactual: str
+    counterfactual_kind: str
+    top_heads: list[tuple[int, int]]
+    effect: torch.Tensor
+    scoring: ScoringNote
 
 
 def ranked(
@@ -754,20 +838,20 @@ def ranked(
     k: int,
     kind: str | None = None,
     scoring: str | None = None,
-) -> dict[str, Any]:
+) -> Ranked:
     """Path patching on these problems with one counterfactual and the heads it ranks: the effects, the top k
     (by `metric`), what was scored, the counterfactual and each problem's counterfactual input."""
     pp, cf = layout_path_patching(adapter, on, tokenizer, path, kind, scoring)
     effect = effect_of(pp, metric)
     patched = on.subset([i for i, row in enumerate(pp["counterfactual_rows"]) if row is not None])
-    return {
-        "pp": pp,
-        "counterfactual": cf.replacement,
-        "counterfactual_kind": cf.kind,
-        "top_heads": top_heads(effect, k),
-        "effect": effect,
-        "scoring": scoring_note(patched, pp["scoring"]),
-    }
+    return Ranked(
+        pp=pp,
+        counterfactual=cf.replacement,
+        counterfactual_kind=cf.kind,
+        top_heads=top_heads(effect, k),
+        effect=effect,
+        scoring=scoring_note(patched, pp["scoring"]),
+    )
 
 
 def problem_split(n: int, split: tuple[float, int]) -> tuple[list[int], list[int]]:
@@ -825,6 +909,89 @@ class Knockout(TypedDict):
     base_accuracy: float
 
 
+@with_config(ConfigDict(extra="forbid"))
+class SecondCounterfactual(TypedDict):
+    """The heads a second counterfactual ranks, path patching only on the same selection part."""
+
+    counterfactual_kind: str
+    counterfactual: str
+    measured: str
+    top_heads: list[list[int]]
+    key_heads: list[list[int]]
+    effect_layer_head: list[list[float | None]]
+    top_k_overlap: float
+    counterfactual_problems: list[dict[str, Any]]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class NoSecondCounterfactual(TypedDict):
+    """Why the second counterfactual has no ranking (e.g. no other operand value keeps a problem's layout)."""
+
+    counterfactual_kind: str
+    error: str
+
+
+@with_config(ConfigDict(extra="forbid"))
+class TaskOverlap(TypedDict):
+    """Key and top-k heads of another task (chosen on its own selection part) against this one's; or why it has
+    none (`error`)."""
+
+    task: str
+    style: str
+    error: NotRequired[str]
+    n_solved: NotRequired[int]
+    n_selection: NotRequired[int]
+    key_heads: NotRequired[list[list[int]]]
+    key_heads_jaccard: NotRequired[float | None]
+    top_k_overlap: NotRequired[float]
+    k: NotRequired[int]
+
+
+class HeadsStudy(TypedDict):
+    """The arithmetic-heads study (`study`): path patching's effects and what it scored, the key and top heads
+    chosen on the selection part, their knock-out and attention on the confirmation part, the MLP logit lens, a
+    second counterfactual's ranking and other tasks' heads."""
+
+    model: str | None
+    task: str
+    style: str
+    n: int
+    n_solved: int
+    layouts: list[LayoutRow]  # path patching, knock-outs and attention per layout, pooled by each one's n
+    scoring: str
+    path_patching_scoring: ScoringNote
+    base_accuracy_all: float
+    split: Split
+    counterfactual: str
+    counterfactual_kind: str
+    counterfactual_problems: list[dict[str, Any]]
+    n_heads: int
+    threshold: float
+    path: str
+    metric: str
+    key_heads: list[list[int]]
+    key_head_share: float
+    key_heads_by_metric: dict[str, list[list[int]]]
+    top_heads: list[list[int]]
+    relative_logit_change_layer_head: list[list[float | None]]
+    logit_diff_change_layer_head: list[list[float | None]]
+    relative_logit_change_mlp_layer: list[float | None]
+    logit_diff_change_mlp_layer: list[float | None]
+    clean_logit_diff: float
+    answer_steps_n: dict[str, int]  # solved problems of the selection part with an answer step k, by k
+    layouts_patched: NotRequired[list[LayoutPatched]]
+    layouts_not_patched: NotRequired[list[LayoutNotPatched]]
+    knockout: Knockout
+    attention_of_top_heads: dict[str, dict[str, float]]
+    attention_measured_on: str
+    attention_over_tokens: TokenAttention | None
+    mlp_logit_lens_layer: list[float | None] | None  # None: a family whose MLP output is not linear in its input
+    mlp_logit_lens_measured_on: str
+    warnings: list[str]
+    second_counterfactual: NotRequired[SecondCounterfactual | NoSecondCounterfactual]
+    overlap: list[TaskOverlap]
+
+
 def study(
     lm: LoadedModel,
     spec: TaskSpec,
@@ -840,7 +1007,7 @@ def study(
     second_kind: str | None = None,
     compare_specs: list[TaskSpec] | None = None,
     done: Evaluated | None = None,
-) -> dict[str, Any]:
+) -> HeadsStudy:
     """Path patching (by `path`, counterfactual `kind`, every answer step unless the task scores the first token)
     and key and top-k heads (by `metric`, both metrics kept), chosen on the selection part of the solved problems
     (`split`: the search's where there is one); on the confirmation part, knockout of the top k against `draws`
@@ -861,7 +1028,7 @@ def study(
     chosen = list(dict.fromkeys(top + keys))
     means = step_means(adapter, task)
     rand_sets = [random_heads(adapter, k, seed, chosen) for seed in range(draws)]
-    second: dict[str, Any] | None = None
+    second: Ranked | None = None
     with progress_stage(f"knock-outs: top {k} and {draws} random sets"):
         top_scores, *rand_scores = knockouts(adapter, tested_on, [top, *rand_sets], means)
     randoms_detail = [s.rate(tested_on) for s in rand_scores]
@@ -872,7 +1039,6 @@ def study(
     warnings = [w for w in [main["scoring"]["warning"]] if w]
     knock_warning = baseline_warning(f"the knock-outs ({spec.scoring} answer)", top_rate["baseline"], len(tested_on))
     warnings += [knock_warning] if knock_warning else []
-    pp_rows = pp.pop("counterfactual_rows")
     split_record = Split(
         {
             "from": split_from,
@@ -905,57 +1071,67 @@ def study(
         accuracy_baseline=top_rate["baseline"],
         base_accuracy=1.0,
     )
-    result: dict[str, Any] = {
-        "model": lm.info.get("spec"),
-        "task": spec.name,
-        "style": spec.style_name,
-        "n": len(task),
-        "n_solved": len(kept),
-        "layouts": kept.layouts(),  # path patching, knock-outs and attention per layout, pooled by each one's n
-        "scoring": spec.scoring,
-        "path_patching_scoring": main["scoring"],
-        "base_accuracy_all": base.accuracy,
-        "split": split_record,
-        "counterfactual": main["counterfactual"],
-        "counterfactual_kind": main["counterfactual_kind"],
-        "counterfactual_problems": counterfactual_problems(kept, sel, pp_rows),
-        "n_heads": n_heads,
-        "threshold": threshold,
-        "metric": metric,
-        "key_heads": [list(h) for h in keys],
-        "key_head_share": len(keys) / n_heads,
-        "key_heads_by_metric": {m: [list(h) for h in key_heads(effect_of(pp, m), threshold)] for m in METRICS},
-        "top_heads": [list(h) for h in top],
-        **pp,
-        "knockout": knockout,
-        "attention_of_top_heads": last_query_attention(adapter, tested_on, top[: min(k, 5)]),
-        "attention_measured_on": "the confirmation part of the solved problems",
+    lens = mlp_logit_lens(adapter, kept)
+    result = HeadsStudy(
+        model=lm.info.get("spec"),
+        task=spec.name,
+        style=spec.style_name,
+        n=len(task),
+        n_solved=len(kept),
+        layouts=kept.layouts(),  # path patching, knock-outs and attention per layout, pooled by each one's n
+        scoring=spec.scoring,
+        path_patching_scoring=main["scoring"],
+        base_accuracy_all=base.accuracy,
+        split=split_record,
+        counterfactual=main["counterfactual"],
+        counterfactual_kind=main["counterfactual_kind"],
+        counterfactual_problems=counterfactual_problems(kept, sel, pp["counterfactual_rows"]),
+        n_heads=n_heads,
+        threshold=threshold,
+        path=pp["path"],
+        metric=metric,
+        key_heads=[list(h) for h in keys],
+        key_head_share=len(keys) / n_heads,
+        key_heads_by_metric={m: [list(h) for h in key_heads(effect_of(pp, m), threshold)] for m in METRICS},
+        top_heads=[list(h) for h in top],
+        relative_logit_change_layer_head=pp["relative_logit_change_layer_head"].tolist(),
+        logit_diff_change_layer_head=pp["logit_diff_change_layer_head"].tolist(),
+        relative_logit_change_mlp_layer=pp["relative_logit_change_mlp_layer"].tolist(),
+        logit_diff_change_mlp_layer=pp["logit_diff_change_mlp_layer"].tolist(),
+        clean_logit_diff=float(pp["clean_logit_diff"]),
+        answer_steps_n=pp["answer_steps_n"],
+        knockout=knockout,
+        attention_of_top_heads=last_query_attention(adapter, tested_on, top[: min(k, 5)]),
+        attention_measured_on="the confirmation part of the solved problems",
         # one problem's tokens (the confirmation part's first): where each top and key head looks, token by token
-        "attention_over_tokens": token_attention(
-            adapter, lm.tokenizer, tested_on, list(dict.fromkeys(top + keys))[:16]
-        ),
-        "mlp_logit_lens_layer": mlp_logit_lens(adapter, kept),
-        "mlp_logit_lens_measured_on": "all solved problems (no head is chosen by it)",
-        "warnings": warnings,
-    }
+        attention_over_tokens=token_attention(adapter, lm.tokenizer, tested_on, list(dict.fromkeys(top + keys))[:16]),
+        mlp_logit_lens_layer=None if lens is None else lens.tolist(),
+        mlp_logit_lens_measured_on="all solved problems (no head is chosen by it)",
+        warnings=warnings,
+        overlap=[],
+    )
+    if "layouts_patched" in pp:
+        result["layouts_patched"] = pp["layouts_patched"]
+    if "layouts_not_patched" in pp:
+        result["layouts_not_patched"] = pp["layouts_not_patched"]
     if second_kind is not None:
         try:
             second = ranked(adapter, chosen_on, lm.tokenizer, path, metric, k, second_kind)
         except Af1Error as exc:  # e.g. no other operand value keeps a problem's token layout: said, not fatal
-            result["second_counterfactual"] = {"counterfactual_kind": second_kind, "error": str(exc)}
+            result["second_counterfactual"] = NoSecondCounterfactual(counterfactual_kind=second_kind, error=str(exc))
     if second_kind is not None and second is not None:
-        second_rows = second["pp"]["counterfactual_rows"]
-        result["second_counterfactual"] = {
-            "counterfactual": second["counterfactual"],
-            "counterfactual_kind": second["counterfactual_kind"],
-            "measured": "path patching only, on the same selection part (no knock-outs)",
-            "top_heads": [list(h) for h in second["top_heads"]],
-            "key_heads": [list(h) for h in key_heads(second["effect"], threshold)],
-            "effect_layer_head": second["effect"],
-            "top_k_overlap": overlap(top, second["top_heads"], k)["top_k_overlap"],
-            "counterfactual_problems": counterfactual_problems(kept, sel, second_rows, prompt=False),
-        }
-    overlaps = []
+        result["second_counterfactual"] = SecondCounterfactual(
+            counterfactual=second["counterfactual"],
+            counterfactual_kind=second["counterfactual_kind"],
+            measured="path patching only, on the same selection part (no knock-outs)",
+            top_heads=[list(h) for h in second["top_heads"]],
+            key_heads=[list(h) for h in key_heads(second["effect"], threshold)],
+            effect_layer_head=second["effect"].tolist(),
+            top_k_overlap=overlap(top, second["top_heads"], k)["top_k_overlap"],
+            counterfactual_problems=counterfactual_problems(
+                kept, sel, second["pp"]["counterfactual_rows"], prompt=False
+            ),
+        )
     for other in compare_specs or []:
         try:
             o = evaluated(lm.model, lm.tokenizer, other)
@@ -964,29 +1140,37 @@ def study(
             o_sel, _ = problem_split(len(o_kept), split)
             o_effect = ranked(adapter, o_kept.subset(o_sel), lm.tokenizer, path, metric, k, kind)["effect"]
         except Af1Error as exc:
-            overlaps.append({"task": other.operation, "style": other.style, "error": str(exc)})
+            result["overlap"].append(TaskOverlap(task=other.operation, style=other.style, error=str(exc)))
             continue
-        overlaps.append(
-            {
-                "task": other.operation,
-                "style": other.style,
-                "n_solved": len(o_kept),
-                "n_selection": len(o_sel),
-                "key_heads": [list(h) for h in key_heads(o_effect, threshold)],
-                "key_heads_jaccard": overlap(keys, key_heads(o_effect, threshold))["jaccard"],
-                **{f"top_{k}_overlap": overlap(top, top_heads(o_effect, k), k)["top_k_overlap"]},
-            }
+        result["overlap"].append(
+            TaskOverlap(
+                task=other.operation,
+                style=other.style,
+                n_solved=len(o_kept),
+                n_selection=len(o_sel),
+                key_heads=[list(h) for h in key_heads(o_effect, threshold)],
+                key_heads_jaccard=overlap(keys, key_heads(o_effect, threshold))["jaccard"],
+                top_k_overlap=overlap(top, top_heads(o_effect, k), k)["top_k_overlap"],
+                k=k,
+            )
         )
-    result["overlap"] = overlaps
     return result
 
 
-def choose_heads(
-    lm: LoadedModel, done: Evaluated, k: int, path: str = "wang", metric: str = "relative"
-) -> dict[str, Any]:
+@with_config(ConfigDict(extra="forbid"))
+class ChosenHeads(TypedDict):
+    """The top-k heads by path patching on every solved problem of an evaluation, with what was scored."""
+
+    top_heads: list[tuple[int, int]]
+    n_solved: int
+    path: str
+    scoring: ScoringNote
+
+
+def choose_heads(lm: LoadedModel, done: Evaluated, k: int, path: str = "wang", metric: str = "relative") -> ChosenHeads:
     """The top-k heads by path patching on all of an evaluation's solved problems (for fine-tuning, which tests
     them on other problems): the heads, what was scored and on how many."""
     kept = solved(done.task, done.base)
     require_solved(len(kept), done.task.spec)
     found = ranked(lm.adapter, kept, lm.tokenizer, path, metric, k)
-    return {"top_heads": found["top_heads"], "n_solved": len(kept), "path": path, "scoring": found["scoring"]}
+    return ChosenHeads(top_heads=found["top_heads"], n_solved=len(kept), path=path, scoring=found["scoring"])
