@@ -101,6 +101,10 @@ def test_one_problem_of_each_experiment_reruns_from_its_json_alone(written, name
 
 def test_eval_run_and_sweep_list_every_problem_too(written):
     model, out = written
+    run, alternatives = read(out, "run"), read(out, "alternatives")
+    # a result measured on a split describes the split: its n_solved is the n its rates are over
+    assert run["n_solved"] == run["faithfulness_n"]
+    assert alternatives["n_solved"] == alternatives["configured"]["faithfulness_n"]
     check_row(model, read(out, "eval")["problems"][0])
     check_row(model, read(out, "run")["problems"][-1])
     kept = read(out, "sweep")["kept_problems"][0]  # solved: the greedy answer is the answer

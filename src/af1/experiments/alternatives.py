@@ -58,7 +58,7 @@ class Alternatives(base.Experiment):
         on, where = base.measured_on(inputs, options, setup)
         halves = {} if on is setup else {"confirmation": on}
         return Result(
-            **setup.describe().fields(),
+            **on.describe().fields(),  # described as measured: n_solved is the problems every row is paired on
             **allforone.alternatives(on, config),
             measured_on=where,
             inputs=allforone.setup_inputs(setup, **halves),

@@ -94,10 +94,9 @@ class Result(base.Result):
     top_heads: list[list[int]]
     knockout: heads.Knockout
     attention_of_top_heads: dict[str, dict[str, float]] = {}
-    attention_over_tokens: heads.TokenAttention | None = (
-        None  # the confirmation part's first problem: each top/key head's
-    )
-    # attention from the last position over its tokens (row `problem` of inputs.sets["confirmation"])
+    # the confirmation part's first problem: each top/key head's attention from the last position over its tokens
+    # (row `problem` of inputs.sets["confirmation"])
+    attention_over_tokens: heads.TokenAttention | None = None
     overlap: list[heads.TaskOverlap] = []
     placement: list[dict] | None = None
     af1_consistency: dict[str, Any] | None = None

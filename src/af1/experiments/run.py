@@ -51,8 +51,9 @@ class Run(base.Experiment):
         setup = inputs.resources.setup(inputs.spec)
         config = config.model_copy(update={"ablation": options.ablation, "abp": options.abp})
         on, where = base.measured_on(inputs, options, setup)
+        # described as measured: on the search's confirmation split, n_solved is that split's n
         return Result(
-            **setup.describe().fields(), **allforone.run_result(on, config, options.reference), measured_on=where
+            **on.describe().fields(), **allforone.run_result(on, config, options.reference), measured_on=where
         )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
