@@ -56,16 +56,19 @@ def test_captured_logits_match_eager_attention(tokenizer):
 def test_study_on_a_tiny_model(tokenizer):
     adapter = ModelAdapter(tiny_model("qwen2"))
     result = positional.study(adapter, tokenizer, positional.PositionalConfig(window=32, n_windows=2, n_queries=3))
-    assert result["r_layer_head"].shape == (3, 4)
+    assert len(result["r_layer_head"]) == 3 and all(len(row) == 4 for row in result["r_layer_head"])
+    assert result["dummy_distance_r2_median"] is not None and result["band_logit_variance_share"] is not None
     for key in ("r_mean", "r_median", "r_median_row_centred", "r_median_random_init", "dummy_distance_r2_median"):
-        assert -1 <= result[key] <= 1
+        value = result[key]
+        assert value is not None and -1 <= value <= 1
     for control in ("random_init", "norm_matched", "shuffled"):  # each control: plain and row-centred r
         for key in (control, f"{control}_row_centred"):
-            low, high = result["median_ci"][key]
-            assert low <= result["distribution"][key]["median"] + 1e-6 and high >= low
+            (low, high), median = result["median_ci"][key], result["distribution"][key]["median"]
+            assert low is not None and high is not None and median is not None
+            assert low <= median + 1e-6 and high >= low
     assert result["window_start"] == "<|im_start|>"  # the tokenizer's BOS leads every window
     assert set(result["perplexity_vs_swap"]) == {str(f) for f in positional.SWAP_FRACTIONS}
-    assert result["band_logit_variance_share"].shape == (8,)
+    assert len(result["band_logit_variance_share"]) == 8
     assert result["median_ci_n_windows"] == 2 and "over the 2 windows" in result["median_ci_note"]
     assert any("only 2 windows" in w for w in result["warnings"])  # an interval over 2 windows says little
 
@@ -87,7 +90,8 @@ def test_the_default_windows_are_enough_for_an_interval(tokenizer):
 def test_families_without_plain_rope_skip_only_the_rope_analyses(tokenizer):
     adapter = ModelAdapter(tiny_model("gpt2"))
     result = positional.study(adapter, tokenizer, positional.PositionalConfig(window=16, n_windows=1))
-    assert "rotary" in result["rope_analyses_skipped"] and result["dummy_distance_r2_median"] is None
+    skipped = result["rope_analyses_skipped"]
+    assert skipped is not None and "rotary" in skipped and result["dummy_distance_r2_median"] is None
     assert result["r_median"] == result["r_median"]
 
 

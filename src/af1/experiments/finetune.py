@@ -43,7 +43,7 @@ class Options(base.Options):
 class Result(base.Result):
     heads: list[list[int]]
     gqa: str
-    config: dict[str, Any]  # the fine-tuning's steps, learning rate, batch size and seed
+    config: finetune.FinetuneConfig  # the fine-tuning's steps, learning rate, batch size and seed
     scoring: str
     lr_grid: list[float]
     seeds: list[int]
@@ -53,10 +53,10 @@ class Result(base.Result):
     arithmetic_baseline: float | None = None
     heads_chosen_on: dict[str, Any] | None = None
     text_corpus: str = ""
-    base: dict
-    precise: dict
-    random_heads: dict
-    full: dict
+    base: finetune.Measured
+    precise: finetune.Variant
+    random_heads: finetune.Variant
+    full: finetune.Variant
     inputs: ProblemInputs | None = None  # sets: train, validation, evaluation (predictions: the base model's)
 
 

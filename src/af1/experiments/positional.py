@@ -38,7 +38,7 @@ class Result(base.Result):
     r_median_random_init: float | None
     r_median_shuffled: float | None = None
     dummy_distance_r2_median: float | None = None
-    distribution: dict[str, dict[str, float | None]]
+    distribution: dict[str, positional.Spread]  # by fit and control
     median_ci: dict[str, list[float | None]] = {}
     median_ci_n_windows: int | None = None
     warnings: list[str] = []

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 from safetensors.torch import load_file, save_file
+from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
 from af1.interventions.heads import random_heads
@@ -128,8 +129,86 @@ def train(
     return TrainResult(losses, count)
 
 
+class TextMeasures(TypedDict):
+    """The non-math measure on general text."""
+
+    perplexity: float
+    next_token_accuracy: float
+
+
+class Measured(TypedDict):
+    """A model's full-answer accuracy on the held-out problems (with its 95 % interval) and its text measures."""
+
+    arithmetic_accuracy: float
+    arithmetic_accuracy_ci: list[float]
+    perplexity: float
+    next_token_accuracy: float
+
+
+class Trial(TypedDict):
+    """A learning rate tried on the validation problems (None and diverged: the weights became NaN)."""
+
+    accuracy: float | None
+    mean_p_correct: float | None
+    diverged: NotRequired[bool]
+
+
+class Run(TypedDict):
+    """One training run at the chosen learning rate (random heads: which draw of heads it trained) and what the
+    trained model measures."""
+
+    seed: int
+    draw: NotRequired[int]
+    heads: NotRequired[list[list[int]]]
+    arithmetic_accuracy: float
+    arithmetic_accuracy_ci: list[float]
+    perplexity: float
+    next_token_accuracy: float
+    loss_first: float
+    loss_last: float
+
+
+class Variant(TypedDict):
+    """A variant (precise, random heads, full): its learning rate chosen on the validation problems, its runs and
+    each measure's mean and std over them."""
+
+    lr: float
+    validation_by_lr: dict[str, Trial]  # by the learning rate as text
+    runs: list[Run]
+    arithmetic_accuracy: float
+    perplexity: float
+    next_token_accuracy: float
+    arithmetic_accuracy_std: float
+    perplexity_std: float
+    next_token_accuracy_std: float
+    trained_parameters: int
+    frozen_entries_checked: bool
+    draws: NotRequired[int]  # random heads: the seeded draws of heads
+    note: NotRequired[str]
+
+
+class Compared(TypedDict):
+    """Precise vs random heads vs full fine-tuning (`compare`): the heads, the set sizes, the base model and each
+    variant."""
+
+    heads: list[list[int]]
+    gqa: str
+    config: FinetuneConfig
+    scoring: str
+    lr_grid: list[float]
+    seeds: list[int]
+    n_train: int
+    n_val: int
+    n_eval: int
+    arithmetic_baseline: float
+    base: Measured
+    precise: Variant
+    random_heads: Variant
+    full: Variant
+
+
 @torch.no_grad()
-def text_measures(adapter: ModelAdapter, windows_NT: torch.Tensor) -> dict[str, float]:
+def text_measures(adapter: ModelAdapter, windows_NT: torch.Tensor) -> TextMeasures:
     """Perplexity and next-token accuracy on general text (the non-math measure)."""
     nll, right, count = 0.0, 0, 0
     for sl in batches(len(windows_NT), 4):
@@ -139,7 +218,7 @@ def text_measures(adapter: ModelAdapter, windows_NT: torch.Tensor) -> dict[str, 
         nll += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum"))
         right += int((logits.argmax(-1) == target).sum())
         count += target.numel()
-    return {"perplexity": float(torch.tensor(nll / count).exp()), "next_token_accuracy": right / count}
+    return TextMeasures(perplexity=float(torch.tensor(nll / count).exp()), next_token_accuracy=right / count)
 
 
 def save_slices(adapter: ModelAdapter, masks: dict[str, torch.Tensor], path: Path, meta: dict[str, Any]) -> Path:
@@ -193,7 +272,7 @@ def compare(
     seeds: tuple[int, ...] = (0, 1, 2),
     out_dir: Path | None = None,
     random_draws: int = 3,
-) -> dict[str, Any]:
+) -> Compared:
     """Precise vs random heads vs full fine-tuning from the same base weights: each variant's learning rate chosen
     on the validation problems, then one run per seed; full-answer accuracy on held-out problems and the text
     measures, mean and spread over seeds. Random heads: `random_draws` seeded sets of as many heads, none of the
@@ -206,85 +285,101 @@ def compare(
     check_disjoint(val_task, eval_task)
     base_state = {k: v.detach().clone() for k, v in adapter.model.state_dict().items()}
 
-    def measure() -> dict[str, Any]:
+    def measure() -> Measured:
         r = evaluate(adapter.model, eval_task).rate(eval_task)
-        return {"arithmetic_accuracy": r["value"], "arithmetic_accuracy_ci": r["ci"], **text_measures(adapter, text_NT)}
+        return Measured(
+            arithmetic_accuracy=r["value"], arithmetic_accuracy_ci=r["ci"], **text_measures(adapter, text_NT)
+        )
 
     baseline = evaluate(adapter.model, eval_task).rate(eval_task)["baseline"]
-    result: dict[str, Any] = {
-        "heads": [list(h) for h in heads],
-        "gqa": GQA_CHOICE,
-        "config": config.model_dump(),
-        "scoring": "every answer token trained; full-answer greedy exact match (teacher forced) reported",
-        "lr_grid": list(lrs),
-        "seeds": list(seeds),
-        "n_train": len(train_task),
-        "n_val": len(val_task),
-        "n_eval": len(eval_task),
-        "arithmetic_baseline": baseline,
-        "base": measure(),
-    }
+    base = measure()
+    chosen = [list(h) for h in heads]
     random_sets = [random_heads(adapter, len(heads), config.seed + d, heads) for d in range(random_draws)]
     variants: dict[str, list[dict[str, torch.Tensor] | None]] = {
         "precise": [head_slices(adapter, heads)],
         "random_heads": [head_slices(adapter, h) for h in random_sets],
         "full": [None],
     }
-
+    done: dict[str, Variant] = {}
     for name, draws in variants.items():
         masks = draws[0]
-        grid = {}
+        grid: dict[str, Trial] = {}
         for lr in lrs:  # chosen on the validation problems, with the first seed (random heads: the first draw)
             adapter.model.load_state_dict(base_state)
             with stage(f"finetune {name}: lr {lr} on the validation problems"):
                 train(adapter, train_task, config.model_copy(update={"lr": lr, "seed": seeds[0]}), masks)
             if any(torch.isnan(v).any() for v in adapter.model.state_dict().values()):  # diverged: not a choice
-                grid[str(lr)] = {"accuracy": None, "mean_p_correct": None, "diverged": True}
+                grid[str(lr)] = Trial(accuracy=None, mean_p_correct=None, diverged=True)
                 continue
             check_frozen(adapter, base_state, masks)
             scores = evaluate(adapter.model, val_task)
-            grid[str(lr)] = {"accuracy": scores.accuracy, "mean_p_correct": scores.mean_p_correct}
+            grid[str(lr)] = Trial(accuracy=scores.accuracy, mean_p_correct=scores.mean_p_correct)
         usable = [lr for lr in lrs if not grid[str(lr)].get("diverged")]
         if not usable:
             raise Af1Error(f"fine-tuning ({name}) diverged at every learning rate of {list(lrs)}: try smaller ones")
-        best = max(usable, key=lambda lr: (grid[str(lr)]["accuracy"], grid[str(lr)]["mean_p_correct"], -lr))
-        runs = []
+        best = max(
+            usable, key=lambda lr: (grid[str(lr)]["accuracy"] or 0.0, grid[str(lr)]["mean_p_correct"] or 0.0, -lr)
+        )
+        runs: list[Run] = []
         # one run per seed; random heads: one run per draw, draw i with seed i (cycling)
         plan = [(masks, seed, None) for seed in seeds] if name != "random_heads" else []
         plan += [(m, seeds[d % len(seeds)], d) for d, m in enumerate(draws) if name == "random_heads"]
+        trained_parameters = 0
         for masks, seed, draw in plan:
             adapter.model.load_state_dict(base_state)
             with stage(f"finetune {name}: lr {best}, seed {seed}" + (f", draw {draw}" if draw is not None else "")):
                 trained = train(adapter, train_task, config.model_copy(update={"lr": best, "seed": seed}), masks)
             check_frozen(adapter, base_state, masks)
-            drawn = {} if draw is None else {"draw": draw, "heads": [list(h) for h in random_sets[draw]]}
-            runs.append(
-                {"seed": seed, **drawn, **measure(), "loss_first": trained.losses[0], "loss_last": trained.losses[-1]}
-            )
+            trained_parameters = trained.trained_parameters
+            measured, first, last = measure(), trained.losses[0], trained.losses[-1]
+            if draw is None:
+                runs.append(Run(seed=seed, **measured, loss_first=first, loss_last=last))
+            else:  # which heads this draw trained
+                drawn = [list(h) for h in random_sets[draw]]
+                runs.append(Run(seed=seed, draw=draw, heads=drawn, **measured, loss_first=first, loss_last=last))
             if name == "precise" and out_dir is not None and seed == seeds[0] and masks is not None:
-                save_slices(adapter, masks, out_dir / "precise_heads.safetensors", {"heads": result["heads"]})
-        summary = {
-            key: mean_std([r[key] for r in runs])
-            for key in ("arithmetic_accuracy", "perplexity", "next_token_accuracy")
-        }
-        result[name] = {
-            "lr": best,
-            "validation_by_lr": grid,
-            "runs": runs,
-            **{key: value["mean"] for key, value in summary.items()},
-            **{f"{key}_std": value["std"] for key, value in summary.items()},
-            "trained_parameters": trained.trained_parameters,
-            "frozen_entries_checked": masks is not None,
-        }
+                save_slices(adapter, masks, out_dir / "precise_heads.safetensors", {"heads": chosen})
+        accuracy = mean_std([r["arithmetic_accuracy"] for r in runs])
+        perplexity = mean_std([r["perplexity"] for r in runs])
+        next_token = mean_std([r["next_token_accuracy"] for r in runs])
+        variant = Variant(
+            lr=best,
+            validation_by_lr=grid,
+            runs=runs,
+            arithmetic_accuracy=accuracy["mean"],
+            perplexity=perplexity["mean"],
+            next_token_accuracy=next_token["mean"],
+            arithmetic_accuracy_std=accuracy["std"],
+            perplexity_std=perplexity["std"],
+            next_token_accuracy_std=next_token["std"],
+            trained_parameters=trained_parameters,
+            frozen_entries_checked=masks is not None,
+        )
         if name == "full":
-            result[name]["note"] = "full fine-tuning also updates the (tied) embedding"
+            variant["note"] = "full fine-tuning also updates the (tied) embedding"
         if name == "random_heads":
-            result[name]["draws"] = len(random_sets)
-            result[name]["note"] = (
+            variant["draws"] = len(random_sets)
+            variant["note"] = (
                 f"{len(random_sets)} seeded draws of {len(heads)} heads from the "
                 f"{adapter.n_layers * adapter.n_heads - len(heads)} not chosen; learning "
                 "rate chosen on the first draw; mean ± std over draws (each with one seed: the spread is over "
                 "both the heads and the seed)"
             )
+        done[name] = variant
     adapter.model.load_state_dict(base_state)
-    return result
+    return Compared(
+        heads=chosen,
+        gqa=GQA_CHOICE,
+        config=config,
+        scoring="every answer token trained; full-answer greedy exact match (teacher forced) reported",
+        lr_grid=list(lrs),
+        seeds=list(seeds),
+        n_train=len(train_task),
+        n_val=len(val_task),
+        n_eval=len(eval_task),
+        arithmetic_baseline=baseline,
+        base=base,
+        precise=done["precise"],
+        random_heads=done["random_heads"],
+        full=done["full"],
+    )

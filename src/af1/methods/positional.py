@@ -24,9 +24,10 @@ import random
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
 from af1.interventions.attention import LayerPlan, attention_plans
@@ -151,7 +152,16 @@ def pearson(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (x * y).sum(-1) / (x.norm(dim=-1) * y.norm(dim=-1)).clamp(min=1e-12)
 
 
-def fit_quality(W_NTT: torch.Tensor) -> dict[str, torch.Tensor]:
+class FitQuality(TypedDict):
+    """Pearson r of the additive fits, per matrix (or per layer, head and window; or per layer and head)."""
+
+    r: torch.Tensor  # distance + query + key over the causal triangle
+    r_row_centred: torch.Tensor  # the same, each query row centred: what softmax sees
+    r_no_sink: torch.Tensor  # refitted without the sink column (key 0)
+    r_two_term: torch.Tensor  # distance + key only
+
+
+def fit_quality(W_NTT: torch.Tensor) -> FitQuality:
     """Per matrix: r of the three-term fit (all, row-centred), of a fit refitted without the sink column (key 0),
     and of distance + key."""
     T = W_NTT.shape[-1]
@@ -169,27 +179,48 @@ def fit_quality(W_NTT: torch.Tensor) -> dict[str, torch.Tensor]:
         means = (M * mask).sum(-1) / counts
         return (M - means[..., None]) * mask
 
-    return {
-        "r": pearson(W_NTT[:, mask], fit[:, mask]),
-        "r_row_centred": pearson(row_centred(W_NTT)[:, past_first], row_centred(fit)[:, past_first]),
-        "r_no_sink": pearson(W_NTT[:, no_sink], fit_no_sink[:, no_sink]),
-        "r_two_term": pearson(W_NTT[:, mask], two[:, mask]),
-    }
+    return FitQuality(
+        r=pearson(W_NTT[:, mask], fit[:, mask]),
+        r_row_centred=pearson(row_centred(W_NTT)[:, past_first], row_centred(fit)[:, past_first]),
+        r_no_sink=pearson(W_NTT[:, no_sink], fit_no_sink[:, no_sink]),
+        r_two_term=pearson(W_NTT[:, mask], two[:, mask]),
+    )
 
 
-def window_fit(logits_LHNTT: torch.Tensor) -> dict[str, torch.Tensor]:
+def window_fit(logits_LHNTT: torch.Tensor) -> FitQuality:
     """fit_quality per (layer, head, window): tensors [layer, head, window]."""
     L, H, N, T, _ = logits_LHNTT.shape
     q = fit_quality(logits_LHNTT.reshape(L * H * N, T, T))
-    return {k: v.view(L, H, N) for k, v in q.items()}
+    return FitQuality(
+        r=q["r"].view(L, H, N),
+        r_row_centred=q["r_row_centred"].view(L, H, N),
+        r_no_sink=q["r_no_sink"].view(L, H, N),
+        r_two_term=q["r_two_term"].view(L, H, N),
+    )
 
 
-def head_fit(logits_LHNTT: torch.Tensor) -> dict[str, torch.Tensor]:
+def by_name(q: FitQuality) -> dict[str, torch.Tensor]:
+    """The four fits by name, for what runs over all of them."""
+    return {
+        "r": q["r"],
+        "r_row_centred": q["r_row_centred"],
+        "r_no_sink": q["r_no_sink"],
+        "r_two_term": q["r_two_term"],
+    }
+
+
+def head_fit(logits_LHNTT: torch.Tensor) -> FitQuality:
     """fit_quality per (layer, head), averaged over windows: tensors [layer, head]."""
-    return {k: v.mean(-1) for k, v in window_fit(logits_LHNTT).items()}
+    q = window_fit(logits_LHNTT)
+    return FitQuality(
+        r=q["r"].mean(-1),
+        r_row_centred=q["r_row_centred"].mean(-1),
+        r_no_sink=q["r_no_sink"].mean(-1),
+        r_two_term=q["r_two_term"].mean(-1),
+    )
 
 
-def median_ci(r_LHN: torch.Tensor, draws: int = 1000, seed: int = 0) -> list[float]:
+def median_ci(r_LHN: torch.Tensor, draws: int = 1000, seed: int = 0) -> list[float | None]:
     """95 % bootstrap interval of the median over heads of the per-head mean r, resampling windows; NaN for one
     window (nothing to resample)."""
     N = r_LHN.shape[-1]
@@ -202,10 +233,20 @@ def median_ci(r_LHN: torch.Tensor, draws: int = 1000, seed: int = 0) -> list[flo
     return [float(low), float(high)]
 
 
-def summary(r_LH: torch.Tensor) -> dict[str, float]:
+class Spread(TypedDict):
+    """How r spreads over heads: mean, median and quartiles (None: read back from a NaN, written as null)."""
+
+    mean: float | None
+    median: float | None
+    q1: float | None
+    q3: float | None
+
+
+def summary(r_LH: torch.Tensor) -> Spread:
+    """The spread of r over every layer and head."""
     flat = r_LH.flatten().float()
     q = torch.quantile(flat, torch.tensor([0.25, 0.5, 0.75]))
-    return {"mean": float(flat.mean()), "median": float(q[1]), "q1": float(q[0]), "q3": float(q[2])}
+    return Spread(mean=float(flat.mean()), median=float(q[1]), q1=float(q[0]), q3=float(q[2]))
 
 
 # --- dummy distance and RoPE bands ---------------------------------------------------------
@@ -263,7 +304,17 @@ def dummy_distance_r2(q_pre_HTd, k_pre_HTd, cos, sin, queries: list[int], distan
     return torch.stack(r2, -1)  # [H, queries]
 
 
-def band_analysis(q_post_HTd, k_post_HTd, cos, sin, n_bands: int = 8) -> dict[str, torch.Tensor]:
+class Bands(TypedDict):
+    """Per head and RoPE frequency band [head, band], band 0 = highest frequency."""
+
+    logit_variance_share: torch.Tensor  # the band's share of the logit variance over the causal triangle
+    key_energy_mean: torch.Tensor  # key energy in the token-independent mean
+    key_energy_token: torch.Tensor  # key energy in the rest (token-dependent)
+
+
+def band_analysis(
+    q_post_HTd: torch.Tensor, k_post_HTd: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_bands: int = 8
+) -> Bands:
     """Per head and RoPE frequency band: key energy in the token-independent mean vs the rest, and each band's
     share of the logit variance over the causal triangle."""
     _, T, d = k_post_HTd.shape
@@ -283,11 +334,11 @@ def band_analysis(q_post_HTd, k_post_HTd, cos, sin, n_bands: int = 8) -> dict[st
         shares.append(part.var(-1) / total.var(-1).clamp(min=1e-12))
         e_mean.append(pair_energy_mean[..., bands == b].sum((-1, -2)))
         e_rest.append(pair_energy_rest[..., bands == b].sum((-1, -2)))
-    return {
-        "logit_variance_share": torch.stack(shares, -1),  # [H, band], band 0 = highest frequency
-        "key_energy_mean": torch.stack(e_mean, -1),
-        "key_energy_token": torch.stack(e_rest, -1),
-    }
+    return Bands(
+        logit_variance_share=torch.stack(shares, -1),
+        key_energy_mean=torch.stack(e_mean, -1),
+        key_energy_token=torch.stack(e_rest, -1),
+    )
 
 
 # --- perturbation ----------------------------------------------------------------------------
@@ -322,11 +373,19 @@ def perplexity(adapter: ModelAdapter, ids_NT: torch.Tensor, position_ids_NT: tor
     return float(nll.exp())
 
 
-def perturbation_curve(adapter: ModelAdapter, ids_NT: torch.Tensor, seed: int = 0) -> dict[str, dict[str, float]]:
+class Curve(TypedDict):
+    """Perplexity by the share of tokens displaced (keys: the share as text; None: read back from a NaN)."""
+
+    tokens: dict[str, float | None]  # the tokens swapped
+    position_ids: dict[str, float | None]  # the same swaps of position ids alone
+
+
+def perturbation_curve(adapter: ModelAdapter, ids_NT: torch.Tensor, seed: int = 0) -> Curve:
     """Perplexity vs the share of tokens displaced by adjacent swaps (over all windows together, so that small
     shares still differ), and vs the same swaps of position ids alone."""
     N, T = ids_NT.shape
-    tokens, positions = {}, {}
+    tokens: dict[str, float | None] = {}
+    positions: dict[str, float | None] = {}
     for fraction in SWAP_FRACTIONS:
         total = round(fraction * N * T / 2)  # swaps over all windows, two tokens displaced each
         counts = [total // N + (w < total % N) for w in range(N)]
@@ -334,7 +393,7 @@ def perturbation_curve(adapter: ModelAdapter, ids_NT: torch.Tensor, seed: int = 
         order = torch.tensor(orders)
         tokens[str(fraction)] = perplexity(adapter, ids_NT.gather(1, order))
         positions[str(fraction)] = perplexity(adapter, ids_NT, order)
-    return {"tokens": tokens, "position_ids": positions}
+    return Curve(tokens=tokens, position_ids=positions)
 
 
 # --- the study -------------------------------------------------------------------------------
@@ -381,12 +440,96 @@ def random_init_like(adapter: ModelAdapter, seed: int, norm_matched: bool = Fals
     return ModelAdapter(model.eval().requires_grad_(False).to(adapter.device))
 
 
+class Positional(TypedDict):
+    """The positional study's part of its result: [layer, head] grids as lists (NaN where no r), spreads, intervals
+    and the controls; the RoPE analyses are None where the family has no plain rotary embedding
+    (rope_analyses_skipped says why)."""
+
+    corpus: str
+    window: int
+    n_windows: int
+    window_start: str | None
+    n_layers: int
+    n_heads: int
+    attention_softcapping: float | None
+    r_layer_head: list[list[float | None]]
+    r_row_centred_layer_head: list[list[float | None]]
+    r_no_sink_layer_head: list[list[float | None]]
+    r_two_term_layer_head: list[list[float | None]]
+    r_random_init_layer_head: list[list[float | None]]
+    r_norm_matched_layer_head: list[list[float | None]]
+    r_shuffled_layer_head: list[list[float | None]]
+    distribution: dict[str, Spread]  # by fit (r, r_row_centred, ...) and control
+    median_ci: dict[str, list[float | None]]
+    median_ci_n_windows: int
+    median_ci_note: str
+    warnings: list[str]
+    r_mean: float | None
+    r_median: float | None
+    r_median_row_centred: float | None
+    r_median_no_sink: float | None
+    r_median_random_init: float | None
+    r_median_random_init_row_centred: float | None
+    r_median_norm_matched: float | None
+    r_median_norm_matched_row_centred: float | None
+    r_median_shuffled: float | None
+    r_median_shuffled_row_centred: float | None
+    rope_analyses_skipped: str | None
+    dummy_distance_r2_layer_head: list[list[float | None]] | None
+    dummy_distance_r2_median: float | None
+    dummy_distance_interaction_share_median: float | None
+    band_logit_variance_share: list[float | None] | None  # [band]
+    band_key_energy_mean: list[float | None] | None
+    band_key_energy_token: list[float | None] | None
+    perplexity_vs_swap: dict[str, float | None]
+    perplexity_vs_position_swap: dict[str, float | None]
+    swap_fraction: str
+
+
+class RopeParts(TypedDict):
+    """The dummy-distance test and the RoPE band energies over every layer and head."""
+
+    dummy_distance_r2_layer_head: torch.Tensor  # [layer, head], median over queries
+    dummy_distance_r2_median: float
+    dummy_distance_interaction_share_median: float
+    band_logit_variance_share: torch.Tensor  # [band]
+    band_key_energy_mean: torch.Tensor
+    band_key_energy_token: torch.Tensor
+
+
+def rope_parts(
+    adapter: ModelAdapter, ids_NT: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_queries: int
+) -> RopeParts:
+    """The dummy-distance R^2 and the band analysis on the first window, every layer."""
+    T = ids_NT.shape[1]
+    qk = capture_qk(adapter, ids_NT[:1])
+    queries = sorted({int(x) for x in torch.linspace(T // 4, T - 1, n_queries)})
+    distances = list(range(0, T))
+    r2 = torch.stack(
+        [
+            dummy_distance_r2(
+                unrotate(q, cos[:T], sin[:T]), unrotate(k, cos[:T], sin[:T]), cos, sin, queries, distances
+            )
+            for q, k in (qk[layer] for layer in range(adapter.n_layers))
+        ]
+    )  # [layer, head, query]
+    bands = [band_analysis(q, k, cos, sin) for q, k in (qk[layer] for layer in range(adapter.n_layers))]
+    return RopeParts(
+        dummy_distance_r2_layer_head=r2.median(-1).values,
+        dummy_distance_r2_median=float(r2.median()),
+        dummy_distance_interaction_share_median=float(1 - r2.median()),
+        band_logit_variance_share=torch.stack([b["logit_variance_share"] for b in bands]).mean((0, 1)),
+        band_key_energy_mean=torch.stack([b["key_energy_mean"] for b in bands]).mean((0, 1)),
+        band_key_energy_token=torch.stack([b["key_energy_token"] for b in bands]).mean((0, 1)),
+    )
+
+
 def study(
     adapter: ModelAdapter,
     tokenizer: PreTrainedTokenizerBase,
     config: PositionalConfig,
     corpus: str | Path | None = None,
-):
+) -> Positional:
     """The whole positional study on one model: fits, controls, dummy distance, bands, perturbation."""
 
     start = document_start(tokenizer)
@@ -404,40 +547,46 @@ def study(
         [torch.cat([w[:first], w[first:][torch.randperm(len(w) - first, generator=g)]]) for w in ids]
     )
     fits["shuffled"] = window_fit(capture_logits(adapter, shuffled_ids))
-    trained = {k: v.mean(-1) for k, v in fits[""].items()}
+    trained = {k: v.mean(-1) for k, v in by_name(fits[""]).items()}
     per_head: dict[str, torch.Tensor] = dict(trained)
     for control in ("random_init", "norm_matched", "shuffled"):
         per_head[control] = fits[control]["r"].mean(-1)
         per_head[f"{control}_row_centred"] = fits[control]["r_row_centred"].mean(-1)
-    windows = {name: fits[""][name] for name in trained} | {
-        f"{c}{suffix}": fits[c]["r" + suffix]
+    windows = by_name(fits[""]) | {
+        f"{c}{suffix}": fits[c]["r"] if suffix == "" else fits[c]["r_row_centred"]
         for c in ("random_init", "norm_matched", "shuffled")
         for suffix in ("", "_row_centred")
     }
-    result: dict[str, Any] = {
-        "corpus": str(corpus) if corpus else CORPUS_SOURCE,
-        "window": ids.shape[1],
-        "n_windows": ids.shape[0],
-        "window_start": start[1] if start else None,
-        "n_layers": adapter.n_layers,
-        "n_heads": adapter.n_heads,
-        "attention_softcapping": getattr(adapter.config, "attn_logit_softcapping", None),
-        "r_layer_head": trained["r"],
-        "r_row_centred_layer_head": trained["r_row_centred"],
-        "r_no_sink_layer_head": trained["r_no_sink"],
-        "r_two_term_layer_head": trained["r_two_term"],
-        "r_random_init_layer_head": per_head["random_init"],
-        "r_norm_matched_layer_head": per_head["norm_matched"],
-        "r_shuffled_layer_head": per_head["shuffled"],
-        "distribution": {name: summary(v) for name, v in per_head.items()},
-        "median_ci": {name: median_ci(v, seed=config.seed) for name, v in windows.items()},
-        "median_ci_n_windows": ids.shape[0],
-        "median_ci_note": f"95 % bootstrap over the {ids.shape[0]} windows of {ids.shape[1]} tokens (1000 draws) of "
+    d = {name: summary(v) for name, v in per_head.items()}
+    try:
+        cos, sin = rope_tables(adapter, 2 * ids.shape[1])
+    except Af1Error as exc:
+        skipped: str | None = str(exc)
+        rope = None
+    else:
+        skipped, rope = None, rope_parts(adapter, ids, cos, sin, config.n_queries)
+    curve = perturbation_curve(adapter, ids, config.seed)
+    return Positional(
+        corpus=str(corpus) if corpus else CORPUS_SOURCE,
+        window=ids.shape[1],
+        n_windows=ids.shape[0],
+        window_start=start[1] if start else None,
+        n_layers=adapter.n_layers,
+        n_heads=adapter.n_heads,
+        attention_softcapping=getattr(adapter.config, "attn_logit_softcapping", None),
+        r_layer_head=trained["r"].tolist(),
+        r_row_centred_layer_head=trained["r_row_centred"].tolist(),
+        r_no_sink_layer_head=trained["r_no_sink"].tolist(),
+        r_two_term_layer_head=trained["r_two_term"].tolist(),
+        r_random_init_layer_head=per_head["random_init"].tolist(),
+        r_norm_matched_layer_head=per_head["norm_matched"].tolist(),
+        r_shuffled_layer_head=per_head["shuffled"].tolist(),
+        distribution=d,
+        median_ci={name: median_ci(v, seed=config.seed) for name, v in windows.items()},
+        median_ci_n_windows=ids.shape[0],
+        median_ci_note=f"95 % bootstrap over the {ids.shape[0]} windows of {ids.shape[1]} tokens (1000 draws) of "
         "the median over heads; the windows are passages of one text, so the interval is over passages, not genres",
-        "warnings": window_warnings(ids.shape[0], config.n_windows, ids.shape[1]),
-    }
-    d = result["distribution"]
-    result.update(
+        warnings=window_warnings(ids.shape[0], config.n_windows, ids.shape[1]),
         r_mean=d["r"]["mean"],
         r_median=d["r"]["median"],
         r_median_row_centred=d["r_row_centred"]["median"],
@@ -448,36 +597,14 @@ def study(
         r_median_norm_matched_row_centred=d["norm_matched_row_centred"]["median"],
         r_median_shuffled=d["shuffled"]["median"],
         r_median_shuffled_row_centred=d["shuffled_row_centred"]["median"],
+        rope_analyses_skipped=skipped,
+        dummy_distance_r2_layer_head=rope["dummy_distance_r2_layer_head"].tolist() if rope else None,
+        dummy_distance_r2_median=rope["dummy_distance_r2_median"] if rope else None,
+        dummy_distance_interaction_share_median=rope["dummy_distance_interaction_share_median"] if rope else None,
+        band_logit_variance_share=rope["band_logit_variance_share"].tolist() if rope else None,
+        band_key_energy_mean=rope["band_key_energy_mean"].tolist() if rope else None,
+        band_key_energy_token=rope["band_key_energy_token"].tolist() if rope else None,
+        perplexity_vs_swap=curve["tokens"],
+        perplexity_vs_position_swap=curve["position_ids"],
+        swap_fraction="share of tokens displaced by disjoint adjacent swaps (the document start stays)",
     )
-    try:
-        cos, sin = rope_tables(adapter, 2 * ids.shape[1])
-    except Af1Error as exc:
-        result["rope_analyses_skipped"] = str(exc)
-        result["dummy_distance_r2_median"] = None
-    else:
-        T = ids.shape[1]
-        qk = capture_qk(adapter, ids[:1])
-        queries = sorted({int(x) for x in torch.linspace(T // 4, T - 1, config.n_queries)})
-        distances = list(range(0, T))
-        r2 = torch.stack(
-            [
-                dummy_distance_r2(
-                    unrotate(q, cos[:T], sin[:T]), unrotate(k, cos[:T], sin[:T]), cos, sin, queries, distances
-                )
-                for q, k in (qk[layer] for layer in range(adapter.n_layers))
-            ]
-        )  # [layer, head, query]
-        bands = [band_analysis(q, k, cos, sin) for q, k in (qk[layer] for layer in range(adapter.n_layers))]
-        result.update(
-            dummy_distance_r2_layer_head=r2.median(-1).values,
-            dummy_distance_r2_median=float(r2.median()),
-            dummy_distance_interaction_share_median=float(1 - r2.median()),
-            band_logit_variance_share=torch.stack([b["logit_variance_share"] for b in bands]).mean((0, 1)),
-            band_key_energy_mean=torch.stack([b["key_energy_mean"] for b in bands]).mean((0, 1)),
-            band_key_energy_token=torch.stack([b["key_energy_token"] for b in bands]).mean((0, 1)),
-        )
-    curve = perturbation_curve(adapter, ids, config.seed)
-    result["perplexity_vs_swap"] = curve["tokens"]
-    result["perplexity_vs_position_swap"] = curve["position_ids"]
-    result["swap_fraction"] = "share of tokens displaced by disjoint adjacent swaps (the document start stays)"
-    return result
