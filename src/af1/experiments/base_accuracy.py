@@ -12,7 +12,7 @@ from af1.experiments import base
 from af1.report.markup import ci_text, layout_html, layout_table, table_html, with_ci
 from af1.stats import Paired, baseline_warning, mcnemar_exact
 from af1.tasks.evaluation import problem_rows
-from af1.tasks.task import ProblemRow
+from af1.tasks.task import ProblemRow, TaskShape
 
 
 class Options(base.Options):
@@ -22,7 +22,7 @@ class Options(base.Options):
 class Result(base.TaskFields):
     digits: int | None = 1  # None for a task file
     mean_p_correct: float | None = None
-    task_layout: dict[str, Any] = {}
+    task_layout: TaskShape
     problems: list[ProblemRow] = []
 
 

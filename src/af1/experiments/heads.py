@@ -9,13 +9,15 @@ from typing import Any, Literal
 
 from pydantic import Field
 from rich.table import Table
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
 from af1.experiments import base
+from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, heads
 from af1.report import interactive
 from af1.report.markup import ci_text, figure_html, table_html, with_ci
-from af1.stats import mcnemar_exact, mean_std
+from af1.stats import McNemar, mcnemar_exact, mean_std
 from af1.tasks.builtin import FILE_STYLE
 from af1.tasks.evaluation import ProblemInputs, solved
 from af1.tasks.spec import TaskSpec
@@ -55,6 +57,53 @@ class Options(base.GatedOptions):
     )
     split_seed: int = Field(default=0, description="seed of that split (without a search; else the search's)")
     compare: list[str] = Field(default_factory=list, description="other TASK or TASK:STYLE to compare key heads with")
+
+
+class Placement(TypedDict):
+    """A top head and the AF1 stage its layer belongs to (the search's config)."""
+
+    layer: int
+    head: int
+    stage: str
+
+
+class PeekRow(allforone.Faithfulness):
+    """AF1's faithfulness when in its transfer layers only some heads peek, against all heads peeking."""
+
+    variant: str
+    peeking: int
+    mcnemar_vs_all: McNemar | None  # None: the row of all heads itself
+
+
+class RandomPeekRow(TypedDict):
+    """As many random heads of the transfer layers as top heads there, none of the top ones, peek: mean ± std
+    over draws (no interval: the draws are not problems)."""
+
+    variant: str
+    peeking: int
+    faithfulness: float
+    faithfulness_std: float
+    faithfulness_per_draw: list[float]
+    faithfulness_ci: None
+    faithfulness_baseline: float
+    mcnemar_vs_all: None
+
+
+class Consistency(TypedDict):
+    """The key heads against AF1 (`consistency`): the search's config, its transfer layers' heads and the
+    faithfulness of each way of letting only some of them peek."""
+
+    wait: int
+    transfer: int
+    transfer_layers: list[int]
+    n_transfer_heads: int
+    key_heads_in_transfer_layers: list[list[int]]
+    top_heads_in_transfer_layers: list[list[int]]
+    n: int
+    measured_on: str
+    heads_chosen_on: str
+    counterfactual: str
+    rows: list[PeekRow | RandomPeekRow]
 
 
 class Result(base.Result):
@@ -98,15 +147,15 @@ class Result(base.Result):
     # (row `problem` of inputs.sets["confirmation"])
     attention_over_tokens: heads.TokenAttention | None = None
     overlap: list[heads.TaskOverlap] = []
-    placement: list[dict] | None = None
-    af1_consistency: dict[str, Any] | None = None
+    placement: list[Placement] | None = None
+    af1_consistency: Consistency | None = None
     inputs: ProblemInputs | None = None  # clean; sets: solved, confirmation (AF1 rows)
 
 
 RANDOM_DRAWS = 10
 
 
-def consistency(inputs: base.Inputs, config: Any, result: Result) -> dict[str, Any]:
+def consistency(inputs: base.Inputs, config: AF1Config, result: Result) -> Consistency:
     """The paper's claim beside AF1's, on the search's confirmation split: faithfulness of the AF1 config when
     in its transfer layers all heads peek, only the key heads, only the top-k heads, as many random heads of those
     layers (mean ± std over draws), or none."""
@@ -126,50 +175,50 @@ def consistency(inputs: base.Inputs, config: Any, result: Result) -> dict[str, A
         "no head peeks": transfer_heads,
     }
     full = allforone.faithfulness(on, config)
-    rows = []
+    rows: list[PeekRow | RandomPeekRow] = []
     k_top = sum(h in top for h in transfer_heads)
     if 0 < k_top <= len(others):  # as many random heads of the same layers, not top ones: is the top set special?
         rng = random.Random(0)
         draws = [set(rng.sample(others, k_top)) for _ in range(RANDOM_DRAWS)]
         scores = allforone.pruned_scores(on, config, [[h for h in transfer_heads if h not in d] for d in draws])
         spread = mean_std([s.accuracy for s in scores])
-        random_row = {
-            "variant": f"{k_top} random heads of these layers, none of the top, peek ({RANDOM_DRAWS} draws)",
-            "peeking": k_top,
-            "faithfulness": spread["mean"],
-            "faithfulness_std": spread["std"],
-            "faithfulness_per_draw": [s.accuracy for s in scores],
-            "faithfulness_ci": None,
-            "faithfulness_baseline": allforone.faith_fields(on, full)["faithfulness_baseline"],
-            "mcnemar_vs_all": None,
-        }
+        random_row = RandomPeekRow(
+            variant=f"{k_top} random heads of these layers, none of the top, peek ({RANDOM_DRAWS} draws)",
+            peeking=k_top,
+            faithfulness=spread["mean"],
+            faithfulness_std=spread["std"],
+            faithfulness_per_draw=[s.accuracy for s in scores],
+            faithfulness_ci=None,
+            faithfulness_baseline=allforone.faith_fields(on, full)["faithfulness_baseline"],
+            mcnemar_vs_all=None,
+        )
     else:
         random_row = None
     for name, pruned in variants.items():
         scores = allforone.faithfulness(on, config.model_copy(update={"pruned_heads": pruned})) if pruned else full
         rows.append(
-            {
-                "variant": name,
-                "peeking": len(transfer_heads) - len(pruned),
+            PeekRow(
+                variant=name,
+                peeking=len(transfer_heads) - len(pruned),
                 **allforone.faith_fields(on, scores),
-                "mcnemar_vs_all": mcnemar_exact(scores.correct_P.tolist(), full.correct_P.tolist()),
-            }
+                mcnemar_vs_all=mcnemar_exact(scores.correct_P.tolist(), full.correct_P.tolist()),
+            )
         )
     if random_row is not None:
         rows.insert(3, random_row)
-    return {
-        "wait": config.wait,
-        "transfer": config.transfer,
-        "transfer_layers": config.peek_layers(),
-        "n_transfer_heads": len(transfer_heads),
-        "key_heads_in_transfer_layers": sorted([list(h) for h in keys if h in set(transfer_heads)]),
-        "top_heads_in_transfer_layers": sorted([list(h) for h in top if h in set(transfer_heads)]),
-        "n": len(on.kept),
-        "measured_on": "the search's confirmation split",
-        "heads_chosen_on": "the search's selection split (path patching, not faithfulness)",
-        "counterfactual": f"{result.counterfactual_kind} ({result.counterfactual})",
-        "rows": rows,
-    }
+    return Consistency(
+        wait=config.wait,
+        transfer=config.transfer,
+        transfer_layers=config.peek_layers(),
+        n_transfer_heads=len(transfer_heads),
+        key_heads_in_transfer_layers=sorted([list(h) for h in keys if h in set(transfer_heads)]),
+        top_heads_in_transfer_layers=sorted([list(h) for h in top if h in set(transfer_heads)]),
+        n=len(on.kept),
+        measured_on="the search's confirmation split",
+        heads_chosen_on="the search's selection split (path patching, not faithfulness)",
+        counterfactual=f"{result.counterfactual_kind} ({result.counterfactual})",
+        rows=rows,
+    )
 
 
 class Heads(base.Experiment):
@@ -230,7 +279,7 @@ class Heads(base.Experiment):
         if config is not None:  # where the top heads sit among the AF1 stages
             stages = config.stages(lm.adapter.n_layers)
             result.placement = [
-                {"layer": h[0], "head": h[1], "stage": next(s for s, layers in stages.items() if h[0] in layers)}
+                Placement(layer=h[0], head=h[1], stage=next(s for s, layers in stages.items() if h[0] in layers))
                 for h in result.top_heads
             ]
             if config.transfer > 0:
@@ -350,9 +399,9 @@ class Heads(base.Experiment):
                         [
                             r["variant"],
                             r["peeking"],
-                            with_ci(r["faithfulness"], r["faithfulness_ci"])
-                            if r["faithfulness_ci"]
-                            else f"{r['faithfulness']:.3f} ± {r['faithfulness_std']:.3f}",
+                            f"{r['faithfulness']:.3f} ± {r['faithfulness_std']:.3f}"
+                            if "faithfulness_std" in r
+                            else with_ci(r["faithfulness"], r["faithfulness_ci"]),
                             r["faithfulness_baseline"],
                             f"{r['mcnemar_vs_all']['p_value']:.2g}" if r["mcnemar_vs_all"] else "-",
                         ]

@@ -24,6 +24,7 @@ from af1.report.markup import (
     with_ci,
 )
 from af1.stats import LayoutRate
+from af1.tasks.task import LayoutRow
 
 
 class Options(base.Options):
@@ -71,7 +72,7 @@ class Result(base.Result):
     stages: dict[str, list[int]] | None = None
     best: allforone.Cell | None = None
     faithfulness_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's
-    layouts: list[dict[str, Any]] = []
+    layouts: list[LayoutRow] = []
 
 
 class Search(base.Experiment):

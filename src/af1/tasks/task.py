@@ -90,6 +90,26 @@ class LayoutRow(TypedDict):
     n_solved: NotRequired[int]
 
 
+class TaskShape(TypedDict):
+    """A built task described (`Task.describe`): its spec as given, each token layout, how many problems and
+    positions (None for several layouts: see `layouts`), the roles of the positions, BOS, answer lengths (by number
+    of tokens) and the end check."""
+
+    spec: dict[str, Any]  # the TaskSpec as a mapping (read back, a file spec is not reopened)
+    layouts: list[LayoutRow]
+    scoring: str
+    n_problems: int
+    n_positions: int | None
+    context_len: int | None
+    layout: list[str]
+    bos_prepended: BosToken | None
+    example_input: str | None
+    answer_lengths: dict[int, int]
+    end: AnswerEnd | None
+    excluded_other_layouts: int
+    n_distinct: int | None
+
+
 @dataclass
 class Task:
     """Tokenized problems of one token layout, ready for the model.
@@ -323,22 +343,23 @@ class Task:
             for group in self.groups or [self]
         ]
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "spec": self.spec.model_dump(),
-            "layouts": self.layouts(),
-            "scoring": self.spec.scoring,
-            "n_problems": len(self),
-            "n_positions": None if self.groups else self.n_positions,  # several layouts: see `layouts`
-            "context_len": None if self.groups else self.context_len,
-            "layout": list(self.layout),
-            "bos_prepended": self.bos_prepended,
-            "example_input": self.input_text(0) if self.problems else None,
-            "answer_lengths": dict(sorted(Counter(len(a) for a in self.answer_tokens).items())),
-            "end": self.end,
-            "excluded_other_layouts": self.excluded_other_layouts,
-            "n_distinct": self.n_distinct,
-        }
+    def describe(self) -> TaskShape:
+        """The task as built: its spec, token layouts, sizes, BOS, answer lengths and end check."""
+        return TaskShape(
+            spec=self.spec.model_dump(),
+            layouts=self.layouts(),
+            scoring=self.spec.scoring,
+            n_problems=len(self),
+            n_positions=None if self.groups else self.n_positions,  # several layouts: see `layouts`
+            context_len=None if self.groups else self.context_len,
+            layout=list(self.layout),
+            bos_prepended=self.bos_prepended,
+            example_input=self.input_text(0) if self.problems else None,
+            answer_lengths=dict(sorted(Counter(len(a) for a in self.answer_tokens).items())),
+            end=self.end,
+            excluded_other_layouts=self.excluded_other_layouts,
+            n_distinct=self.n_distinct,
+        )
 
 
 def _roles(
