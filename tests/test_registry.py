@@ -154,3 +154,36 @@ def test_a_new_experiment_is_one_module_and_one_registry_line(toy, tmp_path, tok
 def test_after_unregistering_a_plan_refuses_it():
     with pytest.raises(ValueError, match="toy"):
         StudyPlan.model_validate({"models": [{"spec": "x"}], "experiments": {"toy": {}}})
+
+
+def test_other_experiments_read_a_search_result_as_searched():
+    """A search result is what base.Searched declares (the annotation makes the type checker hold it), and the
+    config others run at is its found cell, else its best eligible one, else none."""
+    from af1.experiments import search
+    from af1.interventions.af1 import AF1Config
+    from af1.methods.allforone import Cell
+
+    best = Cell(
+        wait=1,
+        transfer=2,
+        faithfulness=0.7,
+        faithfulness_ci=[0.5, 0.8],
+        faithfulness_selection=0.75,
+        faithfulness_selection_ci=[0.6, 0.9],
+        eligible=True,
+    )
+    found: base.Searched = search.Result.model_construct(
+        found=True,
+        threshold=0.9,
+        config={"seed": 3},
+        wait=3,
+        transfer=1,
+        best=best,
+        selection_fraction=0.5,
+        split_seed=0,
+    )
+    assert base.searched_config(found) == AF1Config(wait=3, transfer=1, seed=3)
+    found.found = False  # not found: the best eligible cell
+    assert base.searched_config(found) == AF1Config(wait=1, transfer=2, seed=3)
+    found.best = None  # no cell is eligible: nothing to run at
+    assert base.searched_config(found) is None

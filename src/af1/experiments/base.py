@@ -15,7 +15,7 @@ from rich.table import Table
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
-from af1.methods.setup import SetupDescription
+from af1.methods.setup import Setup, SetupDescription
 from af1.models import LoadedModel
 from af1.report.markup import page
 from af1.tasks.evaluation import Evaluated, TaskDescription
@@ -99,7 +99,7 @@ class Resources(Protocol):
 
     def evaluated(self, spec: TaskSpec) -> Evaluated: ...
 
-    def setup(self, spec: TaskSpec) -> Any: ...
+    def setup(self, spec: TaskSpec) -> Setup: ...
 
 
 class NoResources:
@@ -111,8 +111,8 @@ class NoResources:
     def evaluated(self, spec: TaskSpec) -> Evaluated:
         return self.lm()  # type: ignore[return-value]  # raises
 
-    def setup(self, spec: TaskSpec) -> Any:
-        return self.lm()
+    def setup(self, spec: TaskSpec) -> Setup:
+        return self.lm()  # type: ignore[return-value]  # raises
 
 
 @dataclass
@@ -168,19 +168,42 @@ class ConfigOptions(GatedOptions):
         return self
 
 
-def searched_config(search: Any) -> AF1Config | None:
+class Searched(Protocol):
+    """What other experiments read of a search's result (`af1.experiments.search.Result`, which the type checker
+    holds to it): whether it found a subgraph, at which cell, its config, and the split it chose on."""
+
+    found: bool
+    threshold: float
+    config: dict[str, Any]
+    wait: int | None
+    transfer: int | None
+    best: allforone.Cell | None
+    faithfulness: float | None
+    selection_fraction: float
+    split_seed: int
+
+
+def searched(inputs: Inputs) -> Searched | None:
+    """The search result this unit reads (on its own model and task), or None when it reads none."""
+    return inputs.one(SEARCH)
+
+
+def searched_config(search: Searched) -> AF1Config | None:
     """The AF1 config a search settled on: the subgraph it found, else its best eligible cell; None when no cell
     is eligible (a finding: the units that read it say so)."""
-    cell = search.model_dump() if search.found else search.best
-    if cell is None:
+    if search.found:
+        wait, transfer = search.wait, search.transfer
+    elif search.best is not None:
+        wait, transfer = search.best["wait"], search.best["transfer"]
+    else:
         return None
-    return AF1Config(**{**(search.config or {}), "wait": cell["wait"], "transfer": cell["transfer"]})
+    return AF1Config(**{**(search.config or {}), "wait": wait, "transfer": transfer})
 
 
 def check_found(inputs: Inputs, options: Options) -> None:
     """The unit does not apply when it is asked only where the search found a subgraph and it found none."""
     if getattr(options, "require_found", False):
-        search = inputs.one(SEARCH)
+        search = searched(inputs)
         if search is not None and not search.found:
             raise NotApplicable(f"no AF1 subgraph at faithfulness >= {search.threshold} (require_found)")
 
@@ -190,7 +213,7 @@ def config_of(inputs: Inputs, options: ConfigOptions, n_layers: int) -> AF1Confi
     if options.wait is not None:
         config = AF1Config(wait=options.wait, transfer=options.transfer or 0, seed=inputs.spec.seed)
     else:
-        search = inputs.one(SEARCH)
+        search = searched(inputs)
         config = searched_config(search) if search is not None else None
         if config is None:
             raise Af1Error(f"no configuration to run at: {NO_CELL} (give --wait and --transfer)")
@@ -198,12 +221,14 @@ def config_of(inputs: Inputs, options: ConfigOptions, n_layers: int) -> AF1Confi
     return config
 
 
-def measured_on(inputs: Inputs, options: ConfigOptions, setup: Any) -> tuple[Any, str]:
+def measured_on(inputs: Inputs, options: ConfigOptions, setup: Setup) -> tuple[Setup, str]:
     """Where a config is measured: all solved problems for a fixed config, the search's confirmation split for the
     search's own config (never the problems that chose it)."""
     if options.wait is not None:
         return setup, "the solved problems"
-    search = inputs.one(SEARCH)
+    search = searched(inputs)
+    if search is None:
+        raise Af1Error(f"no configuration to run at: {NO_CELL} (give --wait and --transfer)")
     on = allforone.confirmation(setup, search.selection_fraction, search.split_seed)
     return on, "the search's confirmation split"
 

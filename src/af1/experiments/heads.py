@@ -155,14 +155,13 @@ class Result(base.Result):
 RANDOM_DRAWS = 10
 
 
-def consistency(inputs: base.Inputs, config: AF1Config, result: Result) -> Consistency:
+def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, result: Result) -> Consistency:
     """The paper's claim beside AF1's, on the search's confirmation split: faithfulness of the AF1 config when
     in its transfer layers all heads peek, only the key heads, only the top-k heads, as many random heads of those
     layers (mean ± std over draws), or none."""
     import random
 
     setup = inputs.resources.setup(inputs.spec)
-    search = inputs.one("search")
     on = allforone.confirmation(setup, search.selection_fraction, search.split_seed)
     transfer_heads = [(layer, h) for layer in config.peek_layers() for h in range(setup.adapter.n_heads)]
     keys = {tuple(h) for h in result.key_heads}
@@ -229,7 +228,7 @@ class Heads(base.Experiment):
     figure = "heads.png"
 
     def uses(self) -> tuple[str, ...]:
-        return ("search",)
+        return (base.SEARCH,)
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         spec = inputs.spec
@@ -251,7 +250,7 @@ class Heads(base.Experiment):
         second = None
         if spec.file is None and options.rank_both:
             second = "a" if kind in (None, "operator") else "operator"
-        search = inputs.one("search")
+        search = base.searched(inputs)
         split, split_from = (options.selection, options.split_seed), heads.OWN_SPLIT
         if search is not None:  # the search's split: the heads are chosen on its selection half only
             split, split_from = (search.selection_fraction, search.split_seed), "the search's split"
@@ -271,19 +270,19 @@ class Heads(base.Experiment):
             split=split,
             split_from=split_from,
         )
-        config = base.searched_config(search) if search is not None else None
+        config = base.searched_config(search) if search is not None else None  # None: no search, or no cell
         kept = solved(done.task, done.base)
         sel, conf = heads.problem_split(len(kept), split)  # heads chosen on the first, tested on the second
         sets = {"solved": kept, "selection": kept.subset(sel), "confirmation": kept.subset(conf)}
         result = Result(**study, inputs=ProblemInputs.of(done.task, done.base, **sets))
-        if config is not None:  # where the top heads sit among the AF1 stages
+        if search is not None and config is not None:  # where the top heads sit among the AF1 stages
             stages = config.stages(lm.adapter.n_layers)
             result.placement = [
                 Placement(layer=h[0], head=h[1], stage=next(s for s, layers in stages.items() if h[0] in layers))
                 for h in result.top_heads
             ]
             if config.transfer > 0:
-                result.af1_consistency = consistency(inputs, config, result)
+                result.af1_consistency = consistency(inputs, search, config, result)
         return result
 
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:

@@ -44,13 +44,13 @@ class Necessity(base.Experiment):
     figure = "necessity.png"
 
     def uses(self) -> tuple[str, ...]:
-        return ("search",)
+        return (base.SEARCH,)
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         n_layers = inputs.resources.lm().adapter.n_layers
         fixed = base.config_of(inputs, options, n_layers) if options.wait is not None else None  # before any work
         setup = inputs.resources.setup(inputs.spec)
-        search = inputs.one("search")
+        search = base.searched(inputs)
         found: AF1Config | None = None
         found_on = None
         note = None

@@ -69,8 +69,9 @@ class Prune(base.Experiment):
         if options.wait is None:  # the search's split, so its confirmation half stays unseen
             if config.transfer == 0:
                 raise base.NotApplicable("the search's config has no transfer layers, so no heads to prune")
-            search = inputs.one("search")
-            selection, seed = search.selection_fraction, search.split_seed
+            search = base.searched(inputs)
+            if search is not None:  # config_of ran at the search's config: it is there
+                selection, seed = search.selection_fraction, search.split_seed
         pruning = allforone.prune_heads(setup, config, selection=selection, seed=seed, whole_curve=options.whole_curve)
         return Result(**setup.describe().fields(), **pruning)
 

@@ -99,11 +99,11 @@ class Transfer(base.Experiment):
     scope = "models"
 
     def needs(self, options: Options) -> tuple[str, ...]:
-        return ("search",)
+        return (base.SEARCH,)
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         setup = inputs.resources.setup(inputs.spec)
-        searches = inputs.every("search")
+        searches = inputs.every(base.SEARCH)
         mine = next((s for s in searches if s.model == inputs.model_name), None)
         own = base.searched_config(mine) if mine is not None else None
         on, where = setup, "solved problems"
