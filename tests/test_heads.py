@@ -660,3 +660,57 @@ def test_the_heads_study_runs_where_the_mlp_logit_lens_cannot_read(tokenizer, tm
     assert code == 0, err
     result = json.loads((tmp_path / "heads.json").read_text())
     assert result["mlp_logit_lens_layer"] is None and result["path"] == "wang" and len(result["top_heads"]) > 0
+
+
+def test_the_af1_consistency_rows_survive_a_json_round_trip():
+    """Both kinds of row of the key heads against AF1 are read back as written (each matches one side of the
+    union), and a row of neither kind is refused, as a result's field."""
+    import json
+
+    from pydantic import BaseModel, ConfigDict, ValidationError
+
+    from af1.experiments.heads import Consistency
+
+    class Holder(BaseModel):  # as a Result holds it
+        model_config = ConfigDict(extra="forbid")
+        c: Consistency
+
+    peek = {
+        "variant": "all heads peek",
+        "peeking": 8,
+        "faithfulness": 0.9,
+        "faithfulness_ci": [0.8, 0.95],
+        "faithfulness_baseline": 0.1,
+        "faithfulness_n": 20,
+        "executor": "fast",
+        "fallback_reason": None,
+        "mcnemar_vs_all": {"only_first": 0, "only_second": 0, "p_value": 1.0},
+    }
+    drawn = {
+        "variant": "2 random heads of these layers, none of the top, peek (10 draws)",
+        "peeking": 2,
+        "faithfulness": 0.5,
+        "faithfulness_std": 0.1,
+        "faithfulness_per_draw": [0.4, 0.6],
+        "faithfulness_ci": None,
+        "faithfulness_baseline": 0.1,
+        "mcnemar_vs_all": None,
+    }
+    c = {
+        "wait": 3,
+        "transfer": 1,
+        "transfer_layers": [3],
+        "n_transfer_heads": 4,
+        "key_heads_in_transfer_layers": [],
+        "top_heads_in_transfer_layers": [[3, 1]],
+        "n": 20,
+        "measured_on": "the search's confirmation split",
+        "heads_chosen_on": "the search's selection split",
+        "counterfactual": "operator",
+        "rows": [peek, drawn],
+    }
+    back = Holder.model_validate_json(Holder(c=json.loads(json.dumps(c))).model_dump_json()).c  # type: ignore[arg-type]
+    assert back["rows"] == [peek, drawn]
+    neither = {k: v for k, v in peek.items() if k != "faithfulness_n"}
+    with pytest.raises(ValidationError):
+        Holder.model_validate({"c": {**c, "rows": [neither]}})

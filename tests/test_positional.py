@@ -92,6 +92,9 @@ def test_families_without_plain_rope_skip_only_the_rope_analyses(tokenizer):
     result = positional.study(adapter, tokenizer, positional.PositionalConfig(window=16, n_windows=1))
     skipped = result["rope_analyses_skipped"]
     assert skipped is not None and "rotary" in skipped and result["dummy_distance_r2_median"] is None
+    for key in ("dummy_distance_r2_layer_head", "band_logit_variance_share", "band_key_energy_mean"):
+        assert result[key] is None
+    assert len(result["r_layer_head"]) == 3  # the rest is measured: 3 layers
     assert result["r_median"] == result["r_median"]
 
 

@@ -172,13 +172,14 @@ class Searched(Protocol):
     """What other experiments read of a search's result (`af1.experiments.search.Result`, which the type checker
     holds to it): whether it found a subgraph, at which cell, its config, and the split it chose on."""
 
+    model: str | None
+    n_layers: int
     found: bool
     threshold: float
     config: dict[str, Any]
     wait: int | None
     transfer: int | None
     best: allforone.Cell | None
-    faithfulness: float | None
     selection_fraction: float
     split_seed: int
 
@@ -186,6 +187,11 @@ class Searched(Protocol):
 def searched(inputs: Inputs) -> Searched | None:
     """The search result this unit reads (on its own model and task), or None when it reads none."""
     return inputs.one(SEARCH)
+
+
+def every_search(inputs: Inputs) -> list[Searched]:
+    """The search results of every model of the plan (a cross-model experiment's sources)."""
+    return inputs.every(SEARCH)
 
 
 def searched_config(search: Searched) -> AF1Config | None:

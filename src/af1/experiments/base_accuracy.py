@@ -79,7 +79,7 @@ class BaseAccuracy(base.Experiment):
                     ]
                 ],
             ),
-            layout_html("Base accuracy", result.base_accuracy_by_layout, result.task_layout.get("layouts")),
+            layout_html("Base accuracy", result.base_accuracy_by_layout, result.task_layout["layouts"]),
         ]
 
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
@@ -115,7 +115,7 @@ class BaseAccuracy(base.Experiment):
             f"{result.base_accuracy_baseline:.3f}",
             str(result.n_solved),
         )
-        return [table, *layout_table(result.base_accuracy_by_layout, result.task_layout.get("layouts"))]
+        return [table, *layout_table(result.base_accuracy_by_layout, result.task_layout["layouts"])]
 
 
 def paired(a: Result, b: Result) -> Paired | None:

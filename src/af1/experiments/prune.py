@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import Field
 from rich.table import Table
 
+from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import allforone
 from af1.report import interactive
@@ -70,8 +71,9 @@ class Prune(base.Experiment):
             if config.transfer == 0:
                 raise base.NotApplicable("the search's config has no transfer layers, so no heads to prune")
             search = base.searched(inputs)
-            if search is not None:  # config_of ran at the search's config: it is there
-                selection, seed = search.selection_fraction, search.split_seed
+            if search is None:  # config_of found the search's config, so this cannot happen: never a silent split
+                raise Af1Error("the search's split is not available")
+            selection, seed = search.selection_fraction, search.split_seed
         pruning = allforone.prune_heads(setup, config, selection=selection, seed=seed, whole_curve=options.whole_curve)
         return Result(**setup.describe().fields(), **pruning)
 

@@ -103,7 +103,7 @@ class Transfer(base.Experiment):
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         setup = inputs.resources.setup(inputs.spec)
-        searches = inputs.every(base.SEARCH)
+        searches = base.every_search(inputs)
         mine = next((s for s in searches if s.model == inputs.model_name), None)
         own = base.searched_config(mine) if mine is not None else None
         on, where = setup, "solved problems"
