@@ -285,14 +285,15 @@ def compare(
     check_disjoint(val_task, eval_task)
     base_state = {k: v.detach().clone() for k, v in adapter.model.state_dict().items()}
 
-    def measure() -> Measured:
+    def measure() -> tuple[Measured, float]:
+        """The model as it is now on the held-out problems and on text; with the constant guess's score."""
         r = evaluate(adapter.model, eval_task).rate(eval_task)
-        return Measured(
+        measured = Measured(
             arithmetic_accuracy=r["value"], arithmetic_accuracy_ci=r["ci"], **text_measures(adapter, text_NT)
         )
+        return measured, r["baseline"]
 
-    baseline = evaluate(adapter.model, eval_task).rate(eval_task)["baseline"]
-    base = measure()
+    base, baseline = measure()
     chosen = [list(h) for h in heads]
     random_sets = [random_heads(adapter, len(heads), config.seed + d, heads) for d in range(random_draws)]
     variants: dict[str, list[dict[str, torch.Tensor] | None]] = {
@@ -317,7 +318,7 @@ def compare(
         usable = [lr for lr in lrs if not grid[str(lr)].get("diverged")]
         if not usable:
             raise Af1Error(f"fine-tuning ({name}) diverged at every learning rate of {list(lrs)}: try smaller ones")
-        best = max(
+        best = max(  # a usable rate's scores are never None (only a diverged one's are)
             usable, key=lambda lr: (grid[str(lr)]["accuracy"] or 0.0, grid[str(lr)]["mean_p_correct"] or 0.0, -lr)
         )
         runs: list[Run] = []
@@ -331,12 +332,10 @@ def compare(
                 trained = train(adapter, train_task, config.model_copy(update={"lr": best, "seed": seed}), masks)
             check_frozen(adapter, base_state, masks)
             trained_parameters = trained.trained_parameters
-            measured, first, last = measure(), trained.losses[0], trained.losses[-1]
-            if draw is None:
-                runs.append(Run(seed=seed, **measured, loss_first=first, loss_last=last))
-            else:  # which heads this draw trained
-                drawn = [list(h) for h in random_sets[draw]]
-                runs.append(Run(seed=seed, draw=draw, heads=drawn, **measured, loss_first=first, loss_last=last))
+            run = Run(seed=seed, **measure()[0], loss_first=trained.losses[0], loss_last=trained.losses[-1])
+            if draw is not None:  # which heads this draw trained
+                run.update(draw=draw, heads=[list(h) for h in random_sets[draw]])
+            runs.append(run)
             if name == "precise" and out_dir is not None and seed == seeds[0] and masks is not None:
                 save_slices(adapter, masks, out_dir / "precise_heads.safetensors", {"heads": chosen})
         accuracy = mean_std([r["arithmetic_accuracy"] for r in runs])

@@ -209,17 +209,6 @@ def by_name(q: FitQuality) -> dict[str, torch.Tensor]:
     }
 
 
-def head_fit(logits_LHNTT: torch.Tensor) -> FitQuality:
-    """fit_quality per (layer, head), averaged over windows: tensors [layer, head]."""
-    q = window_fit(logits_LHNTT)
-    return FitQuality(
-        r=q["r"].mean(-1),
-        r_row_centred=q["r_row_centred"].mean(-1),
-        r_no_sink=q["r_no_sink"].mean(-1),
-        r_two_term=q["r_two_term"].mean(-1),
-    )
-
-
 def median_ci(r_LHN: torch.Tensor, draws: int = 1000, seed: int = 0) -> list[float | None]:
     """95 % bootstrap interval of the median over heads of the per-head mean r, resampling windows; NaN for one
     window (nothing to resample)."""
@@ -440,7 +429,58 @@ def random_init_like(adapter: ModelAdapter, seed: int, norm_matched: bool = Fals
     return ModelAdapter(model.eval().requires_grad_(False).to(adapter.device))
 
 
-class Positional(TypedDict):
+class RopeParts(TypedDict):
+    """The dummy-distance test and the RoPE band energies over every layer and head; all None, with the reason,
+    where the family has no plain rotary embedding."""
+
+    rope_analyses_skipped: str | None
+    dummy_distance_r2_layer_head: list[list[float | None]] | None  # [layer, head], median over queries
+    dummy_distance_r2_median: float | None
+    dummy_distance_interaction_share_median: float | None
+    band_logit_variance_share: list[float | None] | None  # [band], band 0 = highest frequency
+    band_key_energy_mean: list[float | None] | None
+    band_key_energy_token: list[float | None] | None
+
+
+def rope_parts(adapter: ModelAdapter, ids_NT: torch.Tensor, n_queries: int) -> RopeParts:
+    """The dummy-distance R^2 and the band analysis on the first window, every layer (None where no plain RoPE)."""
+    T = ids_NT.shape[1]
+    try:
+        cos, sin = rope_tables(adapter, 2 * T)
+    except Af1Error as exc:
+        return RopeParts(
+            rope_analyses_skipped=str(exc),
+            dummy_distance_r2_layer_head=None,
+            dummy_distance_r2_median=None,
+            dummy_distance_interaction_share_median=None,
+            band_logit_variance_share=None,
+            band_key_energy_mean=None,
+            band_key_energy_token=None,
+        )
+    qk = capture_qk(adapter, ids_NT[:1])
+    queries = sorted({int(x) for x in torch.linspace(T // 4, T - 1, n_queries)})
+    distances = list(range(0, T))
+    r2 = torch.stack(
+        [
+            dummy_distance_r2(
+                unrotate(q, cos[:T], sin[:T]), unrotate(k, cos[:T], sin[:T]), cos, sin, queries, distances
+            )
+            for q, k in (qk[layer] for layer in range(adapter.n_layers))
+        ]
+    )  # [layer, head, query]
+    bands = [band_analysis(q, k, cos, sin) for q, k in (qk[layer] for layer in range(adapter.n_layers))]
+    return RopeParts(
+        rope_analyses_skipped=None,
+        dummy_distance_r2_layer_head=r2.median(-1).values.tolist(),
+        dummy_distance_r2_median=float(r2.median()),
+        dummy_distance_interaction_share_median=float(1 - r2.median()),
+        band_logit_variance_share=torch.stack([b["logit_variance_share"] for b in bands]).mean((0, 1)).tolist(),
+        band_key_energy_mean=torch.stack([b["key_energy_mean"] for b in bands]).mean((0, 1)).tolist(),
+        band_key_energy_token=torch.stack([b["key_energy_token"] for b in bands]).mean((0, 1)).tolist(),
+    )
+
+
+class Positional(RopeParts):
     """The positional study's part of its result: [layer, head] grids as lists (NaN where no r), spreads, intervals
     and the controls; the RoPE analyses are None where the family has no plain rotary embedding
     (rope_analyses_skipped says why)."""
@@ -474,54 +514,9 @@ class Positional(TypedDict):
     r_median_norm_matched_row_centred: float | None
     r_median_shuffled: float | None
     r_median_shuffled_row_centred: float | None
-    rope_analyses_skipped: str | None
-    dummy_distance_r2_layer_head: list[list[float | None]] | None
-    dummy_distance_r2_median: float | None
-    dummy_distance_interaction_share_median: float | None
-    band_logit_variance_share: list[float | None] | None  # [band]
-    band_key_energy_mean: list[float | None] | None
-    band_key_energy_token: list[float | None] | None
     perplexity_vs_swap: dict[str, float | None]
     perplexity_vs_position_swap: dict[str, float | None]
     swap_fraction: str
-
-
-class RopeParts(TypedDict):
-    """The dummy-distance test and the RoPE band energies over every layer and head."""
-
-    dummy_distance_r2_layer_head: torch.Tensor  # [layer, head], median over queries
-    dummy_distance_r2_median: float
-    dummy_distance_interaction_share_median: float
-    band_logit_variance_share: torch.Tensor  # [band]
-    band_key_energy_mean: torch.Tensor
-    band_key_energy_token: torch.Tensor
-
-
-def rope_parts(
-    adapter: ModelAdapter, ids_NT: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_queries: int
-) -> RopeParts:
-    """The dummy-distance R^2 and the band analysis on the first window, every layer."""
-    T = ids_NT.shape[1]
-    qk = capture_qk(adapter, ids_NT[:1])
-    queries = sorted({int(x) for x in torch.linspace(T // 4, T - 1, n_queries)})
-    distances = list(range(0, T))
-    r2 = torch.stack(
-        [
-            dummy_distance_r2(
-                unrotate(q, cos[:T], sin[:T]), unrotate(k, cos[:T], sin[:T]), cos, sin, queries, distances
-            )
-            for q, k in (qk[layer] for layer in range(adapter.n_layers))
-        ]
-    )  # [layer, head, query]
-    bands = [band_analysis(q, k, cos, sin) for q, k in (qk[layer] for layer in range(adapter.n_layers))]
-    return RopeParts(
-        dummy_distance_r2_layer_head=r2.median(-1).values,
-        dummy_distance_r2_median=float(r2.median()),
-        dummy_distance_interaction_share_median=float(1 - r2.median()),
-        band_logit_variance_share=torch.stack([b["logit_variance_share"] for b in bands]).mean((0, 1)),
-        band_key_energy_mean=torch.stack([b["key_energy_mean"] for b in bands]).mean((0, 1)),
-        band_key_energy_token=torch.stack([b["key_energy_token"] for b in bands]).mean((0, 1)),
-    )
 
 
 def study(
@@ -558,15 +553,10 @@ def study(
         for suffix in ("", "_row_centred")
     }
     d = {name: summary(v) for name, v in per_head.items()}
-    try:
-        cos, sin = rope_tables(adapter, 2 * ids.shape[1])
-    except Af1Error as exc:
-        skipped: str | None = str(exc)
-        rope = None
-    else:
-        skipped, rope = None, rope_parts(adapter, ids, cos, sin, config.n_queries)
+    rope = rope_parts(adapter, ids, config.n_queries)
     curve = perturbation_curve(adapter, ids, config.seed)
     return Positional(
+        **rope,
         corpus=str(corpus) if corpus else CORPUS_SOURCE,
         window=ids.shape[1],
         n_windows=ids.shape[0],
@@ -597,13 +587,6 @@ def study(
         r_median_norm_matched_row_centred=d["norm_matched_row_centred"]["median"],
         r_median_shuffled=d["shuffled"]["median"],
         r_median_shuffled_row_centred=d["shuffled_row_centred"]["median"],
-        rope_analyses_skipped=skipped,
-        dummy_distance_r2_layer_head=rope["dummy_distance_r2_layer_head"].tolist() if rope else None,
-        dummy_distance_r2_median=rope["dummy_distance_r2_median"] if rope else None,
-        dummy_distance_interaction_share_median=rope["dummy_distance_interaction_share_median"] if rope else None,
-        band_logit_variance_share=rope["band_logit_variance_share"].tolist() if rope else None,
-        band_key_energy_mean=rope["band_key_energy_mean"].tolist() if rope else None,
-        band_key_energy_token=rope["band_key_energy_token"].tolist() if rope else None,
         perplexity_vs_swap=curve["tokens"],
         perplexity_vs_position_swap=curve["position_ids"],
         swap_fraction="share of tokens displaced by disjoint adjacent swaps (the document start stays)",
