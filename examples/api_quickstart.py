@@ -34,7 +34,10 @@ def quickstart(lm: af1.LoadedModel, n: int = 40, max_transfer: int = 2) -> dict[
         "faithfulness_baseline": run.faithfulness_baseline,
         "executor": run.executor,
         "first_problem_input": base.problems[0]["input"],
-        "search": {k: getattr(found, k) for k in ("found", "wait", "transfer", "faithfulness", "faithfulness_ci")},
+        "search": {
+            k: getattr(found, k) for k in ("chosen", "found", "wait", "transfer", "faithfulness", "faithfulness_ci")
+        },
+        "claim": found.claim,
         "best_eligible_cell": found.best,
     }
 

@@ -28,7 +28,7 @@ def test_api_quickstart_runs_and_its_numbers_hold_together(smollm2):
     assert out["stages"]["transfer"] == [16, 17] and out["executor"] == "fast"
     assert out["first_problem_input"].startswith("Calculate: ")  # the few-shot prefix is part of the input
     search = out["search"]
-    if search["found"]:
+    if search["chosen"]:
         assert search["faithfulness_ci"][0] <= search["faithfulness"] <= search["faithfulness_ci"][1]
     else:
         assert search["wait"] is None

@@ -209,7 +209,10 @@ def test_knockout_and_key_heads(task):
     )
     effect = torch.tensor([[0.0, -0.2, -0.01, -0.06], [0.1, -0.5, 0.0, 0.0]])
     assert heads.key_heads(effect) == [(1, 1), (0, 1), (0, 3)]
-    assert heads.overlap([(1, 1), (0, 1)], [(0, 1), (2, 2)]) == {"jaccard": 1 / 3, "top_k_overlap": 0.5, "k": 2}
+    shared = heads.overlap([(1, 1), (0, 1)], [(0, 1), (2, 2)], n_heads=8)
+    assert {k: shared[k] for k in ("jaccard", "top_k_overlap", "k")} == {"jaccard": 1 / 3, "top_k_overlap": 0.5, "k": 2}
+    assert shared["top_k_overlap_chance"] == 2 / 8  # two random pairs of 8 heads share 0.5 heads, a share of 0.25
+    assert shared["top_k_overlap_p"] == pytest.approx(1 - (6 * 5) / (8 * 7))  # P(at least one in common)
     looks = heads.last_query_attention(adapter, task, [(0, 1), (2, 0)])
     for shares in looks.values():
         assert sum(shares.values()) == pytest.approx(1.0, abs=1e-5)
@@ -624,6 +627,15 @@ def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokeniz
     assert result["top_heads"] == [list(h) for h in alone["top_heads"]]
     chosen = {tuple(h) for h in result["top_heads"] + result["key_heads"]}
     assert all(not chosen & {tuple(h) for h in heads_} for heads_ in result["knockout"]["random_heads"])
+    top_layers = sorted(h[0] for h in result["top_heads"])  # random sets from the same layers as the top heads
+    assert all(sorted(h[0] for h in d) == top_layers for d in result["knockout"]["random_heads"])
+    kinds = [c["kind"] for c in result["claims"]]  # every key head judged on the confirmation half, then the knock-out
+    assert kinds == ["key_head"] * len(result["key_heads"]) + ["top_vs_random"]
+    assert all(
+        c["n"] == len(conf) and c["family"] == f"the heads study: {len(kinds)} tests, Holm" for c in result["claims"]
+    )
+    confirmed = {c["subject"] for c in result["claims"] if c["kind"] == "key_head" and c["outcome"] == "confirmed"}
+    assert {f"{h[0]}.{h[1]}" for h in result["confirmed_key_heads"]} == confirmed
     rows = result["counterfactual_problems"]
     assert [r["solved_index"] for r in rows] == sel and all(len(r["replacement"]) == 1 for r in rows)
     assert result["path_patching_scoring"]["scoring"] == "full" and result["answer_steps_n"]["1"] > 0
@@ -662,6 +674,66 @@ def test_the_heads_study_runs_where_the_mlp_logit_lens_cannot_read(tokenizer, tm
     assert result["mlp_logit_lens_layer"] is None and result["path"] == "wang" and len(result["top_heads"]) > 0
 
 
+@pytest.mark.parametrize("path", ["wang", "direct"])
+def test_each_problems_effects_average_to_the_effects_and_patching_some_layers_measures_only_those(task, path):
+    adapter = ModelAdapter(tiny_model("llama"))
+    cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
+    pp = heads.path_patching(adapter, task, cf, path, batch_size=5)
+    for metric in heads.METRICS:
+        per_problem = heads.problem_effects(pp, metric)
+        assert per_problem.shape == (len(task), adapter.n_layers, adapter.n_heads)
+        assert torch.allclose(per_problem.mean(0), heads.effect_of(pp, metric), atol=1e-6)
+    some = heads.path_patching(adapter, task, cf, path, batch_size=5, layers=[1])
+    assert torch.equal(
+        some["relative_logit_change_problem_layer_head"][:, 1], pp["relative_logit_change_problem_layer_head"][:, 1]
+    )
+    assert bool(some["relative_logit_change_layer_head"][[0, 2]].isnan().all())
+
+
+def test_matched_random_heads_share_the_layers_and_groups_and_never_a_chosen_head():
+    from af1.interventions.heads import matched_heads
+
+    adapter = ModelAdapter(tiny_model("llama"))  # 4 heads, 2 key/value heads: groups {0, 1} and {2, 3}
+    group = adapter.n_heads // adapter.n_kv_heads
+    like, exclude = [(1, 0), (1, 2)], [(1, 0), (1, 2), (1, 3)]
+    for seed in range(10):  # (1, 1) is group 0's only free head; group 1 and layer 1 have none left: a neighbour
+        drawn, levels = matched_heads(adapter, like, seed, exclude)
+        assert drawn[0] == (1, 1) and drawn[1][0] in (0, 2)
+        assert levels == {"same layer and key/value group": 1, "same layer": 0, "nearest layer": 1}
+    free, levels = matched_heads(adapter, [(1, 0)], 0, [(1, 0)])
+    assert free == [(1, 1)] and levels["same layer and key/value group"] == 1
+    crowded, levels = matched_heads(adapter, [(1, h) for h in range(adapter.n_heads)], 0, [])
+    assert levels["nearest layer"] == adapter.n_heads and {h[0] for h in crowded} <= {0, 2}
+    assert group == 2
+
+
+def test_a_head_with_no_effect_is_never_a_confirmed_key_head(task):
+    """Only head (1, 2) writes to the residual stream: every other head's effect is exactly zero on every
+    problem, so its key-head claim is rejected, whatever the threshold's side."""
+    model = tiny_model("llama")
+    d = model.config.head_dim
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            layer.mlp.down_proj.weight.zero_()
+            keep = layer.self_attn.o_proj.weight[:, 2 * d : 3 * d].clone()
+            layer.self_attn.o_proj.weight.zero_()
+            if i == 1:
+                layer.self_attn.o_proj.weight[:, 2 * d : 3 * d] = keep
+    adapter = ModelAdapter(model)
+    cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
+    pp = heads.path_patching(adapter, task, cf, "direct", layers=[0, 1])
+    effect_P = heads.problem_effects(pp, "relative")
+    from af1.claims import adjust, mean_below
+
+    family = adjust(
+        [mean_below("key_head", "s", effect_P[:, 0, h].tolist(), -0.05, "c", f"0.{h}") for h in range(4)], "f"
+    )
+    assert [c["outcome"] for c in family] == ["rejected"] * 4
+    moving = float(effect_P[:, 1, 2].mean())
+    planted = mean_below("key_head", "s", effect_P[:, 1, 2].tolist(), moving + 0.5, "c")
+    assert planted["outcome"] == "confirmed"  # well below a threshold above its mean: made
+
+
 def test_the_af1_consistency_rows_survive_a_json_round_trip():
     """Both kinds of row of the key heads against AF1 are read back as written (each matches one side of the
     union), and a row of neither kind is refused, as a result's field."""
@@ -687,8 +759,9 @@ def test_the_af1_consistency_rows_survive_a_json_round_trip():
         "mcnemar_vs_all": {"only_first": 0, "only_second": 0, "p_value": 1.0},
     }
     drawn = {
-        "variant": "2 random heads of these layers, none of the top, peek (10 draws)",
+        "variant": "2 random heads of these layers, none of the top or key heads, peek (10 draws)",
         "peeking": 2,
+        "random_heads": [[[3, 0], [3, 2]], [[3, 2], [3, 3]]],
         "faithfulness": 0.5,
         "faithfulness_std": 0.1,
         "faithfulness_per_draw": [0.4, 0.6],
@@ -708,6 +781,7 @@ def test_the_af1_consistency_rows_survive_a_json_round_trip():
         "heads_chosen_on": "the search's selection split",
         "counterfactual": "operator",
         "rows": [peek, drawn],
+        "claims": [],
     }
     back = Holder.model_validate_json(Holder(c=json.loads(json.dumps(c))).model_dump_json()).c  # type: ignore[arg-type]
     assert back["rows"] == [peek, drawn]

@@ -94,7 +94,7 @@ def test_one_problem_of_each_experiment_reruns_from_its_json_alone(written, name
         sel, conf = inputs["sets"]["selection"], inputs["sets"]["confirmation"]
         assert (len(sel), len(conf)) == (data["n_selection"], data["n_confirmation"])
         assert sorted(sel + conf) == solved and not set(sel) & set(conf)
-    elif name in ("alternatives", "transfer", "heads", "styles") or (name == "necessity" and search["found"]):
+    elif name in ("alternatives", "transfer", "heads", "styles") or (name == "necessity" and search["chosen"]):
         assert len(inputs["sets"]["confirmation"]) == search["n_confirmation"]  # measured on the search's other half
         assert set(inputs["sets"]["confirmation"]) <= set(solved)
 
@@ -117,7 +117,7 @@ def test_styles_own_row_is_on_the_searchs_confirmation_problems(written):
     _, out = written
     search, styles = read(out, "search"), read(out, "styles")
     own = next(r for r in styles["rows"] if r["style"] == SPEC.style and r["operation"] == SPEC.operation)
-    assert search["found"] and (styles["wait"], styles["transfer"]) == (search["wait"], search["transfer"])
+    assert search["chosen"] and (styles["wait"], styles["transfer"]) == (search["wait"], search["transfer"])
     assert own["faithfulness_n"] == search["n_confirmation"] < own["n_solved"]
     assert own["measured_on"] == "the search's confirmation split"
     assert own["faithfulness"] == pytest.approx(search["faithfulness"])

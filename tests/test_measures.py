@@ -130,8 +130,11 @@ def test_search_chooses_on_selection_and_confirms_on_the_rest():
     }
     sweep = synthetic_sweep(L, n, cells, targets)
     found = allforone.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-    assert found["found"] and (found["wait"], found["transfer"]) == (3, 1)
+    assert found["chosen"] and (found["wait"], found["transfer"]) == (3, 1)
     assert found["faithfulness_selection"] == 1.0 and found["faithfulness"] == 0.0  # the split shows it
+    claim = found["claim"]  # decided on the confirmation split alone: there the cell fails
+    assert claim is not None and claim["outcome"] == "rejected" and found["found"] is False
+    assert claim["n"] == len(conf) and claim["estimate"] == 0.0
     assert found["n_selection"] == len(sel) and found["n_confirmation"] == len(conf)
     ci = found["faithfulness_ci"]
     assert ci is not None and ci[1] < 0.2 and found["faithfulness_baseline"] <= 0.25
@@ -141,12 +144,18 @@ def test_search_chooses_on_selection_and_confirms_on_the_rest():
     sweep = synthetic_sweep(L, n, {k: v for k, v in cells.items() if k != (3, 1)}, targets)
     found = allforone.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
     assert (found["wait"], found["transfer"], found["faithfulness"]) == (1, 1, 1.0)
-    assert allforone.search(sweep, n_layers=L, threshold=1.0, selection=0.5, seed=0)["found"] is True
+    claim = found["claim"]  # 20 of 20: the interval's lower end is 0.84, below 0.9, so not confirmed at this n
+    assert claim is not None and claim["outcome"] == "not confirmed" and found["found"] is False
+    assert claim["n_to_decide"] == 35  # the smallest n whose Wilson interval at 1.0 clears 0.9: n / (n + 1.96^2)
+    assert allforone.search(sweep, n_layers=L, threshold=0.8, selection=0.5, seed=0)["found"] is True
+    assert allforone.search(sweep, n_layers=L, threshold=1.0, selection=0.5, seed=0)["chosen"] is True
     halves = synthetic_sweep(L, n, {(1, 1): [i % 2 == 0 for i in range(n)]}, targets)
     nothing = allforone.search(halves, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-    assert nothing["found"] is False and nothing["wait"] is None
+    assert nothing["found"] is False and nothing["chosen"] is False and nothing["wait"] is None
     best = nothing.get("best")
     assert best is not None and (best["wait"], best["transfer"]) == (1, 1)
+    claim = nothing["claim"]  # judged at the best cell, on the confirmation split: about half right there
+    assert claim is not None and claim["outcome"] == "rejected" and claim["ci"][1] < 0.9
     with pytest.raises(Af1Error, match=r"\[0, 1\]"):
         allforone.search(sweep, n_layers=L, threshold=1.5, selection=0.5, seed=0)
 
@@ -156,7 +165,7 @@ def test_search_never_chooses_a_cell_no_better_than_a_constant_guess():
     constant = ["7"] * n  # every target the same: a constant guess is right on all of them
     sweep = synthetic_sweep(L, n, {(0, 1): [True] * n}, constant)
     found = allforone.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-    assert found["found"] is False and "best" not in found
+    assert found["found"] is False and "best" not in found and found["claim"] is None
     assert found["faithfulness_baseline"] == 1.0 and "near constant" in found["warnings"][0]
 
 

@@ -158,7 +158,7 @@ def test_after_unregistering_a_plan_refuses_it():
 
 def test_other_experiments_read_a_search_result_as_searched():
     """A search result is what base.Searched declares (the annotation makes the type checker hold it), and the
-    config others run at is its found cell, else its best eligible one, else none."""
+    config others run at is its chosen cell, else its best eligible one, else none."""
     from af1.experiments import search
     from af1.interventions.af1 import AF1Config
     from af1.methods.allforone import Cell
@@ -173,7 +173,8 @@ def test_other_experiments_read_a_search_result_as_searched():
         eligible=True,
     )
     found: base.Searched = search.Result.model_construct(
-        found=True,
+        chosen=True,
+        found=False,
         threshold=0.9,
         config={"seed": 3},
         wait=3,
@@ -183,7 +184,7 @@ def test_other_experiments_read_a_search_result_as_searched():
         split_seed=0,
     )
     assert base.searched_config(found) == AF1Config(wait=3, transfer=1, seed=3)
-    found.found = False  # not found: the best eligible cell
+    found.chosen = False  # no cell reached the threshold on the selection split: the best eligible cell
     assert base.searched_config(found) == AF1Config(wait=1, transfer=2, seed=3)
     found.best = None  # no cell is eligible: nothing to run at
     assert base.searched_config(found) is None

@@ -107,7 +107,7 @@ def test_the_interactive_report_loads_offline_hovers_and_clicks_through(results,
     search = json.loads((results / "search.json").read_text())
     w, k = (
         (search["wait"], search["transfer"])
-        if search["found"]
+        if search["chosen"]
         else (search["best"]["wait"], search["best"]["transfer"])
     )
     bits = sweep["cells"][f"{w},{k}"]

@@ -12,6 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from rich.table import Table
 
+from af1.claims import REJECTED, Claim, outcome_text
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
@@ -147,7 +148,9 @@ class GatedOptions(Options):
     """Options of an experiment that can be asked only where the model's search found a subgraph."""
 
     require_found: bool = Field(
-        default=False, description="run only where the search found an AF1 subgraph (elsewhere: not applicable)"
+        default=False,
+        description="run only where the search chose a cell that its confirmation split does not reject "
+        "(elsewhere: not applicable)",
     )
 
 
@@ -170,11 +173,14 @@ class ConfigOptions(GatedOptions):
 
 class Searched(Protocol):
     """What other experiments read of a search's result (`af1.experiments.search.Result`, which the type checker
-    holds to it): whether it found a subgraph, at which cell, its config, and the split it chose on."""
+    holds to it): whether it chose a cell and whether its claim was confirmed, at which cell, its config, and the
+    split it chose on."""
 
     model: str | None
     n_layers: int
+    chosen: bool
     found: bool
+    claim: Claim | None
     threshold: float
     config: dict[str, Any]
     wait: int | None
@@ -195,9 +201,9 @@ def every_search(inputs: Inputs) -> list[Searched]:
 
 
 def searched_config(search: Searched) -> AF1Config | None:
-    """The AF1 config a search settled on: the subgraph it found, else its best eligible cell; None when no cell
+    """The AF1 config a search settled on: the cell it chose, else its best eligible cell; None when no cell
     is eligible (a finding: the units that read it say so)."""
-    if search.found:
+    if search.chosen:
         wait, transfer = search.wait, search.transfer
     elif search.best is not None:
         wait, transfer = search.best["wait"], search.best["transfer"]
@@ -207,11 +213,18 @@ def searched_config(search: Searched) -> AF1Config | None:
 
 
 def check_found(inputs: Inputs, options: Options) -> None:
-    """The unit does not apply when it is asked only where the search found a subgraph and it found none."""
+    """The unit does not apply when it is asked only where the search chose a cell and its confirmation split
+    does not reject it, and that is not so."""
     if getattr(options, "require_found", False):
         search = searched(inputs)
-        if search is not None and not search.found:
-            raise NotApplicable(f"no AF1 subgraph at faithfulness >= {search.threshold} (require_found)")
+        if search is None:
+            return
+        if not search.chosen:
+            raise NotApplicable(
+                f"no cell reaches faithfulness {search.threshold} on the selection split (require_found)"
+            )
+        if search.claim is not None and search.claim["outcome"] == REJECTED:
+            raise NotApplicable(f"{outcome_text(search.claim)} (require_found)")
 
 
 def config_of(inputs: Inputs, options: ConfigOptions, n_layers: int) -> AF1Config:

@@ -7,16 +7,18 @@ import html
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from pydantic import Field
 from rich.table import Table
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
+from af1.claims import Claim, paired_differs, paired_greater
 from af1.errors import Af1Error
 from af1.experiments import base
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, heads
 from af1.report import interactive
-from af1.report.markup import ci_text, figure_html, table_html, with_ci
+from af1.report.markup import ci_text, claims_html, claims_table, figure_html, table_html, with_ci
 from af1.stats import McNemar, mcnemar_exact, mean_std
 from af1.tasks.builtin import FILE_STYLE
 from af1.tasks.evaluation import ProblemInputs, solved
@@ -76,11 +78,12 @@ class PeekRow(allforone.Faithfulness):
 
 
 class RandomPeekRow(TypedDict):
-    """As many random heads of the transfer layers as top heads there, none of the top ones, peek: mean ± std
-    over draws (no interval: the draws are not problems)."""
+    """As many random heads of the transfer layers as top heads there, none of the top or key ones, peek: mean ±
+    std over draws (no interval: the draws are not problems), and the heads each draw let peek."""
 
     variant: str
     peeking: int
+    random_heads: list[list[list[int]]]
     faithfulness: float
     faithfulness_std: float
     faithfulness_per_draw: list[float]
@@ -104,6 +107,7 @@ class Consistency(TypedDict):
     heads_chosen_on: str
     counterfactual: str
     rows: list[PeekRow | RandomPeekRow]
+    claims: list[Claim]  # raw: the study adjusts them with its own as one family
 
 
 class Result(base.Result):
@@ -149,6 +153,8 @@ class Result(base.Result):
     overlap: list[heads.TaskOverlap] = []
     placement: list[Placement] | None = None
     af1_consistency: Consistency | None = None
+    confirmed_key_heads: list[list[int]]  # the key heads whose claim holds on the confirmation part
+    claims: list[Claim]  # key heads, top against matched random heads, the AF1 consistency's: one family (Holm)
     inputs: ProblemInputs | None = None  # clean; sets: solved, confirmation (AF1 rows)
 
 
@@ -166,42 +172,69 @@ def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, r
     transfer_heads = [(layer, h) for layer in config.peek_layers() for h in range(setup.adapter.n_heads)]
     keys = {tuple(h) for h in result.key_heads}
     top = {tuple(h) for h in result.top_heads}
-    others = [h for h in transfer_heads if h not in top]  # random heads: never the chosen ones
+    others = [h for h in transfer_heads if h not in top and h not in keys]  # random heads: never the chosen ones
+    top_name = f"only top-{len(top)} heads peek"
     variants = {
         "all heads peek": [],
         "only key heads peek": [h for h in transfer_heads if h not in keys],
-        f"only top-{len(top)} heads peek": [h for h in transfer_heads if h not in top],
+        top_name: [h for h in transfer_heads if h not in top],
         "no head peeks": transfer_heads,
     }
-    full = allforone.faithfulness(on, config)
-    rows: list[PeekRow | RandomPeekRow] = []
+    scores = {
+        name: allforone.faithfulness(on, config.model_copy(update={"pruned_heads": pruned}))
+        for name, pruned in variants.items()
+    }
+    full = scores["all heads peek"]
+    measured = f"the search's confirmation split ({len(on.kept)} solved problems)"
+    claims = [
+        paired_differs(
+            "peek_variant",
+            f"'{name}' changes faithfulness from 'all heads peek'",
+            scores[name].correct_P.tolist(),
+            full.correct_P.tolist(),
+            measured,
+            subject=name,
+        )
+        for name in variants
+        if variants[name]
+    ]
+    rows: list[PeekRow | RandomPeekRow] = [
+        PeekRow(
+            variant=name,
+            peeking=len(transfer_heads) - len(pruned),
+            **allforone.faith_fields(on, scores[name]),
+            mcnemar_vs_all=mcnemar_exact(scores[name].correct_P.tolist(), full.correct_P.tolist()) if pruned else None,
+        )
+        for name, pruned in variants.items()
+    ]
     k_top = sum(h in top for h in transfer_heads)
+    random_row = None
     if 0 < k_top <= len(others):  # as many random heads of the same layers, not top ones: is the top set special?
         rng = random.Random(0)
-        draws = [set(rng.sample(others, k_top)) for _ in range(RANDOM_DRAWS)]
-        scores = allforone.pruned_scores(on, config, [[h for h in transfer_heads if h not in d] for d in draws])
-        spread = mean_std([s.accuracy for s in scores])
+        draws = [sorted(rng.sample(others, k_top)) for _ in range(RANDOM_DRAWS)]
+        drawn = allforone.pruned_scores(on, config, [[h for h in transfer_heads if h not in d] for d in draws])
+        spread = mean_std([s.accuracy for s in drawn])
+        claims.append(
+            paired_greater(
+                "top_peek_vs_random",
+                f"letting only the {k_top} top heads of the transfer layers peek keeps more problems right than "
+                f"letting as many random heads of those layers peek ({RANDOM_DRAWS} draws, none of the top or key "
+                "heads)",
+                scores[top_name].correct_P.float().tolist(),
+                torch.stack([s.correct_P.float() for s in drawn]).mean(0).tolist(),
+                measured,
+            )
+        )
         random_row = RandomPeekRow(
-            variant=f"{k_top} random heads of these layers, none of the top, peek ({RANDOM_DRAWS} draws)",
+            variant=f"{k_top} random heads of these layers, none of the top or key heads, peek ({RANDOM_DRAWS} draws)",
             peeking=k_top,
+            random_heads=[[list(h) for h in d] for d in draws],
             faithfulness=spread["mean"],
             faithfulness_std=spread["std"],
-            faithfulness_per_draw=[s.accuracy for s in scores],
+            faithfulness_per_draw=[s.accuracy for s in drawn],
             faithfulness_ci=None,
             faithfulness_baseline=allforone.faith_fields(on, full)["faithfulness_baseline"],
             mcnemar_vs_all=None,
-        )
-    else:
-        random_row = None
-    for name, pruned in variants.items():
-        scores = allforone.faithfulness(on, config.model_copy(update={"pruned_heads": pruned})) if pruned else full
-        rows.append(
-            PeekRow(
-                variant=name,
-                peeking=len(transfer_heads) - len(pruned),
-                **allforone.faith_fields(on, scores),
-                mcnemar_vs_all=mcnemar_exact(scores.correct_P.tolist(), full.correct_P.tolist()),
-            )
         )
     if random_row is not None:
         rows.insert(3, random_row)
@@ -217,6 +250,7 @@ def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, r
         heads_chosen_on="the search's selection split (path patching, not faithfulness)",
         counterfactual=f"{result.counterfactual_kind} ({result.counterfactual})",
         rows=rows,
+        claims=claims,
     )
 
 
@@ -283,29 +317,47 @@ class Heads(base.Experiment):
             ]
             if config.transfer > 0:
                 result.af1_consistency = consistency(inputs, search, config, result)
+                result.claims, result.confirmed_key_heads = heads.decide(
+                    [*result.claims, *result.af1_consistency["claims"]]
+                )
         return result
 
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
         """Per model and pair of tasks: how many of the top heads by path patching are the same."""
         by_model: dict[str, dict[str, list[list[int]]]] = {}
+        n_heads: dict[str, int] = {}
         for f in finished:
             by_model.setdefault(f.model, {})[f.task] = f.result.top_heads
+            n_heads[f.model] = f.result.n_heads
         rows = []
         for model, by_task in by_model.items():
             tasks = sorted(by_task)
             for i, a in enumerate(tasks):
                 for b in tasks[i + 1 :]:
-                    rows.append({"model": model, "task_a": a, "task_b": b, **heads.overlap(by_task[a], by_task[b])})
+                    shared = heads.overlap(by_task[a], by_task[b], n_heads[model])
+                    rows.append({"model": model, "task_a": a, "task_b": b, **shared})
         parts = []
         if rows:
             parts.append(
                 "<h2>The same heads across tasks?</h2><p>Per model, the share of the top heads by path patching "
-                "that two tasks have in common (top-k overlap).</p>"
+                "that two tasks have in common (top-k overlap), beside what two random sets of k heads share on "
+                "average, and the chance of sharing as many or more (hypergeometric p).</p>"
             )
             parts.append(
                 table_html(
-                    ["model", "task", "task", "k", "top-k overlap"],
-                    [[r["model"], r["task_a"], r["task_b"], r["k"], r["top_k_overlap"]] for r in rows],
+                    ["model", "task", "task", "k", "top-k overlap", "by chance", "p"],
+                    [
+                        [
+                            r["model"],
+                            r["task_a"],
+                            r["task_b"],
+                            r["k"],
+                            r["top_k_overlap"],
+                            r["top_k_overlap_chance"],
+                            f"{r['top_k_overlap_p']:.2g}",
+                        ]
+                        for r in rows
+                    ],
                 )
             )
         return {"heads_overlap": rows}, parts
@@ -329,7 +381,9 @@ class Heads(base.Experiment):
             f"Path patching ({result.path}) scores {html.escape(str(scored.get('definition', '')))} (constant guess of "
             f"what it scores {scored.get('constant_guess', float('nan')):.2f}). "
             f"{len(result.key_heads)} of {result.n_heads} heads "
-            f"({result.key_head_share:.1%}) pass {result.threshold:.0%} by the {result.metric} metric.</p>",
+            f"({result.key_head_share:.1%}) pass {result.threshold:.0%} by the {result.metric} metric on the selection "
+            f"part; {len(result.confirmed_key_heads)} of them are confirmed on the confirmation part "
+            f"({' '.join(f'{h[0]}.{h[1]}' for h in result.confirmed_key_heads) or 'none'}).</p>",
             table_html(
                 [
                     "knockout (mean ablation, leave-one-out)",
@@ -339,12 +393,15 @@ class Heads(base.Experiment):
                 [
                     [f"top {ko['k']} heads", with_ci(ko["accuracy_top_k"], ko["accuracy_top_k_ci"])],
                     [
-                        f"{ko['k']} random heads ({len(ko['accuracy_random_k'])} draws: mean ± std)",
+                        f"{ko['k']} random heads of the same layers and key/value groups "
+                        f"({len(ko['accuracy_random_k'])} draws: mean ± std; {ko['top_rank_among_random']} leave "
+                        "as few right as the top set or fewer)",
                         f"{ko['accuracy_random_k_mean']:.3f} ± {ko['accuracy_random_k_std']:.3f}",
                     ],
                     ["none", ko["base_accuracy"]],
                 ],
             ),
+            claims_html(result.claims),
         ]
         second = result.second_counterfactual
         if second and "error" in second:
@@ -356,7 +413,8 @@ class Heads(base.Experiment):
                 f"<p>Top heads by each counterfactual, on the same {split.get('n_selection')} selection problems "
                 f"(the second: path patching only). The key heads, knock-outs"
                 f"{' and the AF1 consistency table' if result.af1_consistency else ''} use the first. Top-"
-                f"{len(result.top_heads)} overlap {second['top_k_overlap']:.2f}.</p>"
+                f"{len(result.top_heads)} overlap {second['top_k_overlap']:.2f} (two random sets share "
+                f"{second['top_k_overlap_chance']:.2f} on average; p {second['top_k_overlap_p']:.2g}).</p>"
             )
             used = f"{result.counterfactual_kind} ({result.counterfactual}), used"
             other = f"{second['counterfactual_kind']} ({second['counterfactual']})"
@@ -419,13 +477,15 @@ class Heads(base.Experiment):
         if result.overlap:
             parts.append(
                 table_html(
-                    ["other task", "style", "key-head Jaccard", f"top-{ko['k']} overlap"],
+                    ["other task", "style", "key-head Jaccard", f"top-{ko['k']} overlap", "by chance", "p"],
                     [
                         [
                             o["task"],
                             o["style"],
                             o.get("key_heads_jaccard", o.get("error", "")),
                             o.get("top_k_overlap", ""),
+                            o.get("top_k_overlap_chance", ""),
+                            f"{o['top_k_overlap_p']:.2g}" if "top_k_overlap_p" in o else "",
                         ]
                         for o in result.overlap
                     ],
@@ -451,7 +511,12 @@ class Heads(base.Experiment):
         ko = result.knockout
         table = Table("measure", "value")
         table.add_row(
-            "heads past the threshold", f"{len(result.key_heads)} of {result.n_heads} ({result.key_head_share:.1%})"
+            "heads past the threshold (selection part)",
+            f"{len(result.key_heads)} of {result.n_heads} ({result.key_head_share:.1%})",
+        )
+        table.add_row(
+            "key heads confirmed (confirmation part)",
+            " ".join(f"{h[0]}.{h[1]}" for h in result.confirmed_key_heads) or "none",
         )
         table.add_row(
             f"accuracy ({ko['scoring']} answer), top {ko['k']} heads mean-ablated (n {ko['n']}, constant guess "
@@ -459,7 +524,7 @@ class Heads(base.Experiment):
             ci_text(ko["accuracy_top_k"], ko["accuracy_top_k_ci"]),
         )
         table.add_row(
-            f"accuracy, {ko['k']} random heads (mean ± std)",
+            f"accuracy, {ko['k']} random heads of the same layers and key/value groups (mean ± std)",
             f"{ko['accuracy_random_k_mean']:.3f} ± {ko['accuracy_random_k_std']:.3f}",
         )
         split = result.split
@@ -473,4 +538,4 @@ class Heads(base.Experiment):
                 f"top heads with the {second['counterfactual_kind']} counterfactual (path patching only)",
                 " ".join(f"{h[0]}.{h[1]}" for h in second["top_heads"]),
             )
-        return [table]
+        return [table, *claims_table(result.claims, "claims (one family, Holm)")]

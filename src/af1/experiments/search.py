@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import Field, field_validator
 from rich.table import Table
 
+from af1.claims import Claim, outcome_text
 from af1.experiments import base
 from af1.methods import allforone
 from af1.report import interactive
@@ -48,7 +49,9 @@ class Options(base.Options):
 
 
 class Result(base.Result):
+    chosen: bool = False
     found: bool
+    claim: Claim | None = None
     threshold: float
     model: str | None = None
     n_layers: int
@@ -124,57 +127,50 @@ class Search(base.Experiment):
             return interactive.sweep_grid(sweep, result.data())
 
         parts = ["<h2>The AF1 subgraph</h2>", figure_html(out_dir, "search.png", grid)]
-        if result.found:
+        parts.append(f"<p><b>{html.escape(claim_line(result))}</b></p>")
+        if result.chosen:
             parts.append(
                 f"<p>Chosen on {result.n_selection} solved problems (the largest L_wait, then the smallest "
                 f"L_transfer, with faithfulness &ge; {result.threshold}, a compute stage, and an interval above "
-                f"the constant guess): <b>L_wait = {result.wait}, L_transfer = {result.transfer}</b>. "
-                f"Confirmed on the other {result.n_confirmation}: faithfulness "
-                f"<b>{with_ci(result.faithfulness, result.faithfulness_ci)}</b> (constant guess "
-                f"{result.faithfulness_baseline or float('nan'):.3f}; selection "
-                f"{result.faithfulness_selection or float('nan'):.3f}).</p>"
+                f"the constant guess; selection {result.faithfulness_selection or float('nan'):.3f}): "
+                f"<b>L_wait = {result.wait}, L_transfer = {result.transfer}</b>, judged on the other "
+                f"{result.n_confirmation}: faithfulness <b>{with_ci(result.faithfulness, result.faithfulness_ci)}"
+                f"</b> (constant guess {result.faithfulness_baseline or float('nan'):.3f}).</p>"
             )
             parts.append(layout_html("Confirmation faithfulness", result.faithfulness_by_layout, result.layouts))
             parts.append(stages_table(result.stages or {}))
-        else:
-            best = result.best
-            parts.append(
-                f"<p><b>No cell reaches faithfulness {result.threshold}</b> on the selection split: this model "
-                "has no AF1 subgraph at that threshold on this task."
-                + (
-                    f" The best eligible cell is L_wait {best['wait']}, L_transfer {best['transfer']}: "
-                    f"{with_ci(best['faithfulness'], best.get('faithfulness_ci'))} on the confirmation split."
-                    if best
-                    else ""
-                )
-                + "</p>"
-            )
         return parts
 
     def show(self, result: Result) -> list[Table | str]:
-        if not result.found:
-            best = result.best
-            return [
-                f"no (L_wait, L_transfer) keeps faithfulness >= {result.threshold} on the {result.n_selection} "
-                "selection problems"
-                + (
-                    f"; best eligible cell L_wait {best['wait']}, L_transfer {best['transfer']}: "
-                    f"{ci_text(best['faithfulness'], best['faithfulness_ci'])} on the {result.n_confirmation} others"
-                    if best
-                    else ""
-                )
-            ]
+        if not result.chosen:
+            return [claim_line(result)]
         table = Table("stage", "layers")
         for stage, layers in (result.stages or {}).items():
             table.add_row(stage, f"{layers[0]}..{layers[-1]}" if layers else "none")
         return [
-            f"AF1 subgraph at threshold {result.threshold}: L_wait = {result.wait}, L_transfer = {result.transfer}; "
-            f"chosen on {result.n_selection} problems ({result.faithfulness_selection:.3f}), confirmed on "
-            f"{result.n_confirmation} others: faithfulness {ci_text(result.faithfulness, result.faithfulness_ci)}, "
+            claim_line(result),
+            f"L_wait = {result.wait}, L_transfer = {result.transfer}: chosen on {result.n_selection} problems "
+            f"({result.faithfulness_selection:.3f}), judged on {result.n_confirmation} others: faithfulness "
+            f"{ci_text(result.faithfulness, result.faithfulness_ci)}, "
             f"constant guess {result.faithfulness_baseline:.3f}",
             table,
             *layout_table(result.faithfulness_by_layout, result.layouts),
         ]
+
+
+def claim_line(result: Result) -> str:
+    """The search's verdict: its claim's outcome with its numbers, or why there is no cell to judge."""
+    if result.claim is None:
+        return (
+            f"no AF1 subgraph to judge: no (L_wait, L_transfer) cell's selection interval clears the constant guess "
+            f"({result.n_selection} selection problems)"
+        )
+    chosen = (
+        f"chosen on {result.n_selection} selection problems"
+        if result.chosen
+        else f"no cell reaches {result.threshold} on the {result.n_selection} selection problems; the best eligible one"
+    )
+    return f"{outcome_text(result.claim)} [{chosen}]"
 
 
 def sweep_beside(out_dir: Path) -> dict[str, Any] | None:
@@ -192,7 +188,7 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
     verdicts, faith = [], []
     for f in finished:
         result, sweep = f.result, f.one("sweep")
-        cell = result.data() if result.found else result.best or {}
+        cell = result.data() if result.chosen else result.best or {}
         if sweep is not None:  # a plan of several tasks has a line per task: each says which
             verdicts.append(f"{f.task}: {verdict(result, sweep, f.description)}")
         faith.append(
@@ -205,6 +201,8 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
                 "n_solved": sweep.n_solved if sweep else None,
                 "threshold": result.threshold,
                 "found": result.found,
+                "chosen": result.chosen,
+                "outcome": result.claim["outcome"] if result.claim else "no eligible cell",
                 "wait": cell.get("wait"),
                 "transfer": cell.get("transfer"),
                 "faithfulness": cell.get("faithfulness"),
@@ -221,16 +219,19 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
         parts.append("</ul>")
     if faith:
         parts.append(
-            "<h2>AF1 per model and task</h2><p>The subgraph the search found on a selection half of the solved "
+            "<h2>AF1 per model and task</h2><p>The cell the search chose on a selection half of the solved "
             "problems (largest L_wait, then smallest L_transfer, faithfulness at or above the threshold, a "
-            "compute stage, an interval above the constant guess); where none was found, the best eligible cell, "
-            "marked <i>best</i>. Faithfulness is measured on the other half (the confirmation split), with its "
-            "95 % interval, beside what a constant guess scores there.</p>"
+            "compute stage, an interval above the constant guess); where none reached the threshold, the best "
+            "eligible cell, marked <i>best</i>. Faithfulness is measured on the other half (the confirmation "
+            "split), with its 95 % interval, beside what a constant guess scores there. The claim 'an AF1 subgraph "
+            "at the threshold' is <i>confirmed</i> where that interval's lower end reaches the threshold, "
+            "<i>rejected</i> where its upper end is below it, and <i>not confirmed</i> otherwise; a best cell is "
+            "never confirmed.</p>"
         )
         header = ["model", "task", "layers", "base accuracy", "solved", "AF1", "wait", "transfer"]
         parts.append(
             table_html(
-                [*header, "faithfulness (confirmation)", "n", "constant guess", "per token layout"],
+                [*header, "faithfulness (confirmation)", "n", "constant guess", "claim", "per token layout"],
                 [
                     [
                         r["model"],
@@ -238,12 +239,13 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
                         r["n_layers"],
                         with_ci(r["base_accuracy"], r["base_accuracy_ci"]),
                         r["n_solved"],
-                        "found" if r["found"] else f"best (< {r['threshold']})",
+                        "chosen" if r["chosen"] else f"best (< {r['threshold']})",
                         r["wait"],
                         r["transfer"],
                         with_ci(r["faithfulness"], r["faithfulness_ci"]),
                         r["n_confirmation"],
                         r["faithfulness_baseline"],
+                        r["outcome"],
                         layouts_text(r["faithfulness_by_layout"]) or "one layout",
                     ]
                     for r in faith
@@ -262,7 +264,8 @@ def stages_text(stages: dict[str, list[int]]) -> str:
 
 
 def verdict(search: Result, sweep: Any, description: str | None = None) -> str:
-    """One line per model: where it waits, transfers and computes, or that it has no AF1 subgraph, with numbers."""
+    """One line per model: the search's claim with its outcome and numbers, where the judged cell would wait,
+    transfer and compute, and the base accuracy."""
     name = search.model or "model"
     if description:  # a bundled model: which weights exactly (quantisation included)
         name = f"{name} [{', '.join(description.split(', ')[:2])}]"
@@ -270,25 +273,7 @@ def verdict(search: Result, sweep: Any, description: str | None = None) -> str:
         f"base accuracy {ci_text(sweep.base_accuracy, sweep.base_accuracy_ci)} on {sweep.n} problems "
         f"({sweep.n_solved} solved)"
     )
-    split = f"chosen on {search.n_selection} solved problems, confirmed on {search.n_confirmation} others"
-    if search.faithfulness_by_layout:
-        split += f", pooled over token layouts ({layouts_text(search.faithfulness_by_layout)})"
-    if search.found:
-        return (
-            f"{name} ({search.n_layers} layers): AF1 subgraph at faithfulness >= {search.threshold}: L_wait "
-            f"{search.wait}, L_transfer {search.transfer}, i.e. it {stages_text(search.stages or {})}; faithfulness "
-            f"{ci_text(search.faithfulness, search.faithfulness_ci)} ({split}; constant guess "
-            f"{search.faithfulness_baseline:.3f}); {base_text}."
-        )
-    best = search.best
-    if best and (parts := best.get("faithfulness_by_layout")):
-        split += f", pooled over token layouts ({layouts_text(parts)})"
-    tail = (
-        f" Its best eligible cell is L_wait {best['wait']}, L_transfer {best['transfer']}: "
-        f"{ci_text(best['faithfulness'], best['faithfulness_ci'])} ({split})."
-        if best
-        else " No cell clears the constant-guess baseline."
-    )
-    return (
-        f"{name} ({search.n_layers} layers): no AF1 subgraph at faithfulness >= {search.threshold}.{tail} {base_text}."
-    )
+    parts = search.faithfulness_by_layout or (search.best or {}).get("faithfulness_by_layout")
+    pooled = f"; pooled over token layouts ({layouts_text(parts)})" if parts else ""
+    where = f"; there it {stages_text(search.stages)}" if search.chosen and search.stages else ""
+    return f"{name} ({search.n_layers} layers): {claim_line(search)}{where}{pooled}; {base_text}."

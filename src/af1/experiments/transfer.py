@@ -34,10 +34,13 @@ def own_text(row: allforone.Transferred) -> str:
     own = row.get("own")
     if not own:
         return "-"
-    p = [row[by].get("mcnemar_vs_own", {}).get("p_value", float("nan")) for by in ("absolute", "relative")]
+    said = []
+    for by in ("absolute", "relative"):
+        claim = row[by].get("vs_own")
+        if claim is not None:
+            said.append(f"{by}: {claim['outcome']}, p {claim['p_value']:.2g}, adjusted {claim['p_adjusted']:.2g}")
     return (
-        f"{own['wait']} / {own['transfer']}: {with_ci(own['faithfulness'], own['faithfulness_ci'])} "
-        f"(p {p[0]:.2g}, {p[1]:.2g})"
+        f"{own['wait']} / {own['transfer']}: {with_ci(own['faithfulness'], own['faithfulness_ci'])} ({'; '.join(said)})"
     )
 
 
@@ -56,7 +59,7 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
                 {
                     "source": row["source"].get("model"),
                     "target": f.model,
-                    "source_found": row["source"].get("found", True),
+                    "source_chosen": row["source"].get("chosen", True),
                     "source_wait": row["source"]["wait"],
                     "source_transfer": row["source"]["transfer"],
                     "absolute": row["absolute"],
@@ -67,7 +70,7 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
             )
         for source in f.result.sources_without_config:
             tables.setdefault(f.task, []).append(
-                {"source": source, "target": f.model, "source_found": False, "absolute": None, "relative": None}
+                {"source": source, "target": f.model, "source_chosen": False, "absolute": None, "relative": None}
             )
     parts = []
     for label, rows in tables.items():
@@ -117,8 +120,11 @@ class Transfer(base.Experiment):
                 without[search.model] = base.NO_CELL
                 continue
             row = allforone.transfer_config(on, config, search.n_layers, own=own)
-            row["source"].update(model=search.model, found=search.found, threshold=search.threshold)
+            row["source"].update(
+                model=search.model, chosen=search.chosen, found=search.found, threshold=search.threshold
+            )
             rows.append(row)
+        allforone.transfer_family(rows)
         return Result(
             **setup.describe().fields(),
             target=inputs.model_name,
@@ -137,12 +143,19 @@ class Transfer(base.Experiment):
             f"<h2>Other models' configs on {html.escape(result.target)}</h2><p>On {result.n_measured} problems "
             f"({result.measured_on}).</p>",
             table_html(
-                ["config of", "L_wait / L_transfer", "same layers", "same relative depth", "constant guess", "own"],
+                [
+                    "config of",
+                    "L_wait / L_transfer",
+                    "same layers",
+                    "same relative depth",
+                    "constant guess",
+                    "own, and whether each differs from it (Holm over this table)",
+                ],
                 [
                     [
                         r["source"].get("model"),
                         f"{r['source']['wait']} / {r['source']['transfer']}"
-                        + ("" if r["source"].get("found", True) else " (best)"),
+                        + ("" if r["source"].get("chosen", True) else " (best)"),
                         f"{r['absolute']['wait']} / {r['absolute']['transfer']}: "
                         + with_ci(r["absolute"]["faithfulness"], r["absolute"]["faithfulness_ci"]),
                         f"{r['relative']['wait']} / {r['relative']['transfer']}: "

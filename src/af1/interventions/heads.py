@@ -100,3 +100,38 @@ def random_heads(
     if k > len(pool):
         raise Af1Error(f"{k} random heads cannot be drawn from the {len(pool)} heads that were not chosen")
     return random.Random(seed).sample(pool, k)
+
+
+def matched_heads(
+    adapter: ModelAdapter, like: list[tuple[int, int]], seed: int, exclude: list[tuple[int, int]]
+) -> tuple[list[tuple[int, int]], dict[str, int]]:
+    """As many heads as `like`, drawn (seeded) head by head from the same layer and key/value group, else the same
+    layer, else the nearest layer with one left, never an excluded head or one drawn already; with how many were
+    matched at each level."""
+    rng = random.Random(seed)
+    taken = set(exclude) | set(like)
+    group = max(1, adapter.n_heads // adapter.n_kv_heads)
+    L, H = adapter.n_layers, adapter.n_heads
+    drawn: list[tuple[int, int]] = []
+    levels = {"same layer and key/value group": 0, "same layer": 0, "nearest layer": 0}
+    for layer, h in like:
+        pools = {
+            "same layer and key/value group": [(layer, j) for j in range(H) if j // group == h // group],
+            "same layer": [(layer, j) for j in range(H)],
+            "nearest layer": sorted(
+                ((m, j) for m in range(L) for j in range(H)), key=lambda mj: (abs(mj[0] - layer), mj[0])
+            ),
+        }
+        for level, pool in pools.items():
+            free = [x for x in pool if x not in taken]
+            if level == "nearest layer":  # the closest layer that has a head left
+                free = [x for x in free if abs(x[0] - layer) == abs(free[0][0] - layer)] if free else []
+            if free:
+                pick = rng.choice(free)
+                drawn.append(pick)
+                taken.add(pick)
+                levels[level] += 1
+                break
+        else:
+            raise Af1Error(f"{len(like)} matched random heads cannot be drawn: too few heads are not chosen")
+    return drawn, levels

@@ -15,6 +15,16 @@ import torch
 from pydantic import ConfigDict, with_config
 from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
+from af1.claims import (
+    CONFIRMED,
+    NOT_CONFIRMED,
+    Claim,
+    adjust,
+    capped,
+    paired_differs,
+    paired_greater,
+    rate_reaches,
+)
 from af1.errors import Af1Error
 from af1.executors.fast import (
     fast_pruned_logits,
@@ -290,11 +300,13 @@ class Cell(TypedDict):
 @with_config(ConfigDict(extra="forbid"))
 class Found(TypedDict):
     """The search's answer (`search`): the chosen cell (None where no cell passes) with its confirmation
-    faithfulness, interval and constant guess, its selection faithfulness, the split, the frontier, and the best
-    eligible cell."""
+    faithfulness, interval and constant guess, its selection faithfulness, the split, the frontier, the best
+    eligible cell, and the claim 'an AF1 subgraph at the threshold' decided on the confirmation split."""
 
     threshold: float
-    found: bool
+    chosen: bool  # a cell reached the threshold on the selection split (the cell later analyses run at)
+    found: bool  # the claim confirmed on the confirmation split
+    claim: Claim | None  # None: no cell is eligible
     selection_fraction: float
     split_seed: int
     n_selection: int
@@ -315,12 +327,33 @@ class Found(TypedDict):
     faithfulness_by_layout: NotRequired[list[LayoutRate]]
 
 
+def subgraph_claim(
+    correct_conf: list[bool], cell: tuple[int, int], threshold: float, chosen: bool, baseline: float
+) -> Claim:
+    """'This model has an AF1 subgraph at faithfulness >= threshold', at the search's cell, decided on the
+    confirmation split by its Wilson interval; a cell that did not reach the threshold where it was chosen (the best
+    eligible one) is never confirmed."""
+    w, k = cell
+    claim = rate_reaches(
+        "af1_subgraph",
+        f"an AF1 subgraph at faithfulness >= {threshold} (L_wait {w}, L_transfer {k})",
+        correct_conf,
+        threshold,
+        f"the confirmation split ({len(correct_conf)} solved problems that did not choose the cell)",
+        baseline,
+    )
+    if chosen:
+        return claim
+    return capped(claim, NOT_CONFIRMED, "never confirmed where no cell reached the threshold on the selection split")
+
+
 def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float, seed: int) -> Found:
     """The AF1 subgraph, chosen on a selection split of the solved problems and confirmed on the rest.
 
     Choice: the largest wait, then the smallest transfer, whose selection faithfulness reaches the
     threshold. Never chosen: cells with no compute stage, and cells whose selection interval does not
-    clear the constant-guess baseline. Also the frontier: for every wait, the smallest such transfer."""
+    clear the constant-guess baseline. Also the frontier: for every wait, the smallest such transfer.
+    The claim (`subgraph_claim`) is decided on the confirmation split alone: `found` only where it is confirmed."""
     if not 0 <= threshold <= 1:
         raise Af1Error(f"--threshold must be in [0, 1], got {threshold}")
     if not 0 < selection < 1:
@@ -356,7 +389,9 @@ def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float
     base_conf = rate([True] * len(conf), conf_targets, conf_layouts)
     result = Found(
         threshold=threshold,
-        found=bool(passing),
+        chosen=bool(passing),
+        found=False,
+        claim=None,
         selection_fraction=selection,
         split_seed=seed,
         n_selection=len(sel),
@@ -392,6 +427,7 @@ def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float
         if grid["kept_layouts"] is not None:
             best["faithfulness_by_layout"] = by_layout(best["wait"], best["transfer"])
         result["best"] = best
+    chosen: Cell | None = None
     if passing:
         w = max(w for w, _ in passing)
         k = min(kk for ww, kk in passing if ww == w)
@@ -408,6 +444,12 @@ def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float
         )
         if grid["kept_layouts"] is not None:
             result["faithfulness_by_layout"] = by_layout(w, k)
+    judged = chosen if passing else result.get("best")
+    if judged is not None:
+        correct = _unbits(grid["cells"][f"{judged['wait']},{judged['transfer']}"])
+        cell = (judged["wait"], judged["transfer"])
+        claim = subgraph_claim([correct[i] for i in conf], cell, threshold, bool(passing), base_conf["baseline"])
+        result.update(claim=claim, found=claim["outcome"] == CONFIRMED)
     note = baseline_warning("faithfulness (confirmation split)", base_conf["baseline"], len(conf))
     if note:
         result["warnings"].append(note)
@@ -539,15 +581,13 @@ class Alternative(Faithfulness):
 
 @with_config(ConfigDict(extra="forbid"))
 class Resampled(TypedDict):
-    """Resample ablation over several seeds: mean and spread of faithfulness, each seed's pairing, and the median
-    and largest McNemar p over seeds (a typical seed, never the most favourable one)."""
+    """Resample ablation over several seeds: mean and spread of faithfulness and each seed's pairing (its test
+    against the configured one is its claim: each problem's share of seeds right, paired)."""
 
     faithfulness: float
     faithfulness_std: float
     per_seed: list[Alternative]
     seeds: int
-    mcnemar_p_median: float
-    mcnemar_p_max: float
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -569,13 +609,24 @@ class Alternatives(TypedDict):
     abp_variants: dict[str, float]
     ablations_detail: dict[str, Alternative | Resampled]
     abp_variants_detail: dict[str, Alternative]
+    claims: list[Claim]  # each alternative against the configured intervention: one family (Holm)
 
 
-def alternatives(setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS) -> Alternatives:
+def alternatives(
+    setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS, measured_on: str = "the solved problems"
+) -> Alternatives:
     """At one config: each ablation with ABP as configured, and each ABP variant with CAMA; every one against
-    the configured intervention on the same problems (paired exact McNemar). Resample runs `seeds` seeds."""
+    the configured intervention on the same problems (paired exact McNemar; resample, which runs `seeds` seeds, by
+    a paired permutation test of each problem's share of seeds right), the tests adjusted as one family."""
     reference_scores = faithfulness(setup, config)
     reference_correct = reference_scores.correct_P.tolist()
+    on = f"{measured_on} ({len(setup.kept)})"
+    configured = f"CAMA with ABP {config.abp}" if config.ablation == "cama" else f"{config.ablation} with {config.abp}"
+    claims: list[Claim] = []
+
+    def differs(name: str, scores: Scores) -> None:
+        statement = f"{name} changes faithfulness from {configured}"
+        claims.append(paired_differs("alternative", statement, scores.correct_P.tolist(), reference_correct, on, name))
 
     def entry(scores: Scores) -> Alternative:
         return Alternative(
@@ -587,20 +638,32 @@ def alternatives(setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS) -
     for name in ABLATIONS:
         if name == "resample":
             runs = [faithfulness(setup, config.model_copy(update={"ablation": name, "seed": s})) for s in range(seeds)]
-            per_seed = [entry(r) for r in runs]
-            p_values = sorted(e["mcnemar_vs_configured"]["p_value"] for e in per_seed)
             spread = mean_std([r.accuracy for r in runs])
             ablations[name] = Resampled(
                 faithfulness=spread["mean"],
                 faithfulness_std=spread["std"],
-                per_seed=per_seed,
+                per_seed=[entry(r) for r in runs],
                 seeds=seeds,
-                mcnemar_p_median=p_values[len(p_values) // 2],
-                mcnemar_p_max=p_values[-1],
+            )
+            share_P = torch.stack([r.correct_P.float() for r in runs]).mean(0).tolist()
+            statement = f"ablation resample ({seeds} seeds) changes faithfulness from {configured}"
+            reference = [float(c) for c in reference_correct]
+            claims.append(
+                paired_greater(
+                    "alternative", statement, share_P, reference, on, "ablation resample", alternative="two-sided"
+                )
             )
         else:
-            ablations[name] = entry(faithfulness(setup, config.model_copy(update={"ablation": name})))
-    variants = {v: entry(faithfulness(setup, config.model_copy(update={"abp": v}))) for v in ABP_VARIANTS}
+            scores = faithfulness(setup, config.model_copy(update={"ablation": name}))
+            ablations[name] = entry(scores)
+            if name != config.ablation:
+                differs(f"ablation {name}", scores)
+    variants = {}
+    for v in ABP_VARIANTS:
+        scores = faithfulness(setup, config.model_copy(update={"abp": v}))
+        variants[v] = entry(scores)
+        if v != config.abp:
+            differs(f"ABP {v}", scores)
     return Alternatives(
         wait=config.wait,
         transfer=config.transfer,
@@ -609,6 +672,7 @@ def alternatives(setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS) -
         abp_variants={k: v["faithfulness"] for k, v in variants.items()},
         ablations_detail=ablations,
         abp_variants_detail=variants,
+        claims=adjust(claims, f"alternatives at L_wait {config.wait}, L_transfer {config.transfer}"),
     )
 
 
@@ -709,24 +773,26 @@ def map_config(config: AF1Config, from_layers: int, to_layers: int, by: str) -> 
 
 @with_config(ConfigDict(extra="forbid"))
 class TransferSource(TypedDict):
-    """Where a transferred config was found: its layers and its model's depth (a study adds which model, whether
-    its search found a cell, and at what threshold)."""
+    """Where a transferred config comes from: its layers and its model's depth (a study adds which model, whether
+    its search chose the cell or it is the best eligible one, whether its claim was confirmed, at what threshold)."""
 
     wait: int
     transfer: int
     n_layers: int
     model: NotRequired[str | None]
+    chosen: NotRequired[bool]
     found: NotRequired[bool]
     threshold: NotRequired[float]
 
 
 @with_config(ConfigDict(extra="forbid"))
 class Mapped(Faithfulness):
-    """A config as mapped onto this model, measured; paired against this model's own config when it has one."""
+    """A config as mapped onto this model, measured; where this model has its own config, the claim that the
+    mapped one differs from it on the same problems (its p adjusted over the transfer result's family)."""
 
     wait: int
     transfer: int
-    mcnemar_vs_own: NotRequired[McNemar]
+    vs_own: NotRequired[Claim]
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -742,15 +808,24 @@ class Transferred(TypedDict):
 
 def transfer_config(setup: Setup, config: AF1Config, from_layers: int, own: AF1Config | None = None) -> Transferred:
     """Faithfulness on this setup of a config found elsewhere, by absolute layers and by relative depth; with
-    `own` (this model's config) also that one and a paired McNemar test of each mapping against it."""
+    `own` (this model's config) also that one and a paired McNemar test of each mapping against it (raw: the
+    transfer result adjusts its tests together, `transfer_family`)."""
     own_scores = None if own is None else faithfulness(setup, own)
 
     def mapped(by: str) -> Mapped:
         to = map_config(config, from_layers, setup.adapter.n_layers, by)
         scores = faithfulness(setup, to)
         out = Mapped(wait=to.wait, transfer=to.transfer, **faith_fields(setup, scores))
-        if own_scores is not None:
-            out["mcnemar_vs_own"] = mcnemar_exact(scores.correct_P.tolist(), own_scores.correct_P.tolist())
+        if own_scores is not None and own is not None:
+            out["vs_own"] = paired_differs(
+                "transfer",
+                f"the config (L_wait {to.wait}, L_transfer {to.transfer}, by {by} layers) differs in faithfulness from "
+                f"this model's own (L_wait {own.wait}, L_transfer {own.transfer})",
+                scores.correct_P.tolist(),
+                own_scores.correct_P.tolist(),
+                f"{len(setup.kept)} solved problems",
+                subject=by,
+            )
         return out
 
     out = Transferred(
@@ -761,6 +836,14 @@ def transfer_config(setup: Setup, config: AF1Config, from_layers: int, own: AF1C
     if own is not None and own_scores is not None:
         out["own"] = Mapped(wait=own.wait, transfer=own.transfer, **faith_fields(setup, own_scores))
     return out
+
+
+def transfer_family(rows: list[Transferred]) -> None:
+    """Every mapped config's test against the target's own, adjusted together (Holm), in place."""
+    where = [(i, by) for i, row in enumerate(rows) for by in ("absolute", "relative") if "vs_own" in row[by]]
+    adjusted = adjust([rows[i][by]["vs_own"] for i, by in where], "transfer")
+    for (i, by), claim in zip(where, adjusted, strict=True):
+        rows[i][by]["vs_own"] = claim
 
 
 # --- head pruning -------------------------------------------------------------------------------

@@ -32,12 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import ConfigDict, with_config
+from scipy.stats import hypergeom
 from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
+from af1.claims import Claim, adjust, confirmed, mean_below, paired_greater
 from af1.errors import Af1Error
 from af1.executors.fast import capture_problem_kv, last_token_inputs
 from af1.interventions.attention import LayerPlan, attention_plans
-from af1.interventions.heads import HeadSums, head_sums, random_heads, replace_heads
+from af1.interventions.heads import HeadSums, head_sums, matched_heads, replace_heads
 from af1.interventions.sites import (
     FINAL,
     Site,
@@ -117,21 +119,23 @@ class AnswerRows:
 def _direct_effects(
     adapter: ModelAdapter, final_BD: torch.Tensor, deltas_ZBD: torch.Tensor, answer: AnswerRows, weight_B: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """For N residual deltas, weighted sums over problems: the relative change of the correct logit and the change of
-    (correct - top wrong). The clean reference goes through the same arithmetic, so a zero delta gives zero."""
+    """For N residual deltas, per problem ([N, B], weighted): the relative change of the correct logit and the change
+    of (correct - top wrong). The clean reference goes through the same arithmetic, so a zero delta gives zero."""
     deltas_ZBD = deltas_ZBD.to(final_BD.device)
     both = torch.cat([torch.zeros_like(deltas_ZBD[:1]), deltas_ZBD])
-    return logit_changes(answer.logits(adapter, final_BD[None] + both), weight_B)
+    return logit_change_rows(answer.logits(adapter, final_BD[None] + both), weight_B)
 
 
-def logit_changes(logits_ZBR: torch.Tensor, weight_B: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row 0 the clean reference, rows 1.. patched ([Z, B, correct/wrong]): per patched row, summed over problems
-    (each weighted, when weights are given), the relative change of the correct logit and the change of
-    (correct - top wrong)."""
+def logit_change_rows(
+    logits_ZBR: torch.Tensor, weight_B: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row 0 the clean reference, rows 1.. patched ([Z, B, correct/wrong]): per patched row and problem ([Z-1, B],
+    each weighted when weights are given), the relative change of the correct logit and the change of
+    (correct - clean top wrong)."""
     (c0, w0), (c1, w1) = logits_ZBR[0].unbind(-1), logits_ZBR[1:].unbind(-1)
     w = torch.ones_like(c0) if weight_B is None else weight_B.to(c0.device, c0.dtype)
-    rel = ((c1 - c0) / c0.abs().clamp(min=1e-6) * w).sum(-1)
-    return rel.cpu(), (((c1 - w1) - (c0 - w0)) * w).sum(-1).cpu()
+    rel = (c1 - c0) / c0.abs().clamp(min=1e-6) * w
+    return rel.cpu(), (((c1 - w1) - (c0 - w0)) * w).cpu()
 
 
 class Effects(TypedDict):
@@ -145,7 +149,14 @@ class Effects(TypedDict):
     clean_logit_diff: float
 
 
-class PathPatching(Effects):
+class ProblemEffects(Effects):
+    """The effects and each problem's ([P, L, H]; its mean over answer steps): what key heads are confirmed with."""
+
+    relative_logit_change_problem_layer_head: torch.Tensor
+    logit_diff_change_problem_layer_head: torch.Tensor
+
+
+class PathPatching(ProblemEffects):
     """Path patching on problems of one token layout (`path_patching`): the effects, by which path, what was
     scored, and how many problems have each answer step."""
 
@@ -180,35 +191,43 @@ class PooledPathPatching(PathPatching):
 
 @dataclass
 class EffectSums:
-    """Path-patching effects summed over weighted problem rows (of one or several answer steps)."""
+    """Path-patching effects of the heads per weighted problem row ([P, L, H]; NaN in layers not patched) and of
+    the MLPs summed over them, of one or several answer steps."""
 
-    rel_LH: torch.Tensor
-    diff_LH: torch.Tensor
+    rel_PLH: torch.Tensor
+    diff_PLH: torch.Tensor
     rel_L: torch.Tensor
     diff_L: torch.Tensor
     clean_diff: float = 0.0
 
     @classmethod
-    def zeros(cls, L: int, H: int) -> EffectSums:
-        return cls(torch.zeros(L, H), torch.zeros(L, H), torch.zeros(L), torch.zeros(L))
+    def zeros(cls, P: int, L: int, H: int, layers: Sequence[int] | None = None) -> EffectSums:
+        """Zeros in the patched layers (all, or `layers`), NaN in the others."""
+        heads = torch.zeros(P, L, H)
+        if layers is not None:
+            heads[:, [layer for layer in range(L) if layer not in layers]] = float("nan")
+        mlps = heads[0, :, 0].clone()
+        return cls(heads, heads.clone(), mlps, mlps.clone())
 
-    def add(self, other: EffectSums) -> EffectSums:
-        return EffectSums(
-            self.rel_LH + other.rel_LH,
-            self.diff_LH + other.diff_LH,
-            self.rel_L + other.rel_L,
-            self.diff_L + other.diff_L,
-            self.clean_diff + other.clean_diff,
-        )
+    def add_rows(self, rows_P: torch.Tensor, other: EffectSums) -> None:
+        """Add an answer step's sums, whose problem rows are `rows_P` of these."""
+        self.rel_PLH[rows_P] += other.rel_PLH
+        self.diff_PLH[rows_P] += other.diff_PLH
+        self.rel_L += other.rel_L
+        self.diff_L += other.diff_L
+        self.clean_diff += other.clean_diff
 
-    def means(self, P: int) -> Effects:
-        """Divided by the number of problems: the per-problem means path patching reports."""
-        return Effects(
-            relative_logit_change_layer_head=self.rel_LH / P,
-            logit_diff_change_layer_head=self.diff_LH / P,
+    def means(self) -> ProblemEffects:
+        """Divided by the number of problems: the per-problem means path patching reports, and each problem's."""
+        P = len(self.rel_PLH)
+        return ProblemEffects(
+            relative_logit_change_layer_head=self.rel_PLH.sum(0) / P,
+            logit_diff_change_layer_head=self.diff_PLH.sum(0) / P,
             relative_logit_change_mlp_layer=self.rel_L / P,
             logit_diff_change_mlp_layer=self.diff_L / P,
             clean_logit_diff=self.clean_diff / P,
+            relative_logit_change_problem_layer_head=self.rel_PLH,
+            logit_diff_change_problem_layer_head=self.diff_PLH,
         )
 
 
@@ -259,11 +278,13 @@ def path_patching(
     path: str = "wang",
     batch_size: int = 32,
     scoring: str | None = None,
+    layers: Sequence[int] | None = None,
 ) -> PathPatching:
-    """The effect of every head and MLP on the last-position logits, by one of `PATHS`, over every teacher-forced
-    answer step (first-token scoring: the first; `SCORED` says how they are averaged): per sender the mean
-    relative change of the correct logit and the mean change of (correct - clean top wrong), with the clean
-    logit difference they are measured against. `task` is of one token layout."""
+    """The effect of every head and MLP (of `layers`, else every layer) on the last-position logits, by one of
+    `PATHS`, over every teacher-forced answer step (first-token scoring: the first; `SCORED` says how they are
+    averaged): per sender the mean relative change of the correct logit and the mean change of (correct - clean top
+    wrong), each problem's too, with the clean logit difference they are measured against. `task` is of one token
+    layout."""
     if path not in PATHS:
         raise Af1Error(f"unknown path '{path}': one of {', '.join(PATHS)}")
     if path == "direct":
@@ -273,16 +294,16 @@ def path_patching(
             f"--path total reads earlier keys/values through the attention interface ({reason}): try --path wang"
         )
     scored, steps = scored_steps(task, scoring)
-    total = EffectSums.zeros(adapter.n_layers, adapter.n_heads)
+    total = EffectSums.zeros(len(task), adapter.n_layers, adapter.n_heads, layers)
     for step, weight in steps:
         step_cf = cf.at_step(step)
         if path == "direct":
-            sums = direct_path_patching(adapter, step, step_cf, batch_size, weight)
+            sums = direct_path_patching(adapter, step, step_cf, batch_size, weight, layers)
         else:
-            sums = downstream_path_patching(adapter, step, step_cf, path == "total", batch_size, weight)
-        total = total.add(sums)
+            sums = downstream_path_patching(adapter, step, step_cf, path == "total", batch_size, weight, layers)
+        total.add_rows(step.rows_in_parent, sums)
     steps_n = {str(step.step or 0): len(step) for step, _ in steps}
-    return PathPatching(**total.means(len(task)), path=path, scoring=scored, answer_steps_n=steps_n)
+    return PathPatching(**total.means(), path=path, scoring=scored, answer_steps_n=steps_n)
 
 
 def _rows_of(adapter: ModelAdapter, value_ZBD: torch.Tensor, layer: int, dtype: torch.dtype) -> torch.Tensor:
@@ -309,14 +330,16 @@ def downstream_path_patching(
     recompute_attention: bool,
     batch_size: int = 32,
     weight_P: torch.Tensor | None = None,
+    layers: Sequence[int] | None = None,
 ) -> EffectSums:
     """Wang's path patching (heads frozen, MLPs recompute) or, with recompute_attention, activation patching
-    at the last position, on one answer step (its rows weighted by weight_P). Per layer one last-token pass with
-    rows [clean, H heads, the MLP] x problems."""
+    at the last position, on one answer step (its rows weighted by weight_P), the senders of `layers` (else every
+    layer). Per layer one last-token pass with rows [clean, H heads, the MLP] x problems."""
 
     L, H = adapter.n_layers, adapter.n_heads
-    sums = EffectSums.zeros(L, H)
     P = len(task)
+    sums = EffectSums.zeros(P, L, H, layers)
+    patched = sorted(layers) if layers is not None else list(range(L))
     weight_P = torch.ones(P) if weight_P is None else weight_P
     Z = H + 2  # row groups: the clean reference, each head, the MLP
     path = "total (activation patching)" if recompute_attention else "wang"
@@ -339,7 +362,7 @@ def downstream_path_patching(
         unembed = AnswerRows.of(adapter, base, answer)
         inputs = last_token_inputs(adapter, ids.repeat(Z, 1))
         problem_of_row = torch.arange(B).repeat(Z)
-        for layer in range(L):
+        for layer in patched:
             start_BD = inputs.hidden_BTD[:B, -1] if layer == 0 else clean[residual(layer - 1)]
             deltas_HBD = head_deltas(adapter, layer, clean[head_inputs(layer)], corrupt[head_inputs(layer)])
             zero = torch.zeros_like(deltas_HBD[:1])
@@ -361,27 +384,32 @@ def downstream_path_patching(
                 h = adapter.run_layers(h, inputs, layer)
             logits = unembed.logits(adapter, h[:, -1].reshape(Z, B, -1))
             w = weight_P[sl].to(logits.device)
-            rel, diff = logit_changes(logits, w)
-            sums.rel_LH[layer] += rel[:H]
-            sums.diff_LH[layer] += diff[:H]
-            sums.rel_L[layer] += rel[H]
-            sums.diff_L[layer] += diff[H]
-            if layer == 0:  # the clean row is the same at every layer
+            rel, diff = logit_change_rows(logits, w)
+            sums.rel_PLH[sl, layer] = rel[:H].T
+            sums.diff_PLH[sl, layer] = diff[:H].T
+            sums.rel_L[layer] += rel[H].sum()
+            sums.diff_L[layer] += diff[H].sum()
+            if layer == patched[0]:  # the clean row is the same at every layer
                 sums.clean_diff += float(((logits[0, :, 0] - logits[0, :, 1]) * w).sum())
     return sums
 
 
 @torch.no_grad()
 def direct_path_patching(
-    adapter: ModelAdapter, task: Task, cf: Counterfactual, batch_size: int = 32, weight_P: torch.Tensor | None = None
+    adapter: ModelAdapter,
+    task: Task,
+    cf: Counterfactual,
+    batch_size: int = 32,
+    weight_P: torch.Tensor | None = None,
+    layers: Sequence[int] | None = None,
 ) -> EffectSums:
-    """Direct-path effect of every head and MLP on the last-position logits of the correct answer, on one answer
-    step (its rows weighted by weight_P): summed relative changes of the correct logit and changes of
-    (correct - clean top wrong)."""
+    """Direct-path effect of every head and MLP (of `layers`, else every layer) on the last-position logits of the
+    correct answer, on one answer step (its rows weighted by weight_P): relative changes of the correct logit and
+    changes of (correct - clean top wrong)."""
     check_direct_paths(adapter)
     L, H = adapter.n_layers, adapter.n_heads
-    sums = EffectSums.zeros(L, H)
     P = len(task)
+    sums = EffectSums.zeros(P, L, H, layers)
     weight_P = torch.ones(P) if weight_P is None else weight_P
     for sl in batches(P, batch_size):
         clean, base = run_last(adapter, task.input_ids_PT[sl], task.context_len)
@@ -390,15 +418,15 @@ def direct_path_patching(
         w = weight_P[sl]
         c0, w0 = unembed.logits(adapter, clean[FINAL][None])[0].unbind(-1)
         sums.clean_diff += float(((c0 - w0) * w.to(c0.device)).sum())
-        for layer in range(L):
+        for layer in sorted(layers) if layers is not None else range(L):
             deltas = head_deltas(adapter, layer, clean[head_inputs(layer)], corrupt[head_inputs(layer)])
             r, g = _direct_effects(adapter, clean[FINAL], deltas, unembed, w)
-            sums.rel_LH[layer] += r
-            sums.diff_LH[layer] += g
+            sums.rel_PLH[sl, layer] = r.T
+            sums.diff_PLH[sl, layer] = g.T
             dm = (corrupt[mlp_output(layer)] - clean[mlp_output(layer)])[None]
             r, g = _direct_effects(adapter, clean[FINAL], dm, unembed, w)
-            sums.rel_L[layer] += r[0]
-            sums.diff_L[layer] += g[0]
+            sums.rel_L[layer] += r[0].sum()
+            sums.diff_L[layer] += g[0].sum()
     return sums
 
 
@@ -508,6 +536,9 @@ def pooled(weighted: list[tuple[float, Any]]) -> Any:
     return first
 
 
+PER_PROBLEM = ("relative_logit_change_problem_layer_head", "logit_diff_change_problem_layer_head")
+
+
 def layout_path_patching(
     adapter: ModelAdapter,
     kept: Task,
@@ -515,11 +546,12 @@ def layout_path_patching(
     path: str,
     kind: str | None = None,
     scoring: str | None = None,
+    layers: Sequence[int] | None = None,
 ) -> tuple[PooledPathPatching, Counterfactual]:
     """Path patching per token layout (each with its own counterfactual of `kind`), pooled over layouts by their n;
     a layout where no replacement keeps its token layout is left out and said so; the first layout's
     counterfactual describes them. `counterfactual_rows`: per problem of `kept`, its counterfactual (None where its
-    layout was left out)."""
+    layout was left out); each problem's effects in `kept`'s order (NaN where its layout was left out)."""
     runs: list[tuple[Task, Counterfactual]] = []
     skipped: list[LayoutNotPatched] = []
     for _, group in per_layout(kept):
@@ -532,18 +564,30 @@ def layout_path_patching(
     if not runs:
         raise Af1Error(f"no token layout has a counterfactual: {skipped[0]['reason']}")
     n = sum(len(group) for group, _ in runs)
-    parts = [(len(group) / n, path_patching(adapter, group, cf, path, scoring=scoring)) for group, cf in runs]
+    parts = [
+        (len(group) / n, path_patching(adapter, group, cf, path, scoring=scoring, layers=layers)) for group, cf in runs
+    ]
     steps_n: dict[str, int] = {}
     for _, part in parts:  # layouts may have answers of different lengths: their steps' counts add up
         for k, count in part["answer_steps_n"].items():
             steps_n[k] = steps_n.get(k, 0) + count
-    effects = pooled([(w, {k: v for k, v in part.items() if k != "answer_steps_n"}) for w, part in parts])
+    per_problem = ("answer_steps_n", *PER_PROBLEM)
+    effects = pooled([(w, {k: v for k, v in part.items() if k not in per_problem}) for w, part in parts])
     rows: list[dict[str, Any] | None] = [None] * len(kept)
-    for group, cf in runs:
-        where = group.where_P.tolist() if kept.groups else range(len(kept))
+    every = {key: torch.full((len(kept), *parts[0][1][key].shape[1:]), float("nan")) for key in PER_PROBLEM}
+    for (group, cf), (_, part) in zip(runs, parts, strict=True):
+        where = group.where_P.tolist() if kept.groups else list(range(len(kept)))
         for r, row in zip(where, cf.rows(), strict=True):
             rows[r] = {**row, "layout": group.layout_id} if kept.groups else row
-    result = PooledPathPatching(**effects, answer_steps_n=steps_n, counterfactual_rows=rows)
+        for key in PER_PROBLEM:
+            every[key][where] = part[key]
+    result = PooledPathPatching(
+        **effects,
+        relative_logit_change_problem_layer_head=every[PER_PROBLEM[0]],
+        logit_diff_change_problem_layer_head=every[PER_PROBLEM[1]],
+        answer_steps_n=steps_n,
+        counterfactual_rows=rows,
+    )
     if kept.groups:
         result["layouts_patched"] = [LayoutPatched(layout=g.layout_id, n=len(g)) for g, _ in runs]
         result["layouts_not_patched"] = skipped
@@ -742,6 +786,15 @@ METRICS = ("relative", "logit_diff")
 OWN_SPLIT = "the heads study's own seeded split"  # where the heads are chosen without a search's split
 
 
+def problem_effects(pp: ProblemEffects, metric: str) -> torch.Tensor:
+    """[problem, layer, head] by one metric (`effect_of`'s, per problem; its mean over problems is `effect_of`)."""
+    if metric == "relative":
+        return pp["relative_logit_change_problem_layer_head"]
+    if metric == "logit_diff":
+        return pp["logit_diff_change_problem_layer_head"] / max(abs(pp["clean_logit_diff"]), 1e-6)
+    raise Af1Error(f"unknown metric '{metric}': one of {', '.join(METRICS)}")
+
+
 def effect_of(pp: Effects, metric: str) -> torch.Tensor:
     """[layer, head] by one metric: the relative change of the correct logit, or the change of (correct - clean
     top wrong) as a share of the clean logit difference; negative: the head supports the answer."""
@@ -760,20 +813,30 @@ def key_heads(effect_LH: torch.Tensor, threshold: float = -0.05) -> list[tuple[i
 
 @with_config(ConfigDict(extra="forbid"))
 class Overlap(TypedDict):
-    """Two head sets compared: Jaccard (None when both are empty) and the share of their top k in common."""
+    """Two head sets compared: Jaccard (None when both are empty), the share of their top k in common, what two
+    random sets of k among the model's heads share on average (k / heads), and the chance of sharing as many or
+    more (hypergeometric)."""
 
     jaccard: float | None
     top_k_overlap: float
     k: int
+    top_k_overlap_chance: float
+    top_k_overlap_p: float
 
 
-def overlap(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], k: int | None = None) -> Overlap:
-    """Jaccard of two head sets (None when both are empty) and the overlap of their top-k."""
+def overlap(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], n_heads: int, k: int | None = None) -> Overlap:
+    """Jaccard of two head sets (None when both are empty) and the overlap of their top-k, against chance."""
     sa, sb = set(map(tuple, a)), set(map(tuple, b))
     jac = len(sa & sb) / len(sa | sb) if sa | sb else None
     k = k or min(len(a), len(b))
-    top = len(set(map(tuple, a[:k])) & set(map(tuple, b[:k]))) / k if k else 1.0
-    return Overlap(jaccard=jac, top_k_overlap=top, k=k)
+    shared = len(set(map(tuple, a[:k])) & set(map(tuple, b[:k])))
+    return Overlap(
+        jaccard=jac,
+        top_k_overlap=shared / k if k else 1.0,
+        k=k,
+        top_k_overlap_chance=k / n_heads,
+        top_k_overlap_p=float(hypergeom.sf(shared - 1, n_heads, k, k)),
+    )
 
 
 def top_heads(effect_LH: torch.Tensor, k: int) -> list[tuple[int, int]]:
@@ -900,7 +963,9 @@ class Knockout(TypedDict):
     accuracy_top_k: float
     accuracy_top_k_ci: list[float]
     random_drawn_from: str
+    random_matched: dict[str, int]  # over all draws: heads matched by layer and key/value group, by layer, nearest
     random_heads: list[list[list[int]]]
+    top_rank_among_random: int  # random sets that leave as few problems right as the top set, or fewer
     accuracy_random_k_mean: float
     accuracy_random_k_std: float
     accuracy_random_k: list[float]
@@ -920,6 +985,8 @@ class SecondCounterfactual(TypedDict):
     key_heads: list[list[int]]
     effect_layer_head: list[list[float | None]]
     top_k_overlap: float
+    top_k_overlap_chance: float
+    top_k_overlap_p: float
     counterfactual_problems: list[dict[str, Any]]
 
 
@@ -944,6 +1011,8 @@ class TaskOverlap(TypedDict):
     key_heads: NotRequired[list[list[int]]]
     key_heads_jaccard: NotRequired[float | None]
     top_k_overlap: NotRequired[float]
+    top_k_overlap_chance: NotRequired[float]
+    top_k_overlap_p: NotRequired[float]
     k: NotRequired[int]
 
 
@@ -990,6 +1059,64 @@ class HeadsStudy(TypedDict):
     warnings: list[str]
     second_counterfactual: NotRequired[SecondCounterfactual | NoSecondCounterfactual]
     overlap: list[TaskOverlap]
+    confirmed_key_heads: list[list[int]]  # key heads whose claim is confirmed on the confirmation part
+    claims: list[Claim]  # each key head's, and the top heads' against matched random heads: one family
+
+
+def key_head_claims(
+    adapter: ModelAdapter,
+    tested_on: Task,
+    tokenizer: Tokenizer,
+    candidates: list[tuple[int, int]],
+    *,
+    threshold: float,
+    path: str,
+    metric: str,
+    kind: str | None,
+) -> list[Claim]:
+    """Each key head chosen on the selection part, judged on the confirmation part: path patching of its layers
+    there, its per-problem effects' mean against the threshold (one-sided t test, bootstrap interval)."""
+    if not candidates:
+        return []
+    layers = sorted({layer for layer, _ in candidates})
+    with progress_stage(f"key heads confirmed: path patching of {len(layers)} layers on the confirmation part"):
+        pp, _ = layout_path_patching(adapter, tested_on, tokenizer, path, kind, layers=layers)
+    effect_PLH = problem_effects(pp, metric)
+    return [
+        mean_below(
+            "key_head",
+            f"head {layer}.{h} is a key head (path-patching effect below {threshold})",
+            effect_PLH[:, layer, h].tolist(),
+            threshold,
+            f"the confirmation part ({len(tested_on)} solved problems that did not choose the head)",
+            subject=f"{layer}.{h}",
+        )
+        for layer, h in candidates
+    ]
+
+
+def top_vs_random_claim(top: Scores, randoms: list[Scores], k: int, measured_on: str) -> Claim:
+    """'Knocking out the top k heads leaves fewer problems right than knocking out matched random sets of k': per
+    problem, the share of random sets that leave it right against whether the top set does (paired permutation
+    test over problems)."""
+    random_RP = torch.stack([s.correct_P.float() for s in randoms])
+    return paired_greater(
+        "top_vs_random",
+        f"mean-ablating the top {k} heads leaves fewer problems right than {len(randoms)} random sets of {k} from "
+        "the same layers and key/value groups",
+        random_RP.mean(0).tolist(),
+        top.correct_P.float().tolist(),
+        measured_on,
+    )
+
+
+FAMILY = "the heads study"
+
+
+def decide(claims: list[Claim]) -> tuple[list[Claim], list[list[int]]]:
+    """The study's claims adjusted as one family (Holm), and the key heads that stay confirmed."""
+    family = adjust(claims, FAMILY)
+    return family, [list(map(int, h.split("."))) for h in confirmed(family, "key_head")]
 
 
 def study(
@@ -1027,7 +1154,8 @@ def study(
     keys = key_heads(effect, threshold)
     chosen = list(dict.fromkeys(top + keys))
     means = step_means(adapter, task)
-    rand_sets = [random_heads(adapter, k, seed, chosen) for seed in range(draws)]
+    matched = [matched_heads(adapter, top, seed, chosen) for seed in range(draws)]
+    rand_sets = [heads for heads, _ in matched]
     second: Ranked | None = None
     with progress_stage(f"knock-outs: top {k} and {draws} random sets"):
         top_scores, *rand_scores = knockouts(adapter, tested_on, [top, *rand_sets], means)
@@ -1035,6 +1163,13 @@ def study(
     randoms = [r["value"] for r in randoms_detail]
     rand = torch.tensor(randoms)
     top_rate = top_scores.rate(tested_on)
+    conf_text = "the confirmation part of the solved problems"
+    claims = [
+        *key_head_claims(
+            adapter, tested_on, lm.tokenizer, keys, threshold=threshold, path=path, metric=metric, kind=kind
+        ),
+        top_vs_random_claim(top_scores, rand_scores, k, conf_text),
+    ]
     n_heads = adapter.n_layers * adapter.n_heads
     warnings = [w for w in [main["scoring"]["warning"]] if w]
     knock_warning = baseline_warning(f"the knock-outs ({spec.scoring} answer)", top_rate["baseline"], len(tested_on))
@@ -1058,12 +1193,17 @@ def study(
         "clean state left out (leave-one-out); a (problem, step) that no other problem shares keeps its own "
         "state, so its heads are not knocked out there (counted in means_without_other_problems)",
         means_without_other_problems=loo_fallbacks(tested_on, means),
-        measured_on="the confirmation part of the solved problems",
+        measured_on=conf_text,
         n=len(tested_on),
         accuracy_top_k=top_rate["value"],
         accuracy_top_k_ci=top_rate["ci"],
-        random_drawn_from=f"the {n_heads - len(chosen)} heads neither in the top {k} nor key heads",
+        random_drawn_from=f"for each top head, one of the same layer and key/value group (else the same layer, else "
+        f"the nearest), among the {n_heads - len(chosen)} heads neither in the top {k} nor key heads",
+        random_matched={
+            level: sum(levels[level] for _, levels in matched) for level in (matched[0][1] if matched else {})
+        },
         random_heads=[[list(h) for h in heads] for heads in rand_sets],
+        top_rank_among_random=sum(r <= top_rate["value"] for r in randoms),
         accuracy_random_k_mean=float(rand.mean()),
         accuracy_random_k_std=float(rand.std()) if draws > 1 else 0.0,
         accuracy_random_k=randoms,
@@ -1109,7 +1249,10 @@ def study(
         mlp_logit_lens_measured_on="all solved problems (no head is chosen by it)",
         warnings=warnings,
         overlap=[],
+        confirmed_key_heads=[],
+        claims=[],
     )
+    result["claims"], result["confirmed_key_heads"] = decide(claims)
     if "layouts_patched" in pp:
         result["layouts_patched"] = pp["layouts_patched"]
     if "layouts_not_patched" in pp:
@@ -1120,6 +1263,7 @@ def study(
         except Af1Error as exc:  # e.g. no other operand value keeps a problem's token layout: said, not fatal
             result["second_counterfactual"] = NoSecondCounterfactual(counterfactual_kind=second_kind, error=str(exc))
     if second_kind is not None and second is not None:
+        second_overlap = overlap(top, second["top_heads"], n_heads, k)
         result["second_counterfactual"] = SecondCounterfactual(
             counterfactual=second["counterfactual"],
             counterfactual_kind=second["counterfactual_kind"],
@@ -1127,7 +1271,9 @@ def study(
             top_heads=[list(h) for h in second["top_heads"]],
             key_heads=[list(h) for h in key_heads(second["effect"], threshold)],
             effect_layer_head=second["effect"].tolist(),
-            top_k_overlap=overlap(top, second["top_heads"], k)["top_k_overlap"],
+            top_k_overlap=second_overlap["top_k_overlap"],
+            top_k_overlap_chance=second_overlap["top_k_overlap_chance"],
+            top_k_overlap_p=second_overlap["top_k_overlap_p"],
             counterfactual_problems=counterfactual_problems(
                 kept, sel, second["pp"]["counterfactual_rows"], prompt=False
             ),
@@ -1142,6 +1288,7 @@ def study(
         except Af1Error as exc:
             result["overlap"].append(TaskOverlap(task=other.operation, style=other.style, error=str(exc)))
             continue
+        shared = overlap(top, top_heads(o_effect, k), n_heads, k)
         result["overlap"].append(
             TaskOverlap(
                 task=other.operation,
@@ -1149,8 +1296,10 @@ def study(
                 n_solved=len(o_kept),
                 n_selection=len(o_sel),
                 key_heads=[list(h) for h in key_heads(o_effect, threshold)],
-                key_heads_jaccard=overlap(keys, key_heads(o_effect, threshold))["jaccard"],
-                top_k_overlap=overlap(top, top_heads(o_effect, k), k)["top_k_overlap"],
+                key_heads_jaccard=overlap(keys, key_heads(o_effect, threshold), n_heads)["jaccard"],
+                top_k_overlap=shared["top_k_overlap"],
+                top_k_overlap_chance=shared["top_k_overlap_chance"],
+                top_k_overlap_p=shared["top_k_overlap_p"],
                 k=k,
             )
         )

@@ -84,7 +84,7 @@ def sweep_heatmap(
         )
     if low is not None or frontier:
         ax.legend(loc="upper right", fontsize=7)
-    if found and found.get("found"):
+    if found and found.get("chosen"):
         ax.add_patch(Rectangle((found["transfer"] - 0.5, found["wait"] + 0.5), 1, 1, fill=False, ec="red", lw=2))
     elif found and found.get("best"):  # nothing passed the threshold: outline the best cell, dashed
         best = found["best"]

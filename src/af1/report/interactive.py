@@ -240,9 +240,9 @@ def search_traces(found: dict[str, Any]) -> list[dict[str, Any]]:
                 "hovertemplate": "%{text}<extra></extra>",
             }
         )
-    chosen = found if found.get("found") else found.get("best")
+    chosen = found if found.get("chosen") else found.get("best")
     if chosen and chosen.get("wait") is not None:
-        what = "chosen cell" if found.get("found") else f"best eligible cell (none reaches {found.get('threshold')})"
+        what = "chosen cell" if found.get("chosen") else f"best eligible cell (none reaches {found.get('threshold')})"
         traces.append(
             {
                 "type": "scatter",
@@ -260,11 +260,11 @@ def search_traces(found: dict[str, Any]) -> list[dict[str, Any]]:
 
 def chosen_shape(found: dict[str, Any]) -> list[dict[str, Any]]:
     """The search's chosen cell outlined in red (its best eligible cell dashed, when none reached the threshold)."""
-    cell = found if found.get("found") else found.get("best")
+    cell = found if found.get("chosen") else found.get("best")
     if not cell or cell.get("wait") is None:
         return []
     w, k = cell["wait"], cell["transfer"]
-    line = {"color": "red", "width": 3, **({} if found.get("found") else {"dash": "dash"})}
+    line = {"color": "red", "width": 3, **({} if found.get("chosen") else {"dash": "dash"})}
     return [{"type": "rect", "x0": k - 0.5, "x1": k + 0.5, "y0": w - 0.5, "y1": w + 0.5, "line": line}]
 
 

@@ -141,3 +141,56 @@ def layouts_text(by_layout: Rows | None) -> str:
         + (f" (constant guess {r['baseline']:.3f})" if r.get("baseline") is not None else "")
         for r in by_layout or []
     )
+
+
+CLAIM_HEADERS = ["outcome", "claim", "estimate [95 % CI]", "n", "baseline", "p", "p adjusted", "n to decide"]
+
+
+def claim_rows(claims: Rows | None) -> list[list[str]]:
+    """Claims as table rows, one per claim (`af1.claims.Claim`): the outcome first, then its numbers."""
+    rows = []
+    for c in claims or []:
+        p, adj, need = c.get("p_value"), c.get("p_adjusted"), c.get("n_to_decide")
+        rows.append(
+            [
+                str(c["outcome"]),
+                str(c["statement"]),
+                with_ci(c["estimate"], c["ci"]),
+                str(c["n"]),
+                "" if c.get("baseline") is None else f"{c['baseline']:.3f}",
+                "" if p is None else f"{p:.2g}",
+                "" if adj is None else f"{adj:.2g}",
+                f"{need:,}" if need else "",
+            ]
+        )
+    return rows
+
+
+def claims_html(claims: Rows | None, family: str = "") -> str:
+    """The claims of a result with their rule: how each was decided, its numbers and its outcome."""
+    rows = claim_rows(claims)
+    if not rows:
+        return ""
+    families = sorted({str(c["family"]) for c in claims or [] if c.get("family")})
+    rules = sorted({str(c["rule"]) for c in claims or []})
+    note = (
+        "<p class='note'>Each claim is decided by a rule stated before the data, on problems that did not choose "
+        "what it is about: "
+        + html.escape("; ".join(rules))
+        + "."
+        + (" Tests adjusted together: " + html.escape("; ".join(families)) + "." if families else "")
+        + " <i>not confirmed</i>: the interval cannot decide; <i>n to decide</i> is the n at which the observed "
+        "estimate would.</p>"
+    )
+    return (f"<p>{html.escape(family)}</p>" if family else "") + table_html(CLAIM_HEADERS, rows) + note
+
+
+def claims_table(claims: Rows | None, title: str = "claims") -> list[Table]:
+    """The same rows for a terminal: one table, or none."""
+    rows = claim_rows(claims)
+    if not rows:
+        return []
+    table = Table(*CLAIM_HEADERS, title=title)
+    for row in rows:
+        table.add_row(*row)
+    return [table]

@@ -1,0 +1,345 @@
+"""Claims as data: each verdict af1 prints is a `Claim`, decided by a rule stated before the data on problems that
+did not choose what it is about, with its n, estimate, 95 % interval, raw and family-adjusted p, and one of three
+outcomes. Every sentence that decides something reads its outcome from here (`outcome_text`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import ConfigDict, with_config
+from scipy import stats as scipy_stats
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
+from af1.stats import mcnemar_exact, wilson
+
+ALPHA = 0.05
+Outcome = Literal["confirmed", "not confirmed", "rejected"]
+CONFIRMED: Outcome = "confirmed"
+NOT_CONFIRMED: Outcome = "not confirmed"
+REJECTED: Outcome = "rejected"
+MAX_N = 100_000  # beyond this an observed rate that sits on its threshold is called undecidable
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Claim(TypedDict):
+    """One claim and how it was decided: what it says, the rule (stated before the data), where it was measured,
+    n, the estimate with its 95 % interval and the baseline it is read against, the test's raw p and the p adjusted
+    over its family (None where no test is involved), the outcome, and for a claim not confirmed the n at which
+    the observed estimate would decide it (None where it cannot: it sits on the line)."""
+
+    kind: str
+    subject: str | None  # what it is about where a result holds several of a kind: a head "16.11", a variant
+    statement: str
+    rule: str
+    measured_on: str
+    n: int
+    estimate: float
+    ci: list[float]
+    baseline: float | None
+    p_value: float | None
+    p_adjusted: float | None
+    family: str | None
+    outcome: Outcome
+    n_to_decide: int | None
+
+
+def n_to_decide_rate(rate: float, threshold: float) -> int | None:
+    """The smallest n at which a Wilson interval around the observed `rate` excludes `threshold` (None: the rate is
+    the threshold, or no n up to MAX_N does)."""
+    if not math.isfinite(rate) or rate == threshold:
+        return None
+    for n in range(1, MAX_N + 1):
+        low, high = wilson(round(rate * n), n)
+        if low >= threshold or high < threshold:
+            return n
+    return None
+
+
+def rate_reaches(
+    kind: str,
+    statement: str,
+    correct: Sequence[bool],
+    threshold: float,
+    measured_on: str,
+    baseline: float | None,
+    subject: str | None = None,
+) -> Claim:
+    """'The rate is at least `threshold`', decided by the 95 % Wilson interval of `correct`: confirmed where its
+    lower end is at or above the threshold, rejected where its upper end is below, otherwise not confirmed."""
+    k, n = sum(bool(c) for c in correct), len(correct)
+    low, high = wilson(k, n)
+    value = k / n if n else float("nan")
+    outcome = CONFIRMED if n and low >= threshold else REJECTED if n and high < threshold else NOT_CONFIRMED
+    return Claim(
+        kind=kind,
+        subject=subject,
+        statement=statement,
+        rule=f"confirmed where the 95 % Wilson interval's lower end is >= {threshold}, rejected where its upper "
+        "end is below it, otherwise not confirmed",
+        measured_on=measured_on,
+        n=n,
+        estimate=value,
+        ci=[low, high],
+        baseline=baseline,
+        p_value=None,
+        p_adjusted=None,
+        family=None,
+        outcome=outcome,
+        n_to_decide=n_to_decide_rate(value, threshold) if outcome == NOT_CONFIRMED else None,
+    )
+
+
+def capped(claim: Claim, outcome: Outcome, why: str) -> Claim:
+    """The claim with its outcome lowered to `outcome` where the rule allows no better (why: the rule's extra
+    condition), e.g. a cell that did not reach the threshold where it was chosen is never confirmed."""
+    order = (REJECTED, NOT_CONFIRMED, CONFIRMED)
+    lowered = order[min(order.index(claim["outcome"]), order.index(outcome))]
+    return Claim(**{**claim, "outcome": lowered, "rule": f"{claim['rule']}; {why}"})
+
+
+def tested(
+    kind: str,
+    statement: str,
+    rule: str,
+    measured_on: str,
+    n: int,
+    estimate: float,
+    ci: Sequence[float],
+    p_value: float,
+    baseline: float | None = None,
+    subject: str | None = None,
+) -> Claim:
+    """A claim decided by a test: confirmed where its p (adjusted over its family, once `adjust` has run) is below
+    ALPHA, otherwise not confirmed, with the n at which the observed effect would reach it (from the interval's
+    half-width, which shrinks as 1/sqrt(n))."""
+    claim = Claim(
+        kind=kind,
+        subject=subject,
+        statement=statement,
+        rule=rule,
+        measured_on=measured_on,
+        n=n,
+        estimate=estimate,
+        ci=list(ci),
+        baseline=baseline,
+        p_value=p_value,
+        p_adjusted=p_value,
+        family=None,
+        outcome=NOT_CONFIRMED,
+        n_to_decide=None,
+    )
+    return decided(claim)
+
+
+def decided(claim: Claim) -> Claim:
+    """The outcome of a tested claim from its adjusted p; where not confirmed, the n the observed effect needs."""
+    p = claim["p_adjusted"]
+    confirmed = p is not None and p < ALPHA
+    out = Claim(**{**claim, "outcome": CONFIRMED if confirmed else NOT_CONFIRMED, "n_to_decide": None})
+    if not confirmed:
+        out["n_to_decide"] = n_for_effect(claim)
+    return out
+
+
+def n_for_effect(claim: Claim) -> int | None:
+    """The n at which an effect of the observed size, against the null (`baseline`, or 0), would have an interval
+    that excludes the null: n * (half-width / distance)^2; None where the effect is nil or points the other way."""
+    low, high = claim["ci"]
+    null = claim["baseline"] or 0.0
+    distance = claim["estimate"] - null
+    if not all(map(math.isfinite, (low, high, distance))) or distance == 0 or claim["n"] == 0:
+        return None
+    half = (high - low) / 2
+    return max(claim["n"] + 1, math.ceil(claim["n"] * (half / abs(distance)) ** 2)) if half > 0 else None
+
+
+RESAMPLES = 9999  # permutation tests: the smallest p is 1 / 10,000
+BOOTSTRAP = 2000
+
+
+def mean_interval(values: Sequence[float], seed: int = 0) -> list[float]:
+    """95 % percentile-bootstrap interval of the mean over problems (the interval every per-problem effect gets)."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2 or float(x.std()) == 0.0:
+        mean = float(x.mean()) if len(x) else float("nan")
+        return [mean, mean]
+    ci = scipy_stats.bootstrap(
+        (x,),
+        np.mean,
+        confidence_level=0.95,
+        n_resamples=BOOTSTRAP,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    ).confidence_interval
+    return [float(ci.low), float(ci.high)]
+
+
+def mean_below(
+    kind: str,
+    statement: str,
+    values: Sequence[float],
+    threshold: float,
+    measured_on: str,
+    subject: str | None = None,
+    seed: int = 0,
+) -> Claim:
+    """'The mean over problems is below `threshold`', by a one-sided one-sample t test (p), with the mean's
+    bootstrap interval; decided by its family's adjusted p (`adjust`), rejected where the interval lies wholly at or
+    above the threshold."""
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    if len(x) >= 2 and float(x.std()) > 0:
+        test: Any = scipy_stats.ttest_1samp(x, threshold, alternative="less")  # a TtestResult, untyped in scipy
+        p = float(test.pvalue)
+    else:  # no spread: the mean is the answer
+        p = 0.0 if len(x) and float(x.mean()) < threshold else 1.0
+    claim = tested(
+        kind,
+        statement,
+        f"one-sided t test of the mean against {threshold}, p adjusted over its family below {ALPHA}; rejected where "
+        "the bootstrap interval lies at or above it",
+        measured_on,
+        len(x),
+        float(x.mean()) if len(x) else float("nan"),
+        mean_interval(x.tolist(), seed),
+        p,
+        baseline=threshold,
+        subject=subject,
+    )
+    return with_rejection(claim)
+
+
+def with_rejection(claim: Claim) -> Claim:
+    """A 'below the baseline' claim whose interval lies wholly at or above its baseline is rejected."""
+    if claim["baseline"] is not None and claim["ci"][0] >= claim["baseline"]:
+        return Claim(**{**claim, "outcome": REJECTED, "n_to_decide": None})
+    return claim
+
+
+def paired_greater(
+    kind: str,
+    statement: str,
+    first_P: Sequence[float],
+    second_P: Sequence[float],
+    measured_on: str,
+    subject: str | None = None,
+    seed: int = 0,
+    alternative: Literal["greater", "two-sided"] = "greater",
+) -> Claim:
+    """'On the same problems, `first` is larger than `second` on average' (or, two-sided, 'differs from'), by a
+    paired permutation test (the two values of a problem swapped at random), with the bootstrap interval of the
+    mean difference."""
+    a, b = np.asarray(first_P, dtype=float), np.asarray(second_P, dtype=float)
+    d = a - b
+    if len(d) and float(np.abs(d).max()) > 0:
+        p = float(
+            scipy_stats.permutation_test(
+                (a, b),
+                lambda x, y, axis: np.mean(x - y, axis=axis),
+                permutation_type="samples",
+                alternative=alternative,
+                n_resamples=RESAMPLES,
+                vectorized=True,
+                rng=np.random.default_rng(seed),
+            ).pvalue
+        )
+    else:  # no problem differs: nothing to claim
+        p = 1.0
+    return tested(
+        kind,
+        statement,
+        f"paired permutation test over problems ({RESAMPLES:,} resamples, "
+        f"{'one-sided' if alternative == 'greater' else 'two-sided'}), p adjusted over its family below {ALPHA}",
+        measured_on,
+        len(d),
+        float(d.mean()) if len(d) else float("nan"),
+        mean_interval(d.tolist(), seed),
+        p,
+        baseline=0.0,
+        subject=subject,
+    )
+
+
+def paired_differs(
+    kind: str,
+    statement: str,
+    first_P: Sequence[bool],
+    second_P: Sequence[bool],
+    measured_on: str,
+    subject: str | None = None,
+) -> Claim:
+    """'On the same problems the two sides differ', by the exact McNemar test (two-sided); the estimate is the
+    difference of the rates, with the bootstrap interval of the paired difference."""
+    test = mcnemar_exact(list(first_P), list(second_P))
+    n = len(first_P)
+    diff = (sum(map(bool, first_P)) - sum(map(bool, second_P))) / n if n else float("nan")
+    return tested(
+        kind,
+        statement,
+        f"exact McNemar test (two-sided), p adjusted over its family below {ALPHA}",
+        measured_on,
+        n,
+        diff,
+        mean_interval([float(x) - float(y) for x, y in zip(first_P, second_P, strict=True)]),
+        test["p_value"],
+        baseline=0.0,
+        subject=subject,
+    )
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment: controls the chance of any false claim in the family at the level used."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def adjust(claims: list[Claim], family: str, method: Literal["holm", "bh"] = "holm") -> list[Claim]:
+    """The tested claims of one result adjusted together (Holm; Benjamini-Hochberg where `method` says so), each
+    decided again by its adjusted p; claims without a test pass through unchanged."""
+    tested_at = [i for i, c in enumerate(claims) if c["p_value"] is not None]
+    raw = [float(claims[i]["p_value"] or 0.0) for i in tested_at]
+    if method == "holm":
+        adj = holm(raw)
+    else:
+        adj = [float(p) for p in scipy_stats.false_discovery_control(raw, method="bh")] if raw else []
+    name = f"{family}: {len(raw)} tests, {'Holm' if method == 'holm' else 'Benjamini-Hochberg'}"
+    out = list(claims)
+    for i, p in zip(tested_at, adj, strict=True):
+        again = decided(Claim(**{**claims[i], "p_adjusted": p, "family": name}))
+        rejected = claims[i]["outcome"] == REJECTED  # rejection reads the interval alone, which adjusting leaves
+        out[i] = Claim(**{**again, "outcome": REJECTED, "n_to_decide": None}) if rejected else again
+    return out
+
+
+def confirmed(claims: list[Claim], kind: str) -> list[str]:
+    """The subjects of the claims of one kind that are confirmed."""
+    return [c["subject"] or "" for c in claims if c["kind"] == kind and c["outcome"] == CONFIRMED]
+
+
+def interval_text(claim: Claim) -> str:
+    low, high = claim["ci"]
+    return f"{claim['estimate']:.3f} [{low:.2f}, {high:.2f}], n {claim['n']}"
+
+
+def outcome_text(claim: Claim) -> str:
+    """The claim's outcome in words with its numbers: the one way a verdict is written."""
+    tail = [interval_text(claim)]
+    if claim["baseline"] is not None:
+        tail.append(f"baseline {claim['baseline']:.3f}")
+    if claim["p_value"] is not None:
+        adj = claim["p_adjusted"]
+        tail.append(f"p {claim['p_value']:.2g}" + (f", adjusted {adj:.2g}" if adj != claim["p_value"] else ""))
+    text = f"{claim['outcome']}: {claim['statement']} ({'; '.join(tail)})"
+    if claim["outcome"] == NOT_CONFIRMED:
+        n = claim["n_to_decide"]
+        text += f"; at this estimate about n {n:,} would decide it" if n else "; no n decides it at this estimate"
+    return text

@@ -1,0 +1,141 @@
+"""The claims layer's spec: each kind of claim is decided by its stated rule, stays silent where nothing is there
+(made in at most its error rate over many seeds) and is made where a planted effect is."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from af1 import claims
+from af1.methods import allforone
+from af1.stats import wilson
+
+SEEDS = 200
+
+
+def test_a_rate_claim_follows_its_interval():
+    qwen = claims.rate_reaches("af1_subgraph", "s", [True] * 47 + [False] * 2, 0.9, "conf", 0.12)
+    assert qwen["outcome"] == "not confirmed" and qwen["ci"][0] < 0.9 < qwen["ci"][1]
+    n = qwen["n_to_decide"]
+    assert n is not None and wilson(round(47 / 49 * n), n)[0] >= 0.9 > wilson(round(47 / 49 * (n - 1)), n - 1)[0]
+    assert claims.rate_reaches("k", "s", [True] * 49, 0.9, "conf", None)["outcome"] == "confirmed"  # low 0.927
+    smollm2 = claims.rate_reaches("k", "s", [True] * 28 + [False] * 7, 0.9, "c", None)  # 0.800 [0.64, 0.8995]
+    assert smollm2["outcome"] == "rejected" and smollm2["n_to_decide"] is None
+    low = claims.rate_reaches("k", "s", [True] * 29 + [False] * 6, 0.9, "conf", None)  # 0.829 [0.67, 0.92]
+    assert low["outcome"] == "not confirmed" and low["n_to_decide"] is not None
+    assert claims.rate_reaches("k", "s", [True] * 20 + [False] * 20, 0.9, "c", None)["outcome"] == "rejected"
+    assert "would decide it" in claims.outcome_text(qwen) and "not confirmed" in claims.outcome_text(qwen)
+
+
+def test_a_rate_at_its_threshold_is_confirmed_in_at_most_its_error_rate():
+    rng = np.random.default_rng(0)
+    for n in (35, 49, 100):
+        made = sum(
+            claims.rate_reaches("k", "s", list(rng.random(n) < 0.9), 0.9, "c", None)["outcome"] == "confirmed"
+            for _ in range(SEEDS)
+        )
+        assert made / SEEDS <= 0.05, n  # one-sided Wilson: about 2.5 %
+
+
+def grid_of(rates: dict[tuple[int, int], float], n: int, L: int, rng: np.random.Generator) -> allforone.GridCells:
+    """A sweep whose every cell is right on each problem with its rate (independently), 10 distinct answers."""
+    cells = {}
+    for w in range(-1, L):
+        for k in range(L - w):
+            p = rates.get((w, k), 0.3)
+            cells[f"{w},{k}"] = "".join("1" if r < p else "0" for r in rng.random(n))
+    return allforone.GridCells(cells=cells, targets=[str(i % 10) for i in range(n)], kept_layouts=None, config={})
+
+
+def test_the_search_finds_no_subgraph_where_every_cell_falls_short():
+    """Many cells just under the threshold: the selection half's best passes by luck (the winner's curse), the
+    confirmation half judges it and stays silent."""
+    rng = np.random.default_rng(1)
+    L, n = 6, 60
+    chosen = found = 0
+    for _ in range(40):
+        rates = {(w, k): 0.82 for w in range(-1, L) for k in range(1, L - w)}
+        result = allforone.search(grid_of(rates, n, L, rng), n_layers=L, threshold=0.9, selection=0.5, seed=0)
+        chosen += result["chosen"]
+        found += result["found"]
+    assert chosen > 10, "the selection half alone passes often: the test has teeth"
+    assert found <= 2  # at most 5 % of 40
+
+
+def test_the_search_confirms_a_planted_subgraph():
+    rng = np.random.default_rng(2)
+    L, n = 6, 200
+    found = [
+        allforone.search(grid_of({(2, 1): 0.995}, n, L, rng), n_layers=L, threshold=0.9, selection=0.5, seed=s)
+        for s in range(20)
+    ]
+    assert sum(f["found"] and (f["wait"], f["transfer"]) == (2, 1) for f in found) >= 16
+
+
+def test_holm_and_benjamini_hochberg():
+    assert claims.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    family = [claims.tested("k", "s", "r", "m", 30, 0.1, [0.0, 0.2], p) for p in (0.01, 0.02, 0.04)]
+    holm = claims.adjust(family, "f")
+    assert [c["p_adjusted"] for c in holm] == pytest.approx([0.03, 0.04, 0.04])
+    assert [c["outcome"] for c in holm] == ["confirmed"] * 3
+    assert [c["p_value"] for c in holm] == [0.01, 0.02, 0.04]  # raw kept beside adjusted
+    bh = claims.adjust(family, "f", method="bh")
+    assert [c["p_adjusted"] for c in bh] == pytest.approx([0.03, 0.03, 0.04])
+    assert holm[0]["family"] == "f: 3 tests, Holm"
+    alone = claims.adjust([*family, claims.tested("k", "s", "r", "m", 30, 0.1, [0.0, 0.2], 0.2)], "f")
+    assert alone[2]["outcome"] == "not confirmed" and alone[2]["n_to_decide"] is not None
+
+
+def test_key_heads_where_none_is_key_are_confirmed_in_at_most_the_family_error_rate():
+    """Twenty heads whose true effect sits on the threshold, each judged on 40 problems, adjusted together."""
+    rng = np.random.default_rng(3)
+    any_made = 0
+    for _ in range(60):
+        family = [
+            claims.mean_below("key_head", "s", list(rng.normal(-0.05, 0.1, 40)), -0.05, "c", subject=str(h))
+            for h in range(20)
+        ]
+        any_made += bool(claims.confirmed(claims.adjust(family, "heads"), "key_head"))
+    assert any_made / 60 <= 0.1
+
+
+def test_planted_key_heads_are_confirmed_and_a_head_with_no_effect_is_rejected():
+    rng = np.random.default_rng(4)
+    hits = 0
+    for _ in range(20):
+        family = [
+            claims.mean_below("key_head", "s", list(rng.normal(-0.3 if h < 3 else 0.0, 0.1, 40)), -0.05, "c", str(h))
+            for h in range(20)
+        ]
+        adjusted = claims.adjust(family, "heads")
+        hits += claims.confirmed(adjusted, "key_head") == ["0", "1", "2"]
+        assert {c["outcome"] for c in adjusted[3:]} <= {"rejected", "not confirmed"}
+    assert hits >= 16
+    nil = claims.mean_below("key_head", "s", [0.0] * 30, -0.05, "c")
+    assert nil["outcome"] == "rejected" and claims.adjust([nil], "f")[0]["outcome"] == "rejected"
+
+
+def test_top_heads_against_random_heads_stay_silent_where_they_are_alike():
+    rng = np.random.default_rng(5)
+    made = 0
+    for _ in range(60):
+        top = list((rng.random(40) < 0.8).astype(float))
+        random_share = list(np.mean(rng.random((10, 40)) < 0.8, axis=0))
+        made += claims.paired_greater("top_vs_random", "s", random_share, top, "c")["outcome"] == "confirmed"
+    assert made / 60 <= 0.1
+    strong = claims.paired_greater("top_vs_random", "s", [0.95] * 35, [1.0] * 10 + [0.0] * 25, "c")
+    p = strong["p_value"]
+    assert strong["outcome"] == "confirmed" and p is not None and p < 0.001 and strong["ci"][0] > 0
+
+
+def test_paired_differs_reads_mcnemar_and_a_claim_not_confirmed_names_its_n():
+    same = claims.paired_differs("alternative", "s", [True] * 30, [True] * 30, "c")
+    assert same["p_value"] == 1.0 and same["outcome"] == "not confirmed" and same["n_to_decide"] is None
+    apart = claims.paired_differs("alternative", "s", [False] * 20 + [True] * 10, [True] * 30, "c")
+    assert apart["outcome"] == "confirmed" and apart["estimate"] == pytest.approx(-20 / 30)
+
+
+def test_a_best_cell_that_did_not_pass_selection_is_never_confirmed():
+    claim = allforone.subgraph_claim([True] * 100, (1, 1), 0.9, chosen=False, baseline=0.1)
+    assert claim["outcome"] == "not confirmed" and "never confirmed" in claim["rule"]
+    assert allforone.subgraph_claim([True] * 100, (1, 1), 0.9, chosen=True, baseline=0.1)["outcome"] == "confirmed"
