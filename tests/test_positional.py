@@ -169,3 +169,41 @@ def test_norm_matched_control_matches_tensors_initialised_to_zero():
     name = "model.layers.0.self_attn.q_proj.bias"
     trained, drawn = dict(model.named_parameters())[name], dict(control.model.named_parameters())[name]
     assert float(drawn.norm()) == pytest.approx(float(trained.norm()), rel=1e-4) and not torch.equal(drawn, trained)
+
+
+def test_the_free_key_term_cannot_fail_and_the_held_out_token_term_can():
+    """Logits whose key effect is a random number per window and position, not a function of the token: the free
+    per-key fit is exact in sample, the token-shared fit on held-out windows is not; where the key effect is the
+    token's, the held-out fit is exact too."""
+    g = torch.Generator().manual_seed(0)
+    N, T, V = 12, 24, 20
+    ids = torch.randint(0, V, (N, T), generator=g)
+    a, b = torch.randn(T, generator=g), torch.randn(N, T, generator=g)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None]
+    position = a[(i - j).clamp(min=0)][None] + b[:, :, None]
+    by_token = position + 2 * torch.randn(V, generator=g)[ids][:, None, :]
+    by_place = position + 2 * torch.randn(N, 1, T, generator=g)
+    mask = (j <= i).expand(N, T, T)
+    assert float(positional.fit_quality(by_place * mask)["r_row_centred"].min()) > 0.999  # in sample: exact
+    train = torch.arange(0, N, 2)
+    held = positional.token_fit_heldout(torch.stack([by_token, by_place]), ids, train)
+    assert held.shape == (2, N // 2)
+    assert float(held[0].min()) > 0.999 and float(held[1].mean()) < 0.8
+    alone = positional.token_fit_heldout(by_token[None], ids, train, with_token=False)
+    assert float(alone.mean()) < float(held[0].mean()) - 0.1  # the meaning term adds what position lacks
+
+
+def test_a_model_with_random_weights_is_not_called_learned(tokenizer):
+    """Nothing is there: the 'trained' model is itself random weights, so the learned claim stays silent."""
+    adapter = ModelAdapter(tiny_model("llama"))
+    result = positional.study(adapter, tokenizer, positional.PositionalConfig(window=16, n_windows=8, n_queries=2))
+    held = result["heldout"]
+    assert held is not None and len(held["test_windows"]) == 4 and len(held["random_init_seeds"]) == 5
+    assert not set(held["train_windows"]) & set(held["test_windows"])
+    claims = {c["kind"]: c for c in held["claims"]}
+    assert set(claims) == {"meaning_term", "learned", "word_order"}
+    assert claims["learned"]["outcome"] != "confirmed"
+    low, high = held["r_random_init_ci"]
+    assert low is not None and high is not None and low <= (held["r_random_init_mean"] or 0) <= high
+    one = positional.study(adapter, tokenizer, positional.PositionalConfig(window=16, n_windows=1, n_queries=2))
+    assert one["heldout"] is None and any("nothing to hold out" in w for w in one["warnings"])

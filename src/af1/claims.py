@@ -234,7 +234,7 @@ def paired_greater(
     mean difference."""
     a, b = np.asarray(first_P, dtype=float), np.asarray(second_P, dtype=float)
     d = a - b
-    if len(d) and float(np.abs(d).max()) > 0:
+    if len(d) >= 2 and float(np.abs(d).max()) > 0:
         p = float(
             scipy_stats.permutation_test(
                 (a, b),
@@ -246,7 +246,7 @@ def paired_greater(
                 rng=np.random.default_rng(seed),
             ).pvalue
         )
-    else:  # no problem differs: nothing to claim
+    else:  # no problem differs (or one problem): nothing to claim
         p = 1.0
     return tested(
         kind,
@@ -288,6 +288,44 @@ def paired_differs(
         baseline=0.0,
         subject=subject,
     )
+
+
+def interval_above(
+    kind: str,
+    statement: str,
+    estimate: float,
+    ci: Sequence[float | None],
+    other: float,
+    other_ci: Sequence[float | None],
+    measured_on: str,
+    n: int,
+) -> Claim:
+    """'This estimate is above the other', decided by their 95 % intervals: confirmed where this one's lies wholly
+    above the other's, rejected where it lies wholly below, otherwise not confirmed (the n is then the scale at
+    which this interval's half-width would clear the other's upper end)."""
+    low, high = (float("nan") if v is None else float(v) for v in ci)
+    other_low, other_high = (float("nan") if v is None else float(v) for v in other_ci)
+    outcome = CONFIRMED if low > other_high else REJECTED if high < other_low else NOT_CONFIRMED
+    claim = Claim(
+        kind=kind,
+        subject=None,
+        statement=statement,
+        rule=f"confirmed where its 95 % interval lies wholly above the other's ({other:.3f} [{other_low:.2f}, "
+        f"{other_high:.2f}]), rejected where wholly below, otherwise not confirmed",
+        measured_on=measured_on,
+        n=n,
+        estimate=estimate,
+        ci=[low, high],
+        baseline=other_high,
+        p_value=None,
+        p_adjusted=None,
+        family=None,
+        outcome=outcome,
+        n_to_decide=None,
+    )
+    if outcome == NOT_CONFIRMED:
+        claim["n_to_decide"] = n_for_effect(claim)
+    return claim
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

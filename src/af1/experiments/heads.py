@@ -18,7 +18,7 @@ from af1.experiments import base
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, heads
 from af1.report import interactive
-from af1.report.markup import ci_text, claims_html, claims_table, figure_html, table_html, with_ci
+from af1.report.markup import ci_text, claims_html, claims_lines, figure_html, table_html, with_ci
 from af1.stats import McNemar, mcnemar_exact, mean_std
 from af1.tasks.builtin import FILE_STYLE
 from af1.tasks.evaluation import ProblemInputs, solved
@@ -538,4 +538,4 @@ class Heads(base.Experiment):
                 f"top heads with the {second['counterfactual_kind']} counterfactual (path patching only)",
                 " ".join(f"{h[0]}.{h[1]}" for h in second["top_heads"]),
             )
-        return [table, *claims_table(result.claims, "claims (one family, Holm)")]
+        return [table, *claims_lines(result.claims, "claims (one family, Holm)")]

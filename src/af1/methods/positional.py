@@ -26,9 +26,12 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
+from scipy import stats as scipy_stats
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
+from af1.claims import Claim, adjust, interval_above, paired_greater
 from af1.errors import Af1Error
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.models.adapter import ModelAdapter
@@ -143,6 +146,53 @@ def additive_fit(
             others = sum((parts[o][:, index[o]] for o in terms if o != t), torch.zeros_like(W))
             parts[t] = _group_mean(W - others, index[t], mask, T)
     return sum(parts[t][:, index[t]] for t in terms) * mask
+
+
+def token_fit_heldout(
+    logits_FNTT: torch.Tensor, ids_NT: torch.Tensor, train_N: torch.Tensor, with_token: bool = True, iters: int = 30
+) -> torch.Tensor:
+    """The falsifiable decomposition: W[n, i, j] ~ a[i-j] + b[n, i] + c[token of key j], the meaning term a function
+    of the key's token shared across windows and positions (position alone without `with_token`), fitted by
+    backfitting on the `train_N` windows only. Per matrix family F (a layer and head) and held-out window, the
+    row-centred Pearson r there, a and c carried over (an unseen token takes the mean meaning; the query term drops
+    out, as a constant per row changes no softmax): [F, held-out window]."""
+    F, N, T, _ = logits_FNTT.shape
+    mask_TT = torch.ones(T, T, dtype=torch.bool).tril()
+    mask_TT[0] = False  # the first query's single logit says nothing once its row is centred
+    M = int(mask_TT.sum())
+    i = torch.arange(T)[:, None].expand(T, T)[mask_TT]
+    j = torch.arange(T)[None].expand(T, T)[mask_TT]
+    _, token_NT = ids_NT.unique(return_inverse=True)
+    V = int(token_NT.max()) + 1
+
+    def group_mean(values_FE: torch.Tensor, index_E: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        sums = torch.zeros(F, size).index_add_(1, index_E, values_FE)
+        counts = torch.zeros(size).index_add_(0, index_E, torch.ones(len(index_E)))
+        return sums / counts.clamp(min=1), counts
+
+    y = logits_FNTT[:, train_N][:, :, mask_TT].reshape(F, -1).float()
+    dist, token = (i - j).repeat(len(train_N)), token_NT[train_N][:, j].flatten()
+    row = (torch.arange(len(train_N))[:, None] * T + i[None]).flatten()
+    a, b, c = torch.zeros(F, T), torch.zeros(F, len(train_N) * T), torch.zeros(F, V)
+    seen = torch.zeros(V)
+    for _ in range(iters):
+        a, _ = group_mean(y - b[:, row] - c[:, token], dist, T)
+        b, _ = group_mean(y - a[:, dist] - c[:, token], row, len(train_N) * T)
+        if with_token:
+            c, seen = group_mean(y - a[:, dist] - b[:, row], token, V)
+    unseen = seen == 0
+    c[:, unseen] = ((c * seen).sum(1, keepdim=True) / seen.sum().clamp(min=1)).expand(F, int(unseen.sum()))
+    test_N = torch.tensor([n for n in range(N) if n not in set(train_N.tolist())], dtype=torch.long)
+    y_FME = logits_FNTT[:, test_N][:, :, mask_TT].float().transpose(1, 2)  # [F, M, held-out window]
+    fit_FME = (a[:, i - j][:, :, None] + c[:, token_NT[test_N][:, j].T]).expand_as(y_FME)
+    row_M = i - 1  # rows 1..T-1 of each window
+
+    def row_centred(values_FME: torch.Tensor) -> torch.Tensor:
+        sums = torch.zeros(F, T - 1, len(test_N)).index_add_(1, row_M, values_FME)
+        counts = torch.zeros(T - 1).index_add_(0, row_M, torch.ones(M))
+        return values_FME - (sums / counts[None, :, None])[:, row_M]
+
+    return pearson(row_centred(y_FME).transpose(1, 2), row_centred(fit_FME).transpose(1, 2))
 
 
 def pearson(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -517,6 +567,111 @@ class Positional(RopeParts):
     perplexity_vs_swap: dict[str, float | None]
     perplexity_vs_position_swap: dict[str, float | None]
     swap_fraction: str
+    heldout: HeldOut | None  # None: one window, nothing to hold out (a warning says so)
+
+
+class HeldOut(TypedDict):
+    """The decomposition tested out of sample (`token_fit_heldout`): fitted on half the windows, its row-centred r
+    measured on the other half; the meaning term a function of the key's token; beside position alone, the same
+    tokens shuffled, and the architecture with random weights over several seeds; and the claims these decide."""
+
+    train_windows: list[int]
+    test_windows: list[int]
+    r_layer_head: list[list[float | None]]  # position + token meaning, per layer and head (mean over held-out windows)
+    r_position_only_layer_head: list[list[float | None]]
+    r_median: float | None
+    r_median_ci: list[float | None]
+    r_position_only_median: float | None
+    r_position_only_median_ci: list[float | None]
+    r_shuffled_median: float | None
+    r_shuffled_median_ci: list[float | None]
+    random_init_seeds: list[int]
+    r_random_init_medians: list[float | None]  # one per seed
+    r_random_init_mean: float | None
+    r_random_init_ci: list[float | None]  # 95 % t interval over the seeds
+    claims: list[Claim]
+
+
+RANDOM_SEEDS = 5  # random-weight controls of the held-out test
+
+
+def heldout_study(
+    adapter: ModelAdapter, ids_NT: torch.Tensor, shuffled_NT: torch.Tensor, logits: torch.Tensor, seed: int
+) -> HeldOut:
+    """The held-out test of the decomposition and its claims (a meaning term that adds to position out of sample;
+    learned, against random weights over RANDOM_SEEDS seeds; shaped by word order, against shuffled tokens)."""
+    N = ids_NT.shape[0]
+    order = torch.randperm(N, generator=torch.Generator().manual_seed(seed))
+    train = order[: N // 2].sort().values
+    test = order[N // 2 :].sort().values
+
+    def heldout(logits_LHNTT: torch.Tensor, ids: torch.Tensor, with_token: bool = True) -> torch.Tensor:
+        L, H = logits_LHNTT.shape[:2]
+        return token_fit_heldout(logits_LHNTT.flatten(0, 1), ids, train, with_token).view(L, H, len(test))
+
+    r_LHN = heldout(logits, ids_NT)
+    pos_LHN = heldout(logits, ids_NT, with_token=False)
+    shuffled_LHN = heldout(capture_logits(adapter, shuffled_NT), shuffled_NT)
+    seeds = [seed + 1 + s for s in range(RANDOM_SEEDS)]
+    random_medians = [
+        float(heldout(capture_logits(random_init_like(adapter, s), ids_NT), ids_NT).mean(-1).median()) for s in seeds
+    ]
+    mean = float(np.mean(random_medians))
+    spread = scipy_stats.sem(random_medians) * scipy_stats.t.ppf(0.975, len(seeds) - 1)
+    median = float(r_LHN.mean(-1).median())
+    ci = median_ci(r_LHN, seed=seed)
+    shuffled_median, shuffled_ci = float(shuffled_LHN.mean(-1).median()), median_ci(shuffled_LHN, seed=seed)
+    where = f"{len(test)} held-out windows (fitted on the other {len(train)})"
+    gain_N = (r_LHN - pos_LHN).flatten(0, 1).median(0).values  # per held-out window, the median head's gain
+    claims = [
+        paired_greater(
+            "meaning_term",
+            "a meaning term that is a function of the key's token, fitted on other windows, adds to position alone "
+            "on held-out windows (row-centred r)",
+            gain_N.tolist(),
+            [0.0] * len(test),
+            where,
+            seed=seed,
+        ),
+        interval_above(
+            "learned",
+            "the held-out decomposition is learned: the trained model's median r is above that of the same "
+            f"architecture with random weights ({len(seeds)} seeds)",
+            median,
+            ci,
+            mean,
+            [mean - spread, mean + spread],
+            where,
+            len(test),
+        ),
+        interval_above(
+            "word_order",
+            "word order shapes it: on the text the held-out median r is above that on the same tokens shuffled",
+            median,
+            ci,
+            shuffled_median,
+            shuffled_ci,
+            where,
+            len(test),
+        ),
+    ]
+    return HeldOut(
+        train_windows=train.tolist(),
+        test_windows=test.tolist(),
+        r_layer_head=r_LHN.mean(-1).tolist(),
+        r_position_only_layer_head=pos_LHN.mean(-1).tolist(),
+        r_median=median,
+        r_median_ci=ci,
+        r_position_only_median=float(pos_LHN.mean(-1).median()),
+        r_position_only_median_ci=median_ci(pos_LHN, seed=seed),
+        r_shuffled_median=shuffled_median,
+        r_shuffled_median_ci=shuffled_ci,
+        random_init_seeds=seeds,
+        r_random_init_medians=list(random_medians),
+        r_random_init_mean=mean,
+        r_random_init_ci=[mean - spread, mean + spread],
+        claims=adjust(claims, "the positional study"),
+    )
 
 
 def study(
@@ -531,8 +686,9 @@ def study(
     ids = corpus_windows(
         adapter, tokenizer, load_corpus(corpus), config.window, config.n_windows, start[0] if start else None
     )
+    logits = capture_logits(adapter, ids)
     fits = {
-        "": window_fit(capture_logits(adapter, ids)),
+        "": window_fit(logits),
         "random_init": window_fit(capture_logits(random_init_like(adapter, config.seed), ids)),
         "norm_matched": window_fit(capture_logits(random_init_like(adapter, config.seed, norm_matched=True), ids)),
     }
@@ -542,6 +698,8 @@ def study(
         [torch.cat([w[:first], w[first:][torch.randperm(len(w) - first, generator=g)]]) for w in ids]
     )
     fits["shuffled"] = window_fit(capture_logits(adapter, shuffled_ids))
+    heldout = heldout_study(adapter, ids, shuffled_ids, logits, config.seed) if len(ids) >= 2 else None
+    one_window = ["one window: nothing to hold out, so the decomposition is not tested out of sample"]
     trained = {k: v.mean(-1) for k, v in by_name(fits[""]).items()}
     per_head: dict[str, torch.Tensor] = dict(trained)
     for control in ("random_init", "norm_matched", "shuffled"):
@@ -576,7 +734,8 @@ def study(
         median_ci_n_windows=ids.shape[0],
         median_ci_note=f"95 % bootstrap over the {ids.shape[0]} windows of {ids.shape[1]} tokens (1000 draws) of "
         "the median over heads; the windows are passages of one text, so the interval is over passages, not genres",
-        warnings=window_warnings(ids.shape[0], config.n_windows, ids.shape[1]),
+        warnings=window_warnings(ids.shape[0], config.n_windows, ids.shape[1])
+        + (one_window if heldout is None else []),
         r_mean=d["r"]["mean"],
         r_median=d["r"]["median"],
         r_median_row_centred=d["r_row_centred"]["median"],
@@ -590,4 +749,5 @@ def study(
         perplexity_vs_swap=curve["tokens"],
         perplexity_vs_position_swap=curve["position_ids"],
         swap_fraction="share of tokens displaced by disjoint adjacent swaps (the document start stays)",
+        heldout=heldout,
     )

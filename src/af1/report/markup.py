@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
+from af1.claims import outcome_text
 from af1.report import interactive
 
 Rows = Sequence[Mapping[str, Any]]  # JSON records: per-layout rates, layout rows
@@ -88,11 +89,12 @@ def figure_html(d: Path, name: str, interactive_figure: Callable[[], str] | None
         return note + (": its PNG instead.</p>" + image_html(d, name) if (d / name).is_file() else ".</p>")
 
 
-def ci_text(value: float | None, ci: list[float] | None = None) -> str:
+def ci_text(value: float | None, ci: Sequence[float | None] | None = None) -> str:
     """The plain-text form of a rate with its interval, for terminals and notes."""
     if value is None:
         return "-"
-    return f"{value:.3f} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{value:.3f}"
+    low, high = ci or (None, None)
+    return f"{value:.3f} [{low:.2f}, {high:.2f}]" if low is not None and high is not None else f"{value:.3f}"
 
 
 LAYOUT_HEADERS = ["layout", "positions", "example input (its end)", "n", "rate [95 % CI]", "constant guess"]
@@ -185,12 +187,8 @@ def claims_html(claims: Rows | None, family: str = "") -> str:
     return (f"<p>{html.escape(family)}</p>" if family else "") + table_html(CLAIM_HEADERS, rows) + note
 
 
-def claims_table(claims: Rows | None, title: str = "claims") -> list[Table]:
-    """The same rows for a terminal: one table, or none."""
-    rows = claim_rows(claims)
-    if not rows:
+def claims_lines(claims: Sequence[Any] | None, title: str = "claims") -> list[str]:
+    """The claims for a terminal: a title, then one line each with its outcome and numbers (`outcome_text`)."""
+    if not claims:
         return []
-    table = Table(*CLAIM_HEADERS, title=title)
-    for row in rows:
-        table.add_row(*row)
-    return [table]
+    return [f"{title}:", *(f"  {outcome_text(c)}" for c in claims)]
