@@ -410,6 +410,10 @@ def test_finetuning_trains_every_answer_token(tokenizer):
         assert ids[row, T : T + len(answer)].tolist() == answer
         predicts = labels[row, T - 1 : T - 1 + len(answer)].tolist()  # position T-1+k predicts answer token k
         assert predicts == answer and int((labels[row] != -100).sum()) == len(answer)
+    shots = build_task(TaskSpec(operation="a+b", digits=2, n=6, seed=2, shots=2, answer_digits="any"), tokenizer)
+    assert shots.stop_tokens  # worked examples show where an answer ends: training sees that token too
+    ids, labels = finetune.answer_batch(shots, [0])
+    assert labels[0][labels[0] != -100].tolist() == [*shots.answer_tokens[0], shots.stop_tokens[0]]
     # a model trained on a task whose first answer token is always the same still has a loss on the others
     adapter = ModelAdapter(tiny_model("llama"))
     result = finetune.train(adapter, task, finetune.FinetuneConfig(steps=2, lr=1e-3, batch_size=4), None)
@@ -449,8 +453,22 @@ def test_compare_chooses_each_learning_rate_on_validation_and_runs_every_seed(to
         seeds = [0, 1, 0] if name == "random_heads" else [0, 1]  # random heads: 3 draws, each with one seed in turn
         assert [run["seed"] for run in r["runs"]] == seeds and "arithmetic_accuracy_std" in r
     draws = [run.get("heads") or [] for run in result["random_heads"]["runs"]]  # a run without heads: [] fails below
-    assert len({tuple(map(tuple, h)) for h in draws}) == 3  # three different seeded sets
-    assert all(len(h) == 2 and not {tuple(x) for x in h} & {(0, 1), (1, 2)} for h in draws)  # none of the chosen
+    # 4 heads a layer in key/value groups {0, 1} and {2, 3}: each chosen head's group has one other head, the match
+    assert draws == [[[0, 0], [1, 3]]] * 3 and result["random_heads"]["random_matched"] == {
+        "same layer and key/value group": 6,
+        "same layer": 0,
+        "nearest layer": 0,
+    }
+    kinds = [(c["kind"], c["family"]) for c in result["claims"]]  # paired on the same held-out problems, adjusted
+    assert kinds == [
+        ("precise_vs_random", "fine-tuning: 2 tests, Holm"),
+        ("precise_vs_full", "fine-tuning: 2 tests, Holm"),
+    ]
+    assert all(c["n"] == 12 for c in result["claims"]) and len(result["base_correct"]) == 12
+    assert all(len(run["correct"]) == 12 for name in ("precise", "full") for run in result[name]["runs"])
+    assert result["precise"]["lr_at_edge"] is True  # a grid of two: whichever is chosen is its edge
+    low, high = result["base"]["perplexity_ci"]
+    assert low <= result["base"]["perplexity"] <= high
     assert result["n_val"] == 8 and result["base"]["arithmetic_accuracy_ci"]
     assert all(torch.equal(v, before[k]) for k, v in adapter.model.state_dict().items())  # the base restored
     with pytest.raises(Af1Error, match="also evaluation problems"):

@@ -36,8 +36,8 @@ class Claim(TypedDict):
     rule: str
     measured_on: str
     n: int
-    estimate: float
-    ci: list[float]
+    estimate: float | None  # None: read back from a NaN (no problem, one window)
+    ci: list[float | None]
     baseline: float | None
     p_value: float | None
     p_adjusted: float | None
@@ -147,9 +147,9 @@ def decided(claim: Claim) -> Claim:
 def n_for_effect(claim: Claim) -> int | None:
     """The n at which an effect of the observed size, against the null (`baseline`, or 0), would have an interval
     that excludes the null: n * (half-width / distance)^2; None where the effect is nil or points the other way."""
-    low, high = claim["ci"]
+    low, high = (math.nan if v is None else v for v in claim["ci"])
     null = claim["baseline"] or 0.0
-    distance = claim["estimate"] - null
+    distance = math.nan if claim["estimate"] is None else claim["estimate"] - null
     if not all(map(math.isfinite, (low, high, distance))) or distance == 0 or claim["n"] == 0:
         return None
     half = (high - low) / 2
@@ -214,7 +214,8 @@ def mean_below(
 
 def with_rejection(claim: Claim) -> Claim:
     """A 'below the baseline' claim whose interval lies wholly at or above its baseline is rejected."""
-    if claim["baseline"] is not None and claim["ci"][0] >= claim["baseline"]:
+    low = claim["ci"][0]
+    if claim["baseline"] is not None and low is not None and low >= claim["baseline"]:
         return Claim(**{**claim, "outcome": REJECTED, "n_to_decide": None})
     return claim
 
@@ -364,8 +365,11 @@ def confirmed(claims: list[Claim], kind: str) -> list[str]:
 
 
 def interval_text(claim: Claim) -> str:
+    def fmt(v: float | None, digits: int) -> str:
+        return "nan" if v is None else f"{v:.{digits}f}"
+
     low, high = claim["ci"]
-    return f"{claim['estimate']:.3f} [{low:.2f}, {high:.2f}], n {claim['n']}"
+    return f"{fmt(claim['estimate'], 3)} [{fmt(low, 2)}, {fmt(high, 2)}], n {claim['n']}"
 
 
 def outcome_text(claim: Claim) -> str:

@@ -9,10 +9,11 @@ from typing import Any
 from pydantic import Field
 from rich.table import Table
 
+from af1.claims import Claim
 from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import finetune, heads, positional
-from af1.report.markup import table_html
+from af1.report.markup import claims_html, claims_lines, table_html
 from af1.tasks.evaluation import Evaluated, ProblemInputs, evaluate, evaluated, solved
 from af1.tasks.task import build_task
 
@@ -54,9 +55,11 @@ class Result(base.Result):
     heads_chosen_on: dict[str, Any] | None = None
     text_corpus: str = ""
     base: finetune.Measured
+    base_correct: str  # the base model on each held-out problem ("1"/"0")
     precise: finetune.Variant
     random_heads: finetune.Variant
     full: finetune.Variant
+    claims: list[Claim]  # precise against random heads and against full tuning, on the same problems (Holm)
     inputs: ProblemInputs | None = None  # sets: train, validation, evaluation (predictions: the base model's)
 
 
@@ -78,7 +81,7 @@ class Finetune(base.Experiment):
     help = "Train only the chosen heads; compare with full and random-head fine-tuning on math and on text."
     Options = Options
     Result = Result
-    task_defaults = {"style": "calculate", "digits": 2}
+    task_defaults = {"style": "calculate", "digits": 2, "shots": 3}  # worked examples: the end of an answer is checked
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         spec = inputs.spec
@@ -159,13 +162,22 @@ class Finetune(base.Experiment):
                 ["variant", "lr", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters"],
                 [row(result.data(), v) for v in VARIANTS],
             ),
+            *(
+                f"<p class='note'>{v}: the chosen learning rate {result.data()[v]['lr']} is the grid's edge "
+                f"({min(result.lr_grid)} to {max(result.lr_grid)}): a wider grid may do better.</p>"
+                for v in VARIANTS[1:]
+                if result.data()[v].get("lr_at_edge")
+            ),
+            claims_html(result.claims),
         ]
 
     def show(self, result: Result) -> list[Table | str]:
         table = Table("variant", "lr", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters")
         for name in VARIANTS:
             table.add_row(*map(str, row(result.data(), name)))
-        return [table]
+        edges = [v for v in VARIANTS[1:] if result.data()[v].get("lr_at_edge")]
+        edge = [f"learning rate at the grid's edge for {', '.join(edges)}: a wider grid may do better"] if edges else []
+        return [table, *edge, *claims_lines(result.claims, "claims (one family, Holm)")]
 
 
 def row(data: dict[str, Any], name: str) -> list[Any]:

@@ -819,12 +819,11 @@ def transfer_config(setup: Setup, config: AF1Config, from_layers: int, own: AF1C
         if own_scores is not None and own is not None:
             out["vs_own"] = paired_differs(
                 "transfer",
-                f"the config (L_wait {to.wait}, L_transfer {to.transfer}, by {by} layers) differs in faithfulness from "
+                f"the config mapped here (L_wait {to.wait}, L_transfer {to.transfer}) differs in faithfulness from "
                 f"this model's own (L_wait {own.wait}, L_transfer {own.transfer})",
                 scores.correct_P.tolist(),
                 own_scores.correct_P.tolist(),
                 f"{len(setup.kept)} solved problems",
-                subject=by,
             )
         return out
 

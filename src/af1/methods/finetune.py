@@ -21,11 +21,12 @@ from pydantic import BaseModel, Field
 from safetensors.torch import load_file, save_file
 from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
+from af1.claims import Claim, adjust, mean_interval, paired_greater
 from af1.errors import Af1Error
-from af1.interventions.heads import random_heads
+from af1.interventions.heads import matched_heads
 from af1.models.adapter import ModelAdapter, weight_of
 from af1.progress import stage
-from af1.stats import mean_std
+from af1.stats import mean_std, wilson
 from af1.tasks.evaluation import batches, evaluate
 from af1.tasks.task import PAD, Task
 
@@ -41,17 +42,19 @@ class FinetuneConfig(BaseModel):
 
 
 def answer_batch(task: Task, index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts followed by their whole answers [B, L] and, aligned with the logits, the label each position must
-    predict [B, L] (-100 where none: the prompt, padding). Padding comes after each row, so causality ignores it;
-    rows of a task of several token layouts keep their own lengths."""
-    rows = [[t for t in task.input_ids_PT[i].tolist() if t != PAD] + list(task.answer_tokens[i]) for i in index]
+    """Prompts followed by what scores them [B, L] (the whole answer, then the token that ends it where the task
+    checks the end, so training sees where an answer stops as evaluation does) and, aligned with the logits, the
+    label each position must predict [B, L] (-100 where none: the prompt, padding). Padding comes after each row, so
+    causality ignores it; rows of a task of several token layouts keep their own lengths."""
+    targets = task.scored_tokens
+    rows = [[t for t in task.input_ids_PT[i].tolist() if t != PAD] + list(targets[i]) for i in index]
     L = max(map(len, rows))
     ids = torch.zeros(len(index), L, dtype=torch.long)
     labels = torch.full((len(index), L), -100, dtype=torch.long)
     for row, (i, tokens) in enumerate(zip(index, rows, strict=True)):
         ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        start = len(tokens) - len(task.answer_tokens[i]) - 1  # the last prompt position predicts answer token 0
-        labels[row, start : len(tokens) - 1] = torch.tensor(task.answer_tokens[i], dtype=torch.long)
+        start = len(tokens) - len(targets[i]) - 1  # the last prompt position predicts answer token 0
+        labels[row, start : len(tokens) - 1] = torch.tensor(targets[i], dtype=torch.long)
     return ids, labels
 
 
@@ -130,19 +133,20 @@ def train(
 
 
 class TextMeasures(TypedDict):
-    """The non-math measure on general text."""
+    """The non-math measure on general text: perplexity with its 95 % bootstrap interval over windows, next-token
+    accuracy with its Wilson interval (over the text's tokens)."""
 
     perplexity: float
+    perplexity_ci: list[float]
     next_token_accuracy: float
+    next_token_accuracy_ci: list[float]
 
 
-class Measured(TypedDict):
+class Measured(TextMeasures):
     """A model's full-answer accuracy on the held-out problems (with its 95 % interval) and its text measures."""
 
     arithmetic_accuracy: float
     arithmetic_accuracy_ci: list[float]
-    perplexity: float
-    next_token_accuracy: float
 
 
 class Trial(TypedDict):
@@ -162,8 +166,11 @@ class Run(TypedDict):
     heads: NotRequired[list[list[int]]]
     arithmetic_accuracy: float
     arithmetic_accuracy_ci: list[float]
+    correct: str  # right ("1") or wrong ("0") on each held-out problem, in order: what the paired tests read
     perplexity: float
+    perplexity_ci: list[float]
     next_token_accuracy: float
+    next_token_accuracy_ci: list[float]
     loss_first: float
     loss_last: float
 
@@ -183,7 +190,9 @@ class Variant(TypedDict):
     next_token_accuracy_std: float
     trained_parameters: int
     frozen_entries_checked: bool
+    lr_at_edge: bool  # the chosen learning rate is the grid's smallest or largest: a wider grid may do better
     draws: NotRequired[int]  # random heads: the seeded draws of heads
+    random_matched: NotRequired[dict[str, int]]  # random heads: matched by layer and key/value group, by layer, nearest
     note: NotRequired[str]
 
 
@@ -202,23 +211,35 @@ class Compared(TypedDict):
     n_eval: int
     arithmetic_baseline: float
     base: Measured
+    base_correct: str  # the base model on each held-out problem ("1"/"0")
     precise: Variant
     random_heads: Variant
     full: Variant
+    claims: list[Claim]  # precise against random heads and against full tuning, on the same problems (Holm)
 
 
 @torch.no_grad()
 def text_measures(adapter: ModelAdapter, windows_NT: torch.Tensor) -> TextMeasures:
-    """Perplexity and next-token accuracy on general text (the non-math measure)."""
-    nll, right, count = 0.0, 0, 0
+    """Perplexity and next-token accuracy on general text (the non-math measure), with intervals: perplexity's by
+    a bootstrap over windows (each window's tokens stay together), next-token accuracy's by Wilson over tokens."""
+    nll_N = torch.zeros(len(windows_NT), dtype=torch.float64)
+    right, count = 0, 0
     for sl in batches(len(windows_NT), 4):
         ids = windows_NT[sl].to(adapter.device)
         logits = adapter.model(input_ids=ids, use_cache=False).logits[:, :-1].float()
         target = ids[:, 1:]
-        nll += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum"))
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+        nll_N[sl] = nll.double().sum(-1).cpu()
         right += int((logits.argmax(-1) == target).sum())
         count += target.numel()
-    return TextMeasures(perplexity=float(torch.tensor(nll / count).exp()), next_token_accuracy=right / count)
+    per_window = windows_NT.shape[1] - 1
+    low, high = mean_interval((nll_N / per_window).tolist())
+    return TextMeasures(
+        perplexity=float(torch.tensor(float(nll_N.sum()) / count).exp()),
+        perplexity_ci=[float(torch.tensor(low).exp()), float(torch.tensor(high).exp())],
+        next_token_accuracy=right / count,
+        next_token_accuracy_ci=list(wilson(right, count)),
+    )
 
 
 def save_slices(adapter: ModelAdapter, masks: dict[str, torch.Tensor], path: Path, meta: dict[str, Any]) -> Path:
@@ -285,17 +306,20 @@ def compare(
     check_disjoint(val_task, eval_task)
     base_state = {k: v.detach().clone() for k, v in adapter.model.state_dict().items()}
 
-    def measure() -> tuple[Measured, float]:
-        """The model as it is now on the held-out problems and on text; with the constant guess's score."""
-        r = evaluate(adapter.model, eval_task).rate(eval_task)
+    def measure() -> tuple[Measured, float, str]:
+        """The model as it is now on the held-out problems and on text; the constant guess's score; each held-out
+        problem right or wrong."""
+        scores = evaluate(adapter.model, eval_task)
+        r = scores.rate(eval_task)
         measured = Measured(
             arithmetic_accuracy=r["value"], arithmetic_accuracy_ci=r["ci"], **text_measures(adapter, text_NT)
         )
-        return measured, r["baseline"]
+        return measured, r["baseline"], "".join("1" if c else "0" for c in scores.correct_P.tolist())
 
-    base, baseline = measure()
+    base, baseline, base_correct = measure()
     chosen = [list(h) for h in heads]
-    random_sets = [random_heads(adapter, len(heads), config.seed + d, heads) for d in range(random_draws)]
+    matched = [matched_heads(adapter, heads, config.seed + d, heads) for d in range(random_draws)]
+    random_sets = [drawn for drawn, _ in matched]
     variants: dict[str, list[dict[str, torch.Tensor] | None]] = {
         "precise": [head_slices(adapter, heads)],
         "random_heads": [head_slices(adapter, h) for h in random_sets],
@@ -332,7 +356,10 @@ def compare(
                 trained = train(adapter, train_task, config.model_copy(update={"lr": best, "seed": seed}), masks)
             check_frozen(adapter, base_state, masks)
             trained_parameters = trained.trained_parameters
-            run = Run(seed=seed, **measure()[0], loss_first=trained.losses[0], loss_last=trained.losses[-1])
+            measured, _, correct = measure()
+            run = Run(
+                seed=seed, **measured, correct=correct, loss_first=trained.losses[0], loss_last=trained.losses[-1]
+            )
             if draw is not None:  # which heads this draw trained
                 run.update(draw=draw, heads=[list(h) for h in random_sets[draw]])
             runs.append(run)
@@ -353,19 +380,48 @@ def compare(
             next_token_accuracy_std=next_token["std"],
             trained_parameters=trained_parameters,
             frozen_entries_checked=masks is not None,
+            lr_at_edge=len(lrs) > 1 and best in (min(lrs), max(lrs)),
         )
         if name == "full":
             variant["note"] = "full fine-tuning also updates the (tied) embedding"
         if name == "random_heads":
             variant["draws"] = len(random_sets)
+            variant["random_matched"] = {
+                level: sum(levels[level] for _, levels in matched) for level in (matched[0][1] if matched else {})
+            }
             variant["note"] = (
-                f"{len(random_sets)} seeded draws of {len(heads)} heads from the "
-                f"{adapter.n_layers * adapter.n_heads - len(heads)} not chosen; learning "
+                f"{len(random_sets)} seeded draws of {len(heads)} heads, each chosen head matched by one of the same "
+                "layer and key/value group (else the same layer, else the nearest), none of the chosen ones; learning "
                 "rate chosen on the first draw; mean ± std over draws (each with one seed: the spread is over "
                 "both the heads and the seed)"
             )
         done[name] = variant
     adapter.model.load_state_dict(base_state)
+
+    def share_right(variant: Variant) -> list[float]:
+        """Each held-out problem's share of the variant's runs that get it right."""
+        bits = torch.tensor([[c == "1" for c in run["correct"]] for run in variant["runs"]], dtype=torch.float)
+        return bits.mean(0).tolist()
+
+    on = f"the {len(eval_task)} held-out problems"
+    precise = share_right(done["precise"])
+    claims = [
+        paired_greater(
+            "precise_vs_random",
+            "tuning the chosen heads leaves more held-out problems right than tuning matched random heads",
+            precise,
+            share_right(done["random_heads"]),
+            on,
+        ),
+        paired_greater(
+            "precise_vs_full",
+            "tuning the chosen heads and tuning the whole model differ on the held-out problems",
+            precise,
+            share_right(done["full"]),
+            on,
+            alternative="two-sided",
+        ),
+    ]
     return Compared(
         heads=chosen,
         gqa=GQA_CHOICE,
@@ -378,7 +434,9 @@ def compare(
         n_eval=len(eval_task),
         arithmetic_baseline=baseline,
         base=base,
+        base_correct=base_correct,
         precise=done["precise"],
         random_heads=done["random_heads"],
         full=done["full"],
+        claims=adjust(claims, "fine-tuning"),
     )

@@ -1099,12 +1099,12 @@ def top_vs_random_claim(top: Scores, randoms: list[Scores], k: int, measured_on:
     """'Knocking out the top k heads leaves fewer problems right than knocking out matched random sets of k': per
     problem, the share of random sets that leave it right against whether the top set does (paired permutation
     test over problems)."""
-    random_RP = torch.stack([s.correct_P.float() for s in randoms])
+    random_correct = torch.stack([s.correct_P.float() for s in randoms])  # [random set, problem]
     return paired_greater(
         "top_vs_random",
         f"mean-ablating the top {k} heads leaves fewer problems right than {len(randoms)} random sets of {k} from "
         "the same layers and key/value groups",
-        random_RP.mean(0).tolist(),
+        random_correct.mean(0).tolist(),
         top.correct_P.float().tolist(),
         measured_on,
     )

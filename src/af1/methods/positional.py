@@ -183,16 +183,16 @@ def token_fit_heldout(
     unseen = seen == 0
     c[:, unseen] = ((c * seen).sum(1, keepdim=True) / seen.sum().clamp(min=1)).expand(F, int(unseen.sum()))
     test_N = torch.tensor([n for n in range(N) if n not in set(train_N.tolist())], dtype=torch.long)
-    y_FME = logits_FNTT[:, test_N][:, :, mask_TT].float().transpose(1, 2)  # [F, M, held-out window]
-    fit_FME = (a[:, i - j][:, :, None] + c[:, token_NT[test_N][:, j].T]).expand_as(y_FME)
-    row_M = i - 1  # rows 1..T-1 of each window
+    y_held = logits_FNTT[:, test_N][:, :, mask_TT].float().transpose(1, 2)  # [F, masked entry, held-out window]
+    fit_held = (a[:, i - j][:, :, None] + c[:, token_NT[test_N][:, j].T]).expand_as(y_held)
+    query_row = i - 1  # rows 1..T-1 of each window
 
-    def row_centred(values_FME: torch.Tensor) -> torch.Tensor:
-        sums = torch.zeros(F, T - 1, len(test_N)).index_add_(1, row_M, values_FME)
-        counts = torch.zeros(T - 1).index_add_(0, row_M, torch.ones(M))
-        return values_FME - (sums / counts[None, :, None])[:, row_M]
+    def row_centred(values: torch.Tensor) -> torch.Tensor:
+        sums = torch.zeros(F, T - 1, len(test_N)).index_add_(1, query_row, values)
+        counts = torch.zeros(T - 1).index_add_(0, query_row, torch.ones(M))
+        return values - (sums / counts[None, :, None])[:, query_row]
 
-    return pearson(row_centred(y_FME).transpose(1, 2), row_centred(fit_FME).transpose(1, 2))
+    return pearson(row_centred(y_held).transpose(1, 2), row_centred(fit_held).transpose(1, 2))
 
 
 def pearson(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
