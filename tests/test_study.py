@@ -451,8 +451,12 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     for row in rows:
         if row["target"] in with_config and row["absolute"]:  # on the target's confirmation split, beside its own
             assert row["own"]["faithfulness_n"] == row["absolute"]["faithfulness_n"] == row["n"]
-            claim = row["relative"]["vs_own"]  # each mapping against the target's own, adjusted over the table
-            assert 0 <= claim["p_value"] <= claim["p_adjusted"] <= 1 and claim["family"].startswith("transfer: ")
+            for by in ("absolute", "relative"):  # each mapping that is not the target's own, tested against it
+                own = (row[by]["wait"], row[by]["transfer"]) == (row["own"]["wait"], row["own"]["transfer"])
+                claim = row[by].get("vs_own")
+                assert (claim is None) == own
+                if claim is not None:  # adjusted over the table
+                    assert 0 <= claim["p_value"] <= claim["p_adjusted"] <= 1 and claim["family"].startswith("transfer")
     (pair,) = report["base_accuracy_paired"]  # same tokenizer, same problems
     assert pair["models"] == ["llama", "qwen2"] and pair["n"] == 30 and 0 <= pair["p_value"] <= 1
     analysed = next(m for m, has in found.items() if has)

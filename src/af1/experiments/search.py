@@ -170,7 +170,7 @@ def claim_line(result: Result) -> str:
         if result.chosen
         else f"no cell reaches {result.threshold} on the {result.n_selection} selection problems; the best eligible one"
     )
-    return f"{outcome_text(result.claim)} [{chosen}]"
+    return f"{outcome_text(result.claim)}; {chosen}"
 
 
 def sweep_beside(out_dir: Path) -> dict[str, Any] | None:
@@ -229,29 +229,29 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
             "never confirmed.</p>"
         )
         header = ["model", "task", "layers", "base accuracy", "solved", "AF1", "wait", "transfer"]
-        parts.append(
-            table_html(
-                [*header, "faithfulness (confirmation)", "n", "constant guess", "claim", "per token layout"],
-                [
-                    [
-                        r["model"],
-                        r["task"],
-                        r["n_layers"],
-                        with_ci(r["base_accuracy"], r["base_accuracy_ci"]),
-                        r["n_solved"],
-                        "chosen" if r["chosen"] else f"best (< {r['threshold']})",
-                        r["wait"],
-                        r["transfer"],
-                        with_ci(r["faithfulness"], r["faithfulness_ci"]),
-                        r["n_confirmation"],
-                        r["faithfulness_baseline"],
-                        r["outcome"],
-                        layouts_text(r["faithfulness_by_layout"]) or "one layout",
-                    ]
-                    for r in faith
-                ],
-            )
-        )
+        header += ["faithfulness (confirmation)", "n", "constant guess", "claim"]
+        rows = [
+            [
+                r["model"],
+                r["task"],
+                r["n_layers"],
+                with_ci(r["base_accuracy"], r["base_accuracy_ci"]),
+                r["n_solved"],
+                "chosen" if r["chosen"] else f"best (< {r['threshold']})",
+                r["wait"],
+                r["transfer"],
+                with_ci(r["faithfulness"], r["faithfulness_ci"]),
+                r["n_confirmation"],
+                r["faithfulness_baseline"],
+                r["outcome"],
+            ]
+            for r in faith
+        ]
+        if any(r["faithfulness_by_layout"] for r in faith):  # a task of several token layouts: each one's part
+            header.append("per token layout")
+            for row, r in zip(rows, faith, strict=True):
+                row.append(layouts_text(r["faithfulness_by_layout"]) or "one layout")
+        parts.append(table_html(header, rows))
     return {"verdicts": verdicts, "faithfulness": faith}, parts
 
 

@@ -808,15 +808,15 @@ class Transferred(TypedDict):
 
 def transfer_config(setup: Setup, config: AF1Config, from_layers: int, own: AF1Config | None = None) -> Transferred:
     """Faithfulness on this setup of a config found elsewhere, by absolute layers and by relative depth; with
-    `own` (this model's config) also that one and a paired McNemar test of each mapping against it (raw: the
-    transfer result adjusts its tests together, `transfer_family`)."""
+    `own` (this model's config) also that one and a paired McNemar test of each mapping that differs from it (raw:
+    the transfer result adjusts its tests together, `transfer_family`)."""
     own_scores = None if own is None else faithfulness(setup, own)
 
     def mapped(by: str) -> Mapped:
         to = map_config(config, from_layers, setup.adapter.n_layers, by)
         scores = faithfulness(setup, to)
         out = Mapped(wait=to.wait, transfer=to.transfer, **faith_fields(setup, scores))
-        if own_scores is not None and own is not None:
+        if own_scores is not None and own is not None and (to.wait, to.transfer) != (own.wait, own.transfer):
             out["vs_own"] = paired_differs(
                 "transfer",
                 f"the config mapped here (L_wait {to.wait}, L_transfer {to.transfer}) differs in faithfulness from "
