@@ -18,7 +18,9 @@ def test_a_rate_claim_follows_its_interval():
     low, high = qwen["ci"]
     assert qwen["outcome"] == "not confirmed" and low is not None and high is not None and low < 0.9 < high
     n = qwen["n_to_decide"]
-    assert n is not None and wilson(round(47 / 49 * n), n)[0] >= 0.9 > wilson(round(47 / 49 * (n - 1)), n - 1)[0]
+    assert n is not None and claims.wilson_at(47 / 49, n)[0] >= 0.9 > claims.wilson_at(47 / 49, n - 1)[0]
+    assert n == 99  # the rate held at 0.959, not rounded to whole problems (81 / 84 would say 84)
+    assert claims.wilson_at(0.5, 40) == pytest.approx(wilson(20, 40))
     assert claims.rate_reaches("k", "s", [True] * 49, 0.9, "conf", None)["outcome"] == "confirmed"  # low 0.927
     smollm2 = claims.rate_reaches("k", "s", [True] * 28 + [False] * 7, 0.9, "c", None)  # 0.800 [0.64, 0.8995]
     assert smollm2["outcome"] == "rejected" and smollm2["n_to_decide"] is None
@@ -75,7 +77,7 @@ def test_the_search_confirms_a_planted_subgraph():
 
 def test_holm_and_benjamini_hochberg():
     assert claims.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
-    family = [claims.tested("k", "s", "r", "m", 30, 0.1, [0.0, 0.2], p) for p in (0.01, 0.02, 0.04)]
+    family = [claims.tested("k", "s", "r", "m", 30, 0.1, [0.0, 0.2], p, "two-sided") for p in (0.01, 0.02, 0.04)]
     holm = claims.adjust(family, "f")
     assert [c["p_adjusted"] for c in holm] == pytest.approx([0.03, 0.04, 0.04])
     assert [c["outcome"] for c in holm] == ["confirmed"] * 3
@@ -83,7 +85,7 @@ def test_holm_and_benjamini_hochberg():
     bh = claims.adjust(family, "f", method="bh")
     assert [c["p_adjusted"] for c in bh] == pytest.approx([0.03, 0.03, 0.04])
     assert holm[0]["family"] == "f: 3 tests, Holm"
-    alone = claims.adjust([*family, claims.tested("k", "s", "r", "m", 30, 0.1, [0.0, 0.2], 0.2)], "f")
+    alone = claims.adjust([*family, claims.tested("k", "s", "r", "m", 30, 0.1, [0.0, 0.2], 0.2, "two-sided")], "f")
     assert alone[2]["outcome"] == "not confirmed" and alone[2]["n_to_decide"] is not None
 
 
@@ -140,3 +142,13 @@ def test_a_best_cell_that_did_not_pass_selection_is_never_confirmed():
     claim = allforone.subgraph_claim([True] * 100, (1, 1), 0.9, chosen=False, baseline=0.1)
     assert claim["outcome"] == "not confirmed" and "never confirmed" in claim["rule"]
     assert allforone.subgraph_claim([True] * 100, (1, 1), 0.9, chosen=True, baseline=0.1)["outcome"] == "confirmed"
+    trivial = allforone.subgraph_claim([True] * 100, (1, 1), 0.5, chosen=True, baseline=0.99)  # a constant guess
+    assert trivial["outcome"] == "not confirmed" and "constant guess" in trivial["rule"]
+
+
+def test_a_key_head_needs_more_than_one_problem_and_a_one_sided_test_its_half_level():
+    assert claims.mean_below("key_head", "s", [-0.9], -0.05, "c")["outcome"] != "confirmed"
+    flat = claims.mean_below("key_head", "s", [-0.5] * 8, -0.05, "c")  # no spread: a sign test, 1 / 256
+    assert flat["p_value"] == 0.5**8 and flat["outcome"] == "confirmed" and flat["alpha"] == 0.025
+    wrong_way = claims.paired_greater("k", "s", [0.0] * 20, [1.0] * 10 + [0.0] * 10, "c")
+    assert wrong_way["outcome"] == "not confirmed" and wrong_way["n_to_decide"] is None

@@ -27,6 +27,32 @@ def test_cli_reference_is_what_the_generator_writes_now() -> None:
     assert made.stdout == committed, f"docs/cli.md is out of date with the registry: run `{REGENERATE}`"
 
 
+def test_the_findings_claims_are_what_the_demos_results_decided() -> None:
+    """The generated part of docs/findings.md is the render of the committed demo data, and that data holds the
+    results' own claims: every verdict of the search among them, each with a rule and one of the three outcomes."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("gen_findings", ROOT / "docs" / "gen_findings.py")
+    assert spec is not None and spec.loader is not None
+    gen_findings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_findings)
+
+    data = json.loads(gen_findings.DATA.read_text())
+    text = (ROOT / "docs" / "findings.md").read_text(encoding="utf-8")
+    start, end = text.index(gen_findings.BEGIN), text.index(gen_findings.END) + len(gen_findings.END)
+    assert text[start:end] == gen_findings.render(data), (
+        "docs/findings.md is out of date: run python docs/gen_findings.py"
+    )
+    kinds = {row["claim"]["kind"] for row in data["claims"]}
+    assert "af1_subgraph" in kinds and {row["claim"]["outcome"] for row in data["claims"]} <= {
+        "confirmed",
+        "not confirmed",
+        "rejected",
+    }
+    assert len(data["verdicts"]) == 2 and all(row["claim"]["rule"] for row in data["claims"])
+
+
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     found = subprocess.run([sys.executable, "-m", "mkdocs", "--version"], capture_output=True, text=True)
     assert found.returncode == 0, "mkdocs is not installed: pip install 'mkdocs>=1.6' (it is in the dev extra)"

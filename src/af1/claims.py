@@ -17,6 +17,7 @@ from af1.stats import mcnemar_exact, wilson
 
 ALPHA = 0.05
 Outcome = Literal["confirmed", "not confirmed", "rejected"]
+Alternative = Literal["greater", "less", "two-sided"]
 CONFIRMED: Outcome = "confirmed"
 NOT_CONFIRMED: Outcome = "not confirmed"
 REJECTED: Outcome = "rejected"
@@ -41,18 +42,30 @@ class Claim(TypedDict):
     baseline: float | None
     p_value: float | None
     p_adjusted: float | None
+    alternative: Alternative | None  # the test's direction; None: a rule on intervals alone
+    alpha: float | None  # the level the adjusted p must be below (one-sided: ALPHA / 2, as the 95 % interval)
     family: str | None
     outcome: Outcome
     n_to_decide: int | None
 
 
+def wilson_at(rate: float, n: int) -> tuple[float, float]:
+    """The 95 % Wilson interval of an observed rate held fixed at n (k = rate * n, not rounded)."""
+    z = 1.959963984540054
+    denom = 1 + z * z / n
+    centre = (rate + z * z / (2 * n)) / denom
+    half = z * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n)) / denom
+    return centre - half, centre + half
+
+
 def n_to_decide_rate(rate: float, threshold: float) -> int | None:
-    """The smallest n at which a Wilson interval around the observed `rate` excludes `threshold` (None: the rate is
-    the threshold, or no n up to MAX_N does)."""
+    """The smallest n at which a Wilson interval around the observed `rate` (held fixed) excludes `threshold`: the
+    interval only narrows as n grows, so every larger n decides too (None: the rate is the threshold, or no n up to
+    MAX_N does)."""
     if not math.isfinite(rate) or rate == threshold:
         return None
     for n in range(1, MAX_N + 1):
-        low, high = wilson(round(rate * n), n)
+        low, high = wilson_at(rate, n)
         if low >= threshold or high < threshold:
             return n
     return None
@@ -86,6 +99,8 @@ def rate_reaches(
         baseline=baseline,
         p_value=None,
         p_adjusted=None,
+        alternative=None,
+        alpha=None,
         family=None,
         outcome=outcome,
         n_to_decide=n_to_decide_rate(value, threshold) if outcome == NOT_CONFIRMED else None,
@@ -109,17 +124,19 @@ def tested(
     estimate: float,
     ci: Sequence[float],
     p_value: float,
+    alternative: Alternative,
     baseline: float | None = None,
     subject: str | None = None,
 ) -> Claim:
     """A claim decided by a test: confirmed where its p (adjusted over its family, once `adjust` has run) is below
-    ALPHA, otherwise not confirmed, with the n at which the observed effect would reach it (from the interval's
-    half-width, which shrinks as 1/sqrt(n))."""
+    ALPHA (one-sided: ALPHA / 2, the level its 95 % interval shows), otherwise not confirmed, with about the n at
+    which the observed effect would reach it."""
+    alpha = ALPHA if alternative == "two-sided" else ALPHA / 2
     claim = Claim(
         kind=kind,
         subject=subject,
         statement=statement,
-        rule=rule,
+        rule=f"{rule}, p adjusted over its family below {alpha}",
         measured_on=measured_on,
         n=n,
         estimate=estimate,
@@ -127,6 +144,8 @@ def tested(
         baseline=baseline,
         p_value=p_value,
         p_adjusted=p_value,
+        alternative=alternative,
+        alpha=alpha,
         family=None,
         outcome=NOT_CONFIRMED,
         n_to_decide=None,
@@ -137,23 +156,36 @@ def tested(
 def decided(claim: Claim) -> Claim:
     """The outcome of a tested claim from its adjusted p; where not confirmed, the n the observed effect needs."""
     p = claim["p_adjusted"]
-    confirmed = p is not None and p < ALPHA
+    confirmed = p is not None and p < (claim["alpha"] or ALPHA)
     out = Claim(**{**claim, "outcome": CONFIRMED if confirmed else NOT_CONFIRMED, "n_to_decide": None})
     if not confirmed:
         out["n_to_decide"] = n_for_effect(claim)
     return out
 
 
-def n_for_effect(claim: Claim) -> int | None:
-    """The n at which an effect of the observed size, against the null (`baseline`, or 0), would have an interval
-    that excludes the null: n * (half-width / distance)^2; None where the effect is nil or points the other way."""
+def n_for_effect(claim: Claim, other_half: float = 0.0) -> int | None:
+    """About the n at which an effect of the observed size, against its null (`baseline`, or 0), would reach the
+    level its family's adjustment asks of it (the p's multiplier carried over), its spread shrinking as 1/sqrt(n):
+    None where the effect is nil or points away from the claim. `other_half`: the half-width of an interval it is
+    compared with, which shrinks too."""
     low, high = (math.nan if v is None else v for v in claim["ci"])
     null = claim["baseline"] or 0.0
     distance = math.nan if claim["estimate"] is None else claim["estimate"] - null
+    alternative = claim["alternative"] or "greater"
     if not all(map(math.isfinite, (low, high, distance))) or distance == 0 or claim["n"] == 0:
         return None
-    half = (high - low) / 2
-    return max(claim["n"] + 1, math.ceil(claim["n"] * (half / abs(distance)) ** 2)) if half > 0 else None
+    if (alternative == "greater" and distance < 0) or (alternative == "less" and distance > 0):
+        return None
+    se = ((high - low) / 2 + other_half) / 1.959963984540054
+    if se <= 0:
+        return None
+    p, adjusted = claim["p_value"], claim["p_adjusted"]
+    times = adjusted / p if p and adjusted and p > 0 else 1.0  # how much its family's adjustment raised its p
+    level = (claim["alpha"] or ALPHA) / times
+    z = float(scipy_stats.norm.isf(level / 2 if alternative == "two-sided" else level))
+    if claim["alternative"] is None:  # a rule on 95 % intervals: they part where the gap passes both half-widths
+        z = 1.959963984540054
+    return max(claim["n"] + 1, math.ceil(claim["n"] * (z * se / abs(distance)) ** 2))
 
 
 RESAMPLES = 9999  # permutation tests: the smallest p is 1 / 10,000
@@ -194,18 +226,21 @@ def mean_below(
     if len(x) >= 2 and float(x.std()) > 0:
         test: Any = scipy_stats.ttest_1samp(x, threshold, alternative="less")  # a TtestResult, untyped in scipy
         p = float(test.pvalue)
-    else:  # no spread: the mean is the answer
-        p = 0.0 if len(x) and float(x.mean()) < threshold else 1.0
+    elif len(x) >= 2 and float(x.max()) < threshold:  # no spread, every value below: a sign test
+        p = 0.5 ** len(x)
+    else:  # one problem, or none below: nothing to claim
+        p = 1.0
     claim = tested(
         kind,
         statement,
-        f"one-sided t test of the mean against {threshold}, p adjusted over its family below {ALPHA}; rejected where "
-        "the bootstrap interval lies at or above it",
+        f"one-sided t test of the mean against {threshold} (a sign test where the values do not spread); rejected "
+        "where the bootstrap interval lies at or above it",
         measured_on,
         len(x),
         float(x.mean()) if len(x) else float("nan"),
         mean_interval(x.tolist(), seed),
         p,
+        "less",
         baseline=threshold,
         subject=subject,
     )
@@ -229,6 +264,7 @@ def paired_greater(
     subject: str | None = None,
     seed: int = 0,
     alternative: Literal["greater", "two-sided"] = "greater",
+    unit: str = "problems",
 ) -> Claim:
     """'On the same problems, `first` is larger than `second` on average' (or, two-sided, 'differs from'), by a
     paired permutation test (the two values of a problem swapped at random), with the bootstrap interval of the
@@ -252,13 +288,14 @@ def paired_greater(
     return tested(
         kind,
         statement,
-        f"paired permutation test over problems ({RESAMPLES:,} resamples, "
-        f"{'one-sided' if alternative == 'greater' else 'two-sided'}), p adjusted over its family below {ALPHA}",
+        f"paired permutation test over {unit} ({RESAMPLES:,} resamples, "
+        f"{'one-sided' if alternative == 'greater' else 'two-sided'}; at least 1 / {RESAMPLES + 1:,})",
         measured_on,
         len(d),
         float(d.mean()) if len(d) else float("nan"),
         mean_interval(d.tolist(), seed),
         p,
+        alternative,
         baseline=0.0,
         subject=subject,
     )
@@ -280,12 +317,13 @@ def paired_differs(
     return tested(
         kind,
         statement,
-        f"exact McNemar test (two-sided), p adjusted over its family below {ALPHA}",
+        "exact McNemar test (two-sided)",
         measured_on,
         n,
         diff,
         mean_interval([float(x) - float(y) for x, y in zip(first_P, second_P, strict=True)]),
         test["p_value"],
+        "two-sided",
         baseline=0.0,
         subject=subject,
     )
@@ -302,8 +340,8 @@ def interval_above(
     n: int,
 ) -> Claim:
     """'This estimate is above the other', decided by their 95 % intervals: confirmed where this one's lies wholly
-    above the other's, rejected where it lies wholly below, otherwise not confirmed (the n is then the scale at
-    which this interval's half-width would clear the other's upper end)."""
+    above the other's, rejected where it lies wholly below, otherwise not confirmed (with about the n at which the
+    two would part, where this one is the higher)."""
     low, high = (float("nan") if v is None else float(v) for v in ci)
     other_low, other_high = (float("nan") if v is None else float(v) for v in other_ci)
     outcome = CONFIRMED if low > other_high else REJECTED if high < other_low else NOT_CONFIRMED
@@ -317,15 +355,17 @@ def interval_above(
         n=n,
         estimate=estimate,
         ci=[low, high],
-        baseline=other_high,
+        baseline=other,
         p_value=None,
         p_adjusted=None,
+        alternative=None,
+        alpha=None,
         family=None,
         outcome=outcome,
         n_to_decide=None,
     )
-    if outcome == NOT_CONFIRMED:
-        claim["n_to_decide"] = n_for_effect(claim)
+    if outcome == NOT_CONFIRMED:  # both intervals shrink with n: about when they part
+        claim["n_to_decide"] = n_for_effect(claim, other_half=(other_high - other_low) / 2)
     return claim
 
 
@@ -379,7 +419,9 @@ def outcome_text(claim: Claim) -> str:
         tail.append(f"baseline {claim['baseline']:.3f}")
     if claim["p_value"] is not None:
         adj = claim["p_adjusted"]
-        tail.append(f"p {claim['p_value']:.2g}" + (f", adjusted {adj:.2g}" if adj != claim["p_value"] else ""))
+        tail.append(
+            f"p {claim['p_value']:.2g}" + (f", adjusted {adj:.2g}" if claim["family"] and adj is not None else "")
+        )
     text = f"{claim['outcome']}: {claim['statement']} ({'; '.join(tail)})"
     if claim["outcome"] == NOT_CONFIRMED:
         n = claim["n_to_decide"]

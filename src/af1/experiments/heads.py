@@ -195,8 +195,8 @@ def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, r
             measured,
             subject=name,
         )
-        for name in variants
-        if variants[name]
+        for i, name in enumerate(variants)
+        if variants[name] and variants[name] not in list(variants.values())[i + 1 :]  # a duplicate row: one test
     ]
     rows: list[PeekRow | RandomPeekRow] = [
         PeekRow(
@@ -218,8 +218,8 @@ def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, r
             paired_greater(
                 "top_peek_vs_random",
                 f"letting only the {k_top} top heads of the transfer layers peek keeps more problems right than "
-                f"letting as many random heads of those layers peek ({RANDOM_DRAWS} draws, none of the top or key "
-                "heads)",
+                f"letting as many random heads of those layers peek (these {RANDOM_DRAWS} draws, held fixed; none of "
+                "the top or key heads)",
                 scores[top_name].correct_P.float().tolist(),
                 torch.stack([s.correct_P.float() for s in drawn]).mean(0).tolist(),
                 measured,

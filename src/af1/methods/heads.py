@@ -966,6 +966,9 @@ class Knockout(TypedDict):
     random_matched: dict[str, int]  # over all draws: heads matched by layer and key/value group, by layer, nearest
     random_heads: list[list[list[int]]]
     top_rank_among_random: int  # random sets that leave as few problems right as the top set, or fewer
+    top_rank_p: (
+        float  # (1 + those) / (draws + 1): how rare the top set is among random draws (at least 1 / (draws + 1))
+    )
     accuracy_random_k_mean: float
     accuracy_random_k_std: float
     accuracy_random_k: list[float]
@@ -1102,8 +1105,8 @@ def top_vs_random_claim(top: Scores, randoms: list[Scores], k: int, measured_on:
     random_correct = torch.stack([s.correct_P.float() for s in randoms])  # [random set, problem]
     return paired_greater(
         "top_vs_random",
-        f"mean-ablating the top {k} heads leaves fewer problems right than {len(randoms)} random sets of {k} from "
-        "the same layers and key/value groups",
+        f"mean-ablating the top {k} heads leaves fewer problems right than these {len(randoms)} random sets of {k} "
+        "from the same layers and key/value groups (the draws held fixed: over new draws, `top_rank_p`)",
         random_correct.mean(0).tolist(),
         top.correct_P.float().tolist(),
         measured_on,
@@ -1204,6 +1207,7 @@ def study(
         },
         random_heads=[[list(h) for h in heads] for heads in rand_sets],
         top_rank_among_random=sum(r <= top_rate["value"] for r in randoms),
+        top_rank_p=(1 + sum(r <= top_rate["value"] for r in randoms)) / (draws + 1),
         accuracy_random_k_mean=float(rand.mean()),
         accuracy_random_k_std=float(rand.std()) if draws > 1 else 0.0,
         accuracy_random_k=randoms,
