@@ -4,7 +4,7 @@
     held = af1.session(af1.load_model("smollm2"))  # one evaluation and one setup per task, shared by every run
     task = af1.TaskSpec(operation="a+b", style="calculate", shots=3)
     found = af1.run("search", held, task, threshold=0.9, upstream={"sweep": {"max_transfer": 4}})
-    found.wait, found.transfer, found.faithfulness, found.faithfulness_ci
+    found.claim, found.wait, found.transfer, found.faithfulness, found.faithfulness_ci  # claim: outcome and numbers
 
 Each result is the experiment's typed pydantic model (`af1.experiments.<module>.Result`); `.data()` is its JSON.
 The building blocks below it (`af1.methods`, `af1.executors`, `af1.interventions`, `af1.tasks`) are public too.

@@ -422,6 +422,10 @@ def outcome_text(claim: Claim) -> str:
         tail.append(
             f"p {claim['p_value']:.2g}" + (f", adjusted {adj:.2g}" if claim["family"] and adj is not None else "")
         )
+    low, high = claim["ci"]
+    decisive = high if claim["outcome"] == REJECTED else low if claim["outcome"] == CONFIRMED else None
+    if claim["p_value"] is None and decisive is not None:  # a rule on the interval: its deciding end, unrounded
+        tail.append(f"{'upper' if claim['outcome'] == REJECTED else 'lower'} end {decisive:.4f}")
     text = f"{claim['outcome']}: {claim['statement']} ({'; '.join(tail)})"
     if claim["outcome"] == NOT_CONFIRMED:
         n = claim["n_to_decide"]

@@ -168,7 +168,8 @@ def claim_line(result: Result) -> str:
     chosen = (
         f"chosen on {result.n_selection} selection problems"
         if result.chosen
-        else f"no cell reaches {result.threshold} on the {result.n_selection} selection problems; the best eligible one"
+        else f"judged at the best eligible cell: none reaches {result.threshold} on the {result.n_selection} "
+        "selection problems"
     )
     return f"{outcome_text(result.claim)}; {chosen}"
 
