@@ -49,15 +49,6 @@ class Claim(TypedDict):
     n_to_decide: int | None
 
 
-def wilson_at(rate: float, n: int) -> tuple[float, float]:
-    """The 95 % Wilson interval of an observed rate held fixed at n (k = rate * n, not rounded)."""
-    z = 1.959963984540054
-    denom = 1 + z * z / n
-    centre = (rate + z * z / (2 * n)) / denom
-    half = z * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n)) / denom
-    return centre - half, centre + half
-
-
 def n_to_decide_rate(rate: float, threshold: float) -> int | None:
     """The smallest n at which a Wilson interval around the observed `rate` (held fixed) excludes `threshold`: the
     interval only narrows as n grows, so every larger n decides too (None: the rate is the threshold, or no n up to
@@ -65,7 +56,7 @@ def n_to_decide_rate(rate: float, threshold: float) -> int | None:
     if not math.isfinite(rate) or rate == threshold:
         return None
     for n in range(1, MAX_N + 1):
-        low, high = wilson_at(rate, n)
+        low, high = wilson(rate * n, n)
         if low >= threshold or high < threshold:
             return n
     return None

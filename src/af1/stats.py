@@ -18,8 +18,9 @@ Z95 = 1.959963984540054
 BASELINE_WARNING = 0.5
 
 
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """95 % Wilson score interval of k successes in n trials; (nan, nan) when n = 0."""
+def wilson(k: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """95 % Wilson score interval of k successes in n trials; (nan, nan) when n = 0. A fractional k is a rate held
+    fixed at another n (`af1.claims.n_to_decide_rate`)."""
     if n == 0:
         return float("nan"), float("nan")
     p = k / n

@@ -91,17 +91,6 @@ def head_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> dict[
     return {layer: sums.mean(layer) for layer in sums.sums}
 
 
-def random_heads(
-    adapter: ModelAdapter, k: int, seed: int, exclude: list[tuple[int, int]] | None = None
-) -> list[tuple[int, int]]:
-    """k heads drawn (seeded) from those not excluded (the chosen ones)."""
-    skip = set(exclude or [])
-    pool = [(layer, h) for layer in range(adapter.n_layers) for h in range(adapter.n_heads) if (layer, h) not in skip]
-    if k > len(pool):
-        raise Af1Error(f"{k} random heads cannot be drawn from the {len(pool)} heads that were not chosen")
-    return random.Random(seed).sample(pool, k)
-
-
 def matched_heads(
     adapter: ModelAdapter, like: list[tuple[int, int]], seed: int, exclude: list[tuple[int, int]]
 ) -> tuple[list[tuple[int, int]], dict[str, int]]:
@@ -135,3 +124,12 @@ def matched_heads(
         else:
             raise Af1Error(f"{len(like)} matched random heads cannot be drawn: too few heads are not chosen")
     return drawn, levels
+
+
+def matched_draws(
+    adapter: ModelAdapter, like: list[tuple[int, int]], seeds: range, exclude: list[tuple[int, int]]
+) -> tuple[list[list[tuple[int, int]]], dict[str, int]]:
+    """One `matched_heads` draw per seed, and over all of them how many heads were matched at each level."""
+    draws = [matched_heads(adapter, like, seed, exclude) for seed in seeds]
+    levels = {level: sum(counts[level] for _, counts in draws) for level in (draws[0][1] if draws else {})}
+    return [drawn for drawn, _ in draws], levels

@@ -23,7 +23,7 @@ from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDict
 
 from af1.claims import Claim, adjust, mean_interval, paired_greater
 from af1.errors import Af1Error
-from af1.interventions.heads import matched_heads
+from af1.interventions.heads import matched_draws
 from af1.models.adapter import ModelAdapter, weight_of
 from af1.progress import stage
 from af1.stats import mean_std
@@ -316,8 +316,7 @@ def compare(
 
     base, baseline, base_correct = measure()
     chosen = [list(h) for h in heads]
-    matched = [matched_heads(adapter, heads, config.seed + d, heads) for d in range(random_draws)]
-    random_sets = [drawn for drawn, _ in matched]
+    random_sets, matched = matched_draws(adapter, heads, range(config.seed, config.seed + random_draws), heads)
     variants: dict[str, list[dict[str, torch.Tensor] | None]] = {
         "precise": [head_slices(adapter, heads)],
         "random_heads": [head_slices(adapter, h) for h in random_sets],
@@ -384,9 +383,7 @@ def compare(
             variant["note"] = "full fine-tuning also updates the (tied) embedding"
         if name == "random_heads":
             variant["draws"] = len(random_sets)
-            variant["random_matched"] = {
-                level: sum(levels[level] for _, levels in matched) for level in (matched[0][1] if matched else {})
-            }
+            variant["random_matched"] = matched
             variant["note"] = (
                 f"{len(random_sets)} seeded draws of {len(heads)} heads, each chosen head matched by one of the same "
                 "layer and key/value group (else the same layer, else the nearest), none of the chosen ones; learning "

@@ -39,7 +39,7 @@ from af1.claims import Claim, adjust, confirmed, mean_below, paired_greater
 from af1.errors import Af1Error
 from af1.executors.fast import capture_problem_kv, last_token_inputs
 from af1.interventions.attention import LayerPlan, attention_plans
-from af1.interventions.heads import HeadSums, head_sums, matched_heads, replace_heads
+from af1.interventions.heads import HeadSums, head_sums, matched_draws, replace_heads
 from af1.interventions.sites import (
     FINAL,
     Site,
@@ -203,10 +203,10 @@ class EffectSums:
     @classmethod
     def zeros(cls, P: int, L: int, H: int, layers: Sequence[int] | None = None) -> EffectSums:
         """Zeros in the patched layers (all, or `layers`), NaN in the others."""
-        heads = torch.zeros(P, L, H)
+        heads, mlps = torch.zeros(P, L, H), torch.zeros(L)
         if layers is not None:
-            heads[:, [layer for layer in range(L) if layer not in layers]] = float("nan")
-        mlps = heads[0, :, 0].clone()
+            unpatched = [layer for layer in range(L) if layer not in layers]
+            heads[:, unpatched], mlps[unpatched] = float("nan"), float("nan")
         return cls(heads, heads.clone(), mlps, mlps.clone())
 
     def add_rows(self, rows_P: torch.Tensor, other: EffectSums) -> None:
@@ -1157,8 +1157,7 @@ def study(
     keys = key_heads(effect, threshold)
     chosen = list(dict.fromkeys(top + keys))
     means = step_means(adapter, task)
-    matched = [matched_heads(adapter, top, seed, chosen) for seed in range(draws)]
-    rand_sets = [heads for heads, _ in matched]
+    rand_sets, matched = matched_draws(adapter, top, range(draws), chosen)
     second: Ranked | None = None
     with progress_stage(f"knock-outs: top {k} and {draws} random sets"):
         top_scores, *rand_scores = knockouts(adapter, tested_on, [top, *rand_sets], means)
@@ -1202,9 +1201,7 @@ def study(
         accuracy_top_k_ci=top_rate["ci"],
         random_drawn_from=f"for each top head, one of the same layer and key/value group (else the same layer, else "
         f"the nearest), among the {n_heads - len(chosen)} heads neither in the top {k} nor key heads",
-        random_matched={
-            level: sum(levels[level] for _, levels in matched) for level in (matched[0][1] if matched else {})
-        },
+        random_matched=matched,
         random_heads=[[list(h) for h in heads] for heads in rand_sets],
         top_rank_among_random=sum(r <= top_rate["value"] for r in randoms),
         top_rank_p=(1 + sum(r <= top_rate["value"] for r in randoms)) / (draws + 1),
