@@ -209,10 +209,12 @@ def test_knockout_and_key_heads(task):
     )
     effect = torch.tensor([[0.0, -0.2, -0.01, -0.06], [0.1, -0.5, 0.0, 0.0]])
     assert heads.key_heads(effect) == [(1, 1), (0, 1), (0, 3)]
-    shared = heads.overlap([(1, 1), (0, 1)], [(0, 1), (2, 2)], n_heads=8)
+    shared = heads.overlap([(1, 1), (0, 1)], [(0, 1), (2, 2)], heads_per_layer=4)
     assert {k: shared[k] for k in ("jaccard", "top_k_overlap", "k")} == {"jaccard": 1 / 3, "top_k_overlap": 0.5, "k": 2}
-    assert shared["top_k_overlap_chance"] == 2 / 8  # two random pairs of 8 heads share 0.5 heads, a share of 0.25
-    assert shared["top_k_overlap_p"] == pytest.approx(1 - (6 * 5) / (8 * 7))  # P(at least one in common)
+    # the second list redrawn within its layers: (0, 1) comes back in layer 0 one time in 4, layer 2 holds none of
+    # the first's heads; so 0.25 heads of 2 are shared on average, and one or more with chance 1/4
+    assert shared["top_k_overlap_chance"] == 0.125
+    assert shared["top_k_overlap_p"] == pytest.approx(0.25, abs=0.02)
     looks = heads.last_query_attention(adapter, task, [(0, 1), (2, 0)])
     for shares in looks.values():
         assert sum(shares.values()) == pytest.approx(1.0, abs=1e-5)

@@ -325,10 +325,10 @@ class Heads(base.Experiment):
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
         """Per model and pair of tasks: how many of the top heads by path patching are the same."""
         by_model: dict[str, dict[str, list[list[int]]]] = {}
-        n_heads: dict[str, int] = {}
+        n_heads: dict[str, int] = {}  # per model, heads a layer
         for f in finished:
             by_model.setdefault(f.model, {})[f.task] = f.result.top_heads
-            n_heads[f.model] = f.result.n_heads
+            n_heads[f.model] = len(f.result.relative_logit_change_layer_head[0])  # heads a layer
         rows = []
         for model, by_task in by_model.items():
             tasks = sorted(by_task)
@@ -340,8 +340,9 @@ class Heads(base.Experiment):
         if rows:
             parts.append(
                 "<h2>The same heads across tasks?</h2><p>Per model, the share of the top heads by path patching "
-                "that two tasks have in common (top-k overlap), beside what two random sets of k heads share on "
-                "average, and the chance of sharing as many or more (hypergeometric p).</p>"
+                "that two tasks have in common (top-k overlap), beside what the second's top heads redrawn at random "
+                "within their own layers share with the first on average, and the chance of sharing as many or more "
+                "that way (p).</p>"
             )
             parts.append(
                 table_html(
@@ -413,8 +414,9 @@ class Heads(base.Experiment):
                 f"<p>Top heads by each counterfactual, on the same {split.get('n_selection')} selection problems "
                 f"(the second: path patching only). The key heads, knock-outs"
                 f"{' and the AF1 consistency table' if result.af1_consistency else ''} use the first. Top-"
-                f"{len(result.top_heads)} overlap {second['top_k_overlap']:.2f} (two random sets share "
-                f"{second['top_k_overlap_chance']:.2f} on average; p {second['top_k_overlap_p']:.2g}).</p>"
+                f"{len(result.top_heads)} overlap {second['top_k_overlap']:.2f} (the second's top heads redrawn "
+                f"within their layers share {second['top_k_overlap_chance']:.2f} on average; p "
+                f"{second['top_k_overlap_p']:.2g}).</p>"
             )
             used = f"{result.counterfactual_kind} ({result.counterfactual}), used"
             other = f"{second['counterfactual_kind']} ({second['counterfactual']})"

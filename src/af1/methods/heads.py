@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from pydantic import ConfigDict, with_config
-from scipy.stats import hypergeom
 from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.claims import Claim, adjust, confirmed, mean_below, paired_greater
@@ -813,9 +813,9 @@ def key_heads(effect_LH: torch.Tensor, threshold: float = -0.05) -> list[tuple[i
 
 @with_config(ConfigDict(extra="forbid"))
 class Overlap(TypedDict):
-    """Two head sets compared: Jaccard (None when both are empty), the share of their top k in common, what two
-    random sets of k among the model's heads share on average (k / heads), and the chance of sharing as many or
-    more (hypergeometric)."""
+    """Two head sets compared: Jaccard (None when both are empty), the share of their top k in common, what the
+    first top k would share on average with random heads drawn in the second's layers (as many per layer: high
+    effects cluster in a few layers), and the chance of sharing as many or more under that draw."""
 
     jaccard: float | None
     top_k_overlap: float
@@ -824,18 +824,34 @@ class Overlap(TypedDict):
     top_k_overlap_p: float
 
 
-def overlap(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], n_heads: int, k: int | None = None) -> Overlap:
-    """Jaccard of two head sets (None when both are empty) and the overlap of their top-k, against chance."""
+OVERLAP_DRAWS = 10_000  # draws of the layer-matched null: the smallest p is 1 / 10,001
+
+
+def overlap(
+    a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], heads_per_layer: int, k: int | None = None
+) -> Overlap:
+    """Jaccard of two head sets (None when both are empty) and the overlap of their top-k, against chance: `b`'s
+    top k redrawn at random within their own layers, a seeded Monte-Carlo p."""
     sa, sb = set(map(tuple, a)), set(map(tuple, b))
     jac = len(sa & sb) / len(sa | sb) if sa | sb else None
     k = k or min(len(a), len(b))
-    shared = len(set(map(tuple, a[:k])) & set(map(tuple, b[:k])))
+    top_a, top_b = set(map(tuple, a[:k])), [tuple(h) for h in b[:k]]
+    shared = len(top_a & set(top_b))
+    rng = np.random.default_rng(0)
+    simulated = np.zeros(OVERLAP_DRAWS, dtype=int)
+    expected = 0.0
+    for layer in sorted({h[0] for h in top_b}):
+        count = sum(h[0] == layer for h in top_b)
+        mine = np.array([h in top_a for h in ((layer, j) for j in range(heads_per_layer))])
+        drawn = rng.permuted(np.tile(np.arange(heads_per_layer), (OVERLAP_DRAWS, 1)), axis=1)[:, :count]
+        simulated += mine[drawn].sum(1)
+        expected += count * mine.sum() / heads_per_layer
     return Overlap(
         jaccard=jac,
         top_k_overlap=shared / k if k else 1.0,
         k=k,
-        top_k_overlap_chance=k / n_heads,
-        top_k_overlap_p=float(hypergeom.sf(shared - 1, n_heads, k, k)),
+        top_k_overlap_chance=float(expected / k) if k else 0.0,
+        top_k_overlap_p=float((1 + (simulated >= shared).sum()) / (OVERLAP_DRAWS + 1)),
     )
 
 
@@ -1264,7 +1280,7 @@ def study(
         except Af1Error as exc:  # e.g. no other operand value keeps a problem's token layout: said, not fatal
             result["second_counterfactual"] = NoSecondCounterfactual(counterfactual_kind=second_kind, error=str(exc))
     if second_kind is not None and second is not None:
-        second_overlap = overlap(top, second["top_heads"], n_heads, k)
+        second_overlap = overlap(top, second["top_heads"], adapter.n_heads, k)
         result["second_counterfactual"] = SecondCounterfactual(
             counterfactual=second["counterfactual"],
             counterfactual_kind=second["counterfactual_kind"],
@@ -1289,7 +1305,7 @@ def study(
         except Af1Error as exc:
             result["overlap"].append(TaskOverlap(task=other.operation, style=other.style, error=str(exc)))
             continue
-        shared = overlap(top, top_heads(o_effect, k), n_heads, k)
+        shared = overlap(top, top_heads(o_effect, k), adapter.n_heads, k)
         result["overlap"].append(
             TaskOverlap(
                 task=other.operation,
@@ -1297,7 +1313,7 @@ def study(
                 n_solved=len(o_kept),
                 n_selection=len(o_sel),
                 key_heads=[list(h) for h in key_heads(o_effect, threshold)],
-                key_heads_jaccard=overlap(keys, key_heads(o_effect, threshold), n_heads)["jaccard"],
+                key_heads_jaccard=overlap(keys, key_heads(o_effect, threshold), adapter.n_heads)["jaccard"],
                 top_k_overlap=shared["top_k_overlap"],
                 top_k_overlap_chance=shared["top_k_overlap_chance"],
                 top_k_overlap_p=shared["top_k_overlap_p"],
