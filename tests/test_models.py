@@ -110,8 +110,35 @@ def test_directory_without_config(tmp_path):
 def test_unreadable_gguf(tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"not a gguf file")
-    with pytest.raises(Af1Error, match="cannot load"):
+    with pytest.raises(Af1Error, match="not a readable GGUF file"):
         load_model(str(bad))
+
+
+def test_a_gguf_cut_short_is_refused_in_one_line_before_any_work(tmp_path, capsys):
+    import gguf
+    import numpy as np
+
+    from af1.models.loading import check_gguf
+
+    from cli_helpers import run_cli
+
+    whole = tmp_path / "whole.gguf"
+    writer = gguf.GGUFWriter(str(whole), "llama")
+    writer.add_tensor("w", np.ones((64, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    check_gguf(whole)  # a whole file passes
+    data = whole.read_bytes()
+    for cut in (len(data) // 2, 100, len(data) - 10):  # in the tensor data, in the header, at the very end
+        short = tmp_path / f"cut{cut}.gguf"
+        short.write_bytes(data[:cut])
+        with pytest.raises(Af1Error, match=r"damaged or cut short|is cut short"):
+            check_gguf(short)
+    code, out, err = run_cli(capsys, "eval", "--model", str(tmp_path / f"cut{len(data) // 2}.gguf"))
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1 and "cut short" in lines[0], err
 
 
 def test_bundled_model(smollm2):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,13 +47,32 @@ def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+def check_gguf(path: Path) -> None:
+    """Refuse, in one line and before any de-quantising, a GGUF whose header or tensors the file cannot hold (cut
+    short, or not a GGUF at all)."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except (ValueError, IndexError, KeyError, OSError, struct.error) as exc:
+        raise Af1Error(
+            f"{path} is not a readable GGUF file: it is damaged or cut short ({str(exc).splitlines()[0][:80]})"
+        ) from exc
+    size = path.stat().st_size
+    if end > size:
+        raise Af1Error(f"{path} is cut short: its tensors need {end:,} bytes, the file has {size:,}")
+
+
 def _gguf_to_safetensors(gguf: Path, digest: str) -> Path:
-    """Dequantise a GGUF once into a float32 safetensors directory keyed by the file's sha256."""
+    """Dequantise a GGUF once into a float32 safetensors directory keyed by the file's sha256 (the file checked
+    first, `check_gguf`)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     target = cache_root() / "models" / digest[:32]
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
+    check_gguf(gguf)
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
