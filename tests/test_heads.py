@@ -172,9 +172,8 @@ def test_gptj_has_no_total_path(task):
         heads.path_patching(ModelAdapter(tiny_model("gptj")), task, Counterfactual(task.input_ids_PT, "", []), "total")
 
 
-def test_one_head_that_writes_has_the_only_effect_and_the_same_under_every_path(task):
-    """A model in which only head (1, 2) writes to the residual stream and no MLP does: every other head's
-    effect is exactly zero, and nothing downstream can react, so the three definitions agree."""
+def one_head_writes():
+    """A tiny llama in which only head (1, 2) writes to the residual stream and no MLP does."""
     model = tiny_model("llama")
     d = model.config.head_dim
     with torch.no_grad():
@@ -184,7 +183,13 @@ def test_one_head_that_writes_has_the_only_effect_and_the_same_under_every_path(
             layer.self_attn.o_proj.weight.zero_()
             if i == 1:
                 layer.self_attn.o_proj.weight[:, 2 * d : 3 * d] = keep
-    adapter = ModelAdapter(model)
+    return model
+
+
+def test_one_head_that_writes_has_the_only_effect_and_the_same_under_every_path(task):
+    """A model in which only head (1, 2) writes to the residual stream and no MLP does: every other head's
+    effect is exactly zero, and nothing downstream can react, so the three definitions agree."""
+    adapter = ModelAdapter(one_head_writes())
     cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
     effects = {
         path: heads.path_patching(adapter, task, cf, path)["relative_logit_change_layer_head"] for path in heads.PATHS
@@ -730,16 +735,7 @@ def test_matched_random_heads_share_the_layers_and_groups_and_never_a_chosen_hea
 def test_a_head_with_no_effect_is_never_a_confirmed_key_head(task):
     """Only head (1, 2) writes to the residual stream: every other head's effect is exactly zero on every
     problem, so its key-head claim is rejected, whatever the threshold's side."""
-    model = tiny_model("llama")
-    d = model.config.head_dim
-    with torch.no_grad():
-        for i, layer in enumerate(model.model.layers):
-            layer.mlp.down_proj.weight.zero_()
-            keep = layer.self_attn.o_proj.weight[:, 2 * d : 3 * d].clone()
-            layer.self_attn.o_proj.weight.zero_()
-            if i == 1:
-                layer.self_attn.o_proj.weight[:, 2 * d : 3 * d] = keep
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter(one_head_writes())
     cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
     pp = heads.path_patching(adapter, task, cf, "direct", layers=[0, 1])
     effect_P = heads.problem_effects(pp, "relative")

@@ -77,16 +77,45 @@ def rate_reaches(
     low, high = wilson(k, n)
     value = k / n if n else float("nan")
     outcome = CONFIRMED if n and low >= threshold else REJECTED if n and high < threshold else NOT_CONFIRMED
+    claim = interval_claim(
+        kind,
+        statement,
+        f"confirmed where the 95 % Wilson interval's lower end is >= {threshold}, rejected where its upper end is "
+        "below it, otherwise not confirmed",
+        measured_on,
+        n,
+        value,
+        [low, high],
+        baseline,
+        outcome,
+        subject,
+    )
+    claim["n_to_decide"] = n_to_decide_rate(value, threshold) if outcome == NOT_CONFIRMED else None
+    return claim
+
+
+def interval_claim(
+    kind: str,
+    statement: str,
+    rule: str,
+    measured_on: str,
+    n: int,
+    estimate: float,
+    ci: list[float],
+    baseline: float | None,
+    outcome: Outcome,
+    subject: str | None = None,
+) -> Claim:
+    """A claim decided by a rule on intervals alone: no test, no family (its n to decide is the caller's)."""
     return Claim(
         kind=kind,
         subject=subject,
         statement=statement,
-        rule=f"confirmed where the 95 % Wilson interval's lower end is >= {threshold}, rejected where its upper "
-        "end is below it, otherwise not confirmed",
+        rule=rule,
         measured_on=measured_on,
         n=n,
-        estimate=value,
-        ci=[low, high],
+        estimate=estimate,
+        ci=list(ci),
         baseline=baseline,
         p_value=None,
         p_adjusted=None,
@@ -94,7 +123,7 @@ def rate_reaches(
         alpha=None,
         family=None,
         outcome=outcome,
-        n_to_decide=n_to_decide_rate(value, threshold) if outcome == NOT_CONFIRMED else None,
+        n_to_decide=None,
     )
 
 
@@ -336,24 +365,17 @@ def interval_above(
     low, high = (float("nan") if v is None else float(v) for v in ci)
     other_low, other_high = (float("nan") if v is None else float(v) for v in other_ci)
     outcome = CONFIRMED if low > other_high else REJECTED if high < other_low else NOT_CONFIRMED
-    claim = Claim(
-        kind=kind,
-        subject=None,
-        statement=statement,
-        rule=f"confirmed where its 95 % interval lies wholly above the other's ({other:.3f} [{other_low:.2f}, "
+    claim = interval_claim(
+        kind,
+        statement,
+        f"confirmed where its 95 % interval lies wholly above the other's ({other:.3f} [{other_low:.2f}, "
         f"{other_high:.2f}]), rejected where wholly below, otherwise not confirmed",
-        measured_on=measured_on,
-        n=n,
-        estimate=estimate,
-        ci=[low, high],
-        baseline=other,
-        p_value=None,
-        p_adjusted=None,
-        alternative=None,
-        alpha=None,
-        family=None,
-        outcome=outcome,
-        n_to_decide=None,
+        measured_on,
+        n,
+        estimate,
+        [low, high],
+        other,
+        outcome,
     )
     if outcome == NOT_CONFIRMED:  # both intervals shrink with n: about when they part
         claim["n_to_decide"] = n_for_effect(claim, other_half=(other_high - other_low) / 2)
