@@ -141,6 +141,77 @@ def test_a_gguf_cut_short_is_refused_in_one_line_before_any_work(tmp_path, capsy
     assert code == 2 and out == "" and len(lines) == 1 and "cut short" in lines[0], err
 
 
+def _saved(tmp_path, tokenizer, name: str = "m"):
+    directory = tmp_path / name
+    tiny_model("llama").save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _one_line_refusal(capsys, spec: str) -> str:
+    from cli_helpers import run_cli
+
+    code, out, err = run_cli(capsys, "eval", "--model", spec)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1, err
+    return lines[0]
+
+
+def test_damaged_safetensors_are_refused_in_one_line_before_loading(tmp_path, tokenizer, capsys):
+    import json
+
+    whole = _saved(tmp_path, tokenizer)
+    load_model(str(whole))  # a whole directory loads
+    data = (whole / "model.safetensors").read_bytes()
+    for name, damage, why in (
+        ("cut-in-data", data[: len(data) // 2], "is cut short"),
+        ("cut-in-header", data[:40], "damaged or cut short"),
+        ("bad-header", data[:8] + b"{garbage" + data[16:], "header is damaged"),
+    ):
+        broken = _saved(tmp_path, tokenizer, name)
+        (broken / "model.safetensors").write_bytes(damage)
+        line = _one_line_refusal(capsys, str(broken))
+        assert why in line and str(broken / "model.safetensors") in line, line
+
+    no_weights = _saved(tmp_path, tokenizer, "no-weights")
+    (no_weights / "model.safetensors").unlink()
+    assert "has config.json but no weights" in _one_line_refusal(capsys, str(no_weights))
+    (no_weights / "pytorch_model.bin").write_bytes(b"pickle")
+    assert "never unpickles" in _one_line_refusal(capsys, str(no_weights))
+
+    other_shape = _saved(tmp_path, tokenizer, "other-shape")
+    config = json.loads((other_shape / "config.json").read_text())
+    config["intermediate_size"] += 8
+    (other_shape / "config.json").write_text(json.dumps(config))
+    line = _one_line_refusal(capsys, str(other_shape))
+    assert "does not fit" in line and "mlp" in line and "config.json" in line, line
+
+
+def test_a_model_name_typo_is_refused_offline_with_the_closest_bundled_name(capsys):
+    line = _one_line_refusal(capsys, "smolm2")
+    assert "unknown model 'smolm2': did you mean smollm2?" in line, line
+    assert "did you mean" not in _one_line_refusal(capsys, "zzzz")
+
+
+def test_a_hub_id_without_the_hub_fails_in_one_line_within_seconds(capsys, monkeypatch, tmp_path):
+    import time
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # nothing cached
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    line = _one_line_refusal(capsys, "some-org/some-model")
+    assert "'some-org/some-model' is not in the Hugging Face cache" in line and "HF_HUB_OFFLINE" in line, line
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    t0 = time.perf_counter()
+    line = _one_line_refusal(capsys, "some-org/some-model")
+    assert time.perf_counter() - t0 < 10 and "the hub http://127.0.0.1:9 is not reachable" in line, line
+
+
 def test_bundled_model(smollm2):
     assert smollm2.adapter.n_layers == 30
     assert (smollm2.adapter.n_heads, smollm2.adapter.n_kv_heads, smollm2.adapter.head_dim) == (9, 3, 64)

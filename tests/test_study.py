@@ -273,15 +273,19 @@ def test_a_killed_study_reruns_only_the_missing_units(local_run, tmp_path):
     )
     deadline = time.monotonic() + 120
     done: dict[str, int] = {}
-    while not done and time.monotonic() < deadline and proc.poll() is None:
+    leased: list[Path] = []
+    while not (done and leased) and time.monotonic() < deadline and proc.poll() is None:
         for record in (out / "units").rglob("unit.json") if (out / "units").is_dir() else []:
             data = json.loads(record.read_text())
             if data["state"] == "done":
                 done[data["id"]] = record.stat().st_mtime_ns
+        leased = list((out / "units").rglob("lease.json")) if done else []
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert done and len(done) < 30, "the kill came after the first unit and before the last"
+    held = {p.parent.relative_to(out / "units").as_posix() for p in (out / "units").rglob("lease.json")}
+    assert len(held) == 1, "the killed runner held the unit it was running"
     done = {}
     for record in (out / "units").rglob("unit.json"):
         data = json.loads(record.read_text())
@@ -293,6 +297,68 @@ def test_a_killed_study_reruns_only_the_missing_units(local_run, tmp_path):
     for unit_id, mtime in done.items():
         assert (out / "units" / unit_id / "unit.json").stat().st_mtime_ns == mtime
     assert results(out) == results(local_out)
+    (taken,) = held  # the next runner took the dead runner's lease over, said so in the record, and left none
+    record = json.loads((out / "units" / taken / "unit.json").read_text())
+    assert f"its process {proc.pid} on this host has ended" in record["took_over"]
+    assert not list((out / "units").rglob("lease.json"))
+
+
+def test_two_runners_on_one_store_compute_each_unit_once(local_run, tmp_path):
+    """Two `af1 study` of one plan on one store at once: they split the units (each computed by one of them, the
+    runners' own counts add up), wait for each other's inputs, and end with the results of one run."""
+    plan, local_out, _ = local_run
+    out = tmp_path / "out"
+    env = {**os.environ, "AF1_NO_PROGRESS": "1"}
+    command = [sys.executable, "-m", "af1.cli", "study", str(plan), "--out", str(out)]
+    procs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    said = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], said
+    counts = []
+    for stdout, _ in said:
+        words = " ".join(stdout.split())
+        ran = int(words.split(" units ran")[0].rsplit(" ", 1)[-1])
+        others = words.split("were already done, ")[1]
+        by_others = int(others.split(" ")[0]) if "by another runner" in others else 0
+        counts.append((ran, by_others))
+    assert sum(ran for ran, _ in counts) == 30, counts  # every unit computed once, by one runner or the other
+    assert all(ran + by_others == 30 for ran, by_others in counts), counts  # and the other says it saw it done
+    assert all(ran > 0 for ran, _ in counts), counts  # both did work
+    pids = {json.loads(p.read_text())["worker"]["pid"] for p in (out / "units").rglob("unit.json")}
+    assert pids == {p.pid for p in procs}
+    assert results(out) == results(local_out)
+    assert not list((out / "units").rglob("lease.json"))
+
+
+def test_a_stale_lease_from_another_host_is_taken_over_after_its_timeout(local_run, tmp_path):
+    """A unit leased by a runner on another host that stopped beating is waited for until the lease's timeout, then
+    taken over and said so; a live lease is left alone (`Leases` in one process: two runners)."""
+    from af1.study.leases import Leases
+
+    plan, local_out, _ = local_run
+    out = tmp_path / "out"
+    shutil.copytree(local_out, out)
+    unit_dir = out / "units" / "tiny-qwen2" / "a-b.original.1d.1shot.n30" / "heads"
+    (unit_dir / "unit.json").unlink()
+    beat = time.time()
+    lease = {"host": "another-host", "pid": 1, "runner": "elsewhere", "started": "then", "beat": beat}
+    (unit_dir / "lease.json").write_text(json.dumps(lease))
+    t0 = time.monotonic()
+    summary = run_study(load_plan(plan), out, lease_timeout_s=3)
+    assert time.monotonic() - t0 >= 3  # it waited for the lease to go stale
+    assert summary.ran == ["tiny-qwen2/a-b.original.1d.1shot.n30/heads"]
+    record = json.loads((unit_dir / "unit.json").read_text())
+    assert "runner elsewhere (pid 1 on another-host)" in record["took_over"] and "no heartbeat" in record["took_over"]
+    assert results(out) == results(local_out) and not (unit_dir / "lease.json").exists()
+
+    with Leases(timeout_s=1, heartbeat_s=0.1) as first, Leases(timeout_s=1) as second:
+        assert first.take(unit_dir) == (True, None)
+        time.sleep(1.5)  # longer than the timeout: the heartbeat keeps it
+        taken, why = second.take(unit_dir)
+        assert not taken and f"runner {first.me['runner']}" in str(why)
+        first.release(unit_dir)
+        assert second.take(unit_dir) == (True, None)
+    assert not (unit_dir / "lease.json").exists()  # given back on leaving
 
 
 def test_a_stored_result_this_af1_would_not_write_is_run_again(local_run, tmp_path):

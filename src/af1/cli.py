@@ -384,7 +384,9 @@ def study(
         table.add_row(unit.id, (store.record(unit) or {}).get("state", "failed"))
     out.print(table)
     out.print(
-        f"{len(summary.ran)} units ran, {len(summary.skipped)} were already done, {len(summary.failed)} failed; "
+        f"{len(summary.ran)} units ran, {len(summary.skipped)} were already done, "
+        + (f"{len(summary.by_others)} were run meanwhile by another runner, " if summary.by_others else "")
+        + f"{len(summary.failed)} failed; "
         f"wrote {summary.report}"
     )
     if summary.failed:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import json
+import math
 import os
+import socket
 import shutil
 import struct
 import tempfile
@@ -17,13 +21,10 @@ from af1.errors import Af1Error
 from af1.models.adapter import ModelAdapter, family_of
 from af1.models.bundled import BY_NAME, bundled_file
 from af1.models.cache import cache_root
-from af1.progress import enabled
+from af1.progress import enabled, note
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -64,14 +65,95 @@ def check_gguf(path: Path) -> None:
         raise Af1Error(f"{path} is cut short: its tensors need {end:,} bytes, the file has {size:,}")
 
 
+SAFETENSORS_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2}
+SAFETENSORS_BYTES |= {"U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """The tensors a safetensors file declares (name -> dtype, shape, data_offsets), refused in one line where the
+    file cannot hold its header or its tensors (cut short, or not safetensors at all)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n_header = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if not 0 < n_header <= size - 8:
+            raise Af1Error(f"{path} is not a readable safetensors file: it is damaged or cut short (in its header)")
+        try:
+            header = json.loads(f.read(n_header))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise Af1Error(f"{path} is not a readable safetensors file: its header is damaged ({exc})") from exc
+    tensors = {name: t for name, t in header.items() if name != "__metadata__"}
+    end = 0
+    for name, t in tensors.items():
+        try:
+            start, stop = (int(x) for x in t["data_offsets"])
+            need = SAFETENSORS_BYTES[t["dtype"]] * math.prod(int(d) for d in t["shape"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise Af1Error(f"{path} is not a readable safetensors file: tensor {name} is damaged") from exc
+        if stop - start != need:
+            raise Af1Error(f"{path} is damaged: tensor {name} holds {stop - start:,} bytes, its shape needs {need:,}")
+        end = max(end, stop)
+    if end > size - 8 - n_header:
+        raise Af1Error(f"{path} is cut short: its tensors need {end + 8 + n_header:,} bytes, the file has {size:,}")
+    return tensors
+
+
+def check_weights(directory: Path) -> None:
+    """Refuse, in one line and before loading, a model directory whose safetensors weights are missing, cut short,
+    damaged, or of other shapes than its config asks for."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise Af1Error(f"{index} is damaged: {type(exc).__name__}") from exc
+        files = [directory / name for name in names]
+        if missing := [f for f in files if not f.is_file()]:
+            raise Af1Error(f"{directory} lacks {missing[0].name}, which {index.name} lists: the download is partial")
+    else:
+        files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        pickled = [p.name for p in directory.glob("*.bin")] + [p.name for p in directory.glob("*.pt*")]
+        why = f"only pickled weights ({pickled[0]}), which af1 never unpickles" if pickled else "no weights"
+        raise Af1Error(f"{directory} has config.json but {why}: af1 reads model.safetensors (or its shards)")
+    declared = {name: (path, t["shape"]) for path in files for name, t in safetensors_header(path).items()}
+    expected = _config_shapes(directory)
+    for name, (path, shape) in declared.items():
+        want = expected.get(name) or expected.get(f"model.{name}")  # a base model's checkpoint in a causal LM
+        if want is not None and list(want) != list(shape):
+            raise Af1Error(
+                f"{path} does not fit {directory / 'config.json'}: {name} is {list(shape)}, the config makes it "
+                f"{list(want)}"
+            )
+
+
+def _config_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
+    """Each parameter's shape as the directory's config builds the model (on the meta device: no memory), or
+    nothing where transformers cannot build it without the weights (the load then says why)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(directory)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:
+        return {}
+    return {name: tuple(p.shape) for name, p in model.state_dict().items()}
+
+
 def _gguf_to_safetensors(gguf: Path, digest: str) -> Path:
     """Dequantise a GGUF once into a float32 safetensors directory keyed by the file's sha256 (the file checked
-    first, `check_gguf`)."""
+    first, `check_gguf`); a converted copy found damaged is converted again."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     target = cache_root() / "models" / digest[:32]
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
-        return target
+        try:
+            check_weights(target)
+            return target
+        except Af1Error as exc:
+            note(f"af1's converted copy of {gguf.name} is damaged ({exc}); converting it again")
+            shutil.rmtree(target, ignore_errors=True)
     check_gguf(gguf)
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -115,11 +197,55 @@ def _resolve(spec: str) -> tuple[Path | str, dict[str, Any]]:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise Af1Error(f"{spec} is a directory without config.json: not a HF model directory")
+        check_weights(path)
         return path, {"source": "directory", "path": str(path.resolve())}
+    names = ", ".join(BY_NAME)
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        names = ", ".join(BY_NAME)
         raise Af1Error(f"unknown model path: {spec} (expected {names}, a model directory, a .gguf file or a hub id)")
-    return spec, {"source": "hub", "id": spec}
+    if spec.count("/") == 0:
+        close = difflib.get_close_matches(spec.lower(), BY_NAME, n=1, cutoff=0.6)
+        guess = f"did you mean {close[0]}? " if close else ""
+        raise Af1Error(
+            f"unknown model '{spec}': {guess}(a bundled name: {names}; a model directory; a .gguf file; or an "
+            "org/name hub id)"
+        )
+    return _hub_snapshot(spec), {"source": "hub", "id": spec}
+
+
+def _hub_snapshot(model_id: str) -> Path | str:
+    """The cached snapshot directory of a hub id (checked like any directory), else the id itself once the hub is
+    known to answer: no network, or HF_HUB_OFFLINE, is one line within seconds rather than minutes of retries."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model_id, "config.json")
+    except Exception:  # an id the hub would refuse is refused by the load, in its words
+        cached = None
+    if isinstance(cached, str):
+        snapshot = Path(cached).parent
+        check_weights(snapshot)
+        return snapshot
+    where = f"model '{model_id}' is not in the Hugging Face cache ({constants.HF_HUB_CACHE})"
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        raise Af1Error(f"{where} and HF_HUB_OFFLINE is set: download it where the hub is reachable")
+    if unreachable := _hub_unreachable(constants.ENDPOINT):
+        raise Af1Error(f"{where} and the hub {constants.ENDPOINT} is not reachable ({unreachable})")
+    return model_id
+
+
+def _hub_unreachable(endpoint: str, timeout: float = 5.0) -> str | None:
+    """Why the hub cannot be reached (no name resolution, no connection), or None when it answers or a proxy is
+    set (the proxy decides, not this probe)."""
+    from urllib.parse import urlsplit
+
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = urlsplit(endpoint)
+    try:
+        socket.create_connection((url.hostname or "", url.port or 443), timeout=timeout).close()
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    return None
 
 
 def load_model(
@@ -151,8 +277,6 @@ def load_model(
     placement: dict[str, Any] = {}
     if device_map is not None:
         placement = {"device_map": device_map, "offload_folder": str(cache_root() / "offload" / _slug(spec))}
-    if info["source"] == "hub":
-        common["local_files_only"] = bool(os.environ.get("HF_HUB_OFFLINE")) or _hub_cached(spec)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **common)
         model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(  # pyright: ignore[reportAssignmentType]
@@ -167,8 +291,7 @@ def load_model(
         raise
     except Exception as exc:  # transformers raises many types; the user needs one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        hint = " (model hubs are unreachable here: use a local directory or .gguf)" if info["source"] == "hub" else ""
-        raise Af1Error(f"cannot load model '{spec}': {first}{hint}") from exc
+        raise Af1Error(f"cannot load model '{spec}': {first}") from exc
     family_of(model)
     if device_map is None:
         model.to(device)  # pyright: ignore  (transformers types its decorated `to` oddly)
@@ -188,12 +311,3 @@ def load_model(
 
 def _slug(spec: str) -> str:
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
-
-
-def _hub_cached(model_id: str) -> bool:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        return isinstance(try_to_load_from_cache(model_id, "config.json"), str)
-    except Exception:
-        return False

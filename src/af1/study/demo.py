@@ -81,6 +81,7 @@ def run_demo(plan: StudyPlan, out_dir: Path, say: Callable[[str], None] = print,
     say(f"wrote {summary.report}")
     say(
         f"demo time: {time.perf_counter() - t0:.0f} s "
-        f"({len(summary.ran)} units ran, {len(summary.skipped)} done before)"
+        f"({len(summary.ran)} units ran, {len(summary.skipped)} done before"
+        + (f", {len(summary.by_others)} by another runner meanwhile)" if summary.by_others else ")")
     )
     return summary

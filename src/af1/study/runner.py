@@ -8,19 +8,21 @@ ObjectRefs of the units it reads, and each model's units go to one actor that lo
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from af1.errors import Af1Error
 from af1.experiments import REGISTRY
 from af1.experiments.base import NoResources
-from af1.progress import progress
+from af1.progress import note, progress
 from af1.results import write_json
+from af1.study.leases import TIMEOUT_S, Leases
 from af1.study.plan import StudyPlan, Unit, expand
 from af1.study.report import build_study_report
-from af1.study.store import FINISHED, Store
+from af1.study.store import FINISHED, Store, now
 from af1.study.units import Worker, one_line, unit_inputs
 
 Outcome = dict[str, Any]
@@ -30,6 +32,9 @@ Outcome = dict[str, Any]
 RESTARTS = {"max_restarts": 3, "max_task_retries": 3}
 
 
+POLL_S = 1.0  # how often a runner looks again at units another runner holds
+
+
 @dataclass
 class StudySummary:
     units: list[Unit]
@@ -37,6 +42,7 @@ class StudySummary:
     skipped: list[str]
     failed: list[str]
     report: Path
+    by_others: list[str] = field(default_factory=list)  # finished meanwhile by another runner on the same store
 
 
 def run_study(
@@ -46,9 +52,10 @@ def run_study(
     ray_address: str | None = None,
     ray_init: dict[str, Any] | None = None,
     static: bool = False,
+    lease_timeout_s: float = TIMEOUT_S,
 ) -> StudySummary:
     """Run every unfinished unit of the plan into out_dir and write the cross-model report (interactive; with
-    `static` its PNG figures only).
+    `static` its PNG figures only). Runners sharing out_dir split the units by leases (`study.leases`).
 
     With ray, ray_address None lets ray.init join the cluster it finds or start a local one
     (ray_init: more ray.init arguments); 'auto' or an address joins that cluster.
@@ -67,35 +74,105 @@ def run_study(
             skipped.append(unit.id)
         else:
             todo.append(unit)
-    if not todo:
-        backend: Iterator[tuple[Unit, Outcome]] = iter(())
-    elif ray_module is not None:
-        backend = _run_on_ray(ray_module, todo, outcomes, store, ray_address, ray_init)
-    else:
-        backend = _run_here(todo, units, outcomes, store)
     ran: list[str] = []
-    for unit, outcome in progress(backend, total=len(todo), desc="study"):
-        outcome = {**outcome, "id": unit.id}
-        _draw(store, unit, outcome, outcomes)
-        outcomes[unit.id] = store.finished(unit, outcome)
-        ran.append(unit.id)
+    by_others: list[str] = []
+    with Leases(timeout_s=lease_timeout_s) as leases:
+        backend: Backend = _Here(units, outcomes) if ray_module is None else _OnRay(ray_module, ray_address, ray_init)
+        try:
+            steps = _schedule(todo, outcomes, store, leases, backend)
+            for unit, outcome, mine in progress(steps, total=len(todo), desc="study"):
+                if not mine:
+                    outcomes[unit.id] = outcome
+                    by_others.append(unit.id)
+                    continue
+                outcome = {**outcome, "id": unit.id}
+                _draw(store, unit, outcome, outcomes)
+                outcomes[unit.id] = store.finished(unit, outcome)
+                leases.release(store.unit_dir(unit))
+                ran.append(unit.id)
+        finally:
+            backend.close()
     failed = [u.id for u in units if outcomes.get(u.id, {}).get("state") not in FINISHED]
     report = build_study_report(store, plan, units, static)
-    return StudySummary(units, ran, skipped, failed, report)
+    return StudySummary(units, ran, skipped, failed, report, by_others)
 
 
-def _run_here(
-    todo: list[Unit], units: list[Unit], outcomes: dict[str, Outcome], store: Store
-) -> Iterator[tuple[Unit, Outcome]]:
-    """One model in memory at a time, its units in plan order."""
-    worker: Worker | None = None
-    for unit in todo:
-        if worker is None or worker.entry != unit.model:
-            worker = Worker(unit.model)  # the previous model is freed with its worker
-            remember_evaluations(worker, units, outcomes)
-        store.started(unit)
-        deps = [outcomes[d] for d in unit.deps]
-        yield unit, worker.run(unit, *deps, state_dir=str(store.unit_dir(unit)))
+def _schedule(
+    todo: list[Unit], outcomes: dict[str, Outcome], store: Store, leases: Leases, backend: Backend
+) -> Iterator[tuple[Unit, Outcome, bool]]:
+    """Each unit once, as it ends: (unit, outcome, True) for those this runner computed, (unit, record, False) for
+    those another runner on the store finished. A unit starts once its inputs have ended and its lease is taken;
+    one another runner holds is passed over and looked at again every POLL_S."""
+    since = now()
+    waiting = list(todo)
+    said: set[str] = set()
+    while waiting or backend.busy():
+        for unit in list(waiting):
+            if not backend.free(unit) or any(d not in outcomes for d in unit.deps):
+                continue
+            if (record := store.ended_since(unit, since)) is not None:
+                waiting.remove(unit)
+                note(f"{unit.id}: {record['state']} by another runner")
+                yield unit, record, False
+                continue
+            taken, why = leases.take(store.unit_dir(unit))
+            if not taken:
+                if unit.id not in said:
+                    said.add(unit.id)
+                    note(f"{unit.id}: {why}; coming back for it")
+                continue
+            if (record := store.ended_since(unit, since)) is not None:  # ended between the look and the lease
+                leases.release(store.unit_dir(unit))
+                waiting.remove(unit)
+                yield unit, record, False
+                continue
+            if why:
+                note(f"{unit.id}: {why}")
+            store.started(unit, took_over=why)
+            backend.submit(unit, [outcomes[d] for d in unit.deps], str(store.unit_dir(unit)))
+            waiting.remove(unit)
+        for unit, outcome in backend.ended(POLL_S):
+            yield unit, outcome, True
+
+
+class Backend(Protocol):
+    def free(self, unit: Unit) -> bool: ...  # whether a unit of this model may be handed over now
+    def busy(self) -> bool: ...
+    def submit(self, unit: Unit, deps: list[Outcome], state_dir: str) -> None: ...
+    def ended(self, timeout_s: float) -> list[tuple[Unit, Outcome]]: ...  # waits up to timeout_s for one
+    def close(self) -> None: ...
+
+
+class _Here:
+    """One unit at a time in this process, one model in memory at a time."""
+
+    def __init__(self, units: list[Unit], outcomes: dict[str, Outcome]) -> None:
+        self.units, self.outcomes = units, outcomes
+        self.worker: Worker | None = None
+        self.queued: tuple[Unit, list[Outcome], str] | None = None
+
+    def free(self, unit: Unit) -> bool:
+        return self.queued is None
+
+    def busy(self) -> bool:
+        return self.queued is not None
+
+    def submit(self, unit: Unit, deps: list[Outcome], state_dir: str) -> None:
+        self.queued = (unit, deps, state_dir)
+
+    def ended(self, timeout_s: float) -> list[tuple[Unit, Outcome]]:
+        if self.queued is None:
+            time.sleep(timeout_s)
+            return []
+        unit, deps, state_dir = self.queued
+        self.queued = None
+        if self.worker is None or self.worker.entry != unit.model:
+            self.worker = Worker(unit.model)  # the previous model is freed with its worker
+            remember_evaluations(self.worker, self.units, self.outcomes)
+        return [(unit, self.worker.run(unit, *deps, state_dir=state_dir))]
+
+    def close(self) -> None:
+        self.worker = None
 
 
 def remember_evaluations(worker: Worker, done_units: list[Unit], outcomes: dict[str, Outcome]) -> None:
@@ -110,51 +187,60 @@ def remember_evaluations(worker: Worker, done_units: list[Unit], outcomes: dict[
             worker.remember(unit.task, rows)
 
 
-def _run_on_ray(
-    ray: Any,
-    todo: list[Unit],
-    outcomes: dict[str, Outcome],
-    store: Store,
-    address: str | None,
-    init: dict[str, Any] | None,
-) -> Iterator[tuple[Unit, Outcome]]:
-    """Each model's units on one actor with the model's resources; outcomes as they finish. A node lost while its
+class _OnRay:
+    """Each model's units on one actor with the model's resources, one in flight per actor. A node lost while its
     units run costs a restart of their actor on another node, not the units (`RESTARTS`)."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init or {}))
-    remote_worker = ray.remote(Worker)
-    actors: dict[str, Any] = {}
-    refs: dict[str, Any] = {}
-    pending: dict[Any, Unit] = {}
-    try:
-        for unit in todo:
-            entry = unit.model
-            name = entry.name or entry.spec  # plans fill the name in; a label, never None here
-            if name not in actors:
-                resources: dict[str, Any] = {"num_cpus": entry.cpus, "num_gpus": entry.gpus}
-                if entry.memory_gb:
-                    resources["memory"] = int(entry.memory_gb * 2**30)
-                actors[name] = remote_worker.options(**resources, **RESTARTS).remote(
-                    entry, threads=max(1, int(entry.cpus))
-                )
-            deps = [refs.get(d, outcomes.get(d)) for d in unit.deps]
-            store.started(unit)
-            refs[unit.id] = actors[name].run.remote(unit, *deps)
-            pending[refs[unit.id]] = unit
-        while pending:
-            (ready,), _ = ray.wait(list(pending), num_returns=1)
-            unit = pending.pop(ready)
+
+    def __init__(self, ray: Any, address: str | None = None, init: dict[str, Any] | None = None) -> None:
+        self.ray = ray
+        self.started = not ray.is_initialized()
+        if self.started:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init or {}))
+        self.remote_worker = ray.remote(Worker)
+        self.actors: dict[str, Any] = {}
+        self.pending: dict[Any, Unit] = {}
+
+    @staticmethod
+    def _name(unit: Unit) -> str:
+        return unit.model.name or unit.model.spec  # plans fill the name in; a label, never None here
+
+    def free(self, unit: Unit) -> bool:
+        return all(self._name(u) != self._name(unit) for u in self.pending.values())
+
+    def busy(self) -> bool:
+        return bool(self.pending)
+
+    def submit(self, unit: Unit, deps: list[Outcome], state_dir: str) -> None:
+        entry, name = unit.model, self._name(unit)
+        if name not in self.actors:
+            resources: dict[str, Any] = {"num_cpus": entry.cpus, "num_gpus": entry.gpus}
+            if entry.memory_gb:
+                resources["memory"] = int(entry.memory_gb * 2**30)
+            self.actors[name] = self.remote_worker.options(**resources, **RESTARTS).remote(
+                entry, threads=max(1, int(entry.cpus))
+            )
+        self.pending[self.actors[name].run.remote(unit, *deps)] = unit
+
+    def ended(self, timeout_s: float) -> list[tuple[Unit, Outcome]]:
+        if not self.pending:
+            time.sleep(timeout_s)
+            return []
+        ready, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=timeout_s)
+        ends = []
+        for ref in ready:
+            unit = self.pending.pop(ref)
             try:
-                outcome = ray.get(ready)
+                outcome = self.ray.get(ref)
             except Exception as exc:  # the actor died (out of memory, node lost) or an input did
                 outcome = {"state": "failed", "error": f"on Ray: {one_line(exc)}"}
-            yield unit, outcome
-    finally:
-        for actor in actors.values():
-            ray.kill(actor)
-        if started:
-            ray.shutdown()
+            ends.append((unit, outcome))
+        return ends
+
+    def close(self) -> None:
+        for actor in self.actors.values():
+            self.ray.kill(actor)
+        if self.started:
+            self.ray.shutdown()
 
 
 def _require_ray(address: str | None) -> Any:

@@ -50,17 +50,26 @@ class Store:
             return None  # written by an af1 whose result had other fields: run again rather than misread
         return record
 
+    def ended_since(self, unit: Unit, since: str) -> dict[str, Any] | None:
+        """The unit's record if it finished with its current inputs, or failed after `since` (in another runner of
+        this study, whose failure is not retried in the same run)."""
+        record = self.record(unit)
+        if record is not None and record.get("key") == unit.key and record.get("state") == "failed":
+            return record if (record.get("finished") or "") >= since else None
+        return self.done(unit)
+
     def results(self) -> dict[str, Any]:
         """Every record's result (None where not done), keyed by unit id: what two runs are compared by."""
         records = (read_json(path) for path in (self.root / "units").rglob("unit.json"))
         return {record["id"]: record.get("result") for record in records}
 
-    def started(self, unit: Unit) -> None:
-        self._write(unit, {"state": "running", "started": now()})
+    def started(self, unit: Unit, took_over: str | None = None) -> None:
+        self._write(unit, {"state": "running", "started": now(), **({"took_over": took_over} if took_over else {})})
 
     def finished(self, unit: Unit, outcome: dict[str, Any]) -> dict[str, Any]:
         previous = self.record(unit) or {}
-        return self._write(unit, {**outcome, "started": previous.get("started"), "finished": now()})
+        kept = {k: previous[k] for k in ("started", "took_over") if k in previous}
+        return self._write(unit, {**outcome, **kept, "finished": now()})
 
     def _write(self, unit: Unit, fields: dict[str, Any]) -> dict[str, Any]:
         record = {**unit.describe(), "key": unit.key, "options": unit.options, "deps": list(unit.deps), **fields}
