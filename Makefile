@@ -37,6 +37,7 @@ bench: setup
 	$(BIN)/python benchmarks/path_patching.py
 	$(BIN)/python benchmarks/shared_context.py
 	$(BIN)/python benchmarks/study_backends.py
+	$(BIN)/python benchmarks/threads.py
 
 clean:
 	rm -rf $(VENV) results

@@ -445,6 +445,27 @@ def demo(
         raise typer.Exit(1)
 
 
+@app.callback()
+def _machine(
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads",
+            min=1,
+            help="torch's threads (default: AF1_THREADS, else the cores this process may use); 1 is often faster "
+            "beside another busy process",
+        ),
+    ] = None,
+) -> None:
+    """Where and when a language model does mental arithmetic."""
+    from af1 import threads as machine
+    from af1.progress import note
+
+    machine.configure(threads)
+    if threads is None and (hint := machine.busy_hint()):
+        note(hint)
+
+
 def main() -> None:
     """Entry point: every user-facing failure becomes one line on stderr and exit code 2."""
     sys.argv[1:] = _optional_values(sys.argv[1:])

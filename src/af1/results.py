@@ -35,7 +35,7 @@ def provenance(model_info: dict[str, Any] | None = None, **extra: Any) -> dict[s
     """Where a result came from: model source, library versions, machine, git revision, time."""
     import transformers
 
-    from af1 import __version__
+    from af1 import __version__, threads
 
     return {
         "model": model_info or {},
@@ -45,7 +45,7 @@ def provenance(model_info: dict[str, Any] | None = None, **extra: Any) -> dict[s
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "machine": {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count()},
-        "torch_threads": torch.get_num_threads(),
+        "threads": {"threads": torch.get_num_threads(), "from": threads.CHOSEN.get("from", "torch's default")},
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         **extra,
     }

@@ -7,8 +7,8 @@ import hashlib
 import json
 import math
 import os
-import socket
 import shutil
+import socket
 import struct
 import tempfile
 from dataclasses import dataclass, field

@@ -19,6 +19,7 @@ from af1.models import load_model
 from af1.progress import peak_memory
 from af1.results import provenance, to_json
 from af1.study.plan import ModelEntry, Unit
+from af1.threads import configure
 
 __all__ = ["NO_CELL", "Worker", "one_line", "run_unit"]
 
@@ -30,7 +31,7 @@ class Worker(Session):
         super().__init__(self._load_entry)
         self.entry = entry
         if threads:
-            torch.set_num_threads(threads)
+            configure(threads)
 
     def _load_entry(self) -> Any:
 
@@ -78,7 +79,7 @@ class Worker(Session):
             "worker": {
                 "host": platform.node(),
                 "pid": os.getpid(),
-                "threads": torch.get_num_threads(),
+                "threads": torch.get_num_threads(),  # a Ray actor's: its model entry's cpus
                 "model_loads": self.loads,
                 "peak_rss_mb": peak[0].mb,
                 "peak_rss_covers": peak[0].covers,  # the unit's own, where the OS lets it be measured
