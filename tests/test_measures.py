@@ -165,8 +165,29 @@ def test_search_never_chooses_a_cell_no_better_than_a_constant_guess():
     constant = ["7"] * n  # every target the same: a constant guess is right on all of them
     sweep = synthetic_sweep(L, n, {(0, 1): [True] * n}, constant)
     found = allforone.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-    assert found["found"] is False and "best" not in found and found["claim"] is None
+    assert found["found"] is False and "best" not in found and found["best_measured"]["eligible"] is False
+    assert found["claim"] is not None and found["claim"]["outcome"] == "not confirmed"  # judged, never confirmed
     assert found["faithfulness_baseline"] == 1.0 and "near constant" in found["warnings"][0]
+
+
+def test_a_search_that_finds_nothing_still_gives_its_numbers_and_the_grid_it_searched():
+    """No cell reaches the threshold and none is eligible on a capped grid: the verdict names the best cell with its
+    interval, n and constant guess, what n would decide, the cells measured and the cap."""
+    from af1.experiments.search import Result, claim_line
+
+    L, n = 6, 18
+    targets = [str(i % 10) for i in range(n)]
+    third = [i % 3 == 0 for i in range(n)]
+    sweep = synthetic_sweep(L, n, {(2, 1): third}, targets)
+    sweep["cells"] = {key: bits for key, bits in sweep["cells"].items() if int(key.split(",")[1]) <= 2}  # capped
+    found = allforone.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
+    assert not found["chosen"] and "best" not in found
+    assert (found["best_measured"]["wait"], found["best_measured"]["transfer"]) == (2, 1)
+    line = claim_line(Result.model_validate({**found, "n_layers": L}))
+    assert line.startswith("rejected: an AF1 subgraph at faithfulness >= 0.9 (L_wait 2, L_transfer 1)"), line
+    assert "n 9; baseline" in line and "judged at the best cell (none is eligible" in line, line
+    assert f"{found['grid_cells']} of {sum(L - w for w in range(-1, L))} (L_wait, L_transfer) cells measured" in line
+    assert "L_transfer capped at 2 (sweep max_transfer)" in line
 
 
 def test_necessity_without_a_found_af1_is_a_typed_result_that_draws_its_windows_alone(tiny_setup, tmp_path):

@@ -183,6 +183,12 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
         r["base_accuracy"] < 0.5 if "base_accuracy" in r else "solves none" in r["error"] for r in verbal
     ), verbal
 
+    every = results(out)  # a result carries the warnings of the results it was built from, once each, shown
+    sweep_warnings = every["tiny-llama/a+b.original.1d.1shot.n30/sweep"]["warnings"]
+    search_warnings = every["tiny-llama/a+b.original.1d.1shot.n30/search"]["warnings"]
+    assert sweep_warnings and set(sweep_warnings) <= set(search_warnings)
+    assert len(search_warnings) == len(set(search_warnings)) and 'class="warnings"' in html
+
     again = run_study(load_plan(plan), out)
     assert again.ran == [] and len(again.skipped) == 30
 
@@ -399,6 +405,15 @@ def test_a_failing_unit_is_recorded_and_the_rest_complete(tiny_dirs, tmp_path, c
     # a rerun redoes the failed units only
     code, out, _ = run_cli(capsys, "study", str(plan), "--out", str(tmp_path / "out"))
     assert code == 1 and "8 units ran, 16 were already done, 8 failed" in " ".join(out.split())
+
+
+def test_the_search_command_prints_the_warnings_of_its_sweep(tiny_dirs, capsys):
+    args = ["--model", str(tiny_dirs["llama"]), "--task", "a+b", "--shots", "1", "--n", "30"]
+    code, out, err = run_cli(capsys, "search", *args, "--threshold", "0.5", "--json")
+    assert code == 0
+    warnings = json.loads(out)["warnings"]
+    assert any("CAMA means over fewer than 5 other problems" in w for w in warnings)  # the sweep's, not its own
+    assert all(f"warning: {w}" in err for w in warnings), err
 
 
 def test_studyplan_default_names_come_from_the_spec():

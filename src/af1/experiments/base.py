@@ -40,6 +40,8 @@ class Result(BaseModel):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
+    warnings: list[str] = []  # its own and those of the results it was built from (`study.units.run_unit`)
+
     def data(self) -> dict[str, Any]:
         """Every field (each one declared): what the JSON holds."""
         return self.model_dump()

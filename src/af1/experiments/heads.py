@@ -134,7 +134,6 @@ class Result(base.Result):
     attention_measured_on: str = ""
     mlp_logit_lens_layer: base.Vector | None = None  # None: a family whose MLP output is not linear in its input
     mlp_logit_lens_measured_on: str = ""
-    warnings: list[str] = []
     threshold: float
     counterfactual: str
     counterfactual_kind: str = "operator"

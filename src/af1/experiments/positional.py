@@ -41,7 +41,6 @@ class Result(base.Result):
     distribution: dict[str, positional.Spread]  # by fit and control
     median_ci: dict[str, list[float | None]] = {}
     median_ci_n_windows: int | None = None
-    warnings: list[str] = []
     window_start: str | None = None
     perplexity_vs_swap: dict[str, float | None]  # by the share of tokens displaced
     perplexity_vs_position_swap: dict[str, float | None] = {}  # the same swaps of position ids alone

@@ -66,7 +66,6 @@ class Result(base.Result):
     faithfulness_baseline_selection: float | None = None
     frontier: list[allforone.Cell] = []  # per L_transfer, the largest L_wait that keeps the threshold (selection)
     n_ineligible_no_compute: int = 0  # cells above the threshold that leave no layer to compute in
-    warnings: list[str] = []
     faithfulness_baseline: float | None = None
     n_selection: int | None = None
     n_confirmation: int | None = None
@@ -74,6 +73,10 @@ class Result(base.Result):
     split_seed: int = 0
     stages: dict[str, list[int]] | None = None
     best: allforone.Cell | None = None
+    best_measured: allforone.Cell | None = None
+    grid_cells: int = 0
+    grid_cells_possible: int = 0
+    max_transfer_measured: int = 0
     faithfulness_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's
     layouts: list[LayoutRow] = []
 
@@ -160,18 +163,24 @@ class Search(base.Experiment):
 
 def claim_line(result: Result) -> str:
     """The search's verdict: its claim's outcome with its numbers, or why there is no cell to judge."""
-    if result.claim is None:
-        return (
-            f"no AF1 subgraph to judge: no (L_wait, L_transfer) cell's selection interval clears the constant guess "
-            f"({result.n_selection} selection problems)"
-        )
-    chosen = (
-        f"chosen on {result.n_selection} selection problems"
-        if result.chosen
-        else f"judged at the best eligible cell: none reaches {result.threshold} on the {result.n_selection} "
-        "selection problems"
+    grid = f"{result.grid_cells} of {result.grid_cells_possible} (L_wait, L_transfer) cells measured" + (
+        f", L_transfer capped at {result.max_transfer_measured} (sweep max_transfer)"
+        if result.max_transfer_measured < result.n_layers
+        else ""
     )
-    return f"{outcome_text(result.claim)}; {chosen}"
+    if result.claim is None:
+        return f"no AF1 subgraph to judge: no measured cell leaves a layer to compute in ({grid})"
+    if result.chosen:
+        return f"{outcome_text(result.claim)}; chosen on {result.n_selection} selection problems"
+    at = (
+        "the best eligible cell"
+        if result.best is not None
+        else "the best cell (none is eligible: no selection interval clears the constant guess)"
+    )
+    return (
+        f"{outcome_text(result.claim)}; judged at {at}: none reaches {result.threshold} on the "
+        f"{result.n_selection} selection problems; {grid}"
+    )
 
 
 def sweep_beside(out_dir: Path) -> dict[str, Any] | None:
@@ -189,7 +198,7 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
     verdicts, faith = [], []
     for f in finished:
         result, sweep = f.result, f.one("sweep")
-        cell = result.data() if result.chosen else result.best or {}
+        cell = result.data() if result.chosen else result.best or result.best_measured or {}
         if sweep is not None:  # a plan of several tasks has a line per task: each says which
             verdicts.append(f"{f.task}: {verdict(result, sweep, f.description)}")
         faith.append(

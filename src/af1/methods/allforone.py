@@ -324,7 +324,11 @@ class Found(TypedDict):
     warnings: list[str]
     stages: NotRequired[dict[str, list[int]]]
     best: NotRequired[Cell]
+    best_measured: NotRequired[Cell]  # where no cell is eligible: the best one with a compute stage, judged
     faithfulness_by_layout: NotRequired[list[LayoutRate]]
+    grid_cells: int  # cells measured, of the grid's grid_cells_possible ((L_wait, L_transfer) with L_wait >= -1)
+    grid_cells_possible: int
+    max_transfer_measured: int  # below n_layers: the sweep was capped (max_transfer)
 
 
 def subgraph_claim(
@@ -410,6 +414,9 @@ def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float
         frontier=frontier,
         n_ineligible_no_compute=sum(1 for w, k in measured if not has_compute_stage(w, k, L)),
         warnings=[],
+        grid_cells=len(measured),
+        grid_cells_possible=sum(L - w for w in range(-1, L)),
+        max_transfer_measured=max((k for _, k in measured), default=0),
     )
 
     def by_layout(w: int, k: int) -> list[LayoutRate]:
@@ -448,6 +455,11 @@ def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float
         if grid["kept_layouts"] is not None:
             result["faithfulness_by_layout"] = by_layout(w, k)
     judged = chosen if passing else result.get("best")
+    computing = [m for (w, k), m in measured.items() if has_compute_stage(w, k, L)]
+    if judged is None and computing:  # nothing eligible: the numbers of the best cell still say how far it is
+        judged = result["best_measured"] = Cell(
+            **max(computing, key=lambda m: (m["faithfulness_selection"], m["wait"], -m["transfer"]))
+        )
     if judged is not None:
         correct = _unbits(grid["cells"][f"{judged['wait']},{judged['transfer']}"])
         cell = (judged["wait"], judged["transfer"])

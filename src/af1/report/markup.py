@@ -23,6 +23,7 @@ table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ccc;paddin
 th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
 img{max-width:100%} .note{color:#555;font-size:.92em} code{background:#f5f5f5;padding:0 3px}
 pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.8em}
+.warnings{background:#fff8e1;border-left:3px solid #e0a800;padding:.3em .8em;margin:.5em 0;font-size:.92em}
 """
 
 
@@ -192,3 +193,11 @@ def claims_lines(claims: Sequence[Any] | None, title: str = "claims") -> list[st
     if not claims:
         return []
     return [f"{title}:", *(f"  {outcome_text(c)}" for c in claims)]
+
+
+def warnings_html(warnings: Sequence[str] | None) -> str:
+    """A result's warnings (its own and its inputs'), shown under its section; nothing when there are none."""
+    if not warnings:
+        return ""
+    items = "".join(f"<li>{html.escape(w)}</li>" for w in warnings)
+    return f'<div class="warnings"><b>{len(warnings)} warning{"s" * (len(warnings) > 1)}</b><ul>{items}</ul></div>'

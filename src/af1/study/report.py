@@ -12,7 +12,7 @@ from af1.errors import Af1Error
 from af1.experiments import REGISTRY
 from af1.experiments.base import Finished
 from af1.report.interactive import sortable, static_report
-from af1.report.markup import load_json, page, table_html
+from af1.report.markup import load_json, page, table_html, warnings_html
 from af1.results import read_json, write_atomic, write_json
 from af1.study.plan import StudyPlan, Unit, expand, task_label
 from af1.study.store import Store
@@ -96,7 +96,7 @@ def unit_sections(store: Store, units: list[Unit]) -> list[str]:
         try:
             if result is None:
                 raise ValueError("a result this version of af1 cannot read")
-            section = REGISTRY[unit.experiment].section(result, store.unit_dir(unit))
+            section = [*REGISTRY[unit.experiment].section(result, store.unit_dir(unit)), warnings_html(result.warnings)]
         except Exception as exc:  # the report still renders
             section = [f"<p>{html.escape(unit.id)}: cannot show ({html.escape(str(exc).splitlines()[0])})</p>"]
         parts += [p.replace("<h2>", "<h3>").replace("</h2>", "</h3>") for p in section]
@@ -163,7 +163,7 @@ def _results_report(d: Path) -> Path:
         provenance = provenance or data.get("provenance")
         try:
             result = experiment.Result.model_validate({k: v for k, v in data.items() if k != "provenance"})
-            parts += experiment.section(result, d)
+            parts += [*experiment.section(result, d), warnings_html(result.warnings)]
         except Exception as exc:  # a result file of another af1 version: say so, render the rest
             parts.append(
                 f"<p>{html.escape(experiment.file)}: cannot show ({html.escape(str(exc).splitlines()[0])})</p>"

@@ -105,4 +105,8 @@ def run_unit(worker: Session, unit: Unit, deps: dict[str, dict[str, Any]], state
     options = experiment.Options.model_validate(unit.options)
     inputs = unit_inputs(worker, unit, deps, state_dir)
     check_found(inputs, options)  # every gated experiment: not applicable where the search found no subgraph
-    return experiment.run(inputs, options).data()
+    result = experiment.run(inputs, options).data()
+    own_model = f"{unit.id.split('/', 1)[0]}/"  # a cross-model unit reads other models' results: not their warnings
+    inherited = [w for d, r in deps.items() if d.startswith(own_model) for w in r.get("warnings") or []]
+    result["warnings"] = list(dict.fromkeys([*inherited, *result.get("warnings", [])]))
+    return result
