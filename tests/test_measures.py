@@ -14,6 +14,7 @@ from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
 from af1.methods.setup import low_count_positions, make_setup, prepare, setup_executor
 from af1.models import LoadedModel
+from af1.results import to_json
 from af1.study.report import build_report
 from af1.tasks.evaluation import Scores
 from af1.tasks.spec import TaskSpec
@@ -69,6 +70,10 @@ def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
     assert asked == {"executor": "reference", "fallback_reason": "asked for (--reference)"}
     resample = setup_executor(tiny_setup, config.model_copy(update={"ablation": "resample"}))
     assert resample["executor"] == "shared-context" and "token-local" in (resample["fallback_reason"] or "")
+    calls.clear()  # a capped sweep resumed from the full grid's state returns its own cells only, computing none
+    capped = allforone.sweep(tiny_setup, max_transfer=1, state_path=state)
+    assert calls == [] and set(capped["cells"]) == {f"{w},{k}" for w in range(-1, L) for k in range(min(L - w, 2))}
+    assert to_json(capped) == to_json(partial)  # NaN where not measured: compared as JSON (null)
 
 
 def test_low_counts_of_the_means_are_named(tiny_setup):

@@ -363,3 +363,29 @@ def test_a_task_file_is_read_once_until_it_changes(tmp_path, monkeypatch):
     path.write_text(path.read_text().replace("first", "second"))
     os.utime(path, ns=(1, 1))  # a different modification time even within the clock's resolution
     assert files.read_task_file(path).name == "second" and len(parsed) == 2
+
+
+def test_a_task_is_read_and_its_layouts_announced_before_the_model_loads(tmp_path, capsys, tokenizer, monkeypatch):
+    """Rows whose numbers have 1 and 2 digits make several token layouts: said before any work, with their sizes,
+    what is left out and the remedy; a task file's error comes before a model that would fail to load."""
+    from conftest import tiny_model
+
+    model_dir = tmp_path / "model"
+    tiny_model("llama").save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    starts = [*range(1, 10), *range(10, 40), 100, 101, 102]  # 1, 2 and (too few to keep) 3 digits
+    rows = "".join(json.dumps({"prompt": f"after {i} comes", "answer": f" {i + 1}"}) + "\n" for i in starts)
+    path = write(tmp_path, "next.jsonl", rows)
+    code, _, err = run_cli(capsys, "eval", "--model", str(model_dir), "--task-file", str(path))
+    notice = next(line for line in err.splitlines() if "token layouts" in line)
+    assert code == 0 and notice.startswith("af1: next has ") and "left out" in notice and "--largest-layout" in notice
+    assert err.index(notice) == 0  # before anything the evaluation says
+    import af1.api
+
+    def never(*args, **kwargs):
+        raise Af1Error("the model was loaded")
+
+    monkeypatch.setattr(af1.api, "load_model", never)
+    bad = write(tmp_path, "bad.csv", "prompt,answer\nx,y\n")
+    code, _, err = run_cli(capsys, "eval", "--model", str(model_dir), "--task-file", str(bad), "--shots", "4")
+    assert code == 2 and "the model was loaded" not in err and len(err.strip().splitlines()) == 1, err

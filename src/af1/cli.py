@@ -93,6 +93,16 @@ def typed_options(ctx: typer.Context) -> set[str]:
     return {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}
 
 
+def read_task_first(model: str, spec: TaskSpec) -> None:
+    """Read the task with the model's tokenizer alone, before the weights load: a task file's errors, and what its
+    token layouts will cost, come first."""
+    from af1.models.loading import load_tokenizer
+    from af1.tasks.task import build_task, layouts_summary
+
+    if summary := layouts_summary(build_task(spec, load_tokenizer(model))):
+        print(f"af1: {summary}", file=sys.stderr)
+
+
 @dataclass(frozen=True)
 class ModelChoice:
     """--model and how to load it."""
@@ -308,6 +318,8 @@ def experiment_command(name: str) -> Callable[..., None]:
         experiment.Options.model_validate(given)  # bad options fail before the model is loaded
         for other, values in upstream.items():
             get(other).Options.model_validate(values)
+        if spec is not None and isinstance(load.model, str):
+            read_task_first(load.model, spec)
         lm = load.load()
         try:
             result = api.run(name, lm, spec, out_dir, means, upstream, **given)

@@ -38,7 +38,7 @@ from af1.interventions.af1 import ABLATIONS, AF1Config
 from af1.interventions.masks import ABP_VARIANTS
 from af1.methods.setup import Setup, prepare, setup_executor
 from af1.models import LoadedModel
-from af1.progress import progress
+from af1.progress import note, progress
 from af1.results import read_json, write_json
 from af1.stats import (
     LayoutRate,
@@ -212,10 +212,12 @@ def sweep(
         "reference": reference,
     }
     done: dict[str, CellBits] = {}
+    asked = {f"{w},{k}" for w, k in cells}
     if state_path is not None and state_path.is_file():
         state = read_json(state_path)
         if state.get("key") == key:
-            done = state["cells"]
+            done = state["cells"]  # kept whole in the state; only the asked cells make the grid
+            note(f"sweep: resumed {len(asked & done.keys())} of its {len(asked)} cells from {state_path}")
     waits = sorted({w for w, _ in cells})
     for w in progress(waits, desc="sweep"):
         todo = [k for ww, k in cells if ww == w and f"{w},{k}" not in done]
@@ -240,6 +242,7 @@ def sweep(
             done[f"{w},{k}"] = CellBits(correct=_bits(scores.correct_P), **how)
         if state_path is not None:
             write_json(state_path, {"key": key, "cells": done})
+    done = {cell: bits for cell, bits in done.items() if cell in asked}
     targets, layouts = setup.kept.targets(), setup.kept.layout_P.tolist()
     faith_WX = torch.full((L + 1, L + 1), float("nan"))
     low_WX, high_WX = faith_WX.clone(), faith_WX.clone()

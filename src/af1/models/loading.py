@@ -248,6 +248,19 @@ def _hub_unreachable(endpoint: str, timeout: float = 5.0) -> str | None:
     return None
 
 
+def load_tokenizer(spec: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """A model's tokenizer alone, from where its model would load: a task can be read and checked before the
+    model's weights are."""
+    from transformers import AutoTokenizer
+
+    where, _ = _resolve(spec)
+    try:
+        return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # transformers raises many types; the user needs one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise Af1Error(f"cannot load the tokenizer of '{spec}': {first}") from exc
+
+
 def load_model(
     spec: str = "smollm2",
     dtype: str = "float32",

@@ -689,6 +689,23 @@ def _layout_task(
     )
 
 
+def layouts_summary(task: Task) -> str | None:
+    """What a task of several token layouts costs, said before any work: the layouts' sizes, what is left out, and
+    the remedy; None for a task of one layout with nothing left out."""
+    sizes = [len(g) for g in task.groups] or [len(task)]
+    left_out = task.excluded_other_layouts
+    if len(sizes) == 1 and not left_out:
+        return None
+    text = f"{task.spec.name} has {len(sizes)} token layout{'s' * (len(sizes) > 1)} of {', '.join(map(str, sizes))}"
+    text += " problems" + (f", {left_out} more left out ({task.exclusion_note})" if left_out else "")
+    if len(sizes) > 1:
+        text += (
+            f": each layout is run and averaged on its own, so the work is about {len(sizes)} times one layout's "
+            "and each mean covers its layout's problems only"
+        )
+    return text + "; numbers of one length (--digits) or --largest-layout keep a single layout"
+
+
 def build_task(spec: TaskSpec, tokenizer: Tokenizer) -> Task:
     """Enumerate, tokenize and check the problems of a spec (or read them from its task file)."""
     examples, pool = problem_pool(spec) if spec.file is None else file_pool(spec)
