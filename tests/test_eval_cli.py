@@ -65,6 +65,7 @@ def test_cli_eval_json(capsys, cli_on_smollm2):
     assert result["base_accuracy_baseline"] == max(answers.count(a) for a in set(answers)) / len(answers)
     row = result["problems"][0]
     assert row["input"].endswith(row["prompt"]) and row["input_ids"] and row["answer_tokens"]
+    assert row["predicted_text"] == cli_on_smollm2.tokenizer.decode(row["predicted_tokens"])  # ids read as text
     assert result["provenance"]["model"]["sha256"]
     code, out, err = run_cli(
         capsys, "eval", "--task", "a+b", "--digits", "2", "--n", "30", "--scoring", "first", "--json"

@@ -7,11 +7,14 @@ from af1 import progress
 
 def test_progress_logs_counts_and_time_when_stderr_is_not_a_terminal(capsys, monkeypatch):
     monkeypatch.delenv("AF1_NO_PROGRESS", raising=False)
+    assert list(progress.progress(range(3), desc="quick")) == [0, 1, 2]
+    assert capsys.readouterr().err.splitlines()[0].startswith("af1: quick: 3/3 done in")  # one line: it was quick
     monkeypatch.setattr(progress, "LOG_EVERY_SECONDS", 0.0)
+    monkeypatch.setattr(progress, "QUIET_SECONDS", 0.0)
     assert list(progress.progress(range(3), desc="grid")) == [0, 1, 2]
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == "af1: grid: started (3 items)"
-    assert lines[1].startswith("af1: grid: 1/3 after") and lines[3].startswith("af1: grid: 3/3 after")
+    assert lines[0].startswith("af1: grid: 1/3 after") and lines[0].endswith(" s left")  # with what is left
+    assert lines[1].startswith("af1: grid: 2/3 after") and len(lines) == 3
     assert lines[-1].startswith("af1: grid: 3/3 done in") and lines[-1].endswith(" s")
 
 

@@ -339,7 +339,9 @@ def test_options_given_win_over_the_file_and_defaults_do_not(tmp_path, capsys, c
     for args, shots in [((), 2), (("--shots", "1"), 1), (("--shots", "0"), 0)]:
         code, out, err = run_cli(capsys, "eval", "--task-file", str(path), "--json", *args)
         assert code == 0, err
-        assert json.loads(out)["provenance"]["task"]["shots"] == shots
+        task = json.loads(out)["provenance"]["task"]
+        assert task["shots"] == shots and task["name"] == "t" and task["file"] == str(path.resolve())
+        assert not {"operation", "style", "digits"} & task.keys()  # what a task file replaces is not claimed
 
 
 def test_a_task_file_is_read_once_until_it_changes(tmp_path, monkeypatch):

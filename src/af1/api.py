@@ -84,7 +84,7 @@ def run(
         last = exp.Result.model_validate(results[unit.id])
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            task_info = unit.task.model_dump() if unit.task is not None else None
+            task_info = unit.task.described() if unit.task is not None else None
             write_json(out / exp.file, {**results[unit.id], "provenance": provenance(lm.info, task=task_info)})
             exp.draw(last, out, unit_inputs(held, unit, deps, None))
         if unit.experiment == name:

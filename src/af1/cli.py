@@ -326,7 +326,7 @@ def experiment_command(name: str) -> Callable[..., None]:
         except NotApplicable as why:
             emit({"not_applicable": str(why)}, as_json, [f"{name}: not applicable: {why}"])
             return
-        task = spec.model_dump() if spec is not None else None
+        task = spec.described() if spec is not None else None
         data = {**result.data(), "provenance": provenance(lm.info, task=task)}
         emit(data, as_json, experiment.show(result))
         if out_dir is not None and not as_json:

@@ -16,7 +16,8 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-LOG_EVERY_SECONDS = 60.0  # a log line at least this often while a stage runs
+LOG_EVERY_SECONDS = 20.0  # a log line at least this often while a stage runs
+QUIET_SECONDS = 2.0  # a stage shorter than this logs one line, when it ends
 
 
 def enabled() -> bool:
@@ -39,18 +40,20 @@ def progress(items: Iterable[T], desc: str | None = None, total: int | None = No
 
 
 def _logged(items: Iterable[T], desc: str, total: int | None) -> Iterator[T]:
-    """One line when a stage starts, one at least every LOG_EVERY_SECONDS, one when it ends: counts and time."""
+    """A stage in a log: one line when it ends (count and time); a longer one also says how far it has got and about
+    how long is left, once after QUIET_SECONDS and then at least every LOG_EVERY_SECONDS."""
     of = f"/{total}" if total is not None else ""
-    t0 = last = time.perf_counter()
+    t0 = time.perf_counter()
+    last = None
     done = 0
-    _line(f"{desc}: started ({total if total is not None else '?'} items)")
     for item in items:
         yield item
         done += 1
         now = time.perf_counter()
-        if now - last >= LOG_EVERY_SECONDS:
+        if now - t0 >= QUIET_SECONDS and (last is None or now - last >= LOG_EVERY_SECONDS) and done != total:
             last = now
-            _line(f"{desc}: {done}{of} after {now - t0:.0f} s")
+            left = f", about {(now - t0) / done * (total - done):.0f} s left" if total is not None else ""
+            _line(f"{desc}: {done}{of} after {now - t0:.0f} s{left}")
     _line(f"{desc}: {done}{of} done in {time.perf_counter() - t0:.1f} s")
 
 

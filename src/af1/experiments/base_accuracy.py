@@ -11,7 +11,7 @@ from rich.table import Table
 from af1.experiments import base
 from af1.report.markup import ci_text, layout_html, layout_table, table_html, with_ci
 from af1.stats import Paired, baseline_warning, mcnemar_exact
-from af1.tasks.evaluation import problem_rows
+from af1.tasks.evaluation import decoder, problem_rows
 from af1.tasks.task import ProblemRow, TaskShape
 
 
@@ -58,7 +58,7 @@ class BaseAccuracy(base.Experiment):
             mean_p_correct=scores.mean_p_correct,
             warnings=[w for w in (task.sampling_note, task.exclusion_note, task.end_note, note) if w],
             task_layout=task.describe(),
-            problems=problem_rows(task, scores),
+            problems=problem_rows(task, scores, decoder(lm.tokenizer)),
         )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:

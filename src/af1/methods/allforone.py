@@ -51,7 +51,7 @@ from af1.stats import (
     rate,
     split_indices,
 )
-from af1.tasks.evaluation import ExecutorChoice, ProblemInputs, Scores
+from af1.tasks.evaluation import ExecutorChoice, ProblemInputs, Scores, decoder
 from af1.tasks.spec import TaskSpec
 from af1.tasks.task import ProblemRow
 
@@ -101,13 +101,16 @@ def problem_rows(setup: Setup, intervened: Scores | None = None) -> list[Problem
             id(p): (bool(c), pred)
             for p, c, pred in zip(setup.kept.problems, intervened.correct_P, intervened.predicted_PA, strict=True)
         }
+    decode = decoder(setup.lm.tokenizer)
     for i, row in enumerate(rows):
         row["solved"] = bool(setup.base.correct_P[i])
         row["predicted_tokens"] = setup.base.predicted_PA[i]
+        row["predicted_text"] = decode(row["predicted_tokens"])
         if intervened is not None:
             hit = under.get(id(setup.task.problems[i]))
             row["right_under_intervention"] = None if hit is None else hit[0]
             row["predicted_tokens_under_intervention"] = None if hit is None else hit[1]
+            row["predicted_text_under_intervention"] = None if hit is None else decode(hit[1])
     return rows
 
 

@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import struct
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -279,7 +280,7 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    if not enabled():  # transformers' own loading bars follow af1's: none off a terminal
+    if not enabled() or not sys.stderr.isatty():  # transformers' own loading bars: only where af1's are bars
         hf_logging.disable_progress_bar()
     if dtype not in DTYPES:
         raise Af1Error(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")

@@ -71,7 +71,7 @@ class Worker(Session):
                     outcome = {"state": "failed", "error": one_line(exc), "traceback": traceback.format_exc(limit=-8)}
         lm = self.loaded
         info = lm.info if lm is not None else {"spec": self.entry.spec}
-        task = unit.task.model_dump() if unit.task is not None else None
+        task = unit.task.described() if unit.task is not None else None
         return {
             "id": unit.id,
             **outcome,

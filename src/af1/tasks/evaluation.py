@@ -273,13 +273,21 @@ def require_solved(n_solved: int, spec: TaskSpec) -> None:
         raise Af1Error(f"the model solves none of the {spec.name} problems ({spec.style_name}, {spec.shots} shots)")
 
 
-def problem_rows(task: Task, scores: Scores) -> list[ProblemRow]:
-    """One row per problem as fed to the model (text and ids), with its greedy answer tokens and whether it is right."""
+def decoder(tokenizer: Any) -> Callable[[list[int]], str]:
+    """A tokenizer's decoding of one token list, as text."""
+    return lambda ids: str(tokenizer.decode(ids))
+
+
+def problem_rows(task: Task, scores: Scores, decode: Callable[[list[int]], str] | None = None) -> list[ProblemRow]:
+    """One row per problem as fed to the model (text and ids), with its greedy answer tokens (and, given the
+    tokenizer's `decode`, their text) and whether it is right."""
     rows = task.rows()
     for row, predicted, p, right in zip(
         rows, scores.predicted_PA, scores.p_correct_P.tolist(), scores.correct_P.tolist(), strict=True
     ):
         row["predicted_tokens"], row["p_correct"], row["solved"] = predicted, p, bool(right)
+        if decode is not None:
+            row["predicted_text"] = decode(predicted)
     return rows
 
 

@@ -54,6 +54,15 @@ class TaskSpec(BaseModel):
         """What the task is called in tables: the operation, or the task file's name (its stem by default)."""
         return self.operation if self._file_name is None else self._file_name
 
+    def described(self) -> dict[str, object]:
+        """The task as provenance gives it: every field, less those a task file replaces (operation, style, digits,
+        negatives), and its name."""
+        data = self.model_dump()
+        if self.file is not None:
+            for key in ("operation", "style", "digits", "allow_negative"):
+                del data[key]
+        return {"name": self.name, **data}
+
     @property
     def style_name(self) -> str:
         """The input style in results and tables: a task file has none of the built-in ones (its template says)."""

@@ -52,10 +52,12 @@ class ProblemRow(TypedDict):
     stop_token: int | None
     layout: NotRequired[int]  # a task of several token layouts: this problem's
     predicted_tokens: NotRequired[list[int]]
+    predicted_text: NotRequired[str]  # the same tokens decoded, for reading
     p_correct: NotRequired[float]
     solved: NotRequired[bool]
     right_under_intervention: NotRequired[bool | None]
     predicted_tokens_under_intervention: NotRequired[list[int] | None]
+    predicted_text_under_intervention: NotRequired[str | None]
 
 
 @with_config(ConfigDict(extra="forbid"))
