@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from common import RESULTS, machine
-
 from af1.results import write_json
 from af1.threads import usable_cores
+
+from common import RESULTS, machine
 
 AF1 = str(Path(sys.executable).parent / "af1")
 EVAL = ["eval", "--model", "smollm2", "--task", "a+b", "--digits", "2", "--n", "300", "--json"]

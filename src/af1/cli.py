@@ -459,6 +459,7 @@ def demo(
 
 @app.callback()
 def _machine(
+    ctx: typer.Context,
     threads: Annotated[
         int | None,
         typer.Option(
@@ -471,10 +472,12 @@ def _machine(
 ) -> None:
     """Where and when a language model does mental arithmetic."""
     from af1 import threads as machine
+    from af1.experiments import REGISTRY
     from af1.progress import note
 
     machine.configure(threads)
-    if threads is None and (hint := machine.busy_hint()):
+    computes = ctx.invoked_subcommand in {*REGISTRY, "study", "demo"}
+    if computes and threads is None and (hint := machine.busy_hint()):
         note(hint)
 
 

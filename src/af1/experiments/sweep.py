@@ -14,7 +14,7 @@ from af1.interventions.af1 import Ablation, AF1Config
 from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
 from af1.report import interactive
-from af1.report.markup import figure_html, with_ci
+from af1.report.markup import figure_html, load_json, with_ci
 from af1.tasks.task import ProblemRow
 
 
@@ -70,12 +70,25 @@ class Sweep(base.Experiment):
             f"solved problems of {result.n} (base accuracy {with_ci(result.base_accuracy, result.base_accuracy_ci)}, "
             f"{result.scoring} answer scored); {result.n_cells} cells, executor {result.executor}. Faithfulness = "
             "accuracy under AF1 on the solved problems; a constant guess scores "
-            f"{result.faithfulness_baseline or float('nan'):.3f} on them. Red triangles: cells whose whole 95 % "
-            "interval lies at or above 0.9."
-            + (" Hover a cell for its numbers; click it for its problems." if interactive.enabled() else "")
-            + "</p>",
-            figure_html(out_dir, "sweep.png", lambda: interactive.sweep_grid(result.data())),
+            f"{result.faithfulness_baseline or float('nan'):.3f} on them."
+            + (
+                " The grid is drawn once, below, with the search's choice marked on it.</p>"
+                if searched_beside(out_dir)
+                else " Red triangles: cells whose whole 95 % interval lies at or above 0.9."
+                + (" Hover a cell for its numbers; click it for its problems." if interactive.enabled() else "")
+                + "</p>"
+                + figure_html(out_dir, "sweep.png", lambda: interactive.sweep_grid(result.data()))
+            ),
         ]
 
     def show(self, result: Result) -> list[Table | str]:
         return [f"{result.n_cells} cells on {result.n_solved} solved problems, executor {result.executor}"]
+
+
+def searched_beside(out_dir: Path) -> bool:
+    """Whether a search of this grid lies beside it (a results directory, or the sibling unit of a study's store),
+    whose section draws the grid with its choice: then the grid is not drawn twice."""
+    if (out_dir / "search.json").is_file():
+        return True
+    record = load_json(out_dir.parent / "search", "unit.json")
+    return (record or {}).get("state") == "done"

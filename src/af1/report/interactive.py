@@ -5,6 +5,8 @@ section back to the PNG figures (for papers)."""
 
 from __future__ import annotations
 
+import base64
+import gzip
 import html
 import json
 import math
@@ -642,8 +644,17 @@ def page_head(body: str) -> str:
     plots = f'class="{PLOT_CLASS}"' in body
     if not plots and f'class="{SORTABLE_CLASS}"' not in body:
         return ""
-    library = f"<script>{plotly_js()}</script>" if plots else ""
+    library = f'<script id="{PACKED_ID}" type="application/gzip;base64">{packed_plotly_js()}</script>' if plots else ""
     return f"<style>{STYLE}</style>{library}"
+
+
+PACKED_ID = "af1-plotly"  # report.js unpacks the library from this element (DecompressionStream) before drawing
+
+
+@cache
+def packed_plotly_js() -> str:
+    """plotly.js gzipped and base64-encoded: 2.0 MB in the page instead of 4.8 (unpacked by the page's script)."""
+    return base64.b64encode(gzip.compress(plotly_js().encode(), 9, mtime=0)).decode()
 
 
 def page_script() -> str:

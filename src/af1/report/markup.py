@@ -201,3 +201,23 @@ def warnings_html(warnings: Sequence[str] | None) -> str:
         return ""
     items = "".join(f"<li>{html.escape(w)}</li>" for w in warnings)
     return f'<div class="warnings"><b>{len(warnings)} warning{"s" * (len(warnings) > 1)}</b><ul>{items}</ul></div>'
+
+
+# What a reader who has not read the paper needs before the numbers (docs/methods.md has the full definitions).
+READING_GUIDE = (
+    '<details class="guide" open><summary><b>How to read this report</b></summary><p>af1 asks <i>where and when</i> '
+    "a language model does mental arithmetic (the All-for-One study): it cuts the paths along which the prompt's "
+    "tokens inform its last token, where the answer is predicted, and asks whether the model still answers. "
+    "<b>L_wait</b>: through this block nothing specific to the problem may reach the last token. <b>CAMA</b> does "
+    "it: at the output of block L_wait each token's state is replaced by its mean over many problems with the same "
+    "token there, so a token keeps what it is but loses what it read from the others. <b>L_transfer</b>: in the "
+    "next L_transfer blocks the last token may read the other tokens (the operands flow to it); after them it sees "
+    "only the constant context and itself, so it computes the answer alone. <b>ABP</b> is that attention mask "
+    "(the other tokens see only the context and themselves throughout). <b>Faithfulness</b>: the share of the "
+    "problems the model solves that it still solves under an (L_wait, L_transfer) cell, every answer token "
+    "checked. Every number comes with its n, a 95 % interval and the <b>constant guess</b> (what always giving the "
+    "most common answer scores on the same problems). A cell is <b>chosen</b> on one half of the problems "
+    "(selection); the claim that it reaches the threshold is then <b>confirmed</b>, <b>rejected</b> or <b>not "
+    "confirmed</b> on the other half (confirmation) by its interval, and where the interval cannot decide, the "
+    "report says about how many problems would. Full definitions: af1's <code>docs/methods.md</code>.</p></details>"
+)

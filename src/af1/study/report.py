@@ -12,7 +12,7 @@ from af1.errors import Af1Error
 from af1.experiments import REGISTRY
 from af1.experiments.base import Finished
 from af1.report.interactive import sortable, static_report
-from af1.report.markup import load_json, page, table_html, warnings_html
+from af1.report.markup import READING_GUIDE, load_json, page, table_html, warnings_html
 from af1.results import read_json, write_atomic, write_json
 from af1.study.plan import StudyPlan, Unit, expand, task_label
 from af1.study.store import Store
@@ -114,6 +114,7 @@ def _write_study_report(store: Store, plan: StudyPlan, units: list[Unit]) -> Pat
     data = {"name": plan.name, **data}
     write_json(store.root / "report.json", data)
     parts = [
+        READING_GUIDE,
         f"<p>{data['n_done']} of {data['n_units']} units done, {data['n_not_applicable']} not applicable, "
         f"{data['n_failed']} failed, {data['n_unfinished']} not finished. Each unit's record, result and figure are "
         "under <code>units/&lt;model&gt;/&lt;task&gt;/&lt;experiment&gt;/</code>. Every rate comes with its n, "
@@ -170,6 +171,7 @@ def _results_report(d: Path) -> Path:
             )
     if not parts:
         raise Af1Error(f"{d} holds no af1 results")
+    parts.insert(0, READING_GUIDE)
     if provenance:
         parts.append("<h2>Provenance</h2><pre>" + html.escape(json.dumps(provenance, indent=2)) + "</pre>")
     return write_atomic(d / "report.html", page("af1 report", parts))
