@@ -89,7 +89,18 @@ def test_no_module_imports_itself_back():
 def test_the_layers_are_the_folders():
     """Every module sits in a layer folder, except the faces and a few small leaves every layer may use."""
     loose = sorted(p.stem for p in SRC.glob("*.py") if p.stem != "__init__")
-    assert loose == ["api", "claims", "cli", "config_files", "errors", "progress", "results", "shapes", "stats"]
+    assert loose == [
+        "api",
+        "claims",
+        "cli",
+        "config_files",
+        "errors",
+        "progress",
+        "results",
+        "shapes",
+        "stats",
+        "threads",
+    ]
     assert sorted(p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()) == sorted(
         k for k, v in RANK.items() if k not in ("cli", "api")
     )

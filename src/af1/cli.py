@@ -319,6 +319,9 @@ def experiment_command(name: str) -> Callable[..., None]:
         for other, values in upstream.items():
             get(other).Options.model_validate(values)
         if spec is not None and isinstance(load.model, str):
+            from af1.models.loading import check_load_options
+
+            check_load_options(load.dtype, load.device_map)
             read_task_first(load.model, spec)
         lm = load.load()
         try:

@@ -184,6 +184,7 @@ def _gguf_to_safetensors(gguf: Path, digest: str) -> Path:
 
 def _resolve(spec: str) -> tuple[Path | str, dict[str, Any]]:
     """Where to load from (a directory or a hub id) and what to record about the source."""
+    _quiet_transformers()
     if spec in BY_NAME:
         gguf, digest = bundled_file(spec)
         row = BY_NAME[spec]
@@ -249,6 +250,22 @@ def _hub_unreachable(endpoint: str, timeout: float = 5.0) -> str | None:
     return None
 
 
+def check_load_options(dtype: str, device_map: str | dict[str, Any] | None) -> None:
+    """Refuse an unknown dtype or device map before anything loads."""
+    if dtype not in DTYPES:
+        raise Af1Error(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")
+    if isinstance(device_map, str) and device_map not in DEVICE_MAPS:
+        raise Af1Error(f"unknown device map '{device_map}'; choose one of {', '.join(DEVICE_MAPS)}")
+
+
+def _quiet_transformers() -> None:
+    """transformers' own bars (loading, de-quantising) only where af1's are bars: on a terminal, progress on."""
+    from transformers.utils import logging as hf_logging
+
+    if not enabled() or not sys.stderr.isatty():
+        hf_logging.disable_progress_bar()
+
+
 def load_tokenizer(spec: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """A model's tokenizer alone, from where its model would load: a task can be read and checked before the
     model's weights are."""
@@ -278,14 +295,8 @@ def load_model(
     model's parts, offloading to CPU or disk what does not fit; every intervention follows the placement.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    if not enabled() or not sys.stderr.isatty():  # transformers' own loading bars: only where af1's are bars
-        hf_logging.disable_progress_bar()
-    if dtype not in DTYPES:
-        raise Af1Error(f"unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}")
-    if isinstance(device_map, str) and device_map not in DEVICE_MAPS:
-        raise Af1Error(f"unknown device map '{device_map}'; choose one of {', '.join(DEVICE_MAPS)}")
+    check_load_options(dtype, device_map)
     where, info = _resolve(spec)
     common: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     placement: dict[str, Any] = {}
