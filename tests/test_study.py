@@ -416,6 +416,25 @@ def test_the_search_command_prints_the_warnings_of_its_sweep(tiny_dirs, capsys):
     assert all(f"warning: {w}" in err for w in warnings), err
 
 
+def test_the_report_is_rewritten_while_the_study_runs_and_marked_partial(tiny_dirs, tmp_path, monkeypatch):
+    import af1.study.runner as runner
+
+    monkeypatch.setattr(runner, "REPORT_EVERY_S", 0.0)
+    plan = write_plan(tmp_path / "plan.yaml", tiny_dirs, experiments="experiments:\n  eval: {}\n")
+    seen: list[tuple[bool, int]] = []
+
+    def look(unit, outcome) -> None:
+        if (tmp_path / "out" / "report.json").is_file():
+            report = json.loads((tmp_path / "out" / "report.json").read_text())
+            seen.append((report["partial"], report["n_done"]))
+            assert "Partial: the study is still running" in (tmp_path / "out" / "report.html").read_text()
+
+    summary = run_study(load_plan(plan), tmp_path / "out", on_end=look)
+    assert len(summary.ran) == 4 and [partial for partial, _ in seen] == [True] * 3
+    assert [n for _, n in seen] == [1, 2, 3]  # each unit's report holds the units ended so far
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["partial"] is False
+
+
 def test_studyplan_default_names_come_from_the_spec():
     plan = StudyPlan.model_validate({"models": [{"spec": "meta-llama/Meta-Llama-3-8B"}], "experiments": {"eval": {}}})
     assert plan.models[0].name == "Meta-Llama-3-8B"
@@ -511,7 +530,11 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     summary = demo.run_demo(plan, out, said.append)
     assert summary.failed == []
     report = json.loads((out / "report.json").read_text())
-    assert len(report["verdicts"]) == 2 and said[:2] == report["verdicts"] and said[-1].startswith("demo time")
+    assert said[0] == demo.FOCUSED and report["partial"] is False
+    early = [line for line in said if " s: " in line and line.split(" after ")[0] in ("llama", "qwen2")]
+    assert len(early) == 2 and all(said.index(e) < said.index(report["verdicts"][0]) for e in early)  # first
+    assert len(report["verdicts"]) == 2 and said[3:5] == report["verdicts"] and said[-1].startswith("demo time")
+    assert {u.experiment for u in summary.units} == {"eval", "sweep", "search", "necessity", "heads", "transfer"}
     assert all(
         v.split(": ", 2)[2].startswith(("confirmed", "not confirmed", "rejected", "no AF1 subgraph to judge"))
         and "[" in v
@@ -525,7 +548,7 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     found = {r["model"]: r["chosen"] and r["outcome"] != "rejected" for r in report["faithfulness"]}
     states = {r["id"]: r["state"] for r in report["units"]}
     for model, has in found.items():  # the analyses run where a cell was chosen that its confirmation does not reject
-        for name in ("components", "necessity", "alternatives", "prune", "heads"):
+        for name in ("necessity", "heads"):
             assert states[f"{model}/a+b.original.1d.1shot.n30/{name}"] == ("done" if has else "not_applicable")
     assert any(found.values()), "a tiny model fitted to the task has a subgraph at threshold 0.5"
     results = Store(out).results()
@@ -544,6 +567,7 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     heads = results[f"{analysed}/a+b.original.1d.1shot.n30/heads"]
     assert heads["placement"] and {p["stage"] for p in heads["placement"]} <= {"wait", "transfer", "compute"}
     assert heads["path"] == "wang" and len(heads["knockout"]["accuracy_random_k"]) == 10
+    assert heads["counterfactual_kind"] != "operator" and heads["second_counterfactual"] is None  # the operand alone
     search = results[f"{analysed}/a+b.original.1d.1shot.n30/search"]
     # heads chosen on the search's selection half, knocked out on its confirmation half
     assert heads["split"]["from"] == "the search's split"
@@ -557,13 +581,16 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
             and rows["all heads peek"]["faithfulness_n"] == search["n_confirmation"]
         )
     html = (out / "report.html").read_text()
-    for heading in ("Where each model waits", "CAMA alone", "Necessity", "Alternatives", "Head pruning"):
+    for heading in ("Where each model waits", "Necessity", "How to read this report", demo.FOCUSED[:40]):
         assert heading in html
     assert "Heads that carry the answer" in html and "wall time" in html and html.count('class="af1-plot"') >= 4
     again = demo.run_demo(plan, out, said.append)
     assert again.ran == [] and len(again.skipped) == len(summary.units)
     code, text, _ = run_cli(capsys, "demo", "--model", str(tiny_dirs["llama"]), "--show-plan")
-    assert code == 0 and "require_found: true" in text and "transfer: {}" in text
+    assert code == 0 and "require_found: true" in text and "transfer: {}" in text and "counterfactual: a" in text
+    full = demo.demo_plan(["smollm2"], TASKS[0], full=True)
+    assert {n for n in ("components", "alternatives", "prune", "styles", "positional") if getattr(full.experiments, n)}
+    assert full.experiments.heads.rank_both and full.about == demo.FULL  # the operator ranked beside the operand
 
 
 def test_a_study_evaluates_each_model_and_task_once(tiny_dirs, tmp_path, monkeypatch):

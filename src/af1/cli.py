@@ -431,7 +431,14 @@ def demo(
     shots: ShotsOpt = 3,
     style: StyleOpt = "calculate",
     threshold: ThresholdOpt = None,
-    full: Annotated[bool, typer.Option("--full", help="also input styles and position+meaning")] = False,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="also CAMA and ABP alone, alternatives, pruning, the operator ranking, other tasks' heads, input "
+            "styles and position+meaning",
+        ),
+    ] = False,
     dtype: DtypeOpt = "float32",
     attn: AttnOpt = None,
     device_map: DeviceMapOpt = None,

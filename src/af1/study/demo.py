@@ -1,5 +1,6 @@
-"""The main job as a built-in plan: every model's AF1 grid and search, each model's config on the others, the
-analyses where a model's search found a subgraph, paired base accuracy; run by the study runner like any plan."""
+"""The main job as a built-in plan: every model's AF1 grid and search, each model's config on the others, necessity
+and the heads where a model's search found a subgraph (`--full`: every analysis), paired base accuracy; run by the
+study runner like any plan."""
 
 from __future__ import annotations
 
@@ -8,12 +9,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from af1.study.plan import StudyPlan, order
+from af1.experiments.search import Result as SearchResult
+from af1.experiments.search import claim_line
+from af1.study.plan import StudyPlan, Unit, order
 from af1.study.runner import StudySummary, run_study
 from af1.tasks.spec import TaskSpec
 
 DEMO_MODELS = ("smollm2", "qwen0.5b")
 GATED = {"require_found": True}  # the analyses of a subgraph run where the search found one (else recorded n/a)
+OPERAND_HEADS = {"counterfactual": "a"}  # heads ranked, knocked out and set against AF1 by the first operand
+FOCUSED = (
+    "The focused demo: on each model the evaluation, the (L_wait, L_transfer) grid and the search, and each model's "
+    "configuration on the others; where a model's search chose a cell its confirmation does not reject, single-layer "
+    "necessity and the heads study (heads ranked by the first operand's counterfactual, knocked out against random "
+    "heads of the same layers). `af1 demo --full` adds CAMA and ABP alone, alternatives, head pruning, the operator's "
+    "ranking beside the operand's, the heads of two other tasks, input styles and the position+meaning study."
+)
+FULL = "The full demo: the focused demo's units, and CAMA and ABP alone, alternatives, head pruning, the operator's "
+FULL += "ranking beside the operand's, the heads of two other tasks, input styles and the position+meaning study."
 
 
 def demo_plan(
@@ -30,17 +43,17 @@ def demo_plan(
         "eval": {},
         "sweep": {},
         "search": {} if threshold is None else {"threshold": threshold},
-        "components": dict(GATED),
         "necessity": dict(GATED),
-        "alternatives": dict(GATED),
-        "prune": dict(GATED),
-        "heads": dict(GATED),
+        "heads": {**GATED, **OPERAND_HEADS, "rank_both": False},
         "transfer": {},
     }
-    if full:  # the input styles (a+b and a-b), the heads compared with two other tasks, position + meaning
+    if full:
         experiments.update(
+            components=dict(GATED),
+            alternatives=dict(GATED),
+            prune=dict(GATED),
             styles={**GATED, "operations": ["a+b", "a-b"]},
-            heads={**GATED, "compare": ["a-b", "a+b+c"]},
+            heads={**GATED, **OPERAND_HEADS, "compare": ["a-b", "a+b+c"]},  # the operator ranked beside it
             positional={},
         )
     names: list[str] = []
@@ -51,7 +64,13 @@ def demo_plan(
         names.append(name)
         entries.append({"spec": m, "name": name, "dtype": dtype, "attn": attn, "device_map": device_map})
     return StudyPlan.model_validate(
-        {"name": "demo", "models": entries, "tasks": [spec.model_dump()], "experiments": experiments}
+        {
+            "name": "demo --full" if full else "demo",
+            "about": FULL if full else FOCUSED,
+            "models": entries,
+            "tasks": [spec.model_dump()],
+            "experiments": experiments,
+        }
     )
 
 
@@ -74,7 +93,15 @@ def run_demo(plan: StudyPlan, out_dir: Path, say: Callable[[str], None] = print,
     import json
 
     t0 = time.perf_counter()
-    summary = run_study(plan, out_dir, static=static)
+    if plan.about:
+        say(plan.about)
+
+    def verdict_first(unit: Unit, outcome: dict[str, Any]) -> None:  # each model's verdict as soon as it is known
+        if unit.experiment == "search" and outcome.get("state") == "done":
+            result = SearchResult.model_validate(outcome["result"])
+            say(f"{unit.model.name} after {time.perf_counter() - t0:.0f} s: {claim_line(result)}")
+
+    summary = run_study(plan, out_dir, static=static, on_end=verdict_first)
     report = json.loads((Path(out_dir) / "report.json").read_text())
     for line in report["verdicts"]:
         say(line)

@@ -82,6 +82,7 @@ def rebuild_schema() -> None:
 
 class StudyPlan(_Strict):
     name: str = "study"
+    about: str | None = Field(default=None, description="what the plan runs and why, in words: atop its report")
     models: list[ModelEntry] = Field(min_length=1)
     tasks: list[TaskSpec] = Field(default_factory=lambda: [TaskSpec()])
     styles: list[str] | None = Field(default=None, description="cross every task with these styles")

@@ -103,17 +103,26 @@ def unit_sections(store: Store, units: list[Unit]) -> list[str]:
     return [part for parts in by_place.values() for part in parts]
 
 
-def build_study_report(store: Store, plan: StudyPlan, units: list[Unit], static: bool = False) -> Path:
-    """DIR/report.json and a self-contained DIR/report.html: interactive figures, or with `static` the PNGs only."""
+def build_study_report(
+    store: Store, plan: StudyPlan, units: list[Unit], static: bool = False, partial: bool = False
+) -> Path:
+    """DIR/report.json and a self-contained DIR/report.html: interactive figures, or with `static` the PNGs only;
+    `partial` while the study still runs (marked so on the page and in the JSON)."""
     with static_report(static):
-        return _write_study_report(store, plan, units)
+        return _write_study_report(store, plan, units, partial)
 
 
-def _write_study_report(store: Store, plan: StudyPlan, units: list[Unit]) -> Path:
+def _write_study_report(store: Store, plan: StudyPlan, units: list[Unit], partial: bool) -> Path:
     data, overview = collect(store, units)
-    data = {"name": plan.name, **data}
+    data = {"name": plan.name, "partial": partial, **data}
     write_json(store.root / "report.json", data)
+    running = (
+        '<p class="partial"><b>Partial: the study is still running.</b> This page is rewritten as units end; '
+        "the numbers below are those of the units that have ended.</p>"
+    )
     parts = [
+        *([running] if partial else []),
+        *([f"<p>{html.escape(plan.about)}</p>"] if plan.about else []),
         READING_GUIDE,
         f"<p>{data['n_done']} of {data['n_units']} units done, {data['n_not_applicable']} not applicable, "
         f"{data['n_failed']} failed, {data['n_unfinished']} not finished. Each unit's record, result and figure are "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,6 +33,7 @@ RESTARTS = {"max_restarts": 3, "max_task_retries": 3}
 
 
 POLL_S = 1.0  # how often a runner looks again at units another runner holds
+REPORT_EVERY_S = 30.0  # the partial report is rewritten after a unit ends, at most this often
 
 
 @dataclass
@@ -53,9 +54,11 @@ def run_study(
     ray_init: dict[str, Any] | None = None,
     static: bool = False,
     lease_timeout_s: float = TIMEOUT_S,
+    on_end: Callable[[Unit, Outcome], None] | None = None,
 ) -> StudySummary:
     """Run every unfinished unit of the plan into out_dir and write the cross-model report (interactive; with
-    `static` its PNG figures only). Runners sharing out_dir split the units by leases (`study.leases`).
+    `static` its PNG figures only), partial while units remain (rewritten at most every REPORT_EVERY_S); `on_end`
+    hears of each unit this runner ends. Runners sharing out_dir split the units by leases (`study.leases`).
 
     With ray, ray_address None lets ray.init join the cluster it finds or start a local one
     (ray_init: more ray.init arguments); 'auto' or an address joins that cluster.
@@ -76,6 +79,7 @@ def run_study(
             todo.append(unit)
     ran: list[str] = []
     by_others: list[str] = []
+    reported = time.monotonic()
     with Leases(timeout_s=lease_timeout_s) as leases:
         backend: Backend = _Here(units, outcomes) if ray_module is None else _OnRay(ray_module, ray_address, ray_init)
         try:
@@ -90,6 +94,11 @@ def run_study(
                 outcomes[unit.id] = store.finished(unit, outcome)
                 leases.release(store.unit_dir(unit))
                 ran.append(unit.id)
+                if on_end is not None:
+                    on_end(unit, outcomes[unit.id])
+                if time.monotonic() - reported >= REPORT_EVERY_S and len(ran) + len(by_others) < len(todo):
+                    build_study_report(store, plan, units, static, partial=True)
+                    reported = time.monotonic()
         finally:
             backend.close()
     failed = [u.id for u in units if outcomes.get(u.id, {}).get("state") not in FINISHED]
