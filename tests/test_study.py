@@ -285,7 +285,11 @@ def test_a_killed_study_reruns_only_the_missing_units(local_run, tmp_path):
             data = json.loads(record.read_text())
             if data["state"] == "done":
                 done[data["id"]] = record.stat().st_mtime_ns
-        leased = list((out / "units").rglob("lease.json")) if done else []
+        if done:  # frozen while looking, so that the lease seen is the one it holds when killed
+            proc.send_signal(signal.SIGSTOP)
+            leased = list((out / "units").rglob("lease.json"))
+            if not leased:
+                proc.send_signal(signal.SIGCONT)
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -349,11 +353,14 @@ def test_a_stale_lease_from_another_host_is_taken_over_after_its_timeout(local_r
     beat = time.time()
     lease = {"host": "another-host", "pid": 1, "runner": "elsewhere", "started": "then", "beat": beat}
     (unit_dir / "lease.json").write_text(json.dumps(lease))
-    t0 = time.monotonic()
+    import datetime as dt
+
+    os.utime(unit_dir / "lease.json", (beat, beat))  # its last heartbeat: now
     summary = run_study(load_plan(plan), out, lease_timeout_s=3)
-    assert time.monotonic() - t0 >= 3  # it waited for the lease to go stale
     assert summary.ran == ["tiny-qwen2/a-b.original.1d.1shot.n30/heads"]
     record = json.loads((unit_dir / "unit.json").read_text())
+    started = dt.datetime.fromisoformat(record["started"]).timestamp()
+    assert started >= int(beat) + 3  # started only once the lease had gone 3 s without a heartbeat
     assert "runner elsewhere (pid 1 on another-host)" in record["took_over"] and "no heartbeat" in record["took_over"]
     assert results(out) == results(local_out) and not (unit_dir / "lease.json").exists()
 
@@ -433,6 +440,29 @@ def test_the_report_is_rewritten_while_the_study_runs_and_marked_partial(tiny_di
     assert len(summary.ran) == 4 and [partial for partial, _ in seen] == [True] * 3
     assert [n for _, n in seen] == [1, 2, 3]  # each unit's report holds the units ended so far
     assert json.loads((tmp_path / "out" / "report.json").read_text())["partial"] is False
+
+
+def test_a_lease_is_renewed_only_by_its_runner_and_an_empty_one_ages(tmp_path):
+    """An empty lease (a runner killed while creating it) is as old as its file; a runner whose lease was taken over
+    during a stall never renews the taker's lease (it touches only its own file, now gone)."""
+    from af1.study.leases import LEASE, Leases
+
+    unit = tmp_path / "unit"
+    unit.mkdir()
+    (unit / LEASE).write_text("")
+    os.utime(unit / LEASE, (time.time() - 10, time.time() - 10))
+    with Leases(timeout_s=5) as taker:
+        taken, why = taker.take(unit)
+        assert taken and "no heartbeat for 10 s" in str(why)
+    with Leases(timeout_s=0.5, heartbeat_s=0.05) as stalled, Leases(timeout_s=0.5) as other:
+        assert stalled.take(unit) == (True, None)
+        stalled.held.clear()  # a stall: no renewal
+        time.sleep(0.7)
+        taken, why = other.take(unit)
+        assert taken and "no heartbeat" in str(why)
+        stalled.held.add(unit)  # it wakes up and beats again
+        time.sleep(0.2)
+        assert other.holds(unit) and not stalled.holds(unit)
 
 
 def test_studyplan_default_names_come_from_the_spec():

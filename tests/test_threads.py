@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -60,8 +61,27 @@ def test_threads_from_the_flag_the_environment_or_the_cores(tmp_path, tokenizer,
 
 
 def test_a_busy_machine_suggests_fewer_threads(monkeypatch):
+    """Another process running in every sample: the hint; an idle machine (only the reader runs): none."""
+    import subprocess
+    import sys
+
     torch.set_num_threads(2)
-    monkeypatch.setattr("os.getloadavg", lambda: (1.2, 1.0, 1.0))
-    assert "--threads 1" in str(threads.busy_hint())
-    monkeypatch.setattr("os.getloadavg", lambda: (0.3, 1.0, 1.0))
-    assert threads.busy_hint() is None
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert "--threads 1" in str(threads.busy_hint())
+    finally:
+        busy.kill()
+        busy.wait()
+    from pathlib import Path as RealPath
+
+    class Idle:
+        def __init__(self, *args) -> None:
+            pass
+
+        def read_text(self) -> str:
+            return "0.30 0.50 0.60 1/79 8833"
+
+    monkeypatch.setattr(threads, "Path", Idle)
+    assert threads.busy_hint(every_s=0) is None
+    assert RealPath is not Idle

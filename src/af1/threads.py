@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -56,17 +57,23 @@ def configure(requested: int | None = None) -> dict[str, int | str]:
     return dict(CHOSEN)
 
 
-def busy_hint() -> str | None:
-    """A line for a machine that other processes already keep busy (a 1-minute load of half the threads af1 uses or
-    more, before af1 has done any work), where fewer threads are often faster."""
+def busy_hint(samples: int = 5, every_s: float = 0.05) -> str | None:
+    """A line for a machine whose cores other processes keep busy right now (in every one of a few samples of the
+    kernel's runnable tasks, this process aside), where fewer threads are often faster; None otherwise."""
     n = torch.get_num_threads()
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return None
-    if n < 2 or load < n / 2:
+    others = []
+    for i in range(samples):
+        try:
+            running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        others.append(running - 1)  # the reader itself is running
+        if i + 1 < samples:
+            time.sleep(every_s)
+    busy = min(others)
+    if n < 2 or busy < 1:
         return None
     return (
-        f"the machine is busy (load {load:.1f} on the {n} threads af1 uses): beside another process, "
+        f"{busy} other process{'es' * (busy > 1)} keep{'s' * (busy == 1)} this machine's cores busy: beside them, "
         "`af1 --threads 1 ...` (or AF1_THREADS=1) is often faster"
     )

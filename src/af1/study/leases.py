@@ -1,9 +1,10 @@
 """Leases on a study's units, so that runners sharing a store compute each unit once.
 
-A runner takes a unit by creating DIR/lease.json exclusively (owner host, pid, runner id, start, heartbeat),
-beats every HEARTBEAT_S while it holds it, and deletes it once the unit's record is written. A lease whose
-runner is gone (a dead pid on this host, or no heartbeat for `timeout_s`, on any host) is taken over, and the
-taker says so. Heartbeats compare wall clocks, so hosts sharing a store need clocks within `timeout_s`.
+A runner takes a unit by creating DIR/lease.json exclusively (owner host, pid, runner id, start), renews it every
+HEARTBEAT_S by touching the file (its modification time is the heartbeat), and deletes it once the unit's record
+is written. A lease whose runner is gone (a dead pid on this host, or no heartbeat for `timeout_s`, on any host)
+is taken over, and the taker says so. Heartbeats compare clocks, so hosts sharing a store need clocks (and the
+file server's) within `timeout_s`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
-
-from af1.results import write_atomic
 
 LEASE = "lease.json"
 HEARTBEAT_S = 10.0
@@ -74,17 +73,20 @@ class Leases:
             return False, "taken by another runner just now"
         return True, f"took over from {_who(holder)}: {gone}"
 
+    def holds(self, directory: Path) -> bool:
+        """Whether the unit's lease is still this runner's (not taken over while it ran)."""
+        return _read(directory / LEASE).get("runner") == self.me["runner"]
+
     def release(self, directory: Path) -> None:
         """Give a unit back (its record written); a lease another runner took over meanwhile is left to it."""
-        with self._lock:
+        with self._lock:  # never between a heartbeat's look at the lease and its renewal
             self.held.discard(directory)
-        lease = directory / LEASE
-        if _read(lease).get("runner") == self.me["runner"]:
-            lease.unlink(missing_ok=True)
+            if self.holds(directory):
+                (directory / LEASE).unlink(missing_ok=True)
 
     def _create(self, lease: Path) -> bool:
         now = time.time()
-        body = {**self.me, "started": _iso(now), "beat": now, "heartbeat": _iso(now)}
+        body = {**self.me, "started": _iso(now), "beat": now}
         try:
             fd = os.open(lease, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
@@ -106,26 +108,40 @@ class Leases:
         return None
 
     def _beat(self) -> None:
+        """Renew each held lease by touching the very file this runner created (never rewriting it): a lease that
+        another runner re-created after a take-over is another file, and is never renewed from here."""
         while not self._stop.wait(self.heartbeat_s):
             with self._lock:
-                held = list(self.held)
-            for directory in held:
-                lease = directory / LEASE
-                body = _read(lease)
-                if body.get("runner") != self.me["runner"]:
-                    continue  # released, or taken over after a stall: not renewed
-                now = time.time()
-                write_atomic(lease, json.dumps({**body, "beat": now, "heartbeat": _iso(now)}))
+                for directory in list(self.held):
+                    try:
+                        fd = os.open(directory / LEASE, os.O_RDONLY)
+                    except OSError:
+                        continue  # released, or taken aside by a taker
+                    try:
+                        body = json.loads(os.read(fd, 1 << 16) or b"{}")
+                        if body.get("runner") == self.me["runner"]:
+                            os.utime(fd)
+                    except (OSError, ValueError):
+                        pass  # a renewal missed is one beat late, not an error
+                    finally:
+                        os.close(fd)
 
 
 def _read(lease: Path) -> dict[str, Any]:
-    """A lease's content; one being created (still empty) reads as just now, by someone."""
+    """A lease's content, its heartbeat the later of the time written in it and the file's modification time (the
+    renewals touch it); one being created (still empty) is as old as its file."""
     try:
-        return json.loads(lease.read_text())
+        seen = lease.stat().st_mtime
+        text = lease.read_text()
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError):
+    except OSError:
         return {"beat": time.time()}
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return {"beat": seen}
+    return {**body, "beat": max(float(body.get("beat", 0)), seen)}
 
 
 def _who(holder: dict[str, Any]) -> str:

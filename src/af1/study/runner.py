@@ -89,6 +89,11 @@ def run_study(
                     outcomes[unit.id] = outcome
                     by_others.append(unit.id)
                     continue
+                if not leases.holds(store.unit_dir(unit)):  # taken over while it ran (a stall past the timeout)
+                    note(f"{unit.id}: its lease was taken over while it ran; the other runner's result stands")
+                    outcomes[unit.id] = store.record(unit) or {"state": "running"}
+                    by_others.append(unit.id)
+                    continue
                 outcome = {**outcome, "id": unit.id}
                 _draw(store, unit, outcome, outcomes)
                 outcomes[unit.id] = store.finished(unit, outcome)
