@@ -61,9 +61,9 @@ class AF1Config(BaseModel):
 
     def check(self, n_layers: int, n_heads: int | None = None) -> None:
         if self.wait >= n_layers:
-            raise Af1Error(f"--wait {self.wait} is out of range: this model has layers 0..{n_layers - 1}")
+            raise Af1Error(f"wait {self.wait} is out of range: this model has layers 0..{n_layers - 1}")
         if self.first_peek <= self.wait:
-            raise Af1Error(f"the transfer window must start after --wait {self.wait}")
+            raise Af1Error(f"the transfer window must start after wait {self.wait}")
         if self.transfer > 0 and self.first_peek + self.transfer > n_layers:
             raise Af1Error(
                 f"--transfer {self.transfer} from layer {self.first_peek} runs past the last layer {n_layers - 1}"

@@ -367,10 +367,8 @@ def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float
     threshold. Never chosen: cells with no compute stage, and cells whose selection interval does not
     clear the constant-guess baseline. Also the frontier: for every wait, the smallest such transfer.
     The claim (`subgraph_claim`) is decided on the confirmation split alone: `found` only where it is confirmed."""
-    if not 0 <= threshold <= 1:
-        raise Af1Error(f"--threshold must be in [0, 1], got {threshold}")
-    if not 0 < selection < 1:
-        raise Af1Error(f"--selection must be in (0, 1), got {selection}")
+    if not (0 <= threshold <= 1 and 0 < selection < 1):  # search's Options refuse these first, by name
+        raise Af1Error(f"threshold {threshold} must be in [0, 1] and selection {selection} in (0, 1)")
     L = n_layers
     targets = list(grid["targets"])
     layouts = grid["kept_layouts"] or [0] * len(targets)  # the baselines guess per layout

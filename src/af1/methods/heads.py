@@ -488,7 +488,7 @@ def _ablation(adapter: ModelAdapter, layer: int, sets: list[list[tuple[int, int]
     return fn
 
 
-def step_means(adapter: ModelAdapter, task: Task) -> dict[Any, HeadSums]:
+def head_sums_by_step(adapter: ModelAdapter, task: Task) -> dict[Any, HeadSums]:
     """Head sums per token layout and answer step (teacher forced) over all the task's problems, by `part_key`:
     what knockout ablates to (leave-one-out for the problems among them)."""
     return {step.part_key: head_sums(adapter, step) for step in task.steps()}
@@ -1172,7 +1172,7 @@ def study(
     pp, effect, top = main["pp"], main["effect"], main["top_heads"]
     keys = key_heads(effect, threshold)
     chosen = list(dict.fromkeys(top + keys))
-    means = step_means(adapter, task)
+    means = head_sums_by_step(adapter, task)
     rand_sets, matched = matched_draws(adapter, top, range(draws), chosen)
     second: Ranked | None = None
     with progress_stage(f"knock-outs: top {k} and {draws} random sets"):

@@ -73,7 +73,7 @@ def corpus_windows(
     model's document start) when given."""
     limit = getattr(adapter.config, "max_position_embeddings", None) or getattr(adapter.config, "n_positions", None)
     if limit and length > limit:
-        raise Af1Error(f"--window {length} is longer than the model's context of {limit} tokens")
+        raise Af1Error(f"window {length} is longer than the model's context of {limit} tokens")
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     body = length - (start_token is not None)
     available = len(ids) // body if body > 0 else 0

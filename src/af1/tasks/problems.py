@@ -47,7 +47,7 @@ def problem_pool(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
     rng = random.Random(spec.seed)
     rng.shuffle(pool)
     if spec.shots >= len(pool):
-        raise Af1Error(f"--shots {spec.shots} leaves no problems: the task has {len(pool)} distinct problems")
+        raise Af1Error(f"shots {spec.shots} leaves no problems: the task has {len(pool)} distinct problems")
     shots, rest = pool[: spec.shots], pool[spec.shots :]
     examples = [Problem(ops, v, format_prompt(operation, spec.style, ops), "", str(v)) for ops, v in shots]
     prefix = "".join(f"{e.prompt}{e.answer}{SEPARATOR}" for e in examples)
