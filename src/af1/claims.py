@@ -94,6 +94,34 @@ def rate_reaches(
     return claim
 
 
+def rate_below(
+    kind: str,
+    statement: str,
+    correct: Sequence[bool],
+    threshold: float,
+    measured_on: str,
+    baseline: float | None,
+    subject: str | None = None,
+) -> Claim:
+    """'The rate is below `threshold`', decided by a one-sided exact binomial test (scipy's binomtest) against the
+    threshold, adjusted with its family (`adjust`); its interval is the 95 % Wilson one."""
+    k, n = sum(bool(c) for c in correct), len(correct)
+    p = float(scipy_stats.binomtest(k, n, threshold, alternative="less").pvalue) if n else 1.0
+    return tested(
+        kind,
+        statement,
+        f"one-sided exact binomial test of the rate against {threshold}",
+        measured_on,
+        n,
+        k / n if n else float("nan"),
+        list(wilson(k, n)),
+        p,
+        "less",
+        baseline,
+        subject,
+    )
+
+
 def interval_claim(
     kind: str,
     statement: str,

@@ -8,11 +8,12 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from rich.table import Table
 
+from af1.claims import Claim
 from af1.experiments import base
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
 from af1.report import interactive
-from af1.report.markup import figure_html, table_html, with_ci
+from af1.report.markup import claims_html, figure_html, table_html, with_ci
 from af1.tasks.evaluation import ProblemInputs
 
 
@@ -31,6 +32,7 @@ class Result(base.SetupFields):
     windows: dict[str, list[float]]
     windows_ci: dict[str, list[list[float]]] = {}
     faithfulness_baseline: float | None = None
+    claims: list[Claim] = []
     shifted_transfer: allforone.ShiftedTransfer | None = None
     no_config: str | None = None
     inputs: ProblemInputs | None = None  # sets: solved (windows); confirmation (the moved transfer window), if any
@@ -62,7 +64,10 @@ class Necessity(base.Experiment):
                 note = f"the transfer window is not moved: {base.NO_CELL}"
             else:
                 found_on = allforone.confirmation(setup, search.selection_fraction, search.split_seed)
-        result = allforone.necessity(setup, windows=options.windows, found=found, found_on=found_on)
+        threshold = search.threshold if search is not None else 0.9
+        result = allforone.necessity(
+            setup, windows=options.windows, found=found, found_on=found_on, threshold=threshold
+        )
         halves = {} if found_on is None else {"confirmation": found_on}
         return Result(
             **setup.describe().fields(),
@@ -96,6 +101,7 @@ class Necessity(base.Experiment):
                     for w in result.windows
                 ],
             ),
+            necessary_html(result.claims),
         ]
 
     def show(self, result: Result) -> list[Table | str]:
@@ -103,3 +109,16 @@ class Necessity(base.Experiment):
         for i in range(result.n_layers):
             table.add_row(str(i), *[f"{v[i]:.3f}" if i < len(v) else "" for v in result.windows.values()])
         return [table]
+
+
+def necessary_html(claims: list[Claim]) -> str:
+    """The windows whose blocking is confirmed to break the answer, with the family they were tested in."""
+    if not claims:
+        return ""
+    shown = [c for c in claims if c["outcome"] == "confirmed"]
+    head = (
+        f"<p>Each window tested: 'blocking it leaves faithfulness below the threshold' ({claims[0]['family']}). "
+        f"{len(shown)} of {len(claims)} confirmed"
+        + (": these windows are necessary.</p>" if shown else "; no window is shown to be necessary.</p>")
+    )
+    return head + (claims_html(shown) if shown else "")

@@ -23,6 +23,7 @@ from af1.claims import (
     capped,
     paired_differs,
     paired_greater,
+    rate_below,
     rate_reaches,
 )
 from af1.errors import Af1Error
@@ -543,6 +544,7 @@ class Necessity(TypedDict):
     windows: dict[str, list[float]]
     windows_ci: dict[str, list[list[float]]]
     faithfulness_baseline: float
+    claims: list[Claim]  # per window, 'blocking it leaves faithfulness below the threshold': one family (Holm)
     shifted_transfer: NotRequired[ShiftedTransfer]
 
 
@@ -552,8 +554,10 @@ def necessity(
     windows: Sequence[int],
     found: AF1Config | None = None,
     found_on: Setup | None = None,
+    threshold: float = 0.9,
 ) -> Necessity:
-    """Faithfulness when the last token cannot read the operands in one layer (or a window).
+    """Faithfulness when the last token cannot read the operands in one layer (or a window), and per window the
+    claim that blocking it leaves faithfulness below `threshold` (every window one family, Holm).
 
     Also, inside a found AF1, the transfer window moved to every later start, measured on `found_on` (the
     search's confirmation split) when given.
@@ -564,8 +568,21 @@ def necessity(
     widths = [w for w in dict.fromkeys(windows) if w <= L]
     sets = [list(range(s, s + width)) for width in widths for s in range(L - width + 1)]
     per_step = [knockout_logits(step.adapter, step.kept, sets, greedy=True) for step in setup.steps]
-    rates = [
-        Scores.from_steps(setup.kept, [logits[i] for logits in per_step]).rate(setup.kept) for i in range(len(sets))
+    scored = [Scores.from_steps(setup.kept, [logits[i] for logits in per_step]) for i in range(len(sets))]
+    rates = [s.rate(setup.kept) for s in scored]
+    baseline = constant_baseline(setup.kept.targets(), setup.kept.layout_P.tolist())
+    claims = [
+        rate_below(
+            "necessary_window",
+            f"kept from reading the other tokens in {_layers_text(s)}, the last token answers less often than "
+            f"{threshold}",
+            scores.correct_P.tolist(),
+            threshold,
+            f"the {len(setup.kept)} solved problems",
+            baseline,
+            subject=_layers_text(s),
+        )
+        for s, scores in zip(sets, scored, strict=True)
     ]
     for width in widths:
         mine = [r for s, r in zip(sets, rates, strict=True) if len(s) == width]
@@ -574,7 +591,8 @@ def necessity(
     result = Necessity(
         windows=per_window,
         windows_ci=per_window_ci,
-        faithfulness_baseline=constant_baseline(setup.kept.targets(), setup.kept.layout_P.tolist()),
+        faithfulness_baseline=baseline,
+        claims=adjust(claims, "necessity: every blocked window"),
     )
     if found is not None and found.transfer > 0:
         on = found_on or setup
@@ -586,6 +604,10 @@ def necessity(
             wait=found.wait, transfer=found.transfer, n=len(on.kept), by_start=shifted
         )
     return result
+
+
+def _layers_text(layers: list[int]) -> str:
+    return f"layer {layers[0]}" if len(layers) == 1 else f"layers {layers[0]}-{layers[-1]}"
 
 
 # --- alternatives ----------------------------------------------------------------------------
