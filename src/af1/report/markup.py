@@ -24,6 +24,7 @@ th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
 img{max-width:100%} .note{color:#555;font-size:.92em} code{background:#f5f5f5;padding:0 3px}
 pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.8em}
 .warnings{background:#fff8e1;border-left:3px solid #e0a800;padding:.3em .8em;margin:.5em 0;font-size:.92em}
+.guide{background:#f4f8fc;border-left:3px solid #4a7fb0;padding:.3em .8em;margin:.5em 0}
 """
 
 
@@ -200,7 +201,8 @@ def warnings_html(warnings: Sequence[str] | None) -> str:
     if not warnings:
         return ""
     items = "".join(f"<li>{html.escape(w)}</li>" for w in warnings)
-    return f'<div class="warnings"><b>{len(warnings)} warning{"s" * (len(warnings) > 1)}</b><ul>{items}</ul></div>'
+    title = f"{len(warnings)} warning{'s' * (len(warnings) > 1)}: where these numbers are weaker (click to read)"
+    return f'<details class="warnings"><summary><b>{title}</b></summary><ul>{items}</ul></details>'
 
 
 # What a reader who has not read the paper needs before the numbers (docs/methods.md has the full definitions).
@@ -213,11 +215,15 @@ READING_GUIDE = (
     "token there, so a token keeps what it is but loses what it read from the others. <b>L_transfer</b>: in the "
     "next L_transfer blocks the last token may read the other tokens (the operands flow to it); after them it sees "
     "only the constant context and itself, so it computes the answer alone. <b>ABP</b> is that attention mask "
-    "(the other tokens see only the context and themselves throughout). <b>Faithfulness</b>: the share of the "
+    "(after L_wait the other tokens see only the context and themselves, so even the grid's corner with no wait "
+    "and transfer everywhere is not the unmodified model). <b>Faithfulness</b>: the share of the "
     "problems the model solves that it still solves under an (L_wait, L_transfer) cell, every answer token "
     "checked. Every number comes with its n, a 95 % interval and the <b>constant guess</b> (what always giving the "
     "most common answer scores on the same problems). A cell is <b>chosen</b> on one half of the problems "
-    "(selection); the claim that it reaches the threshold is then <b>confirmed</b>, <b>rejected</b> or <b>not "
-    "confirmed</b> on the other half (confirmation) by its interval, and where the interval cannot decide, the "
-    "report says about how many problems would. Full definitions: af1's <code>docs/methods.md</code>.</p></details>"
+    "(selection): the largest L_wait, then the smallest L_transfer, whose selection faithfulness reaches the "
+    "threshold, leaves blocks to compute in and clears the constant guess; where none does, the best cell on the "
+    "selection half is judged instead. The claim that it reaches the threshold is then <b>confirmed</b>, "
+    "<b>rejected</b> or <b>not confirmed</b> on the other half (confirmation) by its interval, and where the "
+    "interval cannot decide, the report says about how many problems would. Full definitions: af1's "
+    "<code>docs/methods.md</code>.</p></details>"
 )

@@ -86,6 +86,7 @@ def study_tables(store: Store, units: list[Unit]) -> dict[str, Any]:
 def unit_sections(store: Store, units: list[Unit]) -> list[str]:
     """Every finished unit's own section, written by its experiment, grouped by model and task."""
     by_place: dict[str, list[str]] = {}
+    warned: dict[str, set[str]] = {}  # a warning a unit inherits is shown once per place, where it first arises
     for unit in units:
         record = store.done(unit)
         if record is None or "result" not in record:
@@ -96,7 +97,9 @@ def unit_sections(store: Store, units: list[Unit]) -> list[str]:
         try:
             if result is None:
                 raise ValueError("a result this version of af1 cannot read")
-            section = [*REGISTRY[unit.experiment].section(result, store.unit_dir(unit)), warnings_html(result.warnings)]
+            new = [w for w in result.warnings if w not in warned.setdefault(where, set())]
+            warned[where].update(new)
+            section = [*REGISTRY[unit.experiment].section(result, store.unit_dir(unit)), warnings_html(new)]
         except Exception as exc:  # the report still renders
             section = [f"<p>{html.escape(unit.id)}: cannot show ({html.escape(str(exc).splitlines()[0])})</p>"]
         parts += [p.replace("<h2>", "<h3>").replace("</h2>", "</h3>") for p in section]
