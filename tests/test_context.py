@@ -12,7 +12,7 @@ from af1.executors.fast import capture_problem_kv
 from af1.interventions.heads import head_means
 from af1.interventions.means import compute_means
 from af1.interventions.sites import head_inputs, record
-from af1.methods.heads import knockout_scores, step_means
+from af1.methods.heads import head_sums_by_step, knockout_scores
 from af1.models.forward import context_of, forward_last, suffix_start
 from af1.tasks.evaluation import evaluate, last_logits
 from af1.tasks.spec import TaskSpec
@@ -67,8 +67,8 @@ def test_knockout_and_evaluation_on_the_shared_context_match_full_forwards(token
     task = build_task(TaskSpec(operation="a+b", shots=2, n=10, seed=1, scoring="full", answer_digits="any"), tokenizer)
     assert task.n_steps() == 3  # two answer digits, then the end of the answer (the worked examples' newline)
     heads = [(0, 1), (2, 3)]
-    shared = knockout_scores(adapter, task, heads, step_means(adapter, task))
-    plain = knockout_scores(adapter, full(task), heads, step_means(adapter, full(task)))
+    shared = knockout_scores(adapter, task, heads, head_sums_by_step(adapter, task))
+    plain = knockout_scores(adapter, full(task), heads, head_sums_by_step(adapter, full(task)))
     assert shared.predicted_PA == plain.predicted_PA
     assert (shared.p_correct_P - plain.p_correct_P).abs().max() < TOL
     assert evaluate(adapter.model, task).predicted_PA == evaluate(adapter.model, full(task)).predicted_PA

@@ -376,7 +376,7 @@ def test_knockout_scores_every_answer_token_and_nothing_ablated_is_the_plain_mod
     adapter = ModelAdapter(tiny_model("llama"))
     two_steps = build_task(TaskSpec(operation="a+b", n=16, seed=3, answer_digits="any"), tokenizer)
     assert two_steps.n_steps() == 2
-    means = heads.step_means(adapter, two_steps)
+    means = heads.head_sums_by_step(adapter, two_steps)
     assert [m.sums[0].shape[0] for m in means.values()] == [two_steps.n_positions, two_steps.n_positions + 1]
     plain = evaluate(adapter.model, two_steps)
     nothing = heads.knockout_scores(adapter, two_steps, [], means)

@@ -183,7 +183,7 @@ def test_heads_are_patched_per_layout_and_pooled_by_n(mixed, tokenizer):
         parts.append((len(alone), part["relative_logit_change_layer_head"]))
     expected = (parts[0][0] * parts[0][1] + parts[1][0] * parts[1][1]) / (parts[0][0] + parts[1][0])
     assert torch.allclose(pp["relative_logit_change_layer_head"], expected, atol=1e-6)
-    means = heads.step_means(lm.adapter, kept)
+    means = heads.head_sums_by_step(lm.adapter, kept)
     assert set(means) == {part.part_key for part in kept.steps()}
     knocked = heads.knockout_scores(lm.adapter, kept, [(0, 0), (1, 1)], means)
     assert len(knocked.correct_P) == len(kept)

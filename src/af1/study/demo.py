@@ -22,7 +22,7 @@ FOCUSED = (
     "The focused demo: on each model the evaluation, the (L_wait, L_transfer) grid and the search, and each model's "
     "configuration on the others; where a model's search chose a cell its confirmation does not reject, single-layer "
     "necessity and the heads study (heads ranked by the first operand's counterfactual, knocked out against random "
-    "heads of the same layers). `af1 demo --full` adds CAMA and ABP alone, alternatives, head pruning, the operator's "
+    "heads of the same layers). af1 demo --full adds CAMA and ABP alone, alternatives, head pruning, the operator's "
     "ranking beside the operand's, the heads of two other tasks, input styles and the position+meaning study."
 )
 FULL = "The full demo: the focused demo's units, and CAMA and ABP alone, alternatives, head pruning, the operator's "
