@@ -219,7 +219,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     assert all(lo <= v <= hi for v, (lo, hi) in zip(nec["windows"]["1"], nec["windows_ci"]["1"], strict=True))
     assert [c["estimate"] for c in nec["claims"]] == nec["windows"]["1"] + nec["windows"]["2"]  # one per window
     assert all(c["family"] == f"necessity: every blocked window: {2 * L - 1} tests, Holm" for c in nec["claims"])
-    assert all(c["outcome"] != "confirmed" for c in nec["claims"] if c["estimate"] >= 0.9)
+    assert all(c["outcome"] != "confirmed" for c in nec["claims"] if (c["estimate"] or 0.0) >= 0.9)
     shifted = nec.get("shifted_transfer")
     assert shifted is not None and [s["start"] for s in shifted["by_start"]] == [1, 2]
     alt = allforone.alternatives(tiny_setup, config)
