@@ -40,11 +40,12 @@ def cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
-def configure(requested: int | None = None) -> dict[str, int | str]:
-    """Set torch's intra-op threads: `requested`, else AF1_THREADS, else the usable cores; returns what and why."""
+def configure(requested: int | None = None, asked_by: str = "--threads") -> dict[str, int | str]:
+    """Set torch's intra-op threads: `requested` (by `asked_by`), else AF1_THREADS, else the usable cores; returns
+    what and why."""
     raw = os.environ.get("AF1_THREADS")
     if requested is not None:
-        n, why = requested, "--threads"
+        n, why = requested, asked_by
     elif raw:
         n = int(raw) if raw.strip().isdigit() else 0
         why = "AF1_THREADS"

@@ -83,6 +83,8 @@ def safetensors_header(path: Path) -> dict[str, Any]:
             header = json.loads(f.read(n_header))
         except (ValueError, UnicodeDecodeError) as exc:
             raise Af1Error(f"{path} is not a readable safetensors file: its header is damaged ({exc})") from exc
+    if not isinstance(header, dict):
+        raise Af1Error(f"{path} is not a readable safetensors file: its header is not a table of tensors")
     tensors = {name: t for name, t in header.items() if name != "__metadata__"}
     end = 0
     for name, t in tensors.items():

@@ -1,8 +1,9 @@
 """Run a study: expand the plan, skip finished units, run the rest here or on Ray, write the report.
 
 Both backends run the same `Worker.run` on the same units in the same order per model, so a plan
-gives the same results locally and on Ray. Ray does the scheduling: a unit's inputs are the
-ObjectRefs of the units it reads, and each model's units go to one actor that loads it once.
+gives the same results locally and on Ray; one scheduler hands a unit over once its inputs have ended and
+its lease is taken (runners sharing a store split the units). On Ray each model's units go to one actor
+that loads it once, one unit in flight per actor.
 """
 
 from __future__ import annotations

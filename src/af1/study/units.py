@@ -31,7 +31,7 @@ class Worker(Session):
         super().__init__(self._load_entry)
         self.entry = entry
         if threads:
-            configure(threads)
+            configure(threads, asked_by="the plan's cpus for this model (a Ray actor)")
 
     def _load_entry(self) -> Any:
 
@@ -79,7 +79,7 @@ class Worker(Session):
             "worker": {
                 "host": platform.node(),
                 "pid": os.getpid(),
-                "threads": torch.get_num_threads(),  # a Ray actor's: its model entry's cpus
+                "threads": torch.get_num_threads(),
                 "model_loads": self.loads,
                 "peak_rss_mb": peak[0].mb,
                 "peak_rss_covers": peak[0].covers,  # the unit's own, where the OS lets it be measured
