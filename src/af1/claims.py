@@ -73,9 +73,7 @@ def rate_reaches(
 ) -> Claim:
     """'The rate is at least `threshold`', decided by the 95 % Wilson interval of `correct`: confirmed where its
     lower end is at or above the threshold, rejected where its upper end is below, otherwise not confirmed."""
-    k, n = sum(bool(c) for c in correct), len(correct)
-    low, high = wilson(k, n)
-    value = k / n if n else float("nan")
+    _, n, value, (low, high) = _counted(correct)
     outcome = CONFIRMED if n and low >= threshold else REJECTED if n and high < threshold else NOT_CONFIRMED
     claim = interval_claim(
         kind,
@@ -105,21 +103,16 @@ def rate_below(
 ) -> Claim:
     """'The rate is below `threshold`', decided by a one-sided exact binomial test (scipy's binomtest) against the
     threshold, adjusted with its family (`adjust`); its interval is the 95 % Wilson one."""
-    k, n = sum(bool(c) for c in correct), len(correct)
+    k, n, value, ci = _counted(correct)
     p = float(scipy_stats.binomtest(k, n, threshold, alternative="less").pvalue) if n else 1.0
-    return tested(
-        kind,
-        statement,
-        f"one-sided exact binomial test of the rate against {threshold}",
-        measured_on,
-        n,
-        k / n if n else float("nan"),
-        list(wilson(k, n)),
-        p,
-        "less",
-        baseline,
-        subject,
-    )
+    rule = f"one-sided exact binomial test of the rate against {threshold}"
+    return tested(kind, statement, rule, measured_on, n, value, ci, p, "less", baseline, subject)
+
+
+def _counted(correct: Sequence[bool]) -> tuple[int, int, float, list[float]]:
+    """Right answers, n, the rate (NaN for none) and its 95 % Wilson interval."""
+    k, n = sum(bool(c) for c in correct), len(correct)
+    return k, n, k / n if n else float("nan"), list(wilson(k, n))
 
 
 def interval_claim(

@@ -19,7 +19,7 @@ from af1.report.markup import (
     layout_html,
     layout_table,
     layouts_text,
-    load_json,
+    result_beside,
     stages_table,
     table_html,
     with_ci,
@@ -124,7 +124,7 @@ class Search(base.Experiment):
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         def grid() -> str:
-            sweep = sweep_beside(out_dir)
+            sweep = result_beside(out_dir, "sweep")
             if sweep is None:
                 return interactive.search_plot(result.data(), result.n_layers)
             return interactive.sweep_grid(sweep, result.data())
@@ -181,16 +181,6 @@ def claim_line(result: Result) -> str:
         f"{outcome_text(result.claim)}; judged at {at}: none reaches {result.threshold} on the "
         f"{result.n_selection} selection problems; {grid}"
     )
-
-
-def sweep_beside(out_dir: Path) -> dict[str, Any] | None:
-    """The sweep a search read, where it lies beside the search's files: the same results directory (af1 report), or
-    the sibling unit of a study's store (units/<model>/<task>/sweep/unit.json); None elsewhere."""
-    found = load_json(out_dir, "sweep.json")
-    if found is None:
-        record = load_json(out_dir.parent / "sweep", "unit.json")
-        found = (record or {}).get("result") if (record or {}).get("state") == "done" else None
-    return found
 
 
 def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:

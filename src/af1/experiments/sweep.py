@@ -14,7 +14,7 @@ from af1.interventions.af1 import Ablation, AF1Config
 from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
 from af1.report import interactive
-from af1.report.markup import figure_html, load_json, with_ci
+from af1.report.markup import figure_html, result_beside, with_ci
 from af1.tasks.task import ProblemRow
 
 
@@ -73,7 +73,7 @@ class Sweep(base.Experiment):
             f"{result.faithfulness_baseline or float('nan'):.3f} on them."
             + (
                 " The grid is drawn once, below, with the search's choice marked on it.</p>"
-                if searched_beside(out_dir)
+                if result_beside(out_dir, "search") is not None  # its section draws the grid
                 else " Red triangles: cells whose whole 95 % interval lies at or above 0.9."
                 + (" Hover a cell for its numbers; click it for its problems." if interactive.enabled() else "")
                 + "</p>"
@@ -83,12 +83,3 @@ class Sweep(base.Experiment):
 
     def show(self, result: Result) -> list[Table | str]:
         return [f"{result.n_cells} cells on {result.n_solved} solved problems, executor {result.executor}"]
-
-
-def searched_beside(out_dir: Path) -> bool:
-    """Whether a search of this grid lies beside it (a results directory, or the sibling unit of a study's store),
-    whose section draws the grid with its choice: then the grid is not drawn twice."""
-    if (out_dir / "search.json").is_file():
-        return True
-    record = load_json(out_dir.parent / "search", "unit.json")
-    return (record or {}).get("state") == "done"

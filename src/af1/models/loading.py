@@ -13,6 +13,7 @@ import struct
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -268,14 +269,21 @@ def _quiet_transformers() -> None:
         hf_logging.disable_progress_bar()
 
 
+@cache
+def _tokenizer(where: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
+    """A tokenizer read once per process (the task is read with it before the model loads, then the model keeps it):
+    af1 never changes a tokenizer, so one object serves both."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
+
+
 def load_tokenizer(spec: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """A model's tokenizer alone, from where its model would load: a task can be read and checked before the
     model's weights are."""
-    from transformers import AutoTokenizer
-
     where, _ = _resolve(spec)
     try:
-        return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
+        return _tokenizer(str(where), trust_remote_code)
     except Exception as exc:  # transformers raises many types; the user needs one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise Af1Error(f"cannot load the tokenizer of '{spec}': {first}") from exc
@@ -296,7 +304,7 @@ def load_model(
     `device_map` ('auto', 'balanced', 'sequential' or a module -> device dict) lets accelerate place the
     model's parts, offloading to CPU or disk what does not fit; every intervention follows the placement.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     check_load_options(dtype, device_map)
     where, info = _resolve(spec)
@@ -305,7 +313,7 @@ def load_model(
     if device_map is not None:
         placement = {"device_map": device_map, "offload_folder": str(cache_root() / "offload" / _slug(spec))}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where, **common)
+        tokenizer = _tokenizer(str(where), trust_remote_code)
         model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(  # pyright: ignore[reportAssignmentType]
             where,
             dtype=DTYPES[dtype],

@@ -18,15 +18,17 @@ from af1.tasks.spec import TaskSpec
 DEMO_MODELS = ("smollm2", "qwen0.5b")
 GATED = {"require_found": True}  # the analyses of a subgraph run where the search found one (else recorded n/a)
 OPERAND_HEADS = {"counterfactual": "a"}  # heads ranked, knocked out and set against AF1 by the first operand
+FULL_ADDS = (
+    "CAMA and ABP alone, alternatives, head pruning, the operator's ranking beside the operand's, the heads of two "
+    "other tasks, input styles and the position+meaning study"
+)
 FOCUSED = (
     "The focused demo: on each model the evaluation, the (L_wait, L_transfer) grid and the search, and each model's "
     "configuration on the others; where a model's search chose a cell its confirmation does not reject, single-layer "
     "necessity and the heads study (heads ranked by the first operand's counterfactual, knocked out against random "
-    "heads of the same layers). af1 demo --full adds CAMA and ABP alone, alternatives, head pruning, the operator's "
-    "ranking beside the operand's, the heads of two other tasks, input styles and the position+meaning study."
+    f"heads of the same layers). af1 demo --full adds {FULL_ADDS}."
 )
-FULL = "The full demo: the focused demo's units, and CAMA and ABP alone, alternatives, head pruning, the operator's "
-FULL += "ranking beside the operand's, the heads of two other tasks, input styles and the position+meaning study."
+FULL = f"The full demo: the focused demo's units, and {FULL_ADDS}."
 
 
 def demo_plan(
