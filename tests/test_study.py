@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -173,6 +174,7 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
     assert all(r["k"] == 2 and 0 <= r["top_k_overlap"] <= 1 for r in overlap.values())
     html = (out / "report.html").read_text()
     assert "Transfer on" in html and "tiny-qwen2" in html and 'class="af1-plot"' in html
+    assert "cannot show" not in html and html.count("<h3>Base accuracy") == 4  # every unit's section, eval's too
     assert "<img" in html  # positional's figure: a PNG in either report
     assert '<table class="sortable">' in html  # the cross-model tables sort by a header click
     assert "peak RSS" in html and all(r["peak_rss_mb"] > 0 for r in report["units"])  # each unit's process
@@ -421,6 +423,51 @@ def test_the_search_command_prints_the_warnings_of_its_sweep(tiny_dirs, capsys):
     warnings = json.loads(out)["warnings"]
     assert any("CAMA means over fewer than 5 other problems" in w for w in warnings)  # the sweep's, not its own
     assert all(f"warning: {w}" in err for w in warnings), err
+
+
+def test_the_search_command_that_finds_nothing_prints_its_numbers_and_its_grid(tiny_dirs, capsys):
+    """A rejected search says its best cell's rate with interval, n and constant guess, and how much it searched."""
+    args = ["--model", str(tiny_dirs["llama"]), "--task", "a+b", "--shots", "1", "--n", "30"]
+    code, out, _ = run_cli(capsys, "search", *args, "--threshold", "1.0", "--with", "sweep.ablation=zero")
+    assert code == 0
+    line = " ".join(out.split())
+    assert line.startswith("rejected: an AF1 subgraph at faithfulness >= 1.0 (L_wait ")
+    assert re.search(r"\(\d\.\d{3} \[\d\.\d{2}, \d\.\d{2}\], n \d+; baseline \d\.\d{3}", line), line
+    assert "judged at the best cell" in line and "10 of 10 (L_wait, L_transfer) cells measured" in line
+
+
+def test_a_resumed_sweep_returns_the_cells_asked_for_and_says_how_many_it_reused(
+    tiny_dirs, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.delenv("AF1_NO_PROGRESS")  # the count is said on the progress lines
+    args = ["--model", str(tiny_dirs["llama"]), "--task", "a+b", "--shots", "1", "--n", "30", "--out", str(tmp_path)]
+    code, out, _ = run_cli(capsys, "sweep", *args, "--json")
+    full = json.loads(out)
+    assert code == 0 and full["n_cells"] == 10
+    code, out, err = run_cli(capsys, "sweep", *args, "--max-transfer", "1", "--json")
+    capped = json.loads(out)
+    assert code == 0 and capped["n_cells"] == 7 and "sweep: resumed 7 of its 7 cells" in err
+    for w, row in enumerate(capped["faithfulness_wait_transfer"]):
+        for k, value in enumerate(row):
+            assert value == (full["faithfulness_wait_transfer"][w][k] if k <= 1 else None)
+
+
+@pytest.mark.parametrize("command", [["eval"], ["run", "--wait", "1", "--transfer", "1"], ["search"]])
+def test_each_stage_of_a_command_reports_its_progress_once_with_the_time_left(tiny_dirs, capsys, monkeypatch, command):
+    import af1.progress
+
+    monkeypatch.delenv("AF1_NO_PROGRESS")
+    monkeypatch.setattr(af1.progress, "QUIET_SECONDS", 0.0)
+    monkeypatch.setattr(af1.progress, "LOG_EVERY_SECONDS", 0.0)
+    args = ["--model", str(tiny_dirs["llama"]), "--task", "a+b", "--shots", "1", "--n", "30"]
+    code, _, err = run_cli(capsys, *command, *args, "--json")
+    assert code == 0
+    lines = [line.removeprefix("af1: ") for line in err.splitlines() if line.startswith("af1: ")]
+    ended = [line.split(": ")[0] for line in lines if re.search(r": \d+/\d+ done in [\d.]+ s$", line)]
+    assert "evaluate" in ended and len(ended) == len(set(ended)), lines  # every stage ends once
+    for line in lines:
+        if m := re.fullmatch(r"(.+): (\d+)/(\d+) after \d+ s(.*)", line):
+            assert m[1] in ended and m[4].startswith(", about ") and m[4].endswith(" s left"), line
 
 
 def test_the_report_is_rewritten_while_the_study_runs_and_marked_partial(tiny_dirs, tmp_path, monkeypatch):

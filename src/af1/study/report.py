@@ -11,6 +11,7 @@ from typing import Any
 from af1.errors import Af1Error
 from af1.experiments import REGISTRY
 from af1.experiments.base import Finished
+from af1.progress import note
 from af1.report.interactive import sortable, static_report
 from af1.report.markup import READING_GUIDE, load_json, page, table_html, warnings_html
 from af1.results import read_json, write_atomic, write_json
@@ -97,11 +98,14 @@ def unit_sections(store: Store, units: list[Unit]) -> list[str]:
         try:
             if result is None:
                 raise ValueError("a result this version of af1 cannot read")
-            new = [w for w in result.warnings if w not in warned.setdefault(where, set())]
-            warned[where].update(new)
+            seen = warned.setdefault(where, set())
+            new = [w for w in result.warnings if w not in seen]
+            seen.update(new)
             section = [*REGISTRY[unit.experiment].section(result, store.unit_dir(unit)), warnings_html(new)]
-        except Exception as exc:  # the report still renders
-            section = [f"<p>{html.escape(unit.id)}: cannot show ({html.escape(str(exc).splitlines()[0])})</p>"]
+        except Exception as exc:  # the report still renders, and the log says why a section is missing
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            note(f"report: {unit.id} cannot be shown ({reason})")
+            section = [f"<p>{html.escape(unit.id)}: cannot show ({html.escape(reason)})</p>"]
         parts += [p.replace("<h2>", "<h3>").replace("</h2>", "</h3>") for p in section]
     return [part for parts in by_place.values() for part in parts]
 
