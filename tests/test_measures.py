@@ -197,6 +197,30 @@ def test_a_search_that_finds_nothing_still_gives_its_numbers_and_the_grid_it_sea
     assert "L_transfer capped at 2 (sweep max_transfer)" in line
 
 
+def test_the_plain_words_follow_the_claims_outcome():
+    """The plain-words verdict says 'as claimed' only for a confirmed claim, 'cannot say' (with the n that would)
+    for one not confirmed, 'no such story' for a rejected one, and names the judged cell's blocks."""
+    from af1.experiments.search import Result, plain_words
+
+    L, n = 6, 200
+    targets = [str(i % 10) for i in range(n)]
+    said = {}
+    for right in ([True] * n, [i % 20 != 0 for i in range(n)], [i % 2 == 0 for i in range(n)]):
+        sweep = synthetic_sweep(L, n, {(2, 1): right}, targets)
+        found = allforone.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
+        claim = found["claim"]
+        assert claim is not None
+        said[claim["outcome"]] = plain_words(Result.model_validate({**found, "n_layers": L}))
+    assert set(said) == {"confirmed", "not confirmed", "rejected"}
+    for text in said.values():
+        assert "through block 2 nothing specific to the problem reaches the last token" in text
+        assert "it reads the other tokens in block 3, then computes the answer alone" in text
+    assert said["confirmed"].endswith("at least 90%, as claimed.")
+    assert "cannot say whether it reaches 90%; about " in said["not confirmed"]
+    assert said["rejected"].startswith("no such story keeps 90% of the answers")
+    assert not any("as claimed" in said[k] for k in ("not confirmed", "rejected"))
+
+
 def test_necessity_without_a_found_af1_is_a_typed_result_that_draws_its_windows_alone(tiny_setup, tmp_path):
     """No AF1 to move the transfer window in: the result says so with `shifted_transfer` null, and the figure draws
     the windows panel only (a declared null field once read as present and crashed the drawing)."""

@@ -158,6 +158,7 @@ class Result(base.Result):
 
 
 RANDOM_DRAWS = 10
+KEY_PEEK = "only the heads chosen as key (selection half) peek"
 
 
 def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, result: Result) -> Consistency:
@@ -175,7 +176,7 @@ def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, r
     top_name = f"only top-{len(top)} heads peek"
     variants = {
         "all heads peek": [],
-        "only key heads peek": [h for h in transfer_heads if h not in keys],
+        KEY_PEEK: [h for h in transfer_heads if h not in keys],
         top_name: [h for h in transfer_heads if h not in top],
         "no head peeks": transfer_heads,
     }
@@ -431,6 +432,11 @@ class Heads(base.Experiment):
         looks = result.attention_of_top_heads
         if looks:
             parts.append(
+                "<p>Where the top heads look: the share of each head's attention from the last position that falls "
+                "on each kind of token (per problem the mean over its scored answer steps, then the mean over "
+                "problems).</p>"
+            )
+            parts.append(
                 table_html(
                     ["head (layer.head)", *next(iter(looks.values())).keys()],
                     [[h, *v.values()] for h, v in looks.items()],
@@ -441,7 +447,9 @@ class Heads(base.Experiment):
             parts.append(
                 f"<p>Against AF1 (L_wait {c['wait']}, L_transfer {c['transfer']}; transfer layers "
                 f"{c['transfer_layers']}, {c['n_transfer_heads']} heads, of which "
-                f"{len(c['key_heads_in_transfer_layers'])} key heads): faithfulness on {c['n']} problems "
+                f"{len(c['key_heads_in_transfer_layers'])} chosen as key heads on the selection half, "
+                f"{sum(h in result.confirmed_key_heads for h in c['key_heads_in_transfer_layers'])} of them confirmed "
+                f"on the other): faithfulness on {c['n']} problems "
                 f"({c['measured_on']}) when in the transfer layers</p>"
             )
             parts.append(

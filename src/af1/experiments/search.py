@@ -214,7 +214,9 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
         )
     parts = []
     if verdicts:
-        parts.append("<h2>Where each model waits, transfers and computes</h2><ul>")
+        parts.append("<h2>Where each model waits, transfers and computes</h2>")
+        parts += [f"<p>{html.escape(f'{f.model} on {f.task}: {plain_words(f.result)}')}</p>" for f in finished]
+        parts.append("<p>The verdicts with their numbers:</p><ul>")
         parts += [f"<li>{html.escape(line)}</li>" for line in verdicts]
         parts.append("</ul>")
     if faith:
@@ -229,7 +231,7 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
             "never confirmed.</p>"
         )
         header = ["model", "task", "layers", "base accuracy", "solved", "AF1", "wait", "transfer"]
-        header += ["faithfulness (confirmation)", "n", "constant guess", "claim"]
+        header += ["faithfulness (confirmation)", "n", "constant guess (same n)", "claim"]
         rows = [
             [
                 r["model"],
@@ -253,6 +255,43 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
                 row.append(layouts_text(r["faithfulness_by_layout"]) or "one layout")
         parts.append(table_html(header, rows))
     return {"verdicts": verdicts, "faithfulness": faith}, parts
+
+
+def plain_words(result: Result) -> str:
+    """The search's verdict in plain words, from its claim alone: what the judged cell says about the last token
+    and whether the held-out problems can tell."""
+    claim = result.claim
+    cell = result.data() if result.chosen else result.best or result.best_measured or {}
+    if claim is None or cell.get("wait") is None:
+        return "no cell of the grid leaves any block for the last token to compute in alone; nothing to judge."
+    wait, transfer = int(cell["wait"]), int(cell["transfer"])
+    blocks = f"block{'s' if transfer > 1 else ''} {wait + 1}{f'-{wait + transfer}' if transfer > 1 else ''}"
+    story = (
+        (f"through block {wait} nothing specific to the problem reaches the last token; " if wait >= 0 else "")
+        + (f"it reads the other tokens in {blocks}, " if transfer else "it never reads the other tokens, ")
+        + "then computes the answer alone"
+    )
+    low, high = claim["ci"]
+
+    def pct(v: float | None) -> str:  # more digits where rounding would land on the threshold
+        return "nan" if v is None else f"{v:.2%}" if round(v, 2) == result.threshold else f"{v:.0%}"
+
+    kept = (
+        f"still answers {claim['estimate']:.0%} of the problems the unmodified model solves, on {claim['n']} "
+        f"problems that did not choose it (95 % interval {pct(low)} to {pct(high)})"
+    )
+    if claim["outcome"] == "confirmed":
+        return f"{story}. Cut so, the model {kept}: at least {result.threshold:.0%}, as claimed."
+    if claim["outcome"] == "rejected":
+        return (
+            f"no such story keeps {result.threshold:.0%} of the answers. Under the closest ({story}) the model "
+            f"{kept}: below {result.threshold:.0%}."
+        )
+    more = f"; about {claim['n_to_decide']} would" if claim["n_to_decide"] else ""
+    return (
+        f"the best story found: {story}. Cut so, the model {kept}, so these problems cannot say whether it reaches "
+        f"{result.threshold:.0%}{more}."
+    )
 
 
 def stages_text(stages: dict[str, list[int]]) -> str:

@@ -29,6 +29,9 @@ class Result(base.SetupFields):
     inputs: ProblemInputs | None = None  # sets: solved; confirmation when measured there
 
 
+DIFFERS = {"confirmed": "differs", "not confirmed": "not shown to differ", "rejected": "does not differ"}
+
+
 def own_text(row: allforone.Transferred) -> str:
     """The target's own config on the same problems, and how each mapped config differs from it."""
     own = row.get("own")
@@ -38,7 +41,8 @@ def own_text(row: allforone.Transferred) -> str:
     for by in ("absolute", "relative"):
         claim = row[by].get("vs_own")
         if claim is not None:
-            said.append(f"{by}: {claim['outcome']}, p {claim['p_value']:.2g}, adjusted {claim['p_adjusted']:.2g}")
+            verdict = DIFFERS[claim["outcome"]]
+            said.append(f"{by}: {verdict}, p {claim['p_value']:.2g}, adjusted {claim['p_adjusted']:.2g}")
     return (
         f"{own['wait']} / {own['transfer']}: {with_ci(own['faithfulness'], own['faithfulness_ci'])} ({'; '.join(said)})"
     )
