@@ -213,6 +213,8 @@ def test_the_command_line_shows_each_layout(mixed, tmp_path, monkeypatch, capsys
     result = json.loads((tmp_path / "eval.json").read_text())
     assert [r["n"] for r in result["base_accuracy_by_layout"]] == [21, 15]
     assert [r["n"] for r in result["task_layout"]["layouts"]] == [21, 15]
+    described = result["task_layout"]["spec"]  # a task file's spec names the file, not a built-in task or style
+    assert described["file"] == str(spec.file) and not {"operation", "style", "digits"} & set(described)
 
 
 def test_a_layout_without_a_counterfactual_is_left_out_of_path_patching(mixed, tokenizer, tmp_path):

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from af1.errors import Af1Error
+from af1.report.markup import folded_warnings
 from af1.study import expand, load_plan, run_study
 from af1.study.plan import StudyPlan, SweepOptions
 from af1.study.report import study_tables
@@ -422,7 +423,26 @@ def test_the_search_command_prints_the_warnings_of_its_sweep(tiny_dirs, capsys):
     assert code == 0
     warnings = json.loads(out)["warnings"]
     assert any("CAMA means over fewer than 5 other problems" in w for w in warnings)  # the sweep's, not its own
-    assert all(f"warning: {w}" in err for w in warnings), err
+    shown = folded_warnings(warnings)  # a warning repeated for each answer step is said once, naming the steps
+    assert all(f"warning: {w}\n" in err for w in shown), err
+    assert all(w in shown or any(w.split(": ", 1)[1][:40] in v for v in shown) for w in warnings)
+
+
+def test_warnings_that_differ_only_in_their_step_are_folded_for_the_reader():
+    warnings = [
+        "9 problems left out",
+        "step 0: CAMA means over fewer than 5 other problems at positions [78, 81] for 9 of 9 solved problems",
+        "step 0: at 4 pairs no other problem has the token",
+        "step 1: CAMA means over fewer than 5 other problems at positions [78, 81, 93] for 7 of 9 solved problems",
+        "step 2: a warning only this step has",
+    ]
+    assert folded_warnings(warnings) == [
+        "9 problems left out",
+        "steps 0, 1: CAMA means over fewer than 5 other problems at positions [78, 81] for 9 of 9 solved problems "
+        "(at step 0; the others alike)",
+        "step 0: at 4 pairs no other problem has the token",
+        "step 2: a warning only this step has",
+    ]
 
 
 def test_the_search_command_that_finds_nothing_prints_its_numbers_and_its_grid(tiny_dirs, capsys):

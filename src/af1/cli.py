@@ -139,9 +139,10 @@ TASK_FIELDS = {
 
 def emit(data: dict[str, Any], as_json: bool, shown: list[Table | str]) -> None:
     """Print a result: one JSON object, or its tables and lines; its warnings go to stderr either way."""
+    from af1.report.markup import folded_warnings
     from af1.results import to_json
 
-    for note in data.get("warnings") or []:
+    for note in folded_warnings(data.get("warnings") or []):
         sys.stderr.write(f"warning: {note}\n")
     if as_json:
         sys.stdout.write(to_json(data) + "\n")

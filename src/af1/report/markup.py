@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -206,10 +207,36 @@ def claims_lines(claims: Sequence[Any] | None, title: str = "claims") -> list[st
     return [f"{title}:", *(f"  {outcome_text(c)}" for c in claims)]
 
 
+def folded_warnings(warnings: Sequence[str]) -> list[str]:
+    """Warnings to show a reader: those that differ only in their answer step and numbers ("step 0: ...",
+    "step 1: ...") said once, naming the steps; the result keeps each one whole."""
+    shown: list[str] = []
+    steps: dict[str, list[str]] = {}  # a warning's shape (step and numbers left out) -> its steps
+    first: dict[str, int] = {}  # the shape -> where its first warning is shown
+    for warning in warnings:
+        step = re.match(r"step (\d+): ", warning)
+        if step is None:
+            shown.append(warning)
+            continue
+        shape = re.sub(r"\d+", "#", re.sub(r"\[[\d, ]*\]", "[]", warning[step.end() :]))
+        if shape in steps:
+            steps[shape].append(step[1])
+            continue
+        steps[shape] = [step[1]]
+        first[shape] = len(shown)
+        shown.append(warning)
+    for shape, at in first.items():
+        if len(steps[shape]) > 1:
+            text = shown[at].split(": ", 1)[1]
+            shown[at] = f"steps {', '.join(steps[shape])}: {text} (at step {steps[shape][0]}; the others alike)"
+    return shown
+
+
 def warnings_html(warnings: Sequence[str] | None) -> str:
     """A result's warnings (its own and its inputs'), shown under its section; nothing when there are none."""
     if not warnings:
         return ""
+    warnings = folded_warnings(warnings)
     items = "".join(f"<li>{html.escape(w)}</li>" for w in warnings)
     title = f"{len(warnings)} warning{'s' * (len(warnings) > 1)}: where these numbers are weaker (click to read)"
     return f'<details class="warnings"><summary><b>{title}</b></summary><ul>{items}</ul></details>'

@@ -97,7 +97,7 @@ class TaskShape(TypedDict):
     positions (None for several layouts: see `layouts`), the roles of the positions, BOS, answer lengths (by number
     of tokens) and the end check."""
 
-    spec: dict[str, Any]  # the TaskSpec as a mapping (read back, a file spec is not reopened)
+    spec: dict[str, Any]  # the TaskSpec as provenance gives it (`TaskSpec.described`)
     layouts: list[LayoutRow]
     scoring: str
     n_problems: int
@@ -348,7 +348,7 @@ class Task:
     def describe(self) -> TaskShape:
         """The task as built: its spec, token layouts, sizes, BOS, answer lengths and end check."""
         return TaskShape(
-            spec=self.spec.model_dump(),
+            spec=self.spec.described(),
             layouts=self.layouts(),
             scoring=self.spec.scoring,
             n_problems=len(self),
