@@ -54,6 +54,23 @@ def test_a_window_claimed_necessary_is_so_in_at_most_its_family_error_rate():
     assert broken["outcome"] == "confirmed" and intact["outcome"] == "not confirmed" and intact["p_value"] == 1.0
 
 
+def test_a_family_of_rates_claimed_to_keep_the_threshold_stays_silent_at_it():
+    """'The config keeps the threshold on this input style', 20 styles as one family: styles whose true rate is the
+    threshold are confirmed in at most 2.5 % of families; one solved throughout on 49 problems is confirmed, one at
+    half is rejected."""
+    rng = np.random.default_rng(2)
+    wrong = 0
+    for _ in range(SEEDS):
+        family = [claims.rate_above("k", "s", list(rng.random(49) < 0.9), 0.9, "c", None) for _ in range(20)]
+        wrong += any(c["outcome"] == "confirmed" for c in claims.adjust(family, "f"))
+    assert wrong / SEEDS <= 0.025
+    kept = claims.rate_above("k", "s", [True] * 49, 0.9, "c", None)  # p = 0.9 ** 49 = 0.0057
+    half = claims.rate_above("k", "s", [True] * 25 + [False] * 24, 0.9, "c", None)
+    assert kept["outcome"] == "confirmed" and half["outcome"] == "rejected"
+    adjusted = claims.adjust([kept, half], "f")
+    assert [c["outcome"] for c in adjusted] == ["confirmed", "rejected"]  # adjusting keeps a rejection
+
+
 def grid_of(rates: dict[tuple[int, int], float], n: int, L: int, rng: np.random.Generator) -> allforone.GridCells:
     """A sweep whose every cell is right on each problem with its rate (independently), 10 distinct answers."""
     cells = {}

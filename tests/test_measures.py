@@ -264,6 +264,25 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     assert sorted(map(tuple, pruning["prune_order"])) == [(1, h) for h in range(4)]
     assert pruning["n_selection"] + pruning["n_confirmation"] == len(tiny_setup.kept)
     assert set(pruning["confirmation"]) == {"unpruned", "pruned", "mcnemar"}
+    n_conf = pruning["n_confirmation"]
+    if pruning["n_pruned_before_first_drop"]:  # the pruned set's claim: the share of problems it breaks, held out
+        (kept,) = pruning["claims"]
+        assert kept["kind"] == "pruned_keeps" and kept["n"] == n_conf and kept["measured_on"].startswith("the conf")
+        unpruned, pruned = (pruning["confirmation"][k]["faithfulness"] for k in ("unpruned", "pruned"))
+        assert (kept["estimate"] or 0.0) >= max(0.0, unpruned - pruned) - 1e-9  # breaks at least the net loss
+        assert kept["outcome"] != "confirmed" or (kept["ci"][1] or 1) < 1
+    else:
+        assert pruning["claims"] == []
+    parts = allforone.components(tiny_setup, [0, 1], transfer=1, threshold=0.9)
+    assert [c["subject"] for c in parts["claims"]] == [
+        "CAMA alone, L_wait 0",
+        "CAMA alone, L_wait 1",
+        "ABP alone, L_wait 0",
+        "ABP alone, L_wait 1",
+    ]
+    assert all(c["family"] == "components: each part alone at each L_wait: 4 tests, Holm" for c in parts["claims"])
+    for c in parts["claims"]:  # a part that keeps the threshold is never confirmed to break the answer
+        assert c["outcome"] != "confirmed" or (c["estimate"] or 0) < 0.9
     with pytest.raises(Af1Error, match="transfer layers"):
         allforone.prune_heads(tiny_setup, AF1Config(wait=0), selection=0.5, seed=0, whole_curve=False)
     from af1.report import figures
@@ -395,7 +414,7 @@ def smol_setup(smollm2):
 def test_smollm2_cama_and_abp_alone_match_the_spec(smol_first):
     """docs/methods.md's facts (§1) for SmolLM2, 1-digit a+b=, 3 shots, first token: CAMA ~0.97 at 0 and ~0.73 at 15;
     ABP needs > 25."""
-    parts = allforone.components(smol_first, [0, 15, 25], transfer=2)
+    parts = allforone.components(smol_first, [0, 15, 25], transfer=2, threshold=0.9)
     assert 0.55 < smol_first.base.accuracy < 0.8
     assert parts["cama_only"][0] >= 0.93
     assert 0.55 <= parts["cama_only"][15] <= 0.85

@@ -114,7 +114,7 @@ def test_the_interactive_report_loads_offline_hovers_and_clicks_through(results,
     opened = Opened(browser, report)
     page = opened.page
     assert page.locator("div.af1-plot-area .main-svg").count() >= 1  # the grid, drawn once with the search's choice
-    assert text.count('class="af1-plot"') == 1 and "The grid is drawn once, below" in text
+    assert text.count('class="af1-plot"') == 1 and "The grid is drawn below, with the search" in text
     x, y = cell_point(page, 0, w, k)
     page.mouse.move(x, y)
     hover = page.locator(".hoverlayer").first

@@ -109,6 +109,30 @@ def rate_below(
     return tested(kind, statement, rule, measured_on, n, value, ci, p, "less", baseline, subject)
 
 
+def rate_above(
+    kind: str,
+    statement: str,
+    correct: Sequence[bool],
+    threshold: float,
+    measured_on: str,
+    baseline: float | None,
+    subject: str | None = None,
+) -> Claim:
+    """'The rate is at least `threshold`' as one test of a family: a one-sided exact binomial test (scipy's
+    binomtest) against the threshold, adjusted with its family (`adjust`); rejected where the 95 % Wilson interval's
+    upper end is below the threshold (as `rate_reaches`)."""
+    k, n, value, ci = _counted(correct)
+    p = float(scipy_stats.binomtest(k, n, threshold, alternative="greater").pvalue) if n else 1.0
+    rule = (
+        f"one-sided exact binomial test of the rate against {threshold}; rejected where the 95 % Wilson interval's "
+        "upper end is below it"
+    )
+    claim = tested(kind, statement, rule, measured_on, n, value, ci, p, "greater", baseline, subject)
+    if n and ci[1] < threshold:
+        claim = Claim(**{**claim, "outcome": REJECTED, "n_to_decide": None})
+    return claim
+
+
 def _counted(correct: Sequence[bool]) -> tuple[int, int, float, list[float]]:
     """Right answers, n, the rate (NaN for none) and its 95 % Wilson interval."""
     k, n = sum(bool(c) for c in correct), len(correct)

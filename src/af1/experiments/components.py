@@ -7,15 +7,17 @@ from pathlib import Path
 from pydantic import Field
 from rich.table import Table
 
+from af1.claims import Claim
 from af1.experiments import base
 from af1.methods import allforone
-from af1.report.markup import ci_text, table_html, with_ci
+from af1.report.markup import ci_text, claims_html, claims_lines, table_html, with_ci
 from af1.tasks.evaluation import ExecutorChoice, ProblemInputs
 
 
 class Options(base.GatedOptions):
     waits: list[int] | None = Field(default=None, description="L_wait values (default: 0, L/3, L/2, 2L/3, L-5 and L-3)")
     transfer: int = Field(default=2, ge=0, description="peek layers of ABP alone")
+    threshold: float = Field(default=0.9, ge=0, le=1, description="faithfulness the claims read each part against")
 
 
 class Result(base.SetupFields):
@@ -27,6 +29,8 @@ class Result(base.SetupFields):
     cama_only_executor: dict[int, ExecutorChoice | None] = {}  # which executor ran each, and why
     abp_only_executor: dict[int, ExecutorChoice | None] = {}
     faithfulness_baseline: float | None = None
+    threshold: float | None = None
+    claims: list[Claim] = []
     inputs: ProblemInputs | None = None  # sets: solved
 
 
@@ -42,7 +46,7 @@ class Components(base.Experiment):
         waits = options.waits or sorted({0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3})
         return Result(
             **setup.describe().fields(),
-            **allforone.components(setup, waits, transfer=options.transfer),
+            **allforone.components(setup, waits, transfer=options.transfer, threshold=options.threshold),
             inputs=allforone.setup_inputs(setup),
         )
 
@@ -57,6 +61,7 @@ class Components(base.Experiment):
                     for w, v in result.cama_only.items()
                 ],
             ),
+            claims_html(result.claims),
         ]
 
     def show(self, result: Result) -> list[Table | str]:
@@ -65,4 +70,4 @@ class Components(base.Experiment):
             table.add_row(
                 str(w), ci_text(v, result.cama_only_ci[w]), ci_text(result.abp_only[w], result.abp_only_ci[w])
             )
-        return [table]
+        return [table, *claims_lines(result.claims)]

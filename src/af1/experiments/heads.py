@@ -173,7 +173,7 @@ def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, r
     keys = {tuple(h) for h in result.key_heads}
     top = {tuple(h) for h in result.top_heads}
     others = [h for h in transfer_heads if h not in top and h not in keys]  # random heads: never the chosen ones
-    top_name = f"only top-{len(top)} heads peek"
+    top_name = f"only the top-{len(top)} heads of these layers ({sum(h in top for h in transfer_heads)}) peek"
     variants = {
         "all heads peek": [],
         KEY_PEEK: [h for h in transfer_heads if h not in keys],
@@ -373,7 +373,7 @@ class Heads(base.Experiment):
         split = result.split
         scored = result.data().get("path_patching_scoring") or {}
         parts = [
-            "<h2>Heads that carry the answer</h2>",
+            "<h2>Which heads carry the answer</h2>",
             f"<p>{result.model} on <code>{html.escape(result.task)}</code> ({result.style}), counterfactual "
             f"{'slot' if result.style == FILE_STYLE else result.counterfactual_kind} "
             f"<code>{html.escape(result.counterfactual)}</code>, {result.n_solved} solved problems: heads chosen on "

@@ -8,11 +8,12 @@ from pathlib import Path
 from pydantic import Field
 from rich.table import Table
 
+from af1.claims import Claim
 from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import allforone
 from af1.report import interactive
-from af1.report.markup import ci_text, figure_html, with_ci
+from af1.report.markup import ci_text, claims_html, claims_lines, figure_html, with_ci
 from af1.tasks.evaluation import ProblemInputs
 
 
@@ -49,6 +50,7 @@ class Result(base.SetupFields):
     measure: str = ""
     curve: str = "every head"  # results written before the curve stopped at the first drop ranked every head
     confirmation: allforone.PrunedConfirmation | None = None
+    claims: list[Claim] = []
     inputs: ProblemInputs | None = None  # sets: solved, selection (pruning ranks on it), confirmation
 
 
@@ -99,6 +101,7 @@ class Prune(base.Experiment):
             f"problems (curve: {result.curve})."
             f"{confirmed}</p>",
             figure_html(out_dir, "pruning.png", lambda: interactive.pruning_plot(result.data())),
+            claims_html(result.claims),
         ]
 
     def show(self, result: Result) -> list[Table | str]:
@@ -114,4 +117,5 @@ class Prune(base.Experiment):
             f"{result.n_confirmation} confirmation problems: pruned "
             f"{ci_text(c['pruned']['faithfulness'], c['pruned']['faithfulness_ci'])} vs unpruned "
             f"{ci_text(c['unpruned']['faithfulness'], c['unpruned']['faithfulness_ci'])}",
+            *claims_lines(result.claims),
         ]

@@ -9,10 +9,11 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from rich.table import Table
 
+from af1.claims import Claim
 from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import allforone
-from af1.report.markup import ci_text, table_html, with_ci
+from af1.report.markup import ci_text, claims_html, claims_lines, table_html, with_ci
 from af1.tasks.builtin import STYLES
 
 
@@ -35,6 +36,8 @@ class Result(base.Result):
     transfer: int
     scoring: str | None = None
     rows: list[allforone.StyleRow]  # each with `measured_on`, `faithfulness_n` and its `inputs` (ProblemInputs)
+    threshold: float | None = None
+    claims: list[Claim] = []
 
 
 class Styles(base.Experiment):
@@ -59,7 +62,11 @@ class Styles(base.Experiment):
                 setup = None
             if setup is not None:  # at the search's config: on its confirmation half, beside its number
                 own = (setup, *base.measured_on(inputs, options, setup))
-        return Result(**allforone.styles_table(lm, config, spec, options.styles, operations, own=own))
+        search = base.searched(inputs)
+        threshold = search.threshold if search is not None else 0.9
+        return Result(
+            **allforone.styles_table(lm, config, spec, options.styles, operations, own=own, threshold=threshold)
+        )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [
@@ -91,6 +98,7 @@ class Styles(base.Experiment):
                     for r in result.rows
                 ],
             ),
+            claims_html(result.claims),
         ]
 
     def show(self, result: Result) -> list[Table | str]:
@@ -106,4 +114,4 @@ class Styles(base.Experiment):
                 ci_text(r.get("faithfulness"), r.get("faithfulness_ci")),
                 f"{r['measured_on']} ({r.get('faithfulness_n')})" if "measured_on" in r else "",
             )
-        return [table]
+        return [table, *claims_lines(result.claims)]

@@ -72,7 +72,7 @@ class Sweep(base.Experiment):
             "accuracy under AF1 on the solved problems; a constant guess scores "
             f"{result.faithfulness_baseline or float('nan'):.3f} on them."
             + (
-                " The grid is drawn once, below, with the search's choice marked on it.</p>"
+                " The grid is drawn below, with the search's choice marked on it.</p>"
                 if result_beside(out_dir, "search") is not None  # its section draws the grid
                 else " Red triangles: cells whose whole 95 % interval lies at or above 0.9."
                 + (" Hover a cell for its numbers; click it for its problems." if interactive.enabled() else "")

@@ -43,9 +43,8 @@ def own_text(row: allforone.Transferred) -> str:
         if claim is not None:
             verdict = DIFFERS[claim["outcome"]]
             said.append(f"{by}: {verdict}, p {claim['p_value']:.2g}, adjusted {claim['p_adjusted']:.2g}")
-    return (
-        f"{own['wait']} / {own['transfer']}: {with_ci(own['faithfulness'], own['faithfulness_ci'])} ({'; '.join(said)})"
-    )
+    tests = f" ({'; '.join(said)})" if said else ""
+    return f"{own['wait']} / {own['transfer']}: {with_ci(own['faithfulness'], own['faithfulness_ci'])}{tests}"
 
 
 def _cell(part: dict[str, Any] | None) -> str:

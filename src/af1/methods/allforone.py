@@ -23,8 +23,10 @@ from af1.claims import (
     capped,
     paired_differs,
     paired_greater,
+    rate_above,
     rate_below,
     rate_reaches,
+    with_rejection,
 )
 from af1.errors import Af1Error
 from af1.executors.fast import (
@@ -489,10 +491,13 @@ class Components(TypedDict):
     abp_only_ci: dict[int, list[float]]
     abp_only_executor: dict[int, ExecutorChoice | None]
     faithfulness_baseline: float
+    threshold: float
+    claims: list[Claim]  # each part alone at each L_wait breaks the answer: one family (Holm)
 
 
-def components(setup: Setup, waits: list[int], *, transfer: int) -> Components:
-    """CAMA alone (no attention mask) and ABP alone (no ablation, `transfer` peek layers) per L_wait."""
+def components(setup: Setup, waits: list[int], *, transfer: int, threshold: float) -> Components:
+    """CAMA alone (no attention mask) and ABP alone (no ablation, `transfer` peek layers) per L_wait, each claimed
+    to leave the last token answering less often than `threshold` (one-sided exact binomial tests, Holm)."""
     L = setup.adapter.n_layers
     waits = [w for w in waits if 0 <= w < L]
 
@@ -504,6 +509,21 @@ def components(setup: Setup, waits: list[int], *, transfer: int) -> Components:
     abp, abp_rates = per_wait(
         "abp_only", lambda w: AF1Config(wait=w, transfer=min(transfer, L - 1 - w), ablation="none")
     )
+    baseline = constant_baseline(setup.kept.targets(), setup.kept.layout_P.tolist())
+    on = f"the {len(setup.kept)} solved problems"
+    claims = [
+        rate_below(
+            "component_alone",
+            f"with {part} alone at L_wait {w}{how}, the last token answers less often than {threshold}",
+            s.correct_P.tolist(),
+            threshold,
+            on,
+            baseline,
+            subject=f"{part} alone, L_wait {w}",
+        )
+        for part, how, scored in (("CAMA", " (no attention mask)", cama), ("ABP", " (no ablation)", abp))
+        for w, s in scored.items()
+    ]
     return Components(
         transfer=transfer,
         cama_only={w: r["value"] for w, r in cama_rates.items()},
@@ -512,7 +532,9 @@ def components(setup: Setup, waits: list[int], *, transfer: int) -> Components:
         abp_only={w: r["value"] for w, r in abp_rates.items()},
         abp_only_ci={w: r["ci"] for w, r in abp_rates.items()},
         abp_only_executor={w: s.executor for w, s in abp.items()},
-        faithfulness_baseline=constant_baseline(setup.kept.targets(), setup.kept.layout_P.tolist()),
+        faithfulness_baseline=baseline,
+        threshold=threshold,
+        claims=adjust(claims, "components: each part alone at each L_wait"),
     )
 
 
@@ -753,6 +775,8 @@ class StylesTable(TypedDict):
     transfer: int
     scoring: str
     rows: list[StyleRow]
+    threshold: float
+    claims: list[Claim]  # the config keeps the threshold on each measured row: one family (Holm)
 
 
 def styles_table(
@@ -762,12 +786,15 @@ def styles_table(
     styles: list[str],
     operations: tuple[str, ...] = ("a+b", "a-b"),
     own: tuple[Setup, Setup, str] | None = None,
+    threshold: float = 0.9,
 ) -> StylesTable:
     """The Table-4 analogue: per style and operation, base accuracy and faithfulness at one config, each row with
     its problems and the ones its faithfulness is measured on. `own` is the task's own cell, already prepared: its
     setup, the problems to measure it on (the search's confirmation half, when the config is the search's, so that
-    the row stands beside the search's number on the same problems) and what they are."""
+    the row stands beside the search's number on the same problems) and what they are. Each measured row claims
+    that the config keeps `threshold` there (one-sided exact binomial tests, adjusted together)."""
     rows = []
+    claims = []
     for style in progress(styles, desc="styles"):
         for op in operations:
             spec = base_spec.model_copy(update={"operation": op, "style": style})
@@ -782,6 +809,19 @@ def styles_table(
                 continue
             described = setup.describe()
             halves = {} if on is setup else {"confirmation": on}
+            scores = faithfulness(on, config)
+            claims.append(
+                rate_above(
+                    "style_keeps",
+                    f"at L_wait {config.wait}, L_transfer {config.transfer} the last token still answers at least "
+                    f"{threshold} of {style} {op}",
+                    scores.correct_P.tolist(),
+                    threshold,
+                    f"{where} ({len(on.kept)})",
+                    constant_baseline(on.kept.targets(), on.kept.layout_P.tolist()),
+                    subject=f"{style} {op}",
+                )
+            )
             rows.append(
                 StyleRow(
                     style=style,
@@ -792,11 +832,18 @@ def styles_table(
                     base_accuracy_ci=described.base_accuracy_ci,
                     base_accuracy_baseline=described.base_accuracy_baseline,
                     measured_on=where,
-                    **faith_fields(on, faithfulness(on, config)),
+                    **faith_fields(on, scores),
                     inputs=setup_inputs(setup, **halves).model_dump(),
                 )
             )
-    return StylesTable(wait=config.wait, transfer=config.transfer, scoring=base_spec.scoring, rows=rows)
+    return StylesTable(
+        wait=config.wait,
+        transfer=config.transfer,
+        scoring=base_spec.scoring,
+        rows=rows,
+        threshold=threshold,
+        claims=adjust(claims, f"styles at L_wait {config.wait}, L_transfer {config.transfer}"),
+    )
 
 
 def map_config(config: AF1Config, from_layers: int, to_layers: int, by: str) -> AF1Config:
@@ -933,6 +980,7 @@ class Pruning(TypedDict):
     n_pruned_before_first_drop: int
     inputs: ProblemInputs
     confirmation: PrunedConfirmation
+    claims: list[Claim]  # the pruned set keeps `keep` of the unpruned faithfulness on the confirmation split
 
 
 def prune_heads(
@@ -982,6 +1030,21 @@ def prune_heads(
     n_pruned = next((i for i, f in enumerate(faith_curve) if f < keep * faith_curve[0]), len(faith_curve)) - 1
     pruned = config.model_copy(update={"pruned_heads": order[:n_pruned]})
     conf_full, conf_pruned = faithfulness(on_conf, config), faithfulness(on_conf, pruned)
+    margin = (1 - keep) * conf_full.accuracy
+    broken_P = (conf_full.correct_P & ~conf_pruned.correct_P).tolist()  # right unpruned, wrong pruned
+    claims = [
+        with_rejection(
+            rate_below(
+                "pruned_keeps",
+                f"the {n_pruned} heads chosen on the selection half need not peek: kept from peeking, they break "
+                f"fewer than {margin:.3f} of the problems ({1 - keep:.0%} of the unpruned faithfulness)",
+                broken_P,
+                margin,
+                f"the confirmation split ({len(conf)} solved problems)",
+                margin,
+            )
+        )
+    ][: 1 if n_pruned else 0]  # nothing pruned: nothing to claim
     return Pruning(
         wait=config.wait,
         transfer=config.transfer,
@@ -1007,4 +1070,5 @@ def prune_heads(
             pruned=faith_fields(on_conf, conf_pruned),
             mcnemar=mcnemar_exact(conf_pruned.correct_P.tolist(), conf_full.correct_P.tolist()),
         ),
+        claims=claims,
     )

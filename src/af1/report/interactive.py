@@ -179,6 +179,7 @@ def sweep_grid(sweep: dict[str, Any], found: dict[str, Any] | None = None) -> st
         },
         "height": min(900, 340 + 22 * L),
         "legend": {"orientation": "h", "y": -0.2},
+        "showlegend": True,  # a lone marker (a best cell, no frontier) is named too
         "shapes": chosen_shape(found) if found else [],
     }
     return plot_html(data, layout, sweep_detail(sweep))

@@ -24,9 +24,10 @@ FULL_ADDS = (
 )
 FOCUSED = (
     "The focused demo: on each model the evaluation, the (L_wait, L_transfer) grid and the search, and each model's "
-    "configuration on the others; where a model's search chose a cell its confirmation does not reject, single-layer "
-    "necessity and the heads study (heads ranked by the first operand's counterfactual, knocked out against random "
-    f"heads of the same layers). af1 demo --full adds {FULL_ADDS}."
+    "configuration on the others; where a model's search chose a cell its confirmation does not reject, necessity "
+    "(the last token blocked from reading in windows of 1, 2 and 4 layers) and the heads study (heads ranked by the "
+    "first operand's counterfactual, knocked out against random heads of the same layers). af1 demo --full adds "
+    f"{FULL_ADDS}."
 )
 FULL = f"The full demo: the focused demo's units, and {FULL_ADDS}."
 
