@@ -125,3 +125,14 @@ def test_family_quirks_are_read_only_by_the_model_layer():
     )
     assert readers == []
     assert len(quirks) >= 8  # the columns this test guards exist
+
+
+def test_a_family_fact_is_applied_in_one_place():
+    """Final-logit soft-capping (Gemma-2) is read from the config in the model adapter alone, and the CAMA mean is
+    worked out by the position means alone: every other module asks them."""
+    for fact, home in (
+        ("final_logit_softcapping", "af1.models.adapter"),
+        ("counts_TS.clamp", "af1.interventions.means"),
+    ):
+        readers = sorted(module_name(p) for p in SRC.rglob("*.py") if fact in p.read_text())
+        assert readers == [home], (fact, readers)

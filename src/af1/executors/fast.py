@@ -128,7 +128,7 @@ def _ablated_TSD(config: AF1Config, means: PositionMeans | None, table_TS: torch
     if config.ablation == "cama":
         if means is None:
             raise ValueError("CAMA needs position means")
-        return means.sums_LTSD[config.wait] / means.counts_TS.clamp(min=1)[..., None]
+        return means.cond_TSD(config.wait)
     ids = table_TS.clamp(min=0).T  # S rows; every slot's token at every position (padding as token 0, unused)
     return ablated_states(config, means, ids).transpose(0, 1)
 

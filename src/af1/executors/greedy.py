@@ -147,9 +147,7 @@ def _best_candidates(adapter: ModelAdapter, x_BD: torch.Tensor, candidates_BV: t
     exact = (x_BD[rows, : W.shape[1]] * W[columns]).sum(-1)
     if bias is not None:
         exact = exact + bias[columns].float()
-    cap = getattr(adapter.config, "final_logit_softcapping", None)
-    if cap:
-        exact = torch.tanh(exact / cap) * cap
+    exact = adapter.soft_capped(exact)
     best_B = torch.full((len(x_BD),), -float("inf")).scatter_reduce(0, rows, exact, "amax")
     winner = exact == best_B[rows]  # the first (lowest) token among equals, as argmax picks
     return torch.full((len(x_BD),), torch.iinfo(torch.long).max).scatter_reduce(

@@ -80,6 +80,10 @@ class PositionMeans:
         """E[h | token at t] over every member: [layer, position, slot, d]."""
         return self.sums_LTSD / self.counts_TS.clamp(min=1)[None, :, :, None]
 
+    def cond_TSD(self, layer: int) -> torch.Tensor:
+        """E[h[layer] | token at t] over every member, one layer of `cond_LTSD`: [position, slot, d]."""
+        return self.sums_LTSD[layer] / self.counts_TS.clamp(min=1)[..., None]
+
     @property
     def mean_LTD(self) -> torch.Tensor:
         """The token-agnostic mean over every member: [layer, position, d]."""
@@ -111,7 +115,7 @@ class PositionMeans:
         """E[h[layer][t] | token at t] over every member, for every position of every prompt: [B, T, D]."""
         slots = self.slots(input_ids_BT)
         T = slots.shape[1]
-        return self.cond_LTSD[layer][torch.arange(T)[None], slots]
+        return self.cond_TSD(layer)[torch.arange(T)[None], slots]
 
     def replacement(
         self, layer: int, input_ids_BT: torch.Tensor, own_BUD: torch.Tensor | None, conditional: bool = True

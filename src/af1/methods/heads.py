@@ -111,9 +111,7 @@ class AnswerRows:
         # a product and a sum per row, not a batched matmul: a GEMM's low bits may depend on where a row sits in
         # the batch (seen on AVX-512), and the clean row 0 must go through the same arithmetic as a patched row
         logits = (normed.to(self.rows_BRD.device).float()[:, :, None, :] * self.rows_BRD.float()).sum(-1)
-        logits = logits if self.bias_BR is None else logits + self.bias_BR
-        cap = getattr(adapter.config, "final_logit_softcapping", None)
-        return torch.tanh(logits / cap) * cap if cap else logits
+        return adapter.soft_capped(logits if self.bias_BR is None else logits + self.bias_BR)
 
 
 def _direct_effects(

@@ -274,11 +274,12 @@ class ModelAdapter:
 
     def logits(self, hidden_BTD: torch.Tensor) -> torch.Tensor:
         """Final norm, unembedding and the family's logit soft-capping."""
-        logits = self.lm_head(self.final_norm(hidden_BTD))
+        return self.soft_capped(self.lm_head(self.final_norm(hidden_BTD)))
+
+    def soft_capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """The family's final-logit soft-capping (Gemma-2: tanh(x / cap) * cap), the one place it is applied."""
         cap = getattr(self.config, "final_logit_softcapping", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     @torch.no_grad()
     def forward(self, input_ids_BT: torch.Tensor) -> torch.Tensor:
