@@ -12,7 +12,7 @@ from rich.table import Table
 from af1.claims import Claim
 from af1.experiments import base
 from af1.methods import allforone
-from af1.report.markup import ci_text, table_html
+from af1.report.markup import table_html, with_ci
 from af1.tasks.evaluation import ProblemInputs
 
 
@@ -42,7 +42,7 @@ def rows(detail: dict[str, Any], kind: str, claims: list[Claim]) -> list[list[st
         if "per_seed" in v:
             cell = f"{v['faithfulness']:.3f} ± {v['faithfulness_std']:.3f} ({v['seeds']} seeds)"
         else:
-            cell = ci_text(v["faithfulness"], v["faithfulness_ci"])
+            cell = with_ci(v["faithfulness"], v["faithfulness_ci"])
         claim = by_subject.get(f"{kind} {name}")
         if claim is None:
             out.append([name, cell, "configured", "", ""])

@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from af1.experiments import base
-from af1.report.markup import ci_text, layout_html, layout_table, table_html, with_ci
+from af1.report.markup import layout_html, layout_table, table_html, with_ci
 from af1.stats import Paired, baseline_warning, mcnemar_exact
 from af1.tasks.evaluation import decoder, problem_rows
 from af1.tasks.task import ProblemRow, TaskShape
@@ -111,7 +111,7 @@ class BaseAccuracy(base.Experiment):
             str(result.shots),
             result.scoring,
             str(result.n),
-            ci_text(result.base_accuracy, result.base_accuracy_ci),
+            with_ci(result.base_accuracy, result.base_accuracy_ci),
             f"{result.base_accuracy_baseline:.3f}",
             str(result.n_solved),
         )

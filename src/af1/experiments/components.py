@@ -10,7 +10,7 @@ from rich.table import Table
 from af1.claims import Claim
 from af1.experiments import base
 from af1.methods import allforone
-from af1.report.markup import ci_text, claims_html, claims_lines, table_html, with_ci
+from af1.report.markup import claims_html, claims_lines, table_html, with_ci
 from af1.tasks.evaluation import ExecutorChoice, ProblemInputs
 
 
@@ -68,6 +68,6 @@ class Components(base.Experiment):
         table = Table("L_wait", "CAMA alone [95 % CI]", "ABP alone [95 % CI]")
         for w, v in result.cama_only.items():
             table.add_row(
-                str(w), ci_text(v, result.cama_only_ci[w]), ci_text(result.abp_only[w], result.abp_only_ci[w])
+                str(w), with_ci(v, result.cama_only_ci[w]), with_ci(result.abp_only[w], result.abp_only_ci[w])
             )
         return [table, *claims_lines(result.claims)]

@@ -18,7 +18,7 @@ from af1.experiments import base
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, heads
 from af1.report import interactive
-from af1.report.markup import ci_text, claims_html, claims_lines, figure_html, table_html, with_ci
+from af1.report.markup import claims_html, claims_lines, figure_html, table_html, with_ci
 from af1.stats import McNemar, mcnemar_exact, mean_std
 from af1.tasks.builtin import FILE_STYLE
 from af1.tasks.evaluation import ProblemInputs, solved
@@ -530,7 +530,7 @@ class Heads(base.Experiment):
         table.add_row(
             f"accuracy ({ko['scoring']} answer), top {ko['k']} heads mean-ablated (n {ko['n']}, constant guess "
             f"{ko['accuracy_baseline']:.2f})",
-            ci_text(ko["accuracy_top_k"], ko["accuracy_top_k_ci"]),
+            with_ci(ko["accuracy_top_k"], ko["accuracy_top_k_ci"]),
         )
         table.add_row(
             f"accuracy, {ko['k']} random heads of the same layers and key/value groups (mean ± std)",

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from af1.experiments import base
 from af1.methods import positional
-from af1.report.markup import ci_text, claims_html, claims_lines, image_html, table_html, with_ci
+from af1.report.markup import claims_html, claims_lines, image_html, table_html, with_ci
 
 
 class Options(base.Options):
@@ -173,9 +173,9 @@ class Positional(base.Experiment):
         held = result.heldout
         if held is None:
             return [table]
-        table.add_row("held-out r (position + token meaning), median", ci_text(held["r_median"], held["r_median_ci"]))
+        table.add_row("held-out r (position + token meaning), median", with_ci(held["r_median"], held["r_median_ci"]))
         table.add_row(
             f"held-out r, random weights ({len(held['random_init_seeds'])} seeds)",
-            ci_text(held["r_random_init_mean"], held["r_random_init_ci"]),
+            with_ci(held["r_random_init_mean"], held["r_random_init_ci"]),
         )
         return [table, *claims_lines(held["claims"], "claims (held-out windows)")]

@@ -13,7 +13,7 @@ from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import allforone
 from af1.report import interactive
-from af1.report.markup import ci_text, claims_html, claims_lines, figure_html, with_ci
+from af1.report.markup import claims_html, claims_lines, figure_html, with_ci
 from af1.tasks.evaluation import ProblemInputs
 
 
@@ -115,7 +115,7 @@ class Prune(base.Experiment):
             table,
             f"{result.n_pruned_before_first_drop} of {result.n_transfer_heads} heads pruned at >= 95 %; on the "
             f"{result.n_confirmation} confirmation problems: pruned "
-            f"{ci_text(c['pruned']['faithfulness'], c['pruned']['faithfulness_ci'])} vs unpruned "
-            f"{ci_text(c['unpruned']['faithfulness'], c['unpruned']['faithfulness_ci'])}",
+            f"{with_ci(c['pruned']['faithfulness'], c['pruned']['faithfulness_ci'])} vs unpruned "
+            f"{with_ci(c['unpruned']['faithfulness'], c['unpruned']['faithfulness_ci'])}",
             *claims_lines(result.claims),
         ]

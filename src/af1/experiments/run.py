@@ -11,7 +11,7 @@ from af1.experiments import base
 from af1.interventions.af1 import Ablation, AF1Config
 from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
-from af1.report.markup import ci_text, layout_html, layout_table, stages_table, table_html, with_ci
+from af1.report.markup import layout_html, layout_table, stages_table, table_html, with_ci
 from af1.stats import LayoutRate
 from af1.tasks.task import ProblemRow
 
@@ -87,7 +87,7 @@ class Run(base.Experiment):
             result.config.ablation,
             result.config.abp,
             str(result.n_solved),
-            ci_text(result.faithfulness, result.faithfulness_ci),
+            with_ci(result.faithfulness, result.faithfulness_ci),
             f"{result.faithfulness_baseline:.3f}",
             result.executor + (f" ({result.fallback_reason})" if result.fallback_reason else ""),
         )

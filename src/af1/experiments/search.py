@@ -14,7 +14,6 @@ from af1.experiments import base
 from af1.methods import allforone
 from af1.report import interactive
 from af1.report.markup import (
-    ci_text,
     figure_html,
     layout_html,
     layout_table,
@@ -154,7 +153,7 @@ class Search(base.Experiment):
             claim_line(result),
             f"L_wait = {result.wait}, L_transfer = {result.transfer}: chosen on {result.n_selection} problems "
             f"({result.faithfulness_selection:.3f}), judged on {result.n_confirmation} others: faithfulness "
-            f"{ci_text(result.faithfulness, result.faithfulness_ci)}, "
+            f"{with_ci(result.faithfulness, result.faithfulness_ci)}, "
             f"constant guess {result.faithfulness_baseline:.3f}",
             table,
             *layout_table(result.faithfulness_by_layout, result.layouts),
@@ -309,7 +308,7 @@ def verdict(search: Result, sweep: Any, description: str | None = None) -> str:
     if description:  # a bundled model: which weights exactly (quantisation included)
         name = f"{name} [{', '.join(description.split(', ')[:2])}]"
     base_text = (
-        f"base accuracy {ci_text(sweep.base_accuracy, sweep.base_accuracy_ci)} on {sweep.n} problems "
+        f"base accuracy {with_ci(sweep.base_accuracy, sweep.base_accuracy_ci)} on {sweep.n} problems "
         f"({sweep.n_solved} solved)"
     )
     parts = search.faithfulness_by_layout or (search.best or {}).get("faithfulness_by_layout")

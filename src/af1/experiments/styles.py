@@ -13,7 +13,7 @@ from af1.claims import Claim
 from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import allforone
-from af1.report.markup import ci_text, claims_html, claims_lines, table_html, with_ci
+from af1.report.markup import claims_html, claims_lines, table_html, with_ci
 from af1.tasks.builtin import STYLES
 
 
@@ -108,10 +108,10 @@ class Styles(base.Experiment):
                 r["style"],
                 r["operation"],
                 str(r.get("n", "")),
-                ci_text(r.get("base_accuracy"), r.get("base_accuracy_ci"))
+                with_ci(r.get("base_accuracy"), r.get("base_accuracy_ci"))
                 if "base_accuracy" in r
                 else r.get("error", ""),
-                ci_text(r.get("faithfulness"), r.get("faithfulness_ci")),
+                with_ci(r.get("faithfulness"), r.get("faithfulness_ci")),
                 f"{r['measured_on']} ({r.get('faithfulness_n')})" if "measured_on" in r else "",
             )
         return [table, *claims_lines(result.claims)]

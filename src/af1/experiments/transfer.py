@@ -11,7 +11,7 @@ from rich.table import Table
 
 from af1.experiments import base
 from af1.methods import allforone
-from af1.report.markup import ci_text, table_html, with_ci
+from af1.report.markup import table_html, with_ci
 from af1.tasks.evaluation import ProblemInputs
 
 
@@ -177,7 +177,7 @@ class Transfer(base.Experiment):
         for r in result.rows:
             table.add_row(
                 str(r["source"].get("model")),
-                ci_text(r["absolute"]["faithfulness"], r["absolute"]["faithfulness_ci"]),
-                ci_text(r["relative"]["faithfulness"], r["relative"]["faithfulness_ci"]),
+                with_ci(r["absolute"]["faithfulness"], r["absolute"]["faithfulness_ci"]),
+                with_ci(r["relative"]["faithfulness"], r["relative"]["faithfulness_ci"]),
             )
         return [table]

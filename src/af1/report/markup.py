@@ -57,12 +57,12 @@ def stages_table(stages: dict[str, list[int]]) -> str:
 
 
 def with_ci(value: Any, ci: Any = None) -> str:
-    """A rate and its 95 % interval as one cell: 0.816 [0.69, 0.90]."""
+    """A rate and its 95 % interval, the one way it is written (tables, terminals, notes): 0.816 [0.69, 0.90]; "-"
+    where there is no value."""
     if value is None or value == "":
-        return ""
-    if not ci or ci[0] is None:
-        return f"{value:.3f}"
-    return f"{value:.3f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+        return "-"
+    low, high = ci or (None, None)
+    return f"{value:.3f} [{low:.2f}, {high:.2f}]" if low is not None and high is not None else f"{value:.3f}"
 
 
 def load_json(d: Path, name: str) -> dict[str, Any] | None:
@@ -100,14 +100,6 @@ def figure_html(d: Path, name: str, interactive_figure: Callable[[], str] | None
     except (KeyError, IndexError, TypeError, ValueError) as exc:  # a result of another af1 version: its PNG, said
         note = f"<p class='note'>No interactive figure ({html.escape(type(exc).__name__)}: {html.escape(str(exc))})"
         return note + (": its PNG instead.</p>" + image_html(d, name) if (d / name).is_file() else ".</p>")
-
-
-def ci_text(value: float | None, ci: Sequence[float | None] | None = None) -> str:
-    """The plain-text form of a rate with its interval, for terminals and notes."""
-    if value is None:
-        return "-"
-    low, high = ci or (None, None)
-    return f"{value:.3f} [{low:.2f}, {high:.2f}]" if low is not None and high is not None else f"{value:.3f}"
 
 
 LAYOUT_HEADERS = ["layout", "positions", "example input (its end)", "n", "rate [95 % CI]", "constant guess"]
@@ -152,7 +144,7 @@ def layouts_text(by_layout: Rows | None) -> str:
     """A pooled rate's parts in one line ('' for one layout): 'layout 0: 0.967 [0.83, 0.99], n 30 (constant guess
     0.100); layout 1: ...'."""
     return "; ".join(
-        f"layout {r['layout']}: {ci_text(r['value'], r['ci'])}, n {r['n']}"
+        f"layout {r['layout']}: {with_ci(r['value'], r['ci'])}, n {r['n']}"
         + (f" (constant guess {r['baseline']:.3f})" if r.get("baseline") is not None else "")
         for r in by_layout or []
     )
