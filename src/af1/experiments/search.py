@@ -279,8 +279,10 @@ def plain_words(result: Result) -> str:
         f"still answers {claim['estimate']:.0%} of the problems the unmodified model solves, on {claim['n']} "
         f"problems that did not choose it (95 % interval {pct(low)} to {pct(high)})"
     )
+    pick = "the search's pick (its rule takes the latest wait, then the fewest reading blocks; other cells may do "
+    pick += "as well)"
     if claim["outcome"] == "confirmed":
-        return f"{story}. Cut so, the model {kept}: at least {result.threshold:.0%}, as claimed."
+        return f"{pick}: {story}. Cut so, the model {kept}: at least {result.threshold:.0%}, as claimed."
     if claim["outcome"] == "rejected":
         return (
             f"no such story keeps {result.threshold:.0%} of the answers. Under the closest ({story}) the model "
@@ -288,7 +290,7 @@ def plain_words(result: Result) -> str:
         )
     more = f"; about {claim['n_to_decide']} would" if claim["n_to_decide"] else ""
     return (
-        f"the best story found: {story}. Cut so, the model {kept}, so these problems cannot say whether it reaches "
+        f"{pick}: {story}. Cut so, the model {kept}, so these problems cannot say whether it reaches "
         f"{result.threshold:.0%}{more}."
     )
 
