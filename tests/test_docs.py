@@ -28,8 +28,9 @@ def test_cli_reference_is_what_the_generator_writes_now() -> None:
 
 
 def test_the_findings_claims_are_what_the_demos_results_decided() -> None:
-    """The generated part of docs/findings.md is the render of the committed demo data, and that data holds the
-    results' own claims: every verdict of the search among them, each with a rule and one of the three outcomes."""
+    """Each generated part of docs/findings.md is the render of its committed data (the demo's, the full demo's),
+    and that data holds the results' own claims: every verdict of the search among them, each with a rule and one of
+    the three outcomes."""
     import importlib.util
     import json
 
@@ -38,19 +39,19 @@ def test_the_findings_claims_are_what_the_demos_results_decided() -> None:
     gen_findings = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen_findings)
 
-    data = json.loads(gen_findings.DATA.read_text())
     text = (ROOT / "docs" / "findings.md").read_text(encoding="utf-8")
-    start, end = text.index(gen_findings.BEGIN), text.index(gen_findings.END) + len(gen_findings.END)
-    assert text[start:end] == gen_findings.render(data), (
-        "docs/findings.md is out of date: run python docs/gen_findings.py"
-    )
-    kinds = {row["claim"]["kind"] for row in data["claims"]}
-    assert "af1_subgraph" in kinds and {row["claim"]["outcome"] for row in data["claims"]} <= {
-        "confirmed",
-        "not confirmed",
-        "rejected",
-    }
-    assert len(data["verdicts"]) == 2 and all(row["claim"]["rule"] for row in data["claims"])
+    kinds: set[str] = set()
+    for source, (data_file, _) in gen_findings.SOURCES.items():
+        data = json.loads(data_file.read_text())
+        assert gen_findings.block_of(text, source) == gen_findings.render(data, source), (
+            "docs/findings.md is out of date: run python docs/gen_findings.py"
+        )
+        assert "af1_subgraph" in {row["claim"]["kind"] for row in data["claims"]}
+        assert {row["claim"]["outcome"] for row in data["claims"]} <= {"confirmed", "not confirmed", "rejected"}
+        assert len(data["verdicts"]) == 2 and all(row["claim"]["rule"] for row in data["claims"])
+        kinds |= {row["claim"]["kind"] for row in data["claims"]}
+    # the full demo decides the claims of every analysis it adds
+    assert {"component_alone", "style_keeps", "alternative", "necessary_window"} <= kinds
 
 
 def test_the_site_builds_strictly(tmp_path: Path) -> None:

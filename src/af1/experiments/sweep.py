@@ -70,7 +70,9 @@ class Sweep(base.Experiment):
             f"solved problems of {result.n} (base accuracy {with_ci(result.base_accuracy, result.base_accuracy_ci)}, "
             f"{result.scoring} answer scored); {result.n_cells} cells, executor {result.executor}. Faithfulness = "
             "accuracy under AF1 on the solved problems; a constant guess scores "
-            f"{result.faithfulness_baseline or float('nan'):.3f} on them."
+            f"{result.faithfulness_baseline or float('nan'):.3f} on them. Row L_wait -1 is no ablation, but from "
+            "block 0 the mask still keeps the other tokens from reading each other, so even its last column is not "
+            "the unmodified model."
             + (
                 " The grid is drawn below, with the search's choice marked on it.</p>"
                 if result_beside(out_dir, "search") is not None  # its section draws the grid

@@ -84,7 +84,9 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
             f"<h2>Transfer on <code>{html.escape(label)}</code></h2><p>Rows: the model whose AF1 config is "
             "applied; columns: the model it is applied to, by the same layer numbers (absolute) and by the "
             "same relative depth, on the confirmation split of the target's own search. The diagonal is each "
-            "model's own config.</p>"
+            "model's own config. A mapped config keeps at least one block to compute in: where it would reach the "
+            "target's last block, L_wait is capped at its depth less 2 and L_transfer shortened; each cell names the "
+            "config that ran.</p>"
         )
         for how in ("absolute", "relative"):
             parts.append(f"<p><b>{how}</b></p>")

@@ -18,6 +18,7 @@ from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDict
 from af1.claims import (
     CONFIRMED,
     NOT_CONFIRMED,
+    REJECTED,
     Claim,
     adjust,
     capped,
@@ -26,7 +27,6 @@ from af1.claims import (
     rate_above,
     rate_below,
     rate_reaches,
-    with_rejection,
 )
 from af1.errors import Af1Error
 from af1.executors.fast import (
@@ -1032,19 +1032,20 @@ def prune_heads(
     conf_full, conf_pruned = faithfulness(on_conf, config), faithfulness(on_conf, pruned)
     margin = (1 - keep) * conf_full.accuracy
     broken_P = (conf_full.correct_P & ~conf_pruned.correct_P).tolist()  # right unpruned, wrong pruned
-    claims = [
-        with_rejection(
-            rate_below(
-                "pruned_keeps",
-                f"the {n_pruned} heads chosen on the selection half need not peek: kept from peeking, they break "
-                f"fewer than {margin:.3f} of the problems ({1 - keep:.0%} of the unpruned faithfulness)",
-                broken_P,
-                margin,
-                f"the confirmation split ({len(conf)} solved problems)",
-                margin,
-            )
+    claims = []
+    if n_pruned:  # nothing pruned: nothing to claim
+        claim = rate_below(
+            "pruned_keeps",
+            f"the {n_pruned} heads chosen on the selection half need not peek: kept from peeking, they break fewer "
+            f"than {margin:.3f} of the problems ({1 - keep:.0%} of the unpruned faithfulness)",
+            broken_P,
+            margin,
+            f"the confirmation split ({len(conf)} solved problems)",
+            None,
         )
-    ][: 1 if n_pruned else 0]  # nothing pruned: nothing to claim
+        low = claim["ci"][0]
+        rejected = low is not None and low >= margin  # the interval lies wholly at or above the margin
+        claims.append(Claim(**{**claim, "outcome": REJECTED, "n_to_decide": None}) if rejected else claim)
     return Pruning(
         wait=config.wait,
         transfer=config.transfer,

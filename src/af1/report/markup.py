@@ -186,8 +186,9 @@ def claims_html(claims: Rows | None, family: str = "") -> str:
         + html.escape("; ".join(rules))
         + "."
         + (" Tests adjusted together: " + html.escape("; ".join(families)) + "." if families else "")
-        + " <i>not confirmed</i>: the interval cannot decide; <i>n to decide</i> is the n at which the observed "
-        "estimate would.</p>"
+        + " <i>baseline</i>: for a rate, what a constant guess scores on the same problems; for an effect or a "
+        "difference, its null. <i>not confirmed</i>: the interval cannot decide; <i>n to decide</i> is the n at "
+        "which the observed estimate would.</p>"
     )
     return (f"<p>{html.escape(family)}</p>" if family else "") + table_html(CLAIM_HEADERS, rows) + note
 
