@@ -1044,8 +1044,10 @@ def prune_heads(
             None,
         )
         low = claim["ci"][0]
-        rejected = low is not None and low >= margin  # the interval lies wholly at or above the margin
-        claims.append(Claim(**{**claim, "outcome": REJECTED, "n_to_decide": None}) if rejected else claim)
+        rule = f"{claim['rule']}; rejected where the 95 % Wilson interval lies wholly at or above it"
+        rejected = low is not None and low >= margin
+        outcome = {"outcome": REJECTED, "n_to_decide": None} if rejected else {}
+        claims.append(Claim(**{**claim, "rule": rule, **outcome}))
     return Pruning(
         wait=config.wait,
         transfer=config.transfer,
