@@ -221,12 +221,11 @@ def check_found(inputs: Inputs, options: Options) -> None:
         search = searched(inputs)
         if search is None:
             return
+        asked = "asked only where the search chose a cell its confirmation does not reject (require_found)"
         if not search.chosen:
-            raise NotApplicable(
-                f"no cell reaches faithfulness {search.threshold} on the selection split (require_found)"
-            )
+            raise NotApplicable(f"no cell reaches faithfulness {search.threshold} on the selection split; {asked}")
         if search.claim is not None and search.claim["outcome"] == REJECTED:
-            raise NotApplicable(f"{outcome_text(search.claim)} (require_found)")
+            raise NotApplicable(f"{outcome_text(search.claim)}; {asked}")
 
 
 def config_of(inputs: Inputs, options: ConfigOptions, n_layers: int) -> AF1Config:

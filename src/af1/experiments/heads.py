@@ -436,11 +436,9 @@ class Heads(base.Experiment):
                 "on each kind of token (per problem the mean over its scored answer steps, then the mean over "
                 "problems).</p>"
             )
+            kinds = [k for k in next(iter(looks.values())) if any(v.get(k) for v in looks.values())]  # no 0 column
             parts.append(
-                table_html(
-                    ["head (layer.head)", *next(iter(looks.values())).keys()],
-                    [[h, *v.values()] for h, v in looks.items()],
-                )
+                table_html(["head (layer.head)", *kinds], [[h, *(v[k] for k in kinds)] for h, v in looks.items()])
             )
         if result.af1_consistency:
             c = result.af1_consistency
