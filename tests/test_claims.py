@@ -39,16 +39,21 @@ def test_a_rate_at_its_threshold_is_confirmed_in_at_most_its_error_rate():
         assert made / SEEDS <= 0.05, n  # one-sided Wilson: about 2.5 %
 
 
+def families_confirming(rate_claim, rng: np.random.Generator) -> float:
+    """The share of SEEDS families of 20 rates, each sitting exactly at the threshold 0.9 on 49 problems, in which
+    `rate_claim` (adjusted over the family) confirms anything."""
+    wrong = 0
+    for _ in range(SEEDS):
+        family = [rate_claim("k", "s", list(rng.random(49) < 0.9), 0.9, "c", None) for _ in range(20)]
+        wrong += any(c["outcome"] == "confirmed" for c in claims.adjust(family, "f"))
+    return wrong / SEEDS
+
+
 def test_a_window_claimed_necessary_is_so_in_at_most_its_family_error_rate():
     """'Blocking this window leaves faithfulness below 0.9', tested over 20 windows as one family: windows whose
     true rate is the threshold are confirmed in at most 2.5 % of families; a window that breaks most problems is
     confirmed, one that breaks none never."""
-    rng = np.random.default_rng(0)
-    wrong = 0
-    for _ in range(SEEDS):
-        family = [claims.rate_below("w", "s", list(rng.random(49) < 0.9), 0.9, "c", None) for _ in range(20)]
-        wrong += any(c["outcome"] == "confirmed" for c in claims.adjust(family, "f"))
-    assert wrong / SEEDS <= 0.025
+    assert families_confirming(claims.rate_below, np.random.default_rng(0)) <= 0.025
     broken = claims.rate_below("w", "s", [True] * 20 + [False] * 29, 0.9, "c", None)
     intact = claims.rate_below("w", "s", [True] * 49, 0.9, "c", None)
     assert broken["outcome"] == "confirmed" and intact["outcome"] == "not confirmed" and intact["p_value"] == 1.0
@@ -58,12 +63,7 @@ def test_a_family_of_rates_claimed_to_keep_the_threshold_stays_silent_at_it():
     """'The config keeps the threshold on this input style', 20 styles as one family: styles whose true rate is the
     threshold are confirmed in at most 2.5 % of families; one solved throughout on 49 problems is confirmed, one at
     half is rejected."""
-    rng = np.random.default_rng(2)
-    wrong = 0
-    for _ in range(SEEDS):
-        family = [claims.rate_above("k", "s", list(rng.random(49) < 0.9), 0.9, "c", None) for _ in range(20)]
-        wrong += any(c["outcome"] == "confirmed" for c in claims.adjust(family, "f"))
-    assert wrong / SEEDS <= 0.025
+    assert families_confirming(claims.rate_above, np.random.default_rng(2)) <= 0.025
     kept = claims.rate_above("k", "s", [True] * 49, 0.9, "c", None)  # p = 0.9 ** 49 = 0.0057
     half = claims.rate_above("k", "s", [True] * 25 + [False] * 24, 0.9, "c", None)
     assert kept["outcome"] == "confirmed" and half["outcome"] == "rejected"

@@ -18,7 +18,6 @@ from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDict
 from af1.claims import (
     CONFIRMED,
     NOT_CONFIRMED,
-    REJECTED,
     Claim,
     adjust,
     capped,
@@ -1032,9 +1031,8 @@ def prune_heads(
     conf_full, conf_pruned = faithfulness(on_conf, config), faithfulness(on_conf, pruned)
     margin = (1 - keep) * conf_full.accuracy
     broken_P = (conf_full.correct_P & ~conf_pruned.correct_P).tolist()  # right unpruned, wrong pruned
-    claims = []
-    if n_pruned:  # nothing pruned: nothing to claim
-        claim = rate_below(
+    claims = [
+        rate_below(
             "pruned_keeps",
             f"the {n_pruned} heads chosen on the selection half need not peek: kept from peeking, they break fewer "
             f"than {margin:.3f} of the problems ({1 - keep:.0%} of the unpruned faithfulness)",
@@ -1042,12 +1040,10 @@ def prune_heads(
             margin,
             f"the confirmation split ({len(conf)} solved problems)",
             None,
+            reject=True,
         )
-        low = claim["ci"][0]
-        rule = f"{claim['rule']}; rejected where the 95 % Wilson interval lies wholly at or above it"
-        rejected = low is not None and low >= margin
-        outcome = {"outcome": REJECTED, "n_to_decide": None} if rejected else {}
-        claims.append(Claim(**{**claim, "rule": rule, **outcome}))
+    ]
+    claims = claims if n_pruned else []  # nothing pruned: nothing to claim
     return Pruning(
         wait=config.wait,
         transfer=config.transfer,
