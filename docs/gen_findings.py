@@ -106,6 +106,8 @@ def block_of(text: str, source: str) -> str:
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--extract"]:
         source, store = argv[1], Path(argv[2])
+        if source not in SOURCES:
+            sys.exit(f"gen_findings: unknown source '{source}': {' or '.join(SOURCES)}")
         data_file = SOURCES[source][0]
         data_file.parent.mkdir(parents=True, exist_ok=True)
         data_file.write_text(json.dumps(extract(store, source), indent=1) + "\n")

@@ -277,7 +277,8 @@ def plain_words(result: Result) -> str:
 
     kept = (
         f"still answers {claim['estimate']:.0%} of the problems the unmodified model solves, on {claim['n']} "
-        f"problems that did not choose it (95 % interval {pct(low)} to {pct(high)})"
+        f"problems that did not choose it (95 % interval {pct(low)} to {pct(high)}; always giving the most common "
+        f"answer would score {pct(claim['baseline'])})"
     )
     pick = "the search's pick (its rule takes the latest wait, then the fewest reading blocks; other cells may do "
     pick += "as well)"
