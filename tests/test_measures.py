@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -215,7 +216,7 @@ def test_the_plain_words_follow_the_claims_outcome():
     for text in said.values():
         assert "through block 2 nothing specific to the problem reaches the last token" in text
         assert "it reads the other tokens in block 3, then computes the answer alone" in text
-        assert "always giving the most common answer would score 10%" in text  # the constant guess beside it
+        assert re.search(r"always giving the most common answer would score \d+%\)", text)  # the constant guess
     assert said["confirmed"].endswith("at least 90%, as claimed.")
     assert all(said[k].startswith("the search's pick (") for k in ("confirmed", "not confirmed"))  # not unique
     assert "cannot say whether it reaches 90%; about " in said["not confirmed"]
