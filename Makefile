@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= results/demo
 
-.PHONY: setup chromium demo test lint bench clean
+.PHONY: setup chromium demo test test-fast lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -28,6 +28,17 @@ test: setup chromium
 	$(BIN)/ruff format --check .
 	$(BIN)/pyright
 	$(BIN)/pytest -q
+
+# the inner loop: the tests that need neither a bundled model's weights nor a whole study, one process per core
+# (one torch thread each, so they do not fight over the cores); `make test` runs them all
+test-fast: setup
+	$(BIN)/ruff check .
+	OMP_NUM_THREADS=1 AF1_THREADS=1 $(BIN)/pytest -q -n auto -m "not real_model and not slow"
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pyright
 
 bench: setup
 	$(BIN)/python benchmarks/af1_eval.py

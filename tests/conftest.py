@@ -92,8 +92,21 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
-def tokenizer(smollm2):
-    return smollm2.tokenizer
+def tokenizer():
+    """SmolLM2's tokenizer alone (its weights stay unread): tiny models share its vocabulary."""
+    from af1.models.loading import load_tokenizer
+
+    return load_tokenizer("smollm2")
+
+
+REAL_MODEL_FIXTURES = {"smollm2", "cli_on_smollm2"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that reads a real model's weights is marked real_model, so `make test-fast` can leave it out."""
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real_model)
 
 
 @pytest.fixture

@@ -31,6 +31,8 @@ from af1.tasks.task import build_task
 from cli_helpers import run_cli
 from conftest import fitted_tiny_model
 
+pytestmark = pytest.mark.slow  # placement through accelerate: seconds per model
+
 SPEC = TaskSpec(operation="a+b", shots=1, n=30)
 PLACEMENT = {
     "model.embed_tokens": "cpu",

@@ -306,6 +306,7 @@ def test_cli_heads_json_on_smollm2(capsys, cli_on_smollm2, tmp_path):
     assert code == 2 and "out of range" in err
 
 
+@pytest.mark.slow
 def test_cli_finetune_and_positional_on_a_tiny_model(capsys, tmp_path, tokenizer):
     import json
 

@@ -66,6 +66,7 @@ def check_row(model: Any, row: dict[str, Any]) -> None:
     assert row["solved"] == (predicted == targets[: len(predicted)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_one_problem_of_each_experiment_reruns_from_its_json_alone(written, name):
     model, out = written
@@ -99,6 +100,7 @@ def test_one_problem_of_each_experiment_reruns_from_its_json_alone(written, name
         assert set(inputs["sets"]["confirmation"]) <= set(solved)
 
 
+@pytest.mark.slow
 def test_eval_run_and_sweep_list_every_problem_too(written):
     model, out = written
     run, alternatives = read(out, "run"), read(out, "alternatives")
@@ -111,6 +113,7 @@ def test_eval_run_and_sweep_list_every_problem_too(written):
     assert rerun(model, kept) == kept["answer_tokens"]
 
 
+@pytest.mark.slow
 def test_styles_own_row_is_on_the_searchs_confirmation_problems(written):
     """At the search's config the task's own style is measured on the search's confirmation half, beside the
     search's confirmation number (the same problems, the same number); other styles on all their solved problems."""

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from af1.tasks.spec import TaskSpec
@@ -15,6 +16,7 @@ from conftest import fitted_tiny_model
 NOTEBOOK = Path(__file__).parent.parent / "examples" / "quickstart.ipynb"
 
 
+@pytest.mark.slow
 def test_the_quickstart_notebook_runs_and_its_results_render_as_html(tmp_path, tokenizer, monkeypatch):
     spec = TaskSpec(operation="a+b", style="calculate", shots=3, n=30)
     model = fitted_tiny_model("llama", [spec], tokenizer, n_layers=3)

@@ -56,3 +56,20 @@ def test_peak_memory_is_the_blocks_own_where_linux_allows_it():
         assert big[0].mb - small[0].mb > 250
     else:
         assert small[0].covers == "the process so far"
+
+
+def test_the_time_left_follows_the_work_left_where_items_weigh_differently(capsys, monkeypatch):
+    """A study's units differ in cost: with weights (their estimates) the time left is the time per unit of work
+    done times the work left, not the mean time per item times the items left."""
+    monkeypatch.delenv("AF1_NO_PROGRESS", raising=False)
+    monkeypatch.setattr(progress, "LOG_EVERY_SECONDS", 0.0)
+    monkeypatch.setattr(progress, "QUIET_SECONDS", 0.0)
+    clock = iter(range(100))
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: float(next(clock)))
+    weights = {"small": 1.0, "large": 9.0}
+    list(progress.progress(["small", "large"], desc="study", weights=(weights.__getitem__, 10.0)))
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == "af1: study: 1/2 after 1 s, about 9 s left"  # 1 s for 1 of 10 units of work
+    clock = iter(range(100))
+    list(progress.progress(["small", "large"], desc="study"))
+    assert capsys.readouterr().err.splitlines()[0] == "af1: study: 1/2 after 1 s, about 1 s left"  # by count

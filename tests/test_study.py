@@ -27,6 +27,8 @@ from af1.tasks.spec import TaskSpec
 from cli_helpers import run_cli
 from conftest import fitted_tiny_model
 
+pytestmark = pytest.mark.slow  # whole studies on fitted tiny models, on Ray and with two runners: minutes
+
 TASKS = [TaskSpec(operation="a+b", shots=1, n=30), TaskSpec(operation="a-b", shots=1, n=30)]
 EXPERIMENTS = """
 experiments:
@@ -179,6 +181,10 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
     assert "<img" in html  # positional's figure: a PNG in either report
     assert '<table class="sortable">' in html  # the cross-model tables sort by a header click
     assert "peak RSS" in html and all(r["peak_rss_mb"] > 0 for r in report["units"])  # each unit's process
+    estimate = json.loads((out / "estimate.json").read_text())  # the cost said before the run, beside the actual
+    assert [e["unit"] for e in estimate["units"]] == [u.id for u in summary.units]
+    assert all(r["estimated_seconds"] is not None for r in report["units"]) and "estimated before the run" in html
+    assert {e["basis"] for e in estimate["units"]} == {"measured", "assumed"}  # before any eval: solved assumed
     styles = results(out)["tiny-llama/a+b.original.1d.1shot.n30/styles"]
     verbal = [r for r in styles["rows"] if r["style"] == "verbal"]  # fitted on the original style only
     measured = [r for r in styles["rows"] if "faithfulness" in r]  # each measured row makes its claim, one family

@@ -241,6 +241,7 @@ def fitted(tokenizer):
     return fitted_tiny_model("llama", [spec], tokenizer), spec
 
 
+@pytest.mark.slow
 def test_every_study_runs_from_a_task_file(fitted, tokenizer):
     model, spec = fitted
     from af1.models import LoadedModel, ModelAdapter

@@ -366,6 +366,30 @@ def _optional_values(argv: list[str]) -> list[str]:
     return out
 
 
+EstimateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--estimate",
+        help="print each unit's expected wall time and peak memory on this machine, and stop (units already done in "
+        "--out count nothing)",
+    ),
+]
+
+
+def show_estimate(plan: Any, out_dir: Path) -> None:
+    """The plan's cost before it runs: one row per unit, the total, and whether its memory fits."""
+    from af1.study import cost
+
+    estimates = cost.estimate_plan(plan, out_dir)
+    basis = {"done": "done already", "measured": "plan, units done", "assumed": "plan, assumptions"}
+    table = Table("model", "task", "experiment", "expected s", "peak GB", "from", title="estimated on this machine")
+    for e in estimates:
+        table.add_row(*e.unit.split("/"), f"{e.seconds:.0f}", f"{e.peak_gb:.1f}", basis[e.basis])
+    out.print(table)
+    out.print(cost.summary_line(estimates))
+    out.print(cost.ABOUT)
+
+
 @app.command()
 def study(
     plan: Annotated[Path, typer.Argument(help="a study plan, .yaml or .toml")],
@@ -381,10 +405,14 @@ def study(
         ),
     ] = None,
     static: StaticOpt = False,
+    estimate: EstimateOpt = False,
 ) -> None:
     """Run a plan's units (model x task x experiment) into a resumable store and write the cross-model report."""
     from af1.study import load_plan, run_study
 
+    if estimate:
+        show_estimate(load_plan(plan), out_dir)
+        return
     summary = run_study(
         load_plan(plan),
         out_dir,
@@ -445,6 +473,7 @@ def demo(
     device_map: DeviceMapOpt = None,
     show_plan: Annotated[bool, typer.Option("--show-plan", help="print the demo's plan (YAML) and stop")] = False,
     static: StaticOpt = False,
+    estimate: EstimateOpt = False,
 ) -> None:
     """The main job: the built-in demo plan (AF1 study of 1-digit a+b on the bundled models, side by side), run by
     the study runner into one HTML report; rerun to resume."""
@@ -461,6 +490,9 @@ def demo(
     )
     if show_plan:
         out.print(builtin.plan_yaml(plan), markup=False, highlight=False)
+        return
+    if estimate:
+        show_estimate(plan, out_dir)
         return
     summary = builtin.run_demo(plan, out_dir, out.print, static)
     if summary.failed:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -24,8 +24,14 @@ def enabled() -> bool:
     return not os.environ.get("AF1_NO_PROGRESS")
 
 
-def progress(items: Iterable[T], desc: str | None = None, total: int | None = None) -> Iterator[T]:
-    """Yield `items`, showing how far a stage named `desc` has got (nothing when `desc` is None)."""
+Weights = tuple[Callable[[Any], float], float]  # an item's expected work, and all the items' together
+
+
+def progress(
+    items: Iterable[T], desc: str | None = None, total: int | None = None, weights: Weights | None = None
+) -> Iterator[T]:
+    """Yield `items`, showing how far a stage named `desc` has got (nothing when `desc` is None); with `weights` the
+    time left follows the work left (items of unequal cost), not the count."""
     if not desc or not enabled():
         yield from items
         return
@@ -36,23 +42,28 @@ def progress(items: Iterable[T], desc: str | None = None, total: int | None = No
 
         yield from track(items, description=desc, total=total, transient=True, console=_console())
         return
-    yield from _logged(items, desc, total)
+    yield from _logged(items, desc, total, weights)
 
 
-def _logged(items: Iterable[T], desc: str, total: int | None) -> Iterator[T]:
+def _logged(items: Iterable[T], desc: str, total: int | None, weights: Weights | None = None) -> Iterator[T]:
     """A stage in a log: one line when it ends (count and time); a longer one also says how far it has got and about
     how long is left, once after QUIET_SECONDS and then at least every LOG_EVERY_SECONDS."""
     of = f"/{total}" if total is not None else ""
     t0 = time.perf_counter()
     last = None
     done = 0
+    work = 0.0  # the expected work of the items done
     for item in items:
         yield item
         done += 1
+        work += weights[0](item) if weights else 0.0
         now = time.perf_counter()
         if now - t0 >= QUIET_SECONDS and (last is None or now - last >= LOG_EVERY_SECONDS) and done != total:
             last = now
-            left = f", about {(now - t0) / done * (total - done):.0f} s left" if total is not None else ""
+            if weights and work > 0:
+                left = f", about {(now - t0) / work * max(weights[1] - work, 0):.0f} s left"
+            else:
+                left = f", about {(now - t0) / done * (total - done):.0f} s left" if total is not None else ""
             _line(f"{desc}: {done}{of} after {now - t0:.0f} s{left}")
     _line(f"{desc}: {done}{of} done in {time.perf_counter() - t0:.1f} s")
 

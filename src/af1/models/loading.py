@@ -121,7 +121,7 @@ def check_weights(directory: Path) -> None:
         why = f"only pickled weights ({pickled[0]}), which af1 never unpickles" if pickled else "no weights"
         raise Af1Error(f"{directory} has config.json but {why}: af1 reads model.safetensors (or its shards)")
     declared = {name: (path, t["shape"]) for path in files for name, t in safetensors_header(path).items()}
-    expected = _config_shapes(directory)
+    expected = config_shapes(directory)
     for name, (path, shape) in declared.items():
         want = expected.get(name) or expected.get(f"model.{name}")  # a base model's checkpoint in a causal LM
         if want is not None and list(want) != list(shape):
@@ -131,7 +131,7 @@ def check_weights(directory: Path) -> None:
             )
 
 
-def _config_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
+def config_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
     """Each parameter's shape as the directory's config builds the model (on the meta device: no memory), or
     nothing where transformers cannot build it without the weights (the load then says why)."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -185,7 +185,7 @@ def _gguf_to_safetensors(gguf: Path, digest: str) -> Path:
     return target
 
 
-def _resolve(spec: str) -> tuple[Path | str, dict[str, Any]]:
+def resolve(spec: str) -> tuple[Path | str, dict[str, Any]]:
     """Where to load from (a directory or a hub id) and what to record about the source."""
     _quiet_transformers()
     if spec in BY_NAME:
@@ -281,7 +281,7 @@ def _tokenizer(where: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
 def load_tokenizer(spec: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """A model's tokenizer alone, from where its model would load: a task can be read and checked before the
     model's weights are."""
-    where, _ = _resolve(spec)
+    where, _ = resolve(spec)
     try:
         return _tokenizer(str(where), trust_remote_code)
     except Exception as exc:  # transformers raises many types; the user needs one line
@@ -307,7 +307,7 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     check_load_options(dtype, device_map)
-    where, info = _resolve(spec)
+    where, info = resolve(spec)
     common: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     placement: dict[str, Any] = {}
     if device_map is not None:

@@ -31,9 +31,18 @@ def _typed(unit_id: str, result: dict[str, Any]) -> Any:
         return None
 
 
+def _estimates(store: Store) -> dict[str, float]:
+    """Each unit's expected seconds as the study's start estimated them (`study.cost`), where it did."""
+    path = store.root / "estimate.json"
+    if not path.is_file():
+        return {}
+    return {e["unit"]: round(e["seconds"], 1) for e in read_json(path)["units"]}
+
+
 def collect(store: Store, units: list[Unit]) -> tuple[dict[str, Any], list[str]]:
     """The report's data (units, their states and times, each experiment's overview) and its cross-model HTML."""
     records = {u.id: store.record(u) or {} for u in units}
+    expected = _estimates(store)
     done = {u.id: r["result"] for u in units if (r := store.done(u)) is not None and "result" in r}
     rows = []
     finished: dict[str, list[Finished]] = {}
@@ -44,6 +53,7 @@ def collect(store: Store, units: list[Unit]) -> tuple[dict[str, Any], list[str]]
                 **unit.describe(),
                 "state": rec.get("state", "missing") if rec.get("key", unit.key) == unit.key else "stale",
                 "seconds": rec.get("seconds"),
+                "estimated_seconds": expected.get(unit.id),
                 "host": (rec.get("worker") or {}).get("host"),
                 "peak_rss_mb": (rec.get("worker") or {}).get("peak_rss_mb"),
                 "peak_rss_covers": (rec.get("worker") or {}).get("peak_rss_covers", "the process so far"),
@@ -70,6 +80,7 @@ def collect(store: Store, units: list[Unit]) -> tuple[dict[str, Any], list[str]]
         "n_unfinished": len(rows) - sum(states.count(s) for s in ("done", "failed", "not_applicable")),
         "units": rows,
         "seconds_total": sum(r["seconds"] or 0 for r in rows),
+        "estimated_seconds_total": round(sum(expected.values()), 1) if expected else None,
     }
     parts: list[str] = []
     for name, experiment in sorted(REGISTRY.items(), key=lambda item: item[1].overview_rank):
@@ -139,19 +150,28 @@ def _write_study_report(store: Store, plan: StudyPlan, units: list[Unit], partia
         *unit_sections(store, units),
         "<h2>Units and wall time</h2>",
         table_html(
-            ["unit", "state", "seconds", "peak RSS during the unit (MB, model included)", "host", "error or reason"],
+            [
+                "unit",
+                "state",
+                "seconds",
+                "estimated before the run (s)",
+                "peak RSS during the unit (MB, model included)",
+                "host",
+                "error or reason",
+            ],
             [
                 [
                     r["id"],
                     r["state"],
                     "" if r["seconds"] is None else r["seconds"],
+                    "" if r["estimated_seconds"] is None else r["estimated_seconds"],
                     peak_rss(r),
                     r["host"] or "",
                     r["error"] or "",
                 ]
                 for r in data["units"]
             ]
-            + [["total", "", data["seconds_total"], "", "", ""]],
+            + [["total", "", data["seconds_total"], data["estimated_seconds_total"] or "", "", "", ""]],
         ),
     ]
     return write_atomic(store.root / "report.html", page(f"af1 study: {plan.name}", parts))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -78,6 +78,7 @@ def run_study(
             skipped.append(unit.id)
         else:
             todo.append(unit)
+    expected = _estimate(store, units, todo)
     ran: list[str] = []
     by_others: list[str] = []
     reported = time.monotonic()
@@ -85,7 +86,8 @@ def run_study(
         backend: Backend = _Here(units, outcomes) if ray_module is None else _OnRay(ray_module, ray_address, ray_init)
         try:
             steps = _schedule(todo, outcomes, store, leases, backend)
-            for unit, outcome, mine in progress(steps, total=len(todo), desc="study"):
+            weights = (lambda step: expected.get(step[0].id, 0.0), sum(expected.get(u.id, 0.0) for u in todo))
+            for unit, outcome, mine in progress(steps, total=len(todo), desc="study", weights=weights):
                 if not mine:
                     outcomes[unit.id] = outcome
                     by_others.append(unit.id)
@@ -110,6 +112,23 @@ def run_study(
     failed = [u.id for u in units if outcomes.get(u.id, {}).get("state") not in FINISHED]
     report = build_study_report(store, plan, units, static)
     return StudySummary(units, ran, skipped, failed, report, by_others)
+
+
+def _estimate(store: Store, units: list[Unit], todo: list[Unit]) -> dict[str, float]:
+    """Each unit's expected seconds (written to estimate.json, said in one line): advisory, so a failure to estimate
+    is said and the study runs on."""
+    from af1.study import cost
+
+    by_id = {u.id: u for u in units}
+    try:
+        estimates = cost.estimate_units(units, lambda uid: store.record(by_id[uid]) if uid in by_id else None)
+    except Exception as exc:  # the estimate reads models' configs and tasks the units themselves check again
+        note(f"estimate: not available ({one_line(exc)})")
+        return {}
+    write_json(store.root / "estimate.json", {"units": [asdict(e) for e in estimates], "about": cost.ABOUT})
+    left = {u.id for u in todo}
+    note(cost.summary_line([e if e.unit in left else replace(e, basis="done") for e in estimates]))
+    return {e.unit: e.seconds for e in estimates}
 
 
 def _schedule(

@@ -1,0 +1,382 @@
+"""What a study will cost before it runs: each unit's wall time and peak memory.
+
+A unit's work is counted from the plan alone (the model's shapes from its config, the task's problems from its
+tokenizer, the experiment's options): layer passes of one token (LP) and unembedding rows (VR, one D x V product).
+Seconds = the experiment's efficiency x FLOPs / this machine's matrix-product rate, measured in a second or two on
+the device and dtype the model runs in. The efficiencies were fitted on a 2-core CPU (`benchmarks/estimate.py`
+reruns the fit and checks it); on CUDA only the rate is measured, so a GPU estimate is not calibrated. What the plan
+cannot say (how many problems the model solves, the searched cell) is read from finished units where the store
+has them, else assumed: every problem solved, the cell at the middle layer with one transfer layer.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from af1.study.plan import Unit
+
+# seconds per (FLOP at the measured rate), per experiment: fitted by benchmarks/estimate.py on the demo's units
+EFFICIENCY: dict[str, float] = {
+    "eval": 0.5,
+    "sweep": 1.104,
+    "search": 0.0,
+    "run": 1.2,
+    "components": 1.167,
+    "necessity": 1.4,
+    "alternatives": 1.205,
+    "prune": 1.5,
+    "styles": 2.4,
+    "heads": 1.325,
+    "finetune": 1.5,
+    "positional": 0.988,
+    "transfer": 0.75,
+}
+# peak resident memory = RUNTIME_GB + the weights x this factor (the model, its means and caches, working copies)
+MEMORY_FACTOR: dict[str, float] = {"eval": 1.3, "positional": 3.2, "styles": 2.2, "heads": 2.0, "prune": 2.0}
+MEMORY_FACTOR_DEFAULT = 1.8
+RUNTIME_GB = 0.5  # torch, transformers and the study's own state
+LOAD_S, LOAD_GB_PER_S = 1.0, 0.4  # loading a model (its tokenizer, config and checks; its weights read)
+FIT_FLOPS = 2.2e6  # FLOPs per attention logit in the position+meaning study's fits (all their iterations)
+CALL_S = 0.1  # the grid's fixed cost per (wait, answer step): its means, masks and bookkeeping
+ASSUMED_WAIT = 0.5  # the searched cell's L_wait as a share of the layers, where the search has not run
+ABOUT = (
+    "expected seconds and peak memory per unit, from the plan's work at this machine's measured matrix-product rate "
+    "(efficiencies fitted on a 2-core CPU; on a GPU the rate is measured but the fit is the CPU's); inputs the plan "
+    "cannot give (problems solved, the searched cell) are read from finished units (basis: measured) or assumed"
+)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a model's cost depends on, read from its config without its weights."""
+
+    layers: int
+    heads: int
+    layer_flops: float  # one token through one layer's matrices (2 x multiply-adds)
+    unembed_flops: float  # one unembedding row: 2 x D x V
+    weight_gb: float  # in the dtype the plan loads it in
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """What a task's cost depends on: its problems, the tokens each runs past the shared context, its steps."""
+
+    n: int
+    suffix: float  # mean prompt tokens after the shared context
+    steps: float  # mean scored steps per problem (answer tokens, and the end where it is checked)
+    answer_steps: float  # mean answer tokens
+    max_steps: int  # scored steps of the longest answer: the grid runs once per wait and step
+
+    def step_tokens(self) -> float:
+        """Tokens of one problem run once per scored step (each step's prompt is one token longer)."""
+        return self.steps * self.suffix + self.steps * (self.steps - 1) / 2
+
+
+@dataclass(frozen=True)
+class Found:
+    """What a unit reads from the units before it, or what is assumed before they ran."""
+
+    solved: int
+    wait: int
+    transfer: int
+    measured: bool  # read from finished units, not assumed
+
+
+@dataclass(frozen=True)
+class Estimate:
+    unit: str
+    seconds: float
+    peak_gb: float
+    basis: str  # "done" (in the store already: costs nothing), "measured" (its inputs known) or "assumed"
+
+
+Work = tuple[float, float, float]  # (layer passes of one token, unembedding rows, other FLOPs)
+
+
+def sweep_passes(layers: int, max_transfer: int | None) -> tuple[int, int]:
+    """Last-token layer passes and cells of the (L_wait, L_transfer) grid, per problem step."""
+    passes = cells = 0
+    for wait in range(-1, layers):
+        top = min(layers - 1 - wait, layers if max_transfer is None else max_transfer)
+        if top < 0:
+            continue
+        passes += top + sum(layers - 1 - wait - j for j in range(top + 1))
+        cells += top + 1
+    return passes, cells
+
+
+def unit_work(unit: Unit, model: ModelShape, task: TaskShape | None, found: Found, others: list[TaskShape]) -> Work:
+    """The unit's layer passes, unembedding rows and other FLOPs (`others`: the shapes of tasks it compares with)."""
+    L, opts = model.layers, unit.options
+    if task is None:  # position+meaning: corpus windows through the model ~22 times, and its fits over every logit
+        windows, width = float(opts.get("n_windows") or 16), float(opts.get("window") or 64)
+        return 22 * windows * width * L, 13 * windows * width, FIT_FLOPS * model.heads * L * windows * width**2
+    n, solved, after = task.n, found.solved, L - 1 - max(found.wait, 0)
+    half = solved / 2
+    clean = solved * task.step_tokens() * L  # every solved problem's clean states, once per setup
+    faith = half * task.steps * after  # one faithfulness run on the confirmation half
+    experiment = unit.experiment
+    if experiment == "eval":
+        return n * (task.suffix + task.steps - 1) * L, n * task.steps, 0.0
+    if experiment == "sweep":
+        passes, cells = sweep_passes(L, opts.get("max_transfer"))
+        kv = solved * task.suffix * L * (L - 1) / 2  # token-local keys and values, rebuilt for each wait
+        return solved * task.steps * passes + clean + kv, solved * task.steps * cells, 0.0
+    if experiment == "run":
+        return faith + clean, half * task.steps, 0.0
+    if experiment == "components":
+        waits = [w for w in opts.get("waits") or [0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3] if 0 <= w < L]
+        runs = sum(L - 1 - w for w in waits)
+        return 2 * runs * solved * task.step_tokens() + clean, 2 * len(waits) * solved * task.steps, 0.0
+    if experiment == "necessity":
+        widths = [w for w in opts.get("windows") or [1, 2, 4] if w <= L]
+        sets = sum(L - w + 1 for w in widths)  # each window from its first layer to the top, one row each
+        passes = sum(L * (L + 1) / 2 - w * (w - 1) / 2 for w in widths)
+        moved = (L - found.transfer - max(found.wait, 0)) * faith if found.transfer else 0
+        capture = solved * task.step_tokens() * L
+        return capture + solved * task.steps * passes + moved, solved * task.steps * sets, 0.0
+    if experiment == "alternatives":
+        shared = 10 * half * task.step_tokens() * after + 5 * half * task.step_tokens() * (found.wait + 1)
+        return shared + 4 * faith + clean, 14 * half * task.steps, 0.0
+    if experiment == "prune":  # greedy rounds over the transfer heads; the whole curve where it never drops
+        heads = found.transfer * model.heads
+        sets = heads * (heads + 1) / 2
+        return (sets + 3) * faith + clean, sets * half * task.steps, 0.0
+    if experiment == "styles":
+        rows = len(opts.get("styles") or range(7)) * len(opts.get("operations") or [None])
+        one = n * (task.suffix + task.steps) * L + clean + faith
+        return rows * one, rows * n * task.steps, 0.0
+    if experiment == "heads":
+        return _heads_work(model, task, found, opts, others)
+    if experiment == "finetune":
+        runs, tokens = 18, float(opts.get("steps", 200)) * 16 * (task.suffix + task.steps + 20)
+        return runs * 3 * tokens * L, runs * 3 * tokens, 0.0
+    if experiment == "transfer":
+        return 6 * faith + clean, 6 * half * task.steps, 0.0
+    return 0.0, 0.0, 0.0  # the search reads the sweep's bits
+
+
+def _patching(model: ModelShape, task: TaskShape, problems: float) -> float:
+    """Wang's path patching of every head on `problems`: a clean and a counterfactual run, then each layer's heads
+    (and the two residual paths) patched through the layers above, per answer step."""
+    L, H = model.layers, model.heads
+    per_step = 2 * (task.suffix + task.answer_steps / 2) * L + (H + 2) * L * (L + 1) / 2
+    return problems * task.answer_steps * per_step
+
+
+def _heads_work(
+    model: ModelShape, task: TaskShape, found: Found, opts: dict[str, Any], others: list[TaskShape]
+) -> Work:
+    L, half, draws = model.layers, found.solved / 2, opts.get("draws", 10)
+    patch = _patching(model, task, half) * (2 if opts.get("rank_both", True) else 1)
+    compared = sum(_patching(model, o, o.n / 2) + o.n * (o.suffix + o.steps) * L for o in others)
+    knockouts = (draws + 2) * half * task.step_tokens() * L
+    consistency = 14 * half * task.steps * (L - 1 - max(found.wait, 0)) if found.transfer else 0
+    means = task.n * task.step_tokens() * L
+    rows = task.n * task.steps + (draws + 2) * half * task.steps + sum(o.n * o.steps for o in others)
+    return patch + compared + knockouts + consistency + means, rows, 0.0
+
+
+def unit_seconds(
+    unit: Unit, model: ModelShape, task: TaskShape | None, found: Found, rate: float, others: list[TaskShape]
+) -> float:
+    """Seconds at `rate` FLOP/s: the experiment's efficiency x its FLOPs."""
+    passes, rows, other = unit_work(unit, model, task, found, others)
+    flops = passes * model.layer_flops + rows * model.unembed_flops + other
+    calls = (model.layers + 1) * task.max_steps if unit.experiment == "sweep" and task is not None else 0
+    return EFFICIENCY.get(unit.experiment, 1.0) * flops / rate + calls * CALL_S
+
+
+def peak_gb(unit: Unit, model: ModelShape) -> float:
+    return RUNTIME_GB + model.weight_gb * MEMORY_FACTOR.get(unit.experiment, MEMORY_FACTOR_DEFAULT)
+
+
+@functools.cache
+def matmul_rate(device: str = "cpu", dtype: str = "float32", seconds: float = 1.0) -> float:
+    """This machine's matrix-product rate in FLOP/s, at the shapes a layer pass has (best of a second's tries)."""
+    import torch
+
+    kind = getattr(torch, dtype)
+    a = torch.randn(256, 1024, device=device, dtype=kind)
+    b = torch.randn(1024, 4096, device=device, dtype=kind)
+    c = torch.empty(a.shape[0], b.shape[1], device=device, dtype=kind)
+    flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
+    best, t_end = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        for _ in range(4):
+            torch.mm(a, b, out=c)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / 4)
+    return flops / best
+
+
+_LAYER_NAME = re.compile(r"\.(\d+)\.")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def model_shape(directory: Path, dtype: str) -> ModelShape:
+    """A model's cost shape from its config (parameters built on the meta device: no weights read)."""
+    import json
+
+    from af1.models.loading import config_shapes
+
+    config = json.loads((directory / "config.json").read_text())
+    config = config.get("text_config", config)
+    shapes = config_shapes(directory)
+    layers = int(config.get("num_hidden_layers") or config.get("n_layer"))
+    heads = int(config.get("num_attention_heads") or config.get("n_head"))
+    hidden = int(config.get("hidden_size") or config.get("n_embd"))
+    vocab = int(config["vocab_size"])
+    numel = {name: float(_prod(shape)) for name, shape in shapes.items()}
+    if config.get("tie_word_embeddings", True):  # one tensor under two names
+        numel.pop("lm_head.weight", None)
+    in_layers = sum(v for name, v in numel.items() if _LAYER_NAME.search(name) and len(shapes[name]) == 2)
+    total = sum(numel.values()) or (hidden * vocab * 2 + in_layers)
+    return ModelShape(
+        layers=layers,
+        heads=heads,
+        layer_flops=2 * in_layers / layers if in_layers else 24.0 * hidden * hidden,
+        unembed_flops=2.0 * hidden * vocab,
+        weight_gb=total * DTYPE_BYTES.get(dtype, 4) / 1e9,
+    )
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def task_shape(task: Any) -> TaskShape:
+    """A built task's cost shape (over its layout groups, each with its own shared context)."""
+    groups = task.groups or [task]
+    n = sum(len(g) for g in groups)
+    suffix = sum(len(g) * (g.n_positions - g.context_len) for g in groups) / max(n, 1)
+    steps = sum(len(s) for g in groups for s in g.scored_tokens) / max(n, 1)
+    answer = sum(len(a) for g in groups for a in g.answer_tokens) / max(n, 1)
+    deepest = max((len(s) for g in groups for s in g.scored_tokens), default=0)
+    return TaskShape(n=n, suffix=suffix, steps=steps, answer_steps=answer, max_steps=deepest)
+
+
+def found_from(unit: Unit, records: Callable[[str], dict[str, Any] | None], n: int, layers: int) -> Found:
+    """What the unit will read: the eval's solved count and the search's cell where those units have ended."""
+    base, experiment = unit.id.rsplit("/", 1)
+    solved, chosen = n, None
+    evaluated, searched = _result(records(f"{base}/eval")), _result(records(f"{base}/search"))
+    if evaluated is not None:
+        solved = int(evaluated.get("n_solved", n))
+    if searched is not None and searched.get("chosen"):
+        chosen = int(searched["wait"]), int(searched["transfer"])
+    eval_ended, search_ended = evaluated is not None, searched is not None
+    measured = experiment in ("eval", "search", "positional") or (
+        eval_ended and (search_ended or experiment == "sweep")
+    )
+    wait, transfer = chosen or (int(layers * ASSUMED_WAIT), 1)
+    return Found(solved=solved, wait=wait, transfer=transfer, measured=measured)
+
+
+def _result(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    return record["result"] if record and record.get("state") == "done" else None
+
+
+def estimate_units(units: list[Unit], records: Callable[[str], dict[str, Any] | None]) -> list[Estimate]:
+    """Each unit's wall time and peak memory on this machine (`records`: a unit id's stored record, or None). A unit
+    pays its model's load where the one before it held another model (one worker, one model at a time)."""
+    from af1.models.loading import load_tokenizer, resolve
+
+    models: dict[str, tuple[ModelShape, float]] = {}
+    tasks: dict[tuple[str, str], TaskShape] = {}
+
+    def shape_of(entry: Any, spec: Any) -> TaskShape:
+        from af1.tasks.task import build_task
+
+        key = (entry.spec, spec.model_dump_json())
+        if key not in tasks:
+            tasks[key] = task_shape(build_task(spec, load_tokenizer(entry.spec, entry.trust_remote_code)))
+        return tasks[key]
+
+    out, held = [], None
+    for unit in units:
+        entry = unit.model
+        if entry.spec not in models:
+            where, _ = resolve(entry.spec)
+            device = "cuda" if entry.gpus and _cuda() else "cpu"
+            models[entry.spec] = (model_shape(Path(where), entry.dtype), matmul_rate(device, entry.dtype))
+        shape, rate = models[entry.spec]
+        task = shape_of(entry, unit.task) if unit.task is not None else None
+        others = [shape_of(entry, s) for s in compared_specs(unit)]
+        found = found_from(unit, records, task.n if task else 0, shape.layers)
+        seconds = unit_seconds(unit, shape, task, found, rate, others)
+        if held != entry.spec and unit.experiment != "search":  # the search reads results, never the model
+            seconds += LOAD_S + shape.weight_gb / LOAD_GB_PER_S
+            held = entry.spec
+        out.append(Estimate(unit.id, seconds, peak_gb(unit, shape), "measured" if found.measured else "assumed"))
+    return out
+
+
+def compared_specs(unit: Unit) -> list[Any]:
+    """The other tasks a heads unit ranks its heads on (`--compare TASK[:STYLE]`), as the experiment builds them."""
+    from af1.tasks.spec import TaskSpec
+
+    if unit.task is None or unit.experiment != "heads":
+        return []
+    specs = []
+    for item in unit.options.get("compare") or []:
+        op, _, style = item.partition(":")
+        fields = {**unit.task.model_dump(), "operation": op, "style": style or unit.task.style, "file": None}
+        specs.append(TaskSpec.model_validate({**fields, "file_sha256": None}))
+    return specs
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def available_gb() -> float | None:
+    """Memory this machine has free for a new process (Linux: MemAvailable), None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1e6
+    except OSError:
+        pass
+    return None
+
+
+def summary_line(estimates: list[Estimate]) -> str:
+    """One line for the start of a study: the expected time and peak memory of the units left, and whether the
+    memory fits this machine."""
+    left = [e for e in estimates if e.basis != "done"]
+    if not left:
+        return "estimate: nothing left to run (every unit is done in the store)"
+    total = sum(e.seconds for e in left)
+    longest, peak = max(left, key=lambda e: e.seconds), max(left, key=lambda e: e.peak_gb)
+    free = available_gb()
+    fits = "" if free is None else f" of {free:.1f} GB available" + (" (WILL NOT FIT)" if peak.peak_gb > free else "")
+    return (
+        f"estimate: about {total:.0f} s for {len(left)} units on this machine (the longest: {longest.unit}, "
+        f"{longest.seconds:.0f} s); peak memory about {peak.peak_gb:.1f} GB{fits}"
+    )
+
+
+def estimate_plan(plan: Any, out_dir: str | Path) -> list[Estimate]:
+    """Every unit of a plan, estimated with what its store (if any) already holds; units done there cost nothing."""
+    from af1.study.plan import expand
+    from af1.study.store import Store
+
+    store = Store(out_dir)
+    units = expand(plan)
+    by_id = {u.id: u for u in units}
+    estimates = estimate_units(units, lambda uid: store.record(by_id[uid]) if uid in by_id else None)
+    return [Estimate(e.unit, 0.0, e.peak_gb, "done") if store.done(by_id[e.unit]) else e for e in estimates]

@@ -1,0 +1,126 @@
+"""The cost estimate: its work follows the plan (the executor's grid, the problems, the options), it reads what
+finished units measured, and a study says it before it runs (`af1 study --estimate` runs nothing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from af1.executors.fast import grid
+from af1.models.loading import load_tokenizer
+from af1.study import cost
+from af1.study.plan import StudyPlan, expand
+from af1.tasks.task import build_task
+
+from cli_helpers import run_cli
+from conftest import tiny_model
+
+
+@pytest.mark.parametrize("layers", [1, 5, 24, 30])
+@pytest.mark.parametrize("max_transfer", [None, 0, 3])
+def test_the_estimates_grid_is_the_executors_grid(layers, max_transfer):
+    passes, cells = cost.sweep_passes(layers, max_transfer)
+    assert cells == len(grid(layers, max_transfer))
+    # last-token passes: each cell runs from its wait to the top once, its transfer layers once more
+    assert passes == sum(t + sum(layers - 1 - w - j for j in range(t + 1)) for w, t in _tops(layers, max_transfer))
+
+
+def _tops(layers: int, max_transfer: int | None) -> list[tuple[int, int]]:
+    tops: dict[int, int] = {}
+    for wait, transfer in grid(layers, max_transfer):
+        tops[wait] = max(tops.get(wait, 0), transfer)
+    return list(tops.items())
+
+
+def test_uncapped_grids_of_the_bundled_depths():
+    assert cost.sweep_passes(30, None) == (5425, 496)  # SmolLM2: L(L+1)/2 + L(L+1)(L+2)/6 passes
+    assert cost.sweep_passes(24, None) == (2900, 325)  # Qwen2.5-0.5B
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tokenizer) -> Path:
+    root = tmp_path_factory.mktemp("cost") / "m"
+    tiny_model("llama").save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    return root
+
+
+def plan_of(directory: Path, n: int, experiments: dict) -> StudyPlan:
+    return StudyPlan.model_validate(
+        {
+            "name": "cost",
+            "models": [{"spec": str(directory), "name": "tiny"}],
+            "tasks": [{"operation": "a+b", "shots": 1, "n": n}],
+            "experiments": experiments,
+        }
+    )
+
+
+def work_of(plan: StudyPlan, records=lambda _uid: None) -> dict[str, tuple[float, ...]]:
+    units = expand(plan)
+    shape = cost.model_shape(Path(units[0].model.spec), "float32")
+    out = {}
+    for unit in units:
+        assert unit.task is not None
+        task = cost.task_shape(build_task(unit.task, load_tokenizer(unit.model.spec)))
+        found = cost.found_from(unit, records, task.n, shape.layers)
+        out[unit.experiment] = cost.unit_work(unit, shape, task, found, [])
+    return out
+
+
+def test_work_follows_the_problems_the_grid_and_the_options(tiny_dir):
+    small = work_of(plan_of(tiny_dir, 20, {"eval": {}, "search": {}, "heads": {"draws": 2}}))
+    large = work_of(plan_of(tiny_dir, 40, {"eval": {}, "search": {}, "heads": {"draws": 2}}))
+    for experiment in ("eval", "sweep", "heads"):
+        assert large[experiment][0] == pytest.approx(2 * small[experiment][0], rel=0.05)  # twice the problems
+    capped = work_of(plan_of(tiny_dir, 20, {"sweep": {"max_transfer": 0}, "search": {}, "heads": {"draws": 8}}))
+    assert capped["sweep"][0] < small["sweep"][0] and capped["sweep"][1] < small["sweep"][1]
+    assert capped["heads"][0] > small["heads"][0]  # more random draws knocked out
+    assert small["search"] == (0.0, 0.0, 0.0)  # it reads the sweep, never the model
+
+
+def test_finished_units_replace_what_is_assumed(tiny_dir):
+    plan = plan_of(tiny_dir, 20, {"search": {}, "necessity": {}})
+    unit = next(u for u in expand(plan) if u.experiment == "necessity")
+    assumed = cost.found_from(unit, lambda _uid: None, 20, 3)
+    assert (assumed.solved, assumed.measured) == (20, False)
+    records = {
+        "tiny/a+b.original.1d.1shot.n20/eval": {"state": "done", "result": {"n_solved": 7}},
+        "tiny/a+b.original.1d.1shot.n20/search": {
+            "state": "done",
+            "result": {"chosen": True, "wait": 2, "transfer": 0},
+        },
+    }
+    known = cost.found_from(unit, records.get, 20, 3)
+    assert (known.solved, known.wait, known.transfer, known.measured) == (7, 2, 0, True)
+    fewer = cost.unit_work(unit, cost.model_shape(tiny_dir, "float32"), _shape(20), known, [])
+    more = cost.unit_work(unit, cost.model_shape(tiny_dir, "float32"), _shape(20), assumed, [])
+    assert fewer[0] < more[0]  # 7 solved problems cost less than the 20 assumed
+
+
+def _shape(n: int) -> cost.TaskShape:
+    return cost.TaskShape(n=n, suffix=6.0, steps=2.0, answer_steps=1.0, max_steps=2)
+
+
+def test_study_estimate_prints_every_unit_and_runs_nothing(tiny_dir, tmp_path, capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        f"name: cost\nmodels:\n  - {{spec: {tiny_dir}, name: tiny}}\ntasks:\n  - {{operation: a+b, shots: 1, n: 20}}\n"
+        "experiments:\n  eval: {}\n  search: {}\n"
+    )
+    code, out, _ = run_cli(capsys, "study", str(plan), "--out", str(tmp_path / "out"), "--estimate")
+    assert code == 0
+    assert all(name in out for name in ("eval", "sweep", "search")) and "estimate: about" in out
+    assert "GB" in out and "assumed" in out  # before the eval, what it solves is assumed
+    assert not (tmp_path / "out" / "units").exists()  # nothing ran, nothing was written
+
+
+def test_peak_memory_grows_with_the_weights_and_says_whether_it_fits(tiny_dir):
+    unit = expand(plan_of(tiny_dir, 20, {"eval": {}}))[0]
+    shape = cost.model_shape(tiny_dir, "float32")
+    half = cost.model_shape(tiny_dir, "bfloat16")
+    assert half.weight_gb == pytest.approx(shape.weight_gb / 2)
+    assert cost.peak_gb(unit, shape) > cost.RUNTIME_GB + shape.weight_gb
+    huge = cost.Estimate("m/t/eval", 1.0, 1e6, "assumed")
+    assert "WILL NOT FIT" in cost.summary_line([huge]) or cost.available_gb() is None
