@@ -44,6 +44,8 @@ bench: setup
 	$(BIN)/python benchmarks/af1_eval.py
 	$(BIN)/python benchmarks/af1_sweep.py
 	$(BIN)/python benchmarks/cama_means.py
+	$(BIN)/python benchmarks/grid_cpus.py
+	$(BIN)/python benchmarks/int8_screen.py
 	$(BIN)/python benchmarks/means_sample.py
 	$(BIN)/python benchmarks/path_patching.py
 	$(BIN)/python benchmarks/shared_context.py

@@ -1,7 +1,7 @@
 """The cost estimate against the time each unit really took: for finished study stores (default: the focused and the
 full demo's, from `make demo` and `af1 demo --full --out results/full`), each unit's estimate on this machine beside
-its recorded seconds and peak memory, and their ratios. `--fit` prints the efficiencies that would make the
-estimates of these stores exact (the geometric mean per experiment), for `af1.study.cost.EFFICIENCY`.
+its recorded seconds and peak memory, and their ratios. `--fit` prints the slowdowns that would make the
+estimates of these stores exact (the geometric mean per experiment), for `af1.study.cost.SLOWDOWN`.
 
 Run it on the machine the stores ran on, alone: the estimate measures this machine's matrix-product rate."""
 
@@ -19,8 +19,7 @@ from af1.study.store import Store
 
 from common import RESULTS, machine
 
-
-FITTED_ON = ("demo", "full")  # the stores `af1.study.cost.EFFICIENCY` was fitted on; any other is held out
+FITTED_ON = ("demo", "full")  # the stores `af1.study.cost.SLOWDOWN` was fitted on; any other is held out
 
 
 def compare(root: Path) -> list[dict[str, Any]]:
@@ -52,20 +51,18 @@ def compare(root: Path) -> list[dict[str, Any]]:
 
 
 def fitted(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Per experiment, the efficiency that makes the geometric mean of its ratios 1."""
+    """Per experiment, the slowdown that makes the geometric mean of its ratios 1."""
     logs: dict[str, list[float]] = {}
     for row in rows:
         if row["ratio"]:
             logs.setdefault(row["unit"].rsplit("/", 1)[1], []).append(math.log(row["ratio"]))
-    return {
-        name: round(cost.EFFICIENCY[name] / math.exp(sum(values) / len(values)), 3) for name, values in logs.items()
-    }
+    return {name: round(cost.SLOWDOWN[name] / math.exp(sum(values) / len(values)), 3) for name, values in logs.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("stores", nargs="*", type=Path, default=[Path("results/demo"), Path("results/full")])
-    parser.add_argument("--fit", action="store_true", help="print the efficiencies these stores fit")
+    parser.add_argument("--fit", action="store_true", help="print the slowdowns these stores fit")
     args = parser.parse_args()
     rows = [row for root in args.stores for row in compare(root)]
     for row in rows:

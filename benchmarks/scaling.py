@@ -183,6 +183,9 @@ def main() -> None:
     parser.add_argument("--heads-max-n", type=int, default=100)
     parser.add_argument("--max-n", nargs="*", default=["qwen0.5b=1000"], help="MODEL=N: a model's largest n")
     parser.add_argument("--out", default="scaling", help="the results' name: benchmarks/results/OUT.json and .png")
+    parser.add_argument(
+        "--merge", action="store_true", help="keep OUT.json's other rows (same machine): add or replace these only"
+    )
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--grid", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--heads", action="store_true", help=argparse.SUPPRESS)
@@ -190,6 +193,10 @@ def main() -> None:
     if args.one:
         print(json.dumps(measure_one(args.one[0], int(args.one[1]), args.grid, args.heads)))
         return
+    from af1.results import read_json, write_json
+
+    from common import machine
+
     caps = {k: int(v) for k, v in (item.split("=") for item in args.max_n)}
     rows = []
     for model in args.models:
@@ -197,22 +204,22 @@ def main() -> None:
             if n > caps.get(model, n):
                 continue
             row = run_child(model, n, n <= args.grid_max_n, n <= args.heads_max_n)
-            rows.append(row)
+            rows.append({**row, "machine": machine(), "command": " ".join([Path(sys.executable).name, *sys.argv])})
             print(
                 json.dumps({k: v for k, v in row.items() if k != "stages"}),
                 {s: round(v["seconds"], 1) for s, v in row.get("stages", {}).items()},
             )
-    from af1.results import write_json
-
-    from common import machine
-
     RESULTS.mkdir(exist_ok=True)
+    if args.merge and (RESULTS / f"{args.out}.json").is_file():
+        measured = {(r["model"], r["n"]) for r in rows}
+        kept = [r for r in read_json(RESULTS / f"{args.out}.json")["rows"] if (r["model"], r["n"]) not in measured]
+        order = {m: i for i, m in enumerate([TINY, "smollm2", "qwen0.5b"])}
+        rows = sorted(kept + rows, key=lambda r: (order.get(r["model"], len(order)), r["n"]))
     figure(rows, RESULTS / f"{args.out}.png")
     data = {
         "benchmark": "scaling",
         "task": "a+b, 2 digits, calculate, 3 shots, full answers (end checked)",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine(),
+        "machine": "per row (a merged file may hold rows of several machines: compare ratios, not seconds)",
         "grid": "max transfer 2, only for n <= --grid-max-n",
         "heads": "path patching (wang, the operator counterfactual, one ranking) + knock-outs (top 10, 3 random sets), "
         "n <= --heads-max-n",

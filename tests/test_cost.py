@@ -3,6 +3,7 @@ finished units measured, and a study says it before it runs (`af1 study --estima
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,9 @@ def work_of(plan: StudyPlan, records=lambda _uid: None) -> dict[str, tuple[float
         assert unit.task is not None
         task = cost.task_shape(build_task(unit.task, load_tokenizer(unit.model.spec)))
         found = cost.found_from(unit, records, task.n, shape.layers)
-        out[unit.experiment] = cost.unit_work(unit, shape, task, found, [])
+        work = cost.unit_work(unit, shape, task, found, [])
+        assert work is not None, unit.experiment  # every registered experiment has a cost model
+        out[unit.experiment] = work
     return out
 
 
@@ -96,7 +99,18 @@ def test_finished_units_replace_what_is_assumed(tiny_dir):
     assert (known.solved, known.wait, known.transfer, known.measured) == (7, 2, 0, True)
     fewer = cost.unit_work(unit, cost.model_shape(tiny_dir, "float32"), _shape(20), known, [])
     more = cost.unit_work(unit, cost.model_shape(tiny_dir, "float32"), _shape(20), assumed, [])
-    assert fewer[0] < more[0]  # 7 solved problems cost less than the 20 assumed
+    assert fewer is not None and more is not None and fewer[0] < more[0]  # 7 solved cost less than 20 assumed
+
+
+def test_an_experiment_with_no_cost_model_is_said_not_guessed(tiny_dir):
+    unit = dataclasses.replace(expand(plan_of(tiny_dir, 20, {"eval": {}}))[0], experiment="plugin")
+    assert (
+        cost.unit_work(unit, cost.model_shape(tiny_dir, "float32"), _shape(20), cost.Found(20, 1, 1, True), []) is None
+    )
+    line = cost.summary_line(
+        [cost.Estimate(unit.id, 0.0, 1.0, "unknown"), cost.Estimate("m/t/eval", 5.0, 1.0, "measured")]
+    )
+    assert "about 5 s for 2 units on this machine, 1 with no cost model not counted" in line
 
 
 def _shape(n: int) -> cost.TaskShape:
@@ -124,3 +138,9 @@ def test_peak_memory_grows_with_the_weights_and_says_whether_it_fits(tiny_dir):
     assert cost.peak_gb(unit, shape) > cost.RUNTIME_GB + shape.weight_gb
     huge = cost.Estimate("m/t/eval", 1.0, 1e6, "assumed")
     assert "WILL NOT FIT" in cost.summary_line([huge]) or cost.available_gb() is None
+
+
+def test_every_registered_experiment_has_a_cost_model():
+    from af1.experiments import REGISTRY
+
+    assert set(REGISTRY) == set(cost.SLOWDOWN)  # a new experiment adds its work to unit_work and its slowdown here

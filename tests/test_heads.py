@@ -203,7 +203,7 @@ def test_one_head_that_writes_has_the_only_effect_and_the_same_under_every_path(
     assert float(effects["total"][1, 2]) == pytest.approx(float(effects["direct"][1, 2]), rel=1e-4)
 
 
-def test_knockout_and_key_heads(task):
+def test_knockout_and_key_heads(task, tokenizer):
     from af1.interventions.heads import head_sums
 
     adapter = ModelAdapter(tiny_model("llama"))
@@ -223,6 +223,13 @@ def test_knockout_and_key_heads(task):
     looks = heads.last_query_attention(adapter, task, [(0, 1), (2, 0)])
     for shares in looks.values():
         assert sum(shares.values()) == pytest.approx(1.0, abs=1e-5)
+    # in a word style the token after an operand is " and" or " is", no operator: the group is named for its place
+    verbal = build_task(TaskSpec(operation="a+b", style="verbal", n=8), tokenizer)
+    step = verbal.steps()[0]
+    after = [t for t in range(1, step.n_positions - 1) if step.layout[t] == "const" and step.layout[t - 1] in "AB"]
+    assert {tokenizer.decode(step.input_ids_PT[0, t]) for t in after} == {" and", " is"}
+    shares = next(iter(heads.last_query_attention(adapter, verbal, [(0, 1)]).values()))
+    assert "after an operand" in shares and "operator" not in shares
 
 
 def test_precise_finetuning_touches_only_the_chosen_slices(tmp_path, tokenizer):

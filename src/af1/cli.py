@@ -381,7 +381,12 @@ def show_estimate(plan: Any, out_dir: Path) -> None:
     from af1.study import cost
 
     estimates = cost.estimate_plan(plan, out_dir)
-    basis = {"done": "done already", "measured": "plan, units done", "assumed": "plan, assumptions"}
+    basis = {
+        "done": "done already",
+        "measured": "plan, units done",
+        "assumed": "plan, assumptions",
+        "unknown": "no cost model",
+    }
     table = Table("model", "task", "experiment", "expected s", "peak GB", "from", title="estimated on this machine")
     for e in estimates:
         table.add_row(*e.unit.split("/"), f"{e.seconds:.0f}", f"{e.peak_gb:.1f}", basis[e.basis])

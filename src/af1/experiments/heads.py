@@ -434,7 +434,7 @@ class Heads(base.Experiment):
             parts.append(
                 "<p>Where the top heads look: the share of each head's attention from the last position that falls "
                 "on each kind of token (per problem the mean over its scored answer steps, then the mean over "
-                "problems).</p>"
+                'problems; "after an operand" is the token that follows one, an operator, "=" or a word).</p>'
             )
             kinds = [k for k in next(iter(looks.values())) if any(v.get(k) for v in looks.values())]  # no 0 column
             parts.append(

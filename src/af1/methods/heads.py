@@ -641,9 +641,10 @@ def activation_patching(
 def last_query_attention(
     adapter: ModelAdapter, task: Task, heads: list[tuple[int, int]], scoring: str | None = None
 ) -> dict[str, dict[str, float]]:
-    """Share of each head's attention from the last position to operands, operator (a task file: slots, the token
-    after a slot), context, the earlier answer tokens, the last position itself and the rest, at every scored
-    answer step (`scored_steps`: per problem the mean over its steps, then over problems)."""
+    """Share of each head's attention from the last position to operands, the token after an operand (the operator,
+    "=", " and": whatever the style puts there; a task file: slots, the token after a slot), context, the earlier
+    answer tokens, the last position itself and the rest, at every scored answer step (`scored_steps`: per problem
+    the mean over its steps, then over problems)."""
     if task.groups:
         return pooled([(w, last_query_attention(adapter, group, heads, scoring)) for w, group in per_layout(task)])
     scored, steps = scored_steps(task, scoring)
@@ -668,7 +669,7 @@ def _step_attention(
     groups = {
         # the last position is its own group even when it spells a slot (induction)
         "slots" if file else "operands": [t for t in prompt if roles[t] not in NOT_OPERANDS],
-        "after a slot" if file else "operator": [
+        "after a slot" if file else "after an operand": [
             t for t in prompt if roles[t] == "const" and t > 0 and roles[t - 1] not in NOT_OPERANDS
         ],
         "context": [t for t in prompt if roles[t] == "context"],

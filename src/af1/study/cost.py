@@ -2,8 +2,8 @@
 
 A unit's work is counted from the plan alone (the model's shapes from its config, the task's problems from its
 tokenizer, the experiment's options): layer passes of one token (LP) and unembedding rows (VR, one D x V product).
-Seconds = the experiment's efficiency x FLOPs / this machine's matrix-product rate, measured in a second or two on
-the device and dtype the model runs in. The efficiencies were fitted on a 2-core CPU (`benchmarks/estimate.py`
+Seconds = FLOPs / this machine's matrix-product rate x the experiment's slowdown, measured in a second or two on
+the device and dtype the model runs in. The slowdowns were fitted on a 2-core CPU (`benchmarks/estimate.py`
 reruns the fit and checks it); on CUDA only the rate is measured, so a GPU estimate is not calibrated. What the plan
 cannot say (how many problems the model solves, the searched cell) is read from finished units where the store
 has them, else assumed: every problem solved, the cell at the middle layer with one transfer layer.
@@ -12,6 +12,7 @@ has them, else assumed: every problem solved, the cell at the middle layer with 
 from __future__ import annotations
 
 import functools
+import math
 import re
 import time
 from collections.abc import Callable
@@ -21,20 +22,21 @@ from typing import Any
 
 from af1.study.plan import Unit
 
-# seconds per (FLOP at the measured rate), per experiment: fitted by benchmarks/estimate.py on the demo's units
-EFFICIENCY: dict[str, float] = {
+# how many times slower than the measured matrix-product rate each experiment's FLOPs run (skinny last-token
+# products, Python between them): fitted by benchmarks/estimate.py on the two demos' units
+SLOWDOWN: dict[str, float] = {
     "eval": 0.5,
-    "sweep": 1.104,
+    "sweep": 1.1,
     "search": 0.0,
     "run": 1.2,
-    "components": 1.167,
+    "components": 1.17,
     "necessity": 1.4,
-    "alternatives": 1.205,
+    "alternatives": 1.2,
     "prune": 1.5,
     "styles": 2.4,
-    "heads": 1.325,
+    "heads": 1.33,
     "finetune": 1.5,
-    "positional": 0.988,
+    "positional": 0.99,
     "transfer": 0.75,
 }
 # peak resident memory = RUNTIME_GB + the weights x this factor (the model, its means and caches, working copies)
@@ -47,7 +49,7 @@ CALL_S = 0.1  # the grid's fixed cost per (wait, answer step): its means, masks 
 ASSUMED_WAIT = 0.5  # the searched cell's L_wait as a share of the layers, where the search has not run
 ABOUT = (
     "expected seconds and peak memory per unit, from the plan's work at this machine's measured matrix-product rate "
-    "(efficiencies fitted on a 2-core CPU; on a GPU the rate is measured but the fit is the CPU's); inputs the plan "
+    "(slowdowns fitted on a 2-core CPU; on a GPU the rate is measured but the fit is the CPU's); inputs the plan "
     "cannot give (problems solved, the searched cell) are read from finished units (basis: measured) or assumed"
 )
 
@@ -90,10 +92,12 @@ class Found:
 
 @dataclass(frozen=True)
 class Estimate:
+    """One unit's expected wall time and peak resident memory on this machine."""
+
     unit: str
     seconds: float
     peak_gb: float
-    basis: str  # "done" (in the store already: costs nothing), "measured" (its inputs known) or "assumed"
+    basis: str  # "done" (in the store: costs nothing), "measured" (its inputs known), "assumed" or "unknown" (no model)
 
 
 Work = tuple[float, float, float]  # (layer passes of one token, unembedding rows, other FLOPs)
@@ -104,14 +108,14 @@ def sweep_passes(layers: int, max_transfer: int | None) -> tuple[int, int]:
     passes = cells = 0
     for wait in range(-1, layers):
         top = min(layers - 1 - wait, layers if max_transfer is None else max_transfer)
-        if top < 0:
-            continue
         passes += top + sum(layers - 1 - wait - j for j in range(top + 1))
         cells += top + 1
     return passes, cells
 
 
-def unit_work(unit: Unit, model: ModelShape, task: TaskShape | None, found: Found, others: list[TaskShape]) -> Work:
+def unit_work(
+    unit: Unit, model: ModelShape, task: TaskShape | None, found: Found, others: list[TaskShape]
+) -> Work | None:
     """The unit's layer passes, unembedding rows and other FLOPs (`others`: the shapes of tasks it compares with)."""
     L, opts = model.layers, unit.options
     if task is None:  # position+meaning: corpus windows through the model ~22 times, and its fits over every logit
@@ -159,7 +163,9 @@ def unit_work(unit: Unit, model: ModelShape, task: TaskShape | None, found: Foun
         return runs * 3 * tokens * L, runs * 3 * tokens, 0.0
     if experiment == "transfer":
         return 6 * faith + clean, 6 * half * task.steps, 0.0
-    return 0.0, 0.0, 0.0  # the search reads the sweep's bits
+    if experiment == "search":
+        return 0.0, 0.0, 0.0  # it reads the sweep's bits
+    return None  # an experiment registered from outside: no cost model
 
 
 def _patching(model: ModelShape, task: TaskShape, problems: float) -> float:
@@ -185,12 +191,15 @@ def _heads_work(
 
 def unit_seconds(
     unit: Unit, model: ModelShape, task: TaskShape | None, found: Found, rate: float, others: list[TaskShape]
-) -> float:
-    """Seconds at `rate` FLOP/s: the experiment's efficiency x its FLOPs."""
-    passes, rows, other = unit_work(unit, model, task, found, others)
+) -> float | None:
+    """Seconds at `rate` FLOP/s: its FLOPs x the experiment's slowdown (None: an experiment with no cost model)."""
+    work = unit_work(unit, model, task, found, others)
+    if work is None:
+        return None
+    passes, rows, other = work
     flops = passes * model.layer_flops + rows * model.unembed_flops + other
     calls = (model.layers + 1) * task.max_steps if unit.experiment == "sweep" and task is not None else 0
-    return EFFICIENCY.get(unit.experiment, 1.0) * flops / rate + calls * CALL_S
+    return SLOWDOWN.get(unit.experiment, 1.0) * flops / rate + calls * CALL_S
 
 
 def peak_gb(unit: Unit, model: ModelShape) -> float:
@@ -235,7 +244,7 @@ def model_shape(directory: Path, dtype: str) -> ModelShape:
     heads = int(config.get("num_attention_heads") or config.get("n_head"))
     hidden = int(config.get("hidden_size") or config.get("n_embd"))
     vocab = int(config["vocab_size"])
-    numel = {name: float(_prod(shape)) for name, shape in shapes.items()}
+    numel = {name: float(math.prod(shape)) for name, shape in shapes.items()}
     if config.get("tie_word_embeddings", True):  # one tensor under two names
         numel.pop("lm_head.weight", None)
     in_layers = sum(v for name, v in numel.items() if _LAYER_NAME.search(name) and len(shapes[name]) == 2)
@@ -247,13 +256,6 @@ def model_shape(directory: Path, dtype: str) -> ModelShape:
         unembed_flops=2.0 * hidden * vocab,
         weight_gb=total * DTYPE_BYTES.get(dtype, 4) / 1e9,
     )
-
-
-def _prod(shape: tuple[int, ...]) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out
 
 
 def task_shape(task: Any) -> TaskShape:
@@ -316,6 +318,9 @@ def estimate_units(units: list[Unit], records: Callable[[str], dict[str, Any] | 
         others = [shape_of(entry, s) for s in compared_specs(unit)]
         found = found_from(unit, records, task.n if task else 0, shape.layers)
         seconds = unit_seconds(unit, shape, task, found, rate, others)
+        if seconds is None:
+            out.append(Estimate(unit.id, 0.0, peak_gb(unit, shape), "unknown"))
+            continue
         if held != entry.spec and unit.experiment != "search":  # the search reads results, never the model
             seconds += LOAD_S + shape.weight_gb / LOAD_GB_PER_S
             held = entry.spec
@@ -362,11 +367,13 @@ def summary_line(estimates: list[Estimate]) -> str:
         return "estimate: nothing left to run (every unit is done in the store)"
     total = sum(e.seconds for e in left)
     longest, peak = max(left, key=lambda e: e.seconds), max(left, key=lambda e: e.peak_gb)
+    unknown = sum(e.basis == "unknown" for e in left)
+    uncounted = f", {unknown} with no cost model not counted" if unknown else ""
     free = available_gb()
     fits = "" if free is None else f" of {free:.1f} GB available" + (" (WILL NOT FIT)" if peak.peak_gb > free else "")
     return (
-        f"estimate: about {total:.0f} s for {len(left)} units on this machine (the longest: {longest.unit}, "
-        f"{longest.seconds:.0f} s); peak memory about {peak.peak_gb:.1f} GB{fits}"
+        f"estimate: about {total:.0f} s for {len(left)} units on this machine{uncounted} (the longest: "
+        f"{longest.unit}, {longest.seconds:.0f} s); peak memory about {peak.peak_gb:.1f} GB{fits}"
     )
 
 

@@ -164,14 +164,14 @@ def _write_study_report(store: Store, plan: StudyPlan, units: list[Unit], partia
                     r["id"],
                     r["state"],
                     "" if r["seconds"] is None else r["seconds"],
-                    "" if r["estimated_seconds"] is None else r["estimated_seconds"],
+                    "" if r["estimated_seconds"] is None else f"{r['estimated_seconds']:.0f}",
                     peak_rss(r),
                     r["host"] or "",
                     r["error"] or "",
                 ]
                 for r in data["units"]
             ]
-            + [["total", "", data["seconds_total"], data["estimated_seconds_total"] or "", "", "", ""]],
+            + [["total", "", data["seconds_total"], f"{data['estimated_seconds_total'] or 0:.0f}", "", "", ""]],
         ),
     ]
     return write_atomic(store.root / "report.html", page(f"af1 study: {plan.name}", parts))
