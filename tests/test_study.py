@@ -203,6 +203,7 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
 
     again = run_study(load_plan(plan), out)
     assert again.ran == [] and len(again.skipped) == 30
+    assert json.loads((out / "estimate.json").read_text()) == estimate  # each unit's estimate from before it ran
 
     # a changed plan reads the old records as stale, never as its own results
     changed = load_plan(plan)

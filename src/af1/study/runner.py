@@ -19,7 +19,7 @@ from af1.errors import Af1Error
 from af1.experiments import REGISTRY
 from af1.experiments.base import NoResources
 from af1.progress import note, progress
-from af1.results import write_json
+from af1.results import read_json, write_json
 from af1.study.leases import TIMEOUT_S, Leases
 from af1.study.plan import StudyPlan, Unit, expand
 from af1.study.report import build_study_report
@@ -125,8 +125,11 @@ def _estimate(store: Store, units: list[Unit], todo: list[Unit]) -> dict[str, fl
     except Exception as exc:  # the estimate reads models' configs and tasks the units themselves check again
         note(f"estimate: not available ({one_line(exc)})")
         return {}
-    write_json(store.root / "estimate.json", {"units": [asdict(e) for e in estimates], "about": cost.ABOUT})
     left = {u.id for u in todo}
+    path = store.root / "estimate.json"
+    before = {e["unit"]: e for e in read_json(path)["units"]} if path.is_file() else {}
+    kept = [before.get(e.unit, asdict(e)) if e.unit not in left else asdict(e) for e in estimates]
+    write_json(path, {"units": kept, "about": cost.ABOUT})  # a unit done earlier keeps its estimate from before it ran
     note(cost.summary_line([e if e.unit in left else replace(e, basis="done") for e in estimates]))
     return {e.unit: e.seconds for e in estimates}
 
