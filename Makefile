@@ -31,7 +31,7 @@ test: setup chromium
 
 # the inner loop: the tests that need neither a bundled model's weights nor a whole study, one process per core
 # (one torch thread each, so they do not fight over the cores); `make test` runs them all
-test-fast: setup
+test-fast: setup chromium
 	$(BIN)/ruff check .
 	OMP_NUM_THREADS=1 AF1_THREADS=1 $(BIN)/pytest -q -n auto -m "not real_model and not slow"
 

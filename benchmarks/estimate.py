@@ -23,14 +23,14 @@ FITTED_ON = ("demo", "full")  # the stores `af1.study.cost.SLOWDOWN` was fitted 
 
 
 def compare(root: Path) -> list[dict[str, Any]]:
-    """Each unit that ran (not the ones that did not apply): estimate, actual, ratio; seconds and GB."""
+    """Each unit that ran (not the ones that did not apply): its estimate now (from what the store measured), the
+    one made before it ran where the store kept it, its time and peak memory, and their ratios."""
     store = Store(root)
-    plan = StudyPlan.model_validate(read_json(root / "plan.json")["plan"])
-    units = expand(plan)
-    by_id = {u.id: u for u in units}
-    estimates = cost.estimate_units(units, lambda uid: store.record(by_id[uid]) if uid in by_id else None)
+    units = expand(StudyPlan.model_validate(read_json(root / "plan.json")["plan"]))
+    path = root / "estimate.json"
+    before = {e["unit"]: e["seconds"] for e in read_json(path)["units"]} if path.is_file() else {}
     rows = []
-    for unit, estimate in zip(units, estimates, strict=True):
+    for unit, estimate in zip(units, cost.estimate_store(store, units, redo_done=True), strict=True):
         record = store.record(unit) or {}
         if record.get("state") != "done":
             continue
@@ -41,8 +41,9 @@ def compare(root: Path) -> list[dict[str, Any]]:
                 "fitted_on_it": root.name in FITTED_ON,
                 "unit": unit.id,
                 "estimate_s": round(estimate.seconds, 1),
+                "estimate_before_run_s": round(before[unit.id], 1) if unit.id in before else None,
                 "actual_s": round(seconds, 1),
-                "ratio": round(estimate.seconds / seconds, 2) if seconds > 0.5 else None,
+                "ratio": estimate.seconds / seconds if seconds > 0.5 else None,
                 "estimate_gb": round(estimate.peak_gb, 2),
                 "actual_gb": round(peak_mb / 1000, 2) if peak_mb else None,
             }
@@ -66,9 +67,10 @@ def main() -> None:
     args = parser.parse_args()
     rows = [row for root in args.stores for row in compare(root)]
     for row in rows:
+        ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}"
         print(
-            f"{row['unit']:50s} {row['estimate_s']:7.1f} s {row['actual_s']:7.1f} s ratio {row['ratio']}  "
-            f"{row['estimate_gb']:5.2f} GB {row['actual_gb']} GB"
+            f"{row['unit']:50s} {row['estimate_s']:7.1f} s {row['actual_s']:7.1f} s ratio {ratio:5s} "
+            f"(before the run {row['estimate_before_run_s']}) {row['estimate_gb']:5.2f} GB {row['actual_gb']} GB"
         )
     ratios = [r["ratio"] for r in rows if r["ratio"]]
     within = sum(1 / 1.5 <= r <= 1.5 for r in ratios)
@@ -85,7 +87,7 @@ def main() -> None:
             "benchmark": "estimate",
             "machine": machine(),
             "matmul_rate_gflops": round(cost.matmul_rate() / 1e9, 1),
-            "units": rows,
+            "units": [{**r, "ratio": None if r["ratio"] is None else round(r["ratio"], 3)} for r in rows],
             "within_1_5": within,
             "n_timed": len(ratios),
             "held_out_within_1_5": held_within,

@@ -88,14 +88,11 @@ def test_finished_units_replace_what_is_assumed(tiny_dir):
     unit = next(u for u in expand(plan) if u.experiment == "necessity")
     assumed = cost.found_from(unit, lambda _uid: None, 20, 3)
     assert (assumed.solved, assumed.measured) == (20, False)
-    records = {
-        "tiny/a+b.original.1d.1shot.n20/eval": {"state": "done", "result": {"n_solved": 7}},
-        "tiny/a+b.original.1d.1shot.n20/search": {
-            "state": "done",
-            "result": {"chosen": True, "wait": 2, "transfer": 0},
-        },
+    results = {
+        "tiny/a+b.original.1d.1shot.n20/eval": {"n_solved": 7},
+        "tiny/a+b.original.1d.1shot.n20/search": {"chosen": True, "wait": 2, "transfer": 0},
     }
-    known = cost.found_from(unit, records.get, 20, 3)
+    known = cost.found_from(unit, results.get, 20, 3)
     assert (known.solved, known.wait, known.transfer, known.measured) == (7, 2, 0, True)
     fewer = cost.unit_work(unit, cost.model_shape(tiny_dir, "float32"), _shape(20), known, [])
     more = cost.unit_work(unit, cost.model_shape(tiny_dir, "float32"), _shape(20), assumed, [])
@@ -140,7 +137,45 @@ def test_peak_memory_grows_with_the_weights_and_says_whether_it_fits(tiny_dir):
     assert "WILL NOT FIT" in cost.summary_line([huge]) or cost.available_gb() is None
 
 
-def test_every_registered_experiment_has_a_cost_model():
+def test_every_registered_experiment_has_a_cost_model(tiny_dir):
     from af1.experiments import REGISTRY
 
     assert set(REGISTRY) == set(cost.SLOWDOWN)  # a new experiment adds its work to unit_work and its slowdown here
+    units = expand(plan_of(tiny_dir, 20, {name: {} for name in REGISTRY}))
+    assert {u.experiment for u in units} == set(REGISTRY)
+    shape, task = cost.model_shape(tiny_dir, "float32"), _shape(20)
+    for unit in units:
+        work = cost.unit_work(unit, shape, task if unit.task is not None else None, cost.Found(20, 1, 1, True), [])
+        assert work is not None and all(w >= 0 for w in work), unit.experiment
+        assert (sum(work) > 0) == (unit.experiment != "search"), unit.experiment  # only the search reads alone
+
+
+def test_a_resumed_study_estimates_only_what_is_left_and_its_model_load(tiny_dir, tmp_path):
+    """Units done in the store cost nothing; the first unit left pays the model's load, as its worker loads it."""
+    from af1.study import run_study
+    from af1.study.store import Store
+
+    units = expand(plan_of(tiny_dir, 20, {"eval": {}, "search": {}}))
+    fresh = cost.estimate_store(Store(tmp_path), units)
+    run_study(plan_of(tiny_dir, 20, {"eval": {}}), tmp_path)  # the same eval unit, done in the store
+    resumed = cost.estimate_store(Store(tmp_path), units)
+    assert [e.basis for e in resumed][:1] == ["done"] and resumed[0].seconds == 0
+    sweep_fresh, sweep_resumed = fresh[1], resumed[1]
+    load = cost.LOAD_S + cost.model_shape(tiny_dir, "float32").weight_gb / cost.LOAD_GB_PER_S
+    assert sweep_resumed.seconds >= load  # the load moved to the first unit left
+    assert sweep_resumed.basis == "measured" and sweep_fresh.basis == "assumed"
+
+
+def test_a_study_runs_on_where_its_estimate_fails(tiny_dir, tmp_path, monkeypatch, capsys):
+    from af1.study import run_study
+
+    monkeypatch.delenv("AF1_NO_PROGRESS", raising=False)
+
+    def broken(*_args, **_kwargs):
+        raise ValueError("no shapes")
+
+    monkeypatch.setattr(cost, "estimate_store", broken)
+    (tmp_path / "estimate.json").write_text("not json")  # nor does a damaged earlier estimate stop it
+    summary = run_study(plan_of(tiny_dir, 20, {"eval": {}}), tmp_path)
+    assert summary.failed == [] and len(summary.ran) == 1
+    assert "estimate: not available (ValueError: no shapes)" in capsys.readouterr().err

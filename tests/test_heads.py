@@ -168,7 +168,7 @@ def test_each_path_equals_its_definition_by_full_forwards(family, path, task):
 
 
 def test_gptj_has_no_total_path(task):
-    with pytest.raises(Af1Error, match="--path wang"):
+    with pytest.raises(Af1Error, match="try path 'wang'"):
         heads.path_patching(ModelAdapter(tiny_model("gptj")), task, Counterfactual(task.input_ids_PT, "", []), "total")
 
 

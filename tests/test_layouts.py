@@ -88,7 +88,7 @@ def test_small_layouts_are_left_out_and_largest_layout_keeps_one(tmp_path, token
     )
     assert not largest.groups and len(largest) == 21 and largest.excluded_other_layouts == 15
     assert task.exclusion_note == "3 problems left out: their token layout is shared by fewer than 5 problems"
-    assert largest.exclusion_note is not None and "--largest-layout keeps only" in largest.exclusion_note
+    assert largest.exclusion_note is not None and "largest_layout keeps only" in largest.exclusion_note
     assert build_task(template(tmp_path, "one", SHORT), tokenizer).exclusion_note is None
     with pytest.raises(Af1Error, match="none shared by 5 or more"):
         build_task(template(tmp_path, "tiny", ["1", "12"]), tokenizer)

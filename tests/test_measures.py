@@ -68,7 +68,7 @@ def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
     assert full["targets"] == tiny_setup.kept.targets()
     assert full["kept_problems"][0]["input_ids"] == tiny_setup.kept.input_ids_PT[0].tolist()
     asked = setup_executor(tiny_setup, config, reference=True)
-    assert asked == {"executor": "reference", "fallback_reason": "asked for (--reference)"}
+    assert asked == {"executor": "reference", "fallback_reason": "asked for (reference)"}
     resample = setup_executor(tiny_setup, config.model_copy(update={"ablation": "resample"}))
     assert resample["executor"] == "shared-context" and "token-local" in (resample["fallback_reason"] or "")
     calls.clear()  # a capped sweep resumed from the full grid's state returns its own cells only, computing none

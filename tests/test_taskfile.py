@@ -191,7 +191,7 @@ def test_a_task_file_says_where_its_answers_end(tmp_path, tokenizer):
     assert all(len(a) == 1 for a in semicolon.answer_tokens) and semicolon.n_steps() == 2
     assert not end("shots: 0\n", "zero.yaml").end["checked"]
     off = end("shots: 2\ncheck_end: false\n", "off.yaml")
-    assert not off.end["checked"] and off.n_steps() == 1 and "--no-check-end" in off.end["note"]
+    assert not off.end["checked"] and off.n_steps() == 1 and "check_end is false" in off.end["note"]
     merged = end("shots: 2\nseparator: 's'\n", "merged.yaml")
     assert not merged.end["checked"] and "merges" in merged.end["note"] and merged.n_steps() == 1
     assert merged.end_note is not None and "not checked" in merged.end_note
@@ -381,7 +381,7 @@ def test_a_task_is_read_and_its_layouts_announced_before_the_model_loads(tmp_pat
     path = write(tmp_path, "next.jsonl", rows)
     code, _, err = run_cli(capsys, "eval", "--model", str(model_dir), "--task-file", str(path))
     notice = next(line for line in err.splitlines() if "token layouts" in line)
-    assert code == 0 and notice.startswith("af1: next has ") and "left out" in notice and "--largest-layout" in notice
+    assert code == 0 and notice.startswith("af1: next has ") and "left out" in notice and "largest_layout" in notice
     assert err.index(notice) == 0  # before anything the evaluation says
     import af1.api
 

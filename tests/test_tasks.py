@@ -99,7 +99,7 @@ def test_no_bos_to_prepend_is_a_one_line_error():
     class NoSpecials(SpaceMergingTokenizer):
         bos_token_id = None
 
-    with pytest.raises(Af1Error, match="--shots") as info:
+    with pytest.raises(Af1Error, match="shots 1 or more") as info:
         build_task(TaskSpec(operation="a+b"), NoSpecials())
     assert "\n" not in str(info.value)
 
@@ -308,7 +308,7 @@ def test_large_tasks_are_sampled_to_the_papers_size_and_say_so(tokenizer):
     task = build_task(TaskSpec(operation="a+b", digits=2), tokenizer)
     assert len(task) == DEFAULT_N and task.n_distinct == 8100
     note = str(task.sampling_note)
-    assert "8100 distinct problems" in note and "--n" in note
+    assert "8100 distinct problems" in note and "n sets another size" in note
     again = build_task(TaskSpec(operation="a+b", digits=2), tokenizer)
     assert [p.prompt for p in again.problems] == [p.prompt for p in task.problems]
     assert build_task(TaskSpec(operation="a+b", digits=2, n=1500), tokenizer).sampling_note is None

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
 
 import typer
 from pydantic import ValidationError
@@ -16,6 +16,9 @@ from rich.table import Table
 
 from af1.errors import Af1Error
 from af1.tasks.spec import TaskSpec
+
+if TYPE_CHECKING:
+    from af1.study.plan import StudyPlan
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Where and when a language model does mental arithmetic."
@@ -376,7 +379,7 @@ EstimateOpt = Annotated[
 ]
 
 
-def show_estimate(plan: Any, out_dir: Path) -> None:
+def show_estimate(plan: StudyPlan, out_dir: Path) -> None:
     """The plan's cost before it runs: one row per unit, the total, and whether its memory fits."""
     from af1.study import cost
 

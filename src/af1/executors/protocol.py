@@ -96,7 +96,7 @@ def pick(adapter: ModelAdapter, task: Task, config: AF1Config, reference: bool =
     """The first executor of EXECUTORS that supports the case (the reference one when asked), and why the faster
     ones do not (None when the first one runs it)."""
     if reference:
-        return REFERENCE, "asked for (--reference)"
+        return REFERENCE, "asked for (reference)"
     reasons: list[str] = []
     for executor in EXECUTORS:
         reason = executor.supports(adapter, task, config)

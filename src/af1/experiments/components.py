@@ -34,6 +34,12 @@ class Result(base.SetupFields):
     inputs: ProblemInputs | None = None  # sets: solved
 
 
+def default_waits(n_layers: int) -> list[int]:
+    """The L_wait values components measure unless told: 0, L/3, L/2, 2L/3, L-5 and L-3 (in range, once each)."""
+    L = n_layers
+    return sorted({w for w in (0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3) if 0 <= w < L})
+
+
 class Components(base.Experiment):
     name = "components"
     help = "CAMA alone and ABP alone per L_wait: does either part of AF1 keep the answer by itself?"
@@ -43,7 +49,7 @@ class Components(base.Experiment):
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         setup = inputs.resources.setup(inputs.spec)
         L = setup.adapter.n_layers
-        waits = options.waits or sorted({0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3})
+        waits = options.waits or default_waits(L)
         return Result(
             **setup.describe().fields(),
             **allforone.components(setup, waits, transfer=options.transfer, threshold=options.threshold),

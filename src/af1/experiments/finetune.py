@@ -69,7 +69,7 @@ def parse_heads(text: str, n_layers: int, n_heads: int) -> list[tuple[int, int]]
     for item in text.split(","):
         layer, _, head = item.strip().partition(".")
         if not (layer.isdigit() and head.isdigit()):
-            raise Af1Error(f"--heads takes LAYER.HEAD,... or auto, got {item!r}")
+            raise Af1Error(f"heads takes LAYER.HEAD,... or auto, got {item!r}")
         if not (int(layer) < n_layers and int(head) < n_heads):
             raise Af1Error(f"head {item} is out of range: {n_layers} layers x {n_heads} heads")
         out.append((int(layer), int(head)))

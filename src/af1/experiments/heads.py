@@ -254,6 +254,17 @@ def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, r
     )
 
 
+def compare_specs(spec: TaskSpec, items: list[str]) -> list[TaskSpec]:
+    """The other tasks `compare` names (TASK or TASK:STYLE), each like `spec` otherwise; arithmetic, even beside a
+    task file."""
+    others = []
+    for item in items:
+        op, _, style = item.partition(":")
+        fields = {**spec.model_dump(), "operation": op, "style": style or spec.style, "file": None}
+        others.append(TaskSpec.model_validate({**fields, "file_sha256": None}))
+    return others
+
+
 class Heads(base.Experiment):
     name = "heads"
     help = "Heads and MLPs that carry the arithmetic: path patching, key heads, knockout, where they look, overlap."
@@ -270,16 +281,12 @@ class Heads(base.Experiment):
         n_heads = lm.adapter.n_layers * lm.adapter.n_heads
         k = options.k or min(10, n_heads // 4)
         if not 1 <= k <= n_heads // 2:
-            raise Af1Error(f"--k {k} is out of range: the model has {n_heads} heads, and random-k draws need k others")
-        others = []
-        for item in options.compare:
-            op, _, style = item.partition(":")
-            fields = {**spec.model_dump(), "operation": op, "style": style or spec.style, "file": None}
-            others.append(TaskSpec.model_validate({**fields, "file_sha256": None}))  # arithmetic, even beside a file
+            raise Af1Error(f"k {k} is out of range: the model has {n_heads} heads, and random-k draws need k others")
+        others = compare_specs(spec, options.compare)
         kind = options.counterfactual
         if spec.file is not None and kind not in (None, "operator"):
             raise Af1Error(
-                f"--counterfactual {kind}: a task file names the slot it replaces (counterfactual: {{slot: ...}})"
+                f"counterfactual {kind!r}: a task file names the slot it replaces (counterfactual: {{slot: ...}})"
             )
         second = None
         if spec.file is None and options.rank_both:

@@ -66,7 +66,7 @@ class AF1Config(BaseModel):
             raise Af1Error(f"the transfer window must start after wait {self.wait}")
         if self.transfer > 0 and self.first_peek + self.transfer > n_layers:
             raise Af1Error(
-                f"--transfer {self.transfer} from layer {self.first_peek} runs past the last layer {n_layers - 1}"
+                f"transfer {self.transfer} from layer {self.first_peek} runs past the last layer {n_layers - 1}"
             )
         for layer, head in self.pruned_heads:
             if layer not in self.peek_layers() or (n_heads is not None and not 0 <= head < n_heads):

@@ -1005,7 +1005,7 @@ def prune_heads(
     Qwen-0.5B's 294 heads of 21 transfer layers); by default the rounds stop at the first drop, which is all the
     pruned set needs, and `whole_curve` goes on to the last head."""
     if config.transfer == 0:
-        raise Af1Error("head pruning needs a config with transfer layers (--transfer > 0)")
+        raise Af1Error("head pruning needs a config with transfer layers (transfer > 0)")
     sel, conf = split_indices(len(setup.kept), selection, seed)
     on_sel, on_conf = setup.on(sel), setup.on(conf)
     heads = [(layer, h) for layer in config.peek_layers() for h in range(setup.adapter.n_heads)]

@@ -203,7 +203,7 @@ def counterfactual(task: Task, tokenizer: Tokenizer, kind: str | None = None) ->
     if task.spec.file is not None:
         if kind not in (None, "operator"):
             raise Af1Error(
-                f"--counterfactual {kind} is for built-in tasks: a task file names its slot "
+                f"counterfactual {kind!r} is for built-in tasks: a task file names its slot "
                 "(counterfactual: {slot: ...})"
             )
         return slot_counterfactual(task, tokenizer)

@@ -289,7 +289,7 @@ def path_patching(
         check_direct_paths(adapter)
     if path == "total" and (reason := adapter.no_attention_interface()) is not None:
         raise Af1Error(
-            f"--path total reads earlier keys/values through the attention interface ({reason}): try --path wang"
+            f"path 'total' reads earlier keys/values through the attention interface ({reason}): try path 'wang'"
         )
     scored, steps = scored_steps(task, scoring)
     total = EffectSums.zeros(len(task), adapter.n_layers, adapter.n_heads, layers)

@@ -447,7 +447,7 @@ def window_warnings(n_windows: int, asked: int, window: int) -> list[str]:
     if n_windows < MIN_CI_WINDOWS:
         out.append(
             f"the bootstrap intervals (median_ci) resample only {n_windows} windows, fewer than {MIN_CI_WINDOWS}: "
-            "they say little (a shorter --window, more --windows or a longer --corpus give more)"
+            "they say little (a shorter window, more n_windows or a longer corpus give more)"
         )
     return out
 

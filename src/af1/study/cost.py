@@ -12,6 +12,7 @@ has them, else assumed: every problem solved, the cell at the middle layer with 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 import time
@@ -20,7 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from af1.study.plan import Unit
+from af1.experiments.components import default_waits
+from af1.study.plan import ModelEntry, StudyPlan, Unit, expand
+from af1.study.store import Store
+from af1.tasks.spec import TaskSpec
+from af1.tasks.task import Task
 
 # how many times slower than the measured matrix-product rate each experiment's FLOPs run (skinny last-token
 # products, Python between them): fitted by benchmarks/estimate.py on the two demos' units
@@ -45,6 +50,7 @@ MEMORY_FACTOR_DEFAULT = 1.8
 RUNTIME_GB = 0.5  # torch, transformers and the study's own state
 LOAD_S, LOAD_GB_PER_S = 1.0, 0.4  # loading a model (its tokenizer, config and checks; its weights read)
 FIT_FLOPS = 2.2e6  # FLOPs per attention logit in the position+meaning study's fits (all their iterations)
+FINETUNE_BATCH, FINETUNE_SHOTS_TOKENS = 16, 20  # fine-tuning's batch, and the worked examples' tokens it adds
 CALL_S = 0.1  # the grid's fixed cost per (wait, answer step): its means, masks and bookkeeping
 ASSUMED_WAIT = 0.5  # the searched cell's L_wait as a share of the layers, where the search has not run
 ABOUT = (
@@ -119,7 +125,7 @@ def unit_work(
     """The unit's layer passes, unembedding rows and other FLOPs (`others`: the shapes of tasks it compares with)."""
     L, opts = model.layers, unit.options
     if task is None:  # position+meaning: corpus windows through the model ~22 times, and its fits over every logit
-        windows, width = float(opts.get("n_windows") or 16), float(opts.get("window") or 64)
+        windows, width = float(opts["n_windows"]), float(opts["window"])
         return 22 * windows * width * L, 13 * windows * width, FIT_FLOPS * model.heads * L * windows * width**2
     n, solved, after = task.n, found.solved, L - 1 - max(found.wait, 0)
     half = solved / 2
@@ -129,17 +135,17 @@ def unit_work(
     if experiment == "eval":
         return n * (task.suffix + task.steps - 1) * L, n * task.steps, 0.0
     if experiment == "sweep":
-        passes, cells = sweep_passes(L, opts.get("max_transfer"))
+        passes, cells = sweep_passes(L, opts["max_transfer"])
         kv = solved * task.suffix * L * (L - 1) / 2  # token-local keys and values, rebuilt for each wait
         return solved * task.steps * passes + clean + kv, solved * task.steps * cells, 0.0
     if experiment == "run":
         return faith + clean, half * task.steps, 0.0
     if experiment == "components":
-        waits = [w for w in opts.get("waits") or [0, L // 3, L // 2, 2 * L // 3, L - 5, L - 3] if 0 <= w < L]
+        waits = [w for w in opts["waits"] or default_waits(L) if 0 <= w < L]
         runs = sum(L - 1 - w for w in waits)
         return 2 * runs * solved * task.step_tokens() + clean, 2 * len(waits) * solved * task.steps, 0.0
     if experiment == "necessity":
-        widths = [w for w in opts.get("windows") or [1, 2, 4] if w <= L]
+        widths = [w for w in opts["windows"] if w <= L]
         sets = sum(L - w + 1 for w in widths)  # each window from its first layer to the top, one row each
         passes = sum(L * (L + 1) / 2 - w * (w - 1) / 2 for w in widths)
         moved = (L - found.transfer - max(found.wait, 0)) * faith if found.transfer else 0
@@ -153,13 +159,14 @@ def unit_work(
         sets = heads * (heads + 1) / 2
         return (sets + 3) * faith + clean, sets * half * task.steps, 0.0
     if experiment == "styles":
-        rows = len(opts.get("styles") or range(7)) * len(opts.get("operations") or [None])
+        rows = len(opts["styles"]) * len(opts["operations"] or [None])
         one = n * (task.suffix + task.steps) * L + clean + faith
         return rows * one, rows * n * task.steps, 0.0
     if experiment == "heads":
-        return _heads_work(model, task, found, opts, others)
-    if experiment == "finetune":
-        runs, tokens = 18, float(opts.get("steps", 200)) * 16 * (task.suffix + task.steps + 20)
+        return _heads_work(model, task, found, opts, others, file=unit.task is not None and unit.task.file is not None)
+    if experiment == "finetune":  # 3 variants per learning rate, then seeds of each and random draws: fwd + bwd
+        runs = 3 * len(opts["lrs"]) + 2 * opts["seeds"] + opts["random_draws"]
+        tokens = float(opts["steps"]) * FINETUNE_BATCH * (task.suffix + task.steps + FINETUNE_SHOTS_TOKENS)
         return runs * 3 * tokens * L, runs * 3 * tokens, 0.0
     if experiment == "transfer":
         return 6 * faith + clean, 6 * half * task.steps, 0.0
@@ -177,10 +184,10 @@ def _patching(model: ModelShape, task: TaskShape, problems: float) -> float:
 
 
 def _heads_work(
-    model: ModelShape, task: TaskShape, found: Found, opts: dict[str, Any], others: list[TaskShape]
+    model: ModelShape, task: TaskShape, found: Found, opts: dict[str, Any], others: list[TaskShape], file: bool
 ) -> Work:
-    L, half, draws = model.layers, found.solved / 2, opts.get("draws", 10)
-    patch = _patching(model, task, half) * (2 if opts.get("rank_both", True) else 1)
+    L, half, draws = model.layers, found.solved / 2, opts["draws"]
+    patch = _patching(model, task, half) * (2 if opts["rank_both"] and not file else 1)  # a task file ranks once
     compared = sum(_patching(model, o, o.n / 2) + o.n * (o.suffix + o.steps) * L for o in others)
     knockouts = (draws + 2) * half * task.step_tokens() * L
     consistency = 14 * half * task.steps * (L - 1 - max(found.wait, 0)) if found.transfer else 0
@@ -233,8 +240,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 def model_shape(directory: Path, dtype: str) -> ModelShape:
     """A model's cost shape from its config (parameters built on the meta device: no weights read)."""
-    import json
-
     from af1.models.loading import config_shapes
 
     config = json.loads((directory / "config.json").read_text())
@@ -258,7 +263,7 @@ def model_shape(directory: Path, dtype: str) -> ModelShape:
     )
 
 
-def task_shape(task: Any) -> TaskShape:
+def task_shape(task: Task) -> TaskShape:
     """A built task's cost shape (over its layout groups, each with its own shared context)."""
     groups = task.groups or [task]
     n = sum(len(g) for g in groups)
@@ -269,54 +274,52 @@ def task_shape(task: Any) -> TaskShape:
     return TaskShape(n=n, suffix=suffix, steps=steps, answer_steps=answer, max_steps=deepest)
 
 
-def found_from(unit: Unit, records: Callable[[str], dict[str, Any] | None], n: int, layers: int) -> Found:
-    """What the unit will read: the eval's solved count and the search's cell where those units have ended."""
+def found_from(unit: Unit, finished: Callable[[str], dict[str, Any] | None], n: int, layers: int) -> Found:
+    """What the unit will read: the eval's solved count and the search's cell, where those units are done (`finished`:
+    a unit id's result, or None)."""
     base, experiment = unit.id.rsplit("/", 1)
     solved, chosen = n, None
-    evaluated, searched = _result(records(f"{base}/eval")), _result(records(f"{base}/search"))
+    evaluated, searched = finished(f"{base}/eval"), finished(f"{base}/search")
     if evaluated is not None:
         solved = int(evaluated.get("n_solved", n))
     if searched is not None and searched.get("chosen"):
         chosen = int(searched["wait"]), int(searched["transfer"])
-    eval_ended, search_ended = evaluated is not None, searched is not None
     measured = experiment in ("eval", "search", "positional") or (
-        eval_ended and (search_ended or experiment == "sweep")
+        evaluated is not None and (searched is not None or experiment == "sweep")
     )
     wait, transfer = chosen or (int(layers * ASSUMED_WAIT), 1)
     return Found(solved=solved, wait=wait, transfer=transfer, measured=measured)
 
 
-def _result(record: dict[str, Any] | None) -> dict[str, Any] | None:
-    return record["result"] if record and record.get("state") == "done" else None
+def estimate_store(store: Store, units: list[Unit], redo_done: bool = False) -> list[Estimate]:
+    """Each unit's wall time and peak memory on this machine, with what the store holds: a unit done there costs
+    nothing (`redo_done`: estimated all the same), and what it measured (problems solved, the searched cell) replaces
+    what is assumed. A unit pays its model's load where the one before it that runs held another model."""
+    by_id = {u.id: u for u in units}
+    done = {u.id for u in units if store.done(u) is not None}
 
+    def finished(uid: str) -> dict[str, Any] | None:
+        record = store.done(by_id[uid]) if uid in by_id else None
+        return record["result"] if record is not None and record.get("state") == "done" else None
 
-def estimate_units(units: list[Unit], records: Callable[[str], dict[str, Any] | None]) -> list[Estimate]:
-    """Each unit's wall time and peak memory on this machine (`records`: a unit id's stored record, or None). A unit
-    pays its model's load where the one before it held another model (one worker, one model at a time)."""
-    from af1.models.loading import load_tokenizer, resolve
-
-    models: dict[str, tuple[ModelShape, float]] = {}
+    models: dict[str, tuple[ModelShape, float] | None] = {}
     tasks: dict[tuple[str, str], TaskShape] = {}
-
-    def shape_of(entry: Any, spec: Any) -> TaskShape:
-        from af1.tasks.task import build_task
-
-        key = (entry.spec, spec.model_dump_json())
-        if key not in tasks:
-            tasks[key] = task_shape(build_task(spec, load_tokenizer(entry.spec, entry.trust_remote_code)))
-        return tasks[key]
-
     out, held = [], None
     for unit in units:
         entry = unit.model
         if entry.spec not in models:
-            where, _ = resolve(entry.spec)
-            device = "cuda" if entry.gpus and _cuda() else "cpu"
-            models[entry.spec] = (model_shape(Path(where), entry.dtype), matmul_rate(device, entry.dtype))
-        shape, rate = models[entry.spec]
-        task = shape_of(entry, unit.task) if unit.task is not None else None
-        others = [shape_of(entry, s) for s in compared_specs(unit)]
-        found = found_from(unit, records, task.n if task else 0, shape.layers)
+            models[entry.spec] = _model_and_rate(entry)
+        known = models[entry.spec]
+        if known is None:
+            out.append(Estimate(unit.id, 0.0, 0.0, "unknown"))
+            continue
+        shape, rate = known
+        if unit.id in done and not redo_done:
+            out.append(Estimate(unit.id, 0.0, peak_gb(unit, shape), "done"))
+            continue
+        task = _task_shape(tasks, entry, unit.task) if unit.task is not None else None
+        others = [_task_shape(tasks, entry, s) for s in compared_specs(unit)]
+        found = found_from(unit, finished, task.n if task else 0, shape.layers)
         seconds = unit_seconds(unit, shape, task, found, rate, others)
         if seconds is None:
             out.append(Estimate(unit.id, 0.0, peak_gb(unit, shape), "unknown"))
@@ -328,18 +331,35 @@ def estimate_units(units: list[Unit], records: Callable[[str], dict[str, Any] | 
     return out
 
 
-def compared_specs(unit: Unit) -> list[Any]:
-    """The other tasks a heads unit ranks its heads on (`--compare TASK[:STYLE]`), as the experiment builds them."""
-    from af1.tasks.spec import TaskSpec
+def _model_and_rate(entry: ModelEntry) -> tuple[ModelShape, float] | None:
+    """The model's cost shape and the rate of the device it will run on; None where its config is not on this
+    machine (a hub model not downloaded yet)."""
+    from af1.models.loading import resolve
+
+    where, _ = resolve(entry.spec)
+    if not (Path(where) / "config.json").is_file():
+        return None
+    device = "cuda" if entry.device_map is not None and _cuda() else "cpu"  # a unit runs on the CPU unless placed
+    return model_shape(Path(where), entry.dtype), matmul_rate(device, entry.dtype)
+
+
+def _task_shape(tasks: dict[tuple[str, str], TaskShape], entry: ModelEntry, spec: TaskSpec) -> TaskShape:
+    from af1.models.loading import load_tokenizer
+    from af1.tasks.task import build_task
+
+    key = (entry.spec, spec.model_dump_json())
+    if key not in tasks:
+        tasks[key] = task_shape(build_task(spec, load_tokenizer(entry.spec, entry.trust_remote_code)))
+    return tasks[key]
+
+
+def compared_specs(unit: Unit) -> list[TaskSpec]:
+    """The other tasks a heads unit ranks its heads on, as the experiment builds them."""
+    from af1.experiments.heads import compare_specs
 
     if unit.task is None or unit.experiment != "heads":
         return []
-    specs = []
-    for item in unit.options.get("compare") or []:
-        op, _, style = item.partition(":")
-        fields = {**unit.task.model_dump(), "operation": op, "style": style or unit.task.style, "file": None}
-        specs.append(TaskSpec.model_validate({**fields, "file_sha256": None}))
-    return specs
+    return compare_specs(unit.task, unit.options["compare"])
 
 
 def _cuda() -> bool:
@@ -377,13 +397,8 @@ def summary_line(estimates: list[Estimate]) -> str:
     )
 
 
-def estimate_plan(plan: Any, out_dir: str | Path) -> list[Estimate]:
-    """Every unit of a plan, estimated with what its store (if any) already holds; units done there cost nothing."""
-    from af1.study.plan import expand
+def estimate_plan(plan: StudyPlan, out_dir: str | Path) -> list[Estimate]:
+    """Every unit of a plan, with what its store (if any) already holds."""
     from af1.study.store import Store
 
-    store = Store(out_dir)
-    units = expand(plan)
-    by_id = {u.id: u for u in units}
-    estimates = estimate_units(units, lambda uid: store.record(by_id[uid]) if uid in by_id else None)
-    return [Estimate(e.unit, 0.0, e.peak_gb, "done") if store.done(by_id[e.unit]) else e for e in estimates]
+    return estimate_store(Store(out_dir), expand(plan))

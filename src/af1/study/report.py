@@ -34,9 +34,14 @@ def _typed(unit_id: str, result: dict[str, Any]) -> Any:
 def _estimates(store: Store) -> dict[str, float]:
     """Each unit's expected seconds as the study's start estimated them (`study.cost`), where it did."""
     path = store.root / "estimate.json"
-    if not path.is_file():
+    try:
+        return {e["unit"]: round(e["seconds"], 1) for e in read_json(path)["units"] if e["basis"] != "done"}
+    except (OSError, ValueError, KeyError, TypeError):  # none, or not one af1 wrote: the report shows no estimates
         return {}
-    return {e["unit"]: round(e["seconds"], 1) for e in read_json(path)["units"]}
+
+
+def _whole(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds:.0f}"
 
 
 def collect(store: Store, units: list[Unit]) -> tuple[dict[str, Any], list[str]]:
@@ -164,14 +169,14 @@ def _write_study_report(store: Store, plan: StudyPlan, units: list[Unit], partia
                     r["id"],
                     r["state"],
                     "" if r["seconds"] is None else r["seconds"],
-                    "" if r["estimated_seconds"] is None else f"{r['estimated_seconds']:.0f}",
+                    _whole(r["estimated_seconds"]),
                     peak_rss(r),
                     r["host"] or "",
                     r["error"] or "",
                 ]
                 for r in data["units"]
             ]
-            + [["total", "", data["seconds_total"], f"{data['estimated_seconds_total'] or 0:.0f}", "", "", ""]],
+            + [["total", "", data["seconds_total"], _whole(data["estimated_seconds_total"]), "", "", ""]],
         ),
     ]
     return write_atomic(store.root / "report.html", page(f"af1 study: {plan.name}", parts))

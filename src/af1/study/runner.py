@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -115,22 +115,22 @@ def run_study(
 
 
 def _estimate(store: Store, units: list[Unit], todo: list[Unit]) -> dict[str, float]:
-    """Each unit's expected seconds (written to estimate.json, said in one line): advisory, so a failure to estimate
-    is said and the study runs on."""
+    """The units left's expected seconds, said in one line and kept in estimate.json (a unit done earlier keeps the
+    estimate made before it ran): advisory, so a failure to estimate is said and the study runs on."""
     from af1.study import cost
 
-    by_id = {u.id: u for u in units}
+    if not todo:
+        return {}
+    path = store.root / "estimate.json"
     try:
-        estimates = cost.estimate_units(units, lambda uid: store.record(by_id[uid]) if uid in by_id else None)
-    except Exception as exc:  # the estimate reads models' configs and tasks the units themselves check again
+        estimates = cost.estimate_store(store, units)
+        before = {e["unit"]: e for e in read_json(path)["units"]} if path.is_file() else {}
+        kept = [before.get(e.unit, asdict(e)) if e.basis == "done" else asdict(e) for e in estimates]
+        write_json(path, {"units": kept, "about": cost.ABOUT})
+    except Exception as exc:  # it reads configs, tasks and an earlier estimate.json that the units check again
         note(f"estimate: not available ({one_line(exc)})")
         return {}
-    left = {u.id for u in todo}
-    path = store.root / "estimate.json"
-    before = {e["unit"]: e for e in read_json(path)["units"]} if path.is_file() else {}
-    kept = [before.get(e.unit, asdict(e)) if e.unit not in left else asdict(e) for e in estimates]
-    write_json(path, {"units": kept, "about": cost.ABOUT})  # a unit done earlier keeps its estimate from before it ran
-    note(cost.summary_line([e if e.unit in left else replace(e, basis="done") for e in estimates]))
+    note(cost.summary_line(estimates))
     return {e.unit: e.seconds for e in estimates}
 
 

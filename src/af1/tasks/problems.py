@@ -34,7 +34,7 @@ def problem_pool(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
     operation = OPERATIONS[spec.operation]
     prompt_template(operation, spec.style)  # style check before enumerating
     if spec.operation == "a*b" and spec.digits != 1:
-        raise Af1Error("a*b uses single-digit factors: use --digits 1")
+        raise Af1Error("a*b uses single-digit factors: use digits 1")
     pool: list[tuple[tuple[int, ...], int]] = []
     for operands in operand_tuples(spec.operand_range, operation.n_operands, spec.seed):
         value = operation.apply(operands)
@@ -82,7 +82,7 @@ def sample_problems(spec: TaskSpec, pool: list[Problem]) -> list[Problem]:
     if spec.n is not None:
         if spec.n > len(rest):
             raise Af1Error(
-                f"--n {spec.n} is larger than the {len(rest)} distinct problems of {spec.name} "
+                f"n {spec.n} is larger than the {len(rest)} distinct problems of {spec.name} "
                 + (f"(digits={spec.digits}, shots={spec.shots})" if spec.file is None else f"(shots={spec.shots})")
             )
         rest = rest[: spec.n]

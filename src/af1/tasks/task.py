@@ -155,7 +155,7 @@ class Task:
             return None
         return (
             f"{spec.name} has {self.n_distinct} distinct problems; a seeded sample of {DEFAULT_N} is used "
-            f"(seed {spec.seed}; --n sets another size)"
+            f"(seed {spec.seed}; n sets another size)"
         )
 
     @property
@@ -165,7 +165,7 @@ class Task:
         if not n:
             return None
         if self.spec.largest_layout:
-            return f"{n} problems left out: --largest-layout keeps only the largest token layout"
+            return f"{n} problems left out: largest_layout keeps only the largest token layout"
         return f"{n} problems left out: their token layout is shared by fewer than {MIN_LAYOUT} problems"
 
     def encode(self, text: str, tokenizer: Tokenizer) -> list[int]:
@@ -442,7 +442,7 @@ def end_tokens(
     if spec.scoring == "first":
         return [], {**end, "note": "first-token scoring"}
     if not spec.check_end:
-        return [], {**end, "note": "turned off: --no-check-end"}
+        return [], {**end, "note": "turned off: check_end is false"}
     if separator is None:
         return [], {
             **end,
@@ -652,7 +652,7 @@ def _layout_task(
             if bos is None:
                 raise Af1Error(
                     "the first token varies across problems and the tokenizer has no BOS to prepend: "
-                    "give a constant prefix (--shots 1 or more, or --style with an instruction such as calculate)"
+                    "give a constant prefix (shots 1 or more, or a style with an instruction such as calculate)"
                 )
     if bos is not None:
         input_ids = torch.cat([torch.full((len(input_ids), 1), bos[0], dtype=torch.long), input_ids], 1)
@@ -705,7 +705,7 @@ def layouts_summary(task: Task) -> str | None:
             f": each layout is run and averaged on its own, so the work is about {len(sizes)} times one layout's "
             "and each mean covers its layout's problems only"
         )
-    return text + "; numbers of one length (--digits) or --largest-layout keep a single layout"
+    return text + "; numbers of one length (digits) or largest_layout keep a single layout"
 
 
 def build_task(spec: TaskSpec, tokenizer: Tokenizer) -> Task:
