@@ -32,15 +32,15 @@ from af1.tasks.task import Task
 SLOWDOWN: dict[str, float] = {
     "eval": 0.5,
     "sweep": 1.1,
-    "search": 0.0,
-    "run": 1.2,
+    "search": 1.0,  # no work: it reads the sweep's bits
+    "run": 1.2,  # not in either demo: taken from the faithfulness runs of alternatives
     "components": 1.17,
     "necessity": 1.4,
     "alternatives": 1.2,
     "prune": 1.5,
     "styles": 2.4,
     "heads": 1.33,
-    "finetune": 1.5,
+    "finetune": 1.5,  # not in either demo (nor its backward passes): a guess, not fitted
     "positional": 0.99,
     "transfer": 0.75,
 }
@@ -50,7 +50,7 @@ MEMORY_FACTOR_DEFAULT = 1.8
 RUNTIME_GB = 0.5  # torch, transformers and the study's own state
 LOAD_S, LOAD_GB_PER_S = 1.0, 0.4  # loading a model (its tokenizer, config and checks; its weights read)
 FIT_FLOPS = 2.2e6  # FLOPs per attention logit in the position+meaning study's fits (all their iterations)
-FINETUNE_BATCH, FINETUNE_SHOTS_TOKENS = 16, 20  # fine-tuning's batch, and the worked examples' tokens it adds
+FINETUNE_SHOTS_TOKENS = 20  # the worked examples' tokens a fine-tuning row adds to its prompt
 CALL_S = 0.1  # the grid's fixed cost per (wait, answer step): its means, masks and bookkeeping
 ASSUMED_WAIT = 0.5  # the searched cell's L_wait as a share of the layers, where the search has not run
 ABOUT = (
@@ -165,8 +165,11 @@ def unit_work(
     if experiment == "heads":
         return _heads_work(model, task, found, opts, others, file=unit.task is not None and unit.task.file is not None)
     if experiment == "finetune":  # 3 variants per learning rate, then seeds of each and random draws: fwd + bwd
+        from af1.methods.finetune import FinetuneConfig
+
         runs = 3 * len(opts["lrs"]) + 2 * opts["seeds"] + opts["random_draws"]
-        tokens = float(opts["steps"]) * FINETUNE_BATCH * (task.suffix + task.steps + FINETUNE_SHOTS_TOKENS)
+        batch = FinetuneConfig().batch_size
+        tokens = float(opts["steps"]) * batch * (task.suffix + task.steps + FINETUNE_SHOTS_TOKENS)
         return runs * 3 * tokens * L, runs * 3 * tokens, 0.0
     if experiment == "transfer":
         return 6 * faith + clean, 6 * half * task.steps, 0.0
