@@ -723,13 +723,16 @@ def test_a_study_evaluates_each_model_and_task_once(tiny_dirs, tmp_path, monkeyp
 
 
 def test_a_search_with_no_eligible_cell_is_a_finding_not_a_failure(tiny_dirs, tmp_path):
-    """necessity still measures the unmodified model; transfer lists the source without a config."""
+    """necessity still measures the unmodified model; transfer lists the source without a config; an analysis at
+    the search's cell (alternatives) does not apply, rather than failing."""
     from af1.study.units import NO_CELL, Worker, run_unit
 
     one = {"llama": tiny_dirs["llama"]}
     plan = load_plan(
         write_plan(
-            tmp_path / "plan.yaml", one, experiments="experiments:\n  necessity: {windows: [1]}\n  transfer: {}\n"
+            tmp_path / "plan.yaml",
+            one,
+            experiments="experiments:\n  necessity: {windows: [1]}\n  alternatives: {}\n  transfer: {}\n",
         )
     )
     units = {u.experiment: u for u in expand(plan) if u.task == plan.task_specs()[0]}
@@ -739,6 +742,9 @@ def test_a_search_with_no_eligible_cell_is_a_finding_not_a_failure(tiny_dirs, tm
     assert nec["no_config"].endswith(NO_CELL) and len(nec["windows"]["1"]) == 3
     transfer = run_unit(worker, units["transfer"], {units["transfer"].deps[0]: nothing}, None)
     assert transfer["rows"] == [] and transfer["sources_without_config"] == {"tiny-llama": NO_CELL}
+    search_id = units["alternatives"].deps[0]
+    alternatives = worker.run(units["alternatives"], {"id": search_id, "state": "done", "result": nothing})
+    assert alternatives["state"] == "not_applicable" and NO_CELL in alternatives["reason"]
 
 
 def test_an_optional_input_that_failed_is_left_out_a_required_one_fails_the_unit(tiny_dirs, tmp_path):

@@ -234,9 +234,11 @@ def config_of(inputs: Inputs, options: ConfigOptions, n_layers: int) -> AF1Confi
         config = AF1Config(wait=options.wait, transfer=options.transfer or 0, seed=inputs.spec.seed)
     else:
         search = searched(inputs)
-        config = searched_config(search) if search is not None else None
-        if config is None:
-            raise Af1Error(f"no configuration to run at: {NO_CELL} (give --wait and --transfer)")
+        if search is None:
+            raise Af1Error("no configuration to run at: give wait and transfer, or run the search first")
+        config = searched_config(search)
+        if config is None:  # a finding of the search, not a mistake of the caller
+            raise NotApplicable(f"no configuration to run at: {NO_CELL} (or give wait and transfer)")
     config.check(n_layers)
     return config
 
@@ -248,7 +250,7 @@ def measured_on(inputs: Inputs, options: ConfigOptions, setup: Setup) -> tuple[S
         return setup, "the solved problems"
     search = searched(inputs)
     if search is None:
-        raise Af1Error(f"no configuration to run at: {NO_CELL} (give --wait and --transfer)")
+        raise Af1Error("no configuration to run at: give wait and transfer, or run the search first")
     on = allforone.confirmation(setup, search.selection_fraction, search.split_seed)
     return on, "the search's confirmation split"
 
