@@ -298,13 +298,8 @@ def estimate_store(store: Store, units: list[Unit], redo_done: bool = False) -> 
     """Each unit's wall time and peak memory on this machine, with what the store holds: a unit done there costs
     nothing (`redo_done`: estimated all the same), and what it measured (problems solved, the searched cell) replaces
     what is assumed. A unit pays its model's load where the one before it that runs held another model."""
-    by_id = {u.id: u for u in units}
-    done = {u.id for u in units if store.done(u) is not None}
-
-    def finished(uid: str) -> dict[str, Any] | None:
-        record = store.done(by_id[uid]) if uid in by_id else None
-        return record["result"] if record is not None and record.get("state") == "done" else None
-
+    records = {u.id: record for u in units if (record := store.done(u)) is not None}  # each read once
+    results = {uid: r["result"] for uid, r in records.items() if r.get("state") == "done"}
     models: dict[str, tuple[ModelShape, float] | None] = {}
     tasks: dict[tuple[str, str], TaskShape] = {}
     out, held = [], None
@@ -317,12 +312,12 @@ def estimate_store(store: Store, units: list[Unit], redo_done: bool = False) -> 
             out.append(Estimate(unit.id, 0.0, 0.0, "unknown"))
             continue
         shape, rate = known
-        if unit.id in done and not redo_done:
+        if unit.id in records and not redo_done:
             out.append(Estimate(unit.id, 0.0, peak_gb(unit, shape), "done"))
             continue
         task = _task_shape(tasks, entry, unit.task) if unit.task is not None else None
         others = [_task_shape(tasks, entry, s) for s in compared_specs(unit)]
-        found = found_from(unit, finished, task.n if task else 0, shape.layers)
+        found = found_from(unit, results.get, task.n if task else 0, shape.layers)
         seconds = unit_seconds(unit, shape, task, found, rate, others)
         if seconds is None:
             out.append(Estimate(unit.id, 0.0, peak_gb(unit, shape), "unknown"))
@@ -337,12 +332,15 @@ def estimate_store(store: Store, units: list[Unit], redo_done: bool = False) -> 
 def _model_and_rate(entry: ModelEntry) -> tuple[ModelShape, float] | None:
     """The model's cost shape and the rate of the device it will run on; None where its config is not on this
     machine (a hub model not downloaded yet)."""
+    import torch
+
     from af1.models.loading import resolve
 
     where, _ = resolve(entry.spec)
     if not (Path(where) / "config.json").is_file():
         return None
-    device = "cuda" if entry.device_map is not None and _cuda() else "cpu"  # a unit runs on the CPU unless placed
+    placed = entry.device_map is not None and torch.cuda.is_available()  # a unit runs on the CPU unless placed
+    device = "cuda" if placed else "cpu"
     return model_shape(Path(where), entry.dtype), matmul_rate(device, entry.dtype)
 
 
@@ -363,12 +361,6 @@ def compared_specs(unit: Unit) -> list[TaskSpec]:
     if unit.task is None or unit.experiment != "heads":
         return []
     return compare_specs(unit.task, unit.options["compare"])
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def available_gb() -> float | None:
