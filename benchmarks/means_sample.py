@@ -14,7 +14,7 @@ os.environ.setdefault("AF1_NO_PROGRESS", "1")
 
 from af1 import load_model
 from af1.interventions.af1 import AF1Config
-from af1.methods.allforone import faithfulness
+from af1.methods.allforone.faithfulness import faithfulness
 from af1.methods.setup import make_setup
 from af1.stats import mcnemar_exact
 from af1.tasks.evaluation import evaluated

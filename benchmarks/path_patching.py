@@ -19,13 +19,13 @@ def main() -> None:
     cf = counterfactual(task, lm.tokenizer)
     t_forward, _ = best_of(lambda: last_logits(lm.model, task.input_ids_PT, batch_size=64))
     seconds = {"plain_forward": t_forward}
-    for path in heads.PATHS:
-        seconds[path], _ = best_of(lambda path=path: heads.path_patching(lm.adapter, task, cf, path), repeat=2)
+    for path in heads.patching.PATHS:
+        seconds[path], _ = best_of(lambda path=path: heads.patching.path_patching(lm.adapter, task, cf, path), repeat=2)
     n_components = lm.adapter.n_layers * (lm.adapter.n_heads + 1)
     data = {
         "components": n_components,
         "seconds": seconds,
-        "cost_in_forwards": {path: seconds[path] / t_forward for path in heads.PATHS},
+        "cost_in_forwards": {path: seconds[path] / t_forward for path in heads.patching.PATHS},
     }
     print(data)
     write("path_patching", lm, task, data)

@@ -61,7 +61,8 @@ def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
     from af1.experiments.heads import Options as HeadsOptions
     from af1.interventions.af1 import AF1Config
     from af1.methods import heads as heads_method
-    from af1.methods.allforone import faithfulness, sweep
+    from af1.methods.allforone.faithfulness import faithfulness
+    from af1.methods.allforone.grid import sweep
     from af1.methods.setup import make_setup
     from af1.progress import max_rss_mb, peak_memory
     from af1.tasks.evaluation import evaluated, last_logits
@@ -99,7 +100,7 @@ def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
             split = (o.selection, o.split_seed)
             timed(
                 "heads",
-                lambda: heads_method.study(
+                lambda: heads_method.study.study(
                     lm,
                     spec,
                     threshold=o.threshold,
@@ -108,7 +109,7 @@ def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
                     path=o.path,
                     metric=o.metric,
                     split=split,
-                    split_from=heads_method.OWN_SPLIT,
+                    split_from=heads_method.ranking.OWN_SPLIT,
                     done=done,
                 ),
             )

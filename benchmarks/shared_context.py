@@ -21,7 +21,7 @@ from af1.executors.shared_context import shared_context_logits
 from af1.interventions.af1 import AF1Config
 from af1.interventions.heads import head_means, head_sums
 from af1.interventions.means import compute_means
-from af1.methods.heads import knocked_step
+from af1.methods.heads.knockouts import knocked_step
 from af1.models.forward import forget_contexts
 from af1.tasks.evaluation import last_logits
 from af1.tasks.task import Task

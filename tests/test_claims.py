@@ -71,14 +71,14 @@ def test_a_family_of_rates_claimed_to_keep_the_threshold_stays_silent_at_it():
     assert [c["outcome"] for c in adjusted] == ["confirmed", "rejected"]  # adjusting keeps a rejection
 
 
-def grid_of(rates: dict[tuple[int, int], float], n: int, L: int, rng: np.random.Generator) -> allforone.GridCells:
+def grid_of(rates: dict[tuple[int, int], float], n: int, L: int, rng: np.random.Generator) -> allforone.grid.GridCells:
     """A sweep whose every cell is right on each problem with its rate (independently), 10 distinct answers."""
     cells = {}
     for w in range(-1, L):
         for k in range(L - w):
             p = rates.get((w, k), 0.3)
             cells[f"{w},{k}"] = "".join("1" if r < p else "0" for r in rng.random(n))
-    return allforone.GridCells(cells=cells, targets=[str(i % 10) for i in range(n)], kept_layouts=None, config={})
+    return allforone.grid.GridCells(cells=cells, targets=[str(i % 10) for i in range(n)], kept_layouts=None, config={})
 
 
 def test_the_search_finds_no_subgraph_where_every_cell_falls_short():
@@ -89,7 +89,7 @@ def test_the_search_finds_no_subgraph_where_every_cell_falls_short():
     chosen = found = 0
     for _ in range(40):
         rates = {(w, k): 0.82 for w in range(-1, L) for k in range(1, L - w)}
-        result = allforone.search(grid_of(rates, n, L, rng), n_layers=L, threshold=0.9, selection=0.5, seed=0)
+        result = allforone.search.search(grid_of(rates, n, L, rng), n_layers=L, threshold=0.9, selection=0.5, seed=0)
         chosen += result["chosen"]
         found += result["found"]
     assert chosen > 10, "the selection half alone passes often: the test has teeth"
@@ -100,7 +100,7 @@ def test_the_search_confirms_a_planted_subgraph():
     rng = np.random.default_rng(2)
     L, n = 6, 200
     found = [
-        allforone.search(grid_of({(2, 1): 0.995}, n, L, rng), n_layers=L, threshold=0.9, selection=0.5, seed=s)
+        allforone.search.search(grid_of({(2, 1): 0.995}, n, L, rng), n_layers=L, threshold=0.9, selection=0.5, seed=s)
         for s in range(20)
     ]
     assert sum(f["found"] and (f["wait"], f["transfer"]) == (2, 1) for f in found) >= 16
@@ -170,10 +170,12 @@ def test_paired_differs_reads_mcnemar_and_a_claim_not_confirmed_names_its_n():
 
 
 def test_a_best_cell_that_did_not_pass_selection_is_never_confirmed():
-    claim = allforone.subgraph_claim([True] * 100, (1, 1), 0.9, chosen=False, baseline=0.1)
+    claim = allforone.search.subgraph_claim([True] * 100, (1, 1), 0.9, chosen=False, baseline=0.1)
     assert claim["outcome"] == "not confirmed" and "never confirmed" in claim["rule"]
-    assert allforone.subgraph_claim([True] * 100, (1, 1), 0.9, chosen=True, baseline=0.1)["outcome"] == "confirmed"
-    trivial = allforone.subgraph_claim([True] * 100, (1, 1), 0.5, chosen=True, baseline=0.99)  # a constant guess
+    assert (
+        allforone.search.subgraph_claim([True] * 100, (1, 1), 0.9, chosen=True, baseline=0.1)["outcome"] == "confirmed"
+    )
+    trivial = allforone.search.subgraph_claim([True] * 100, (1, 1), 0.5, chosen=True, baseline=0.99)  # a constant guess
     assert trivial["outcome"] == "not confirmed" and "constant guess" in trivial["rule"]
 
 

@@ -12,7 +12,7 @@ from af1.executors.fast import capture_problem_kv
 from af1.interventions.heads import head_means
 from af1.interventions.means import compute_means
 from af1.interventions.sites import head_inputs, record
-from af1.methods.heads import head_sums_by_step, knockout_scores
+from af1.methods.heads.knockouts import head_sums_by_step, knockout_scores
 from af1.models.forward import context_of, forward_last, suffix_start
 from af1.tasks.evaluation import evaluate, last_logits
 from af1.tasks.spec import TaskSpec

@@ -104,17 +104,20 @@ def test_every_intervention_matches_the_whole_model(pair, tokenizer):
             fast_logits(placed.adapter, task, config, means), fast_logits(whole.adapter, task, config, means)
         )
     cf = counterfactual(task, tokenizer)
-    for path in heads.PATHS:
-        a, b = heads.path_patching(whole.adapter, task, cf, path), heads.path_patching(placed.adapter, task, cf, path)
+    for path in heads.patching.PATHS:
+        a, b = (
+            heads.patching.path_patching(whole.adapter, task, cf, path),
+            heads.patching.path_patching(placed.adapter, task, cf, path),
+        )
         assert a.keys() == b.keys() and all(
             a[k] == b[k] if isinstance(a[k], str | float | dict) else torch.equal(a[k], b[k]) for k in a
         )
-    lens, whole_lens = heads.mlp_logit_lens(placed.adapter, task), heads.mlp_logit_lens(whole.adapter, task)
+    lens, whole_lens = heads.lens.mlp_logit_lens(placed.adapter, task), heads.lens.mlp_logit_lens(whole.adapter, task)
     assert lens is not None and whole_lens is not None and torch.equal(lens, whole_lens)
     setup = prepare(placed, SPEC)
     assert setup.base.accuracy == 1.0
-    sweep = allforone.sweep(setup, max_transfer=1)
-    whole_sweep = allforone.sweep(prepare(whole, SPEC), max_transfer=1)
+    sweep = allforone.grid.sweep(setup, max_transfer=1)
+    whole_sweep = allforone.grid.sweep(prepare(whole, SPEC), max_transfer=1)
     assert torch.equal(
         torch.tensor(sweep["faithfulness_wait_transfer"]).nan_to_num(-1),
         torch.tensor(whole_sweep["faithfulness_wait_transfer"]).nan_to_num(-1),

@@ -38,11 +38,11 @@ def test_counterfactual_keeps_the_layout(tokenizer, style, null, shots):
     assert tokenizer.decode(cf.input_ids_PT[0, changed]).strip() == cf.replacement
 
 
-@pytest.mark.parametrize("path", heads.PATHS)
+@pytest.mark.parametrize("path", heads.patching.PATHS)
 def test_patching_with_itself_changes_nothing(task, path):
     adapter = ModelAdapter(tiny_model("llama"))
     same = Counterfactual(task.input_ids_PT, "", [])
-    pp = heads.path_patching(adapter, task, same, path)
+    pp = heads.patching.path_patching(adapter, task, same, path)
     assert pp["path"] == path and isinstance(pp["clean_logit_diff"], float)
     for key, value in pp.items():
         if key.endswith(("_layer_head", "_layer")):
@@ -50,28 +50,29 @@ def test_patching_with_itself_changes_nothing(task, path):
             # sits in the batch (CI's did, by 2e-8) leaves float noise, never an effect
             assert isinstance(value, torch.Tensor) and value.abs().max() < 1e-6, key
     clean = last_logits(adapter.model, task.input_ids_PT)
-    patched = heads.activation_patching(adapter, task, same, [(0, 1), (2, 3)], rows_per_forward=7)
-    assert torch.allclose(patched, clean.gather(1, task.answer_ids_P[:, None]).T.expand(2, -1), atol=1e-5)
+    for sender in [(0, 1), (2, 3)]:  # activation patching by full forwards: the same, head by head
+        patched = brute_force_correct_logits(adapter, task, same, "total", sender)
+        assert torch.allclose(patched, clean.gather(1, task.answer_ids_P[:, None])[:, 0], atol=1e-5)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gpt_neox", "gptj"])
 def test_all_heads_of_a_layer_equal_the_attention_output(family, task, tokenizer):
     adapter = ModelAdapter(tiny_model(family))
     cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
-    clean, _ = heads.run_last(adapter, task.input_ids_PT)
-    other, _ = heads.run_last(adapter, cf.input_ids_PT)
+    clean, _ = heads.capture.run_last(adapter, task.input_ids_PT)
+    other, _ = heads.capture.run_last(adapter, cf.input_ids_PT)
     for layer in range(adapter.n_layers):
-        deltas = heads.head_deltas(adapter, layer, clean[head_inputs(layer)], other[head_inputs(layer)])
+        deltas = heads.capture.head_deltas(adapter, layer, clean[head_inputs(layer)], other[head_inputs(layer)])
         o = adapter.o_proj(layer)
         whole = o(other[head_inputs(layer)]) - o(clean[head_inputs(layer)])
         assert torch.allclose(deltas.sum(0), whole, atol=1e-5)
-    pp = heads.path_patching(adapter, task, cf, "direct")
+    pp = heads.patching.path_patching(adapter, task, cf, "direct")
     assert pp["relative_logit_change_layer_head"].abs().sum() > 0
 
 
 def test_gemma_is_refused_for_direct_path_patching(task):
     with pytest.raises(Af1Error, match="not linear"):
-        heads.path_patching(
+        heads.patching.path_patching(
             ModelAdapter(tiny_model("gemma2")), task, Counterfactual(task.input_ids_PT, "", []), "direct"
         )
 
@@ -154,7 +155,9 @@ def test_each_path_equals_its_definition_by_full_forwards(family, path, task):
     cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
     assert task.n_steps() == 2  # answers of one and of two tokens: every step scored, each problem once
     for scoring in ("full", "first"):
-        pp = heads.path_patching(adapter, task, cf, path, batch_size=5, scoring=scoring)  # batches of 5, 5 and 2
+        pp = heads.patching.path_patching(
+            adapter, task, cf, path, batch_size=5, scoring=scoring
+        )  # batches of 5, 5 and 2
         assert pp["scoring"] == scoring and set(pp["answer_steps_n"]) == ({"0", "1"} if scoring == "full" else {"0"})
         senders = [(0, 1), (1, 3), (adapter.n_layers - 1, 0), (0, "mlp"), (1, "mlp")]
         for layer, which in senders[: 5 if scoring == "full" else 2]:
@@ -169,7 +172,9 @@ def test_each_path_equals_its_definition_by_full_forwards(family, path, task):
 
 def test_gptj_has_no_total_path(task):
     with pytest.raises(Af1Error, match="try path 'wang'"):
-        heads.path_patching(ModelAdapter(tiny_model("gptj")), task, Counterfactual(task.input_ids_PT, "", []), "total")
+        heads.patching.path_patching(
+            ModelAdapter(tiny_model("gptj")), task, Counterfactual(task.input_ids_PT, "", []), "total"
+        )
 
 
 def one_head_writes():
@@ -192,7 +197,8 @@ def test_one_head_that_writes_has_the_only_effect_and_the_same_under_every_path(
     adapter = ModelAdapter(one_head_writes())
     cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
     effects = {
-        path: heads.path_patching(adapter, task, cf, path)["relative_logit_change_layer_head"] for path in heads.PATHS
+        path: heads.patching.path_patching(adapter, task, cf, path)["relative_logit_change_layer_head"]
+        for path in heads.patching.PATHS
     }
     for effect in effects.values():
         assert float(effect[1, 2]) != 0
@@ -207,20 +213,22 @@ def test_knockout_and_key_heads(task, tokenizer):
     from af1.interventions.heads import head_sums
 
     adapter = ModelAdapter(tiny_model("llama"))
-    (base,) = heads.knocked_step(adapter, task, [[]], head_sums(adapter, task))  # nothing ablated: the plain model
+    (base,) = heads.knockouts.knocked_step(
+        adapter, task, [[]], head_sums(adapter, task)
+    )  # nothing ablated: the plain model
     assert (
         base.correct_P.tolist()
         == (last_logits(adapter.model, task.input_ids_PT).argmax(-1) == task.answer_ids_P).tolist()
     )
     effect = torch.tensor([[0.0, -0.2, -0.01, -0.06], [0.1, -0.5, 0.0, 0.0]])
-    assert heads.key_heads(effect) == [(1, 1), (0, 1), (0, 3)]
-    shared = heads.overlap([(1, 1), (0, 1)], [(0, 1), (2, 2)], heads_per_layer=4)
+    assert heads.ranking.key_heads(effect) == [(1, 1), (0, 1), (0, 3)]
+    shared = heads.ranking.overlap([(1, 1), (0, 1)], [(0, 1), (2, 2)], heads_per_layer=4)
     assert {k: shared[k] for k in ("jaccard", "top_k_overlap", "k")} == {"jaccard": 1 / 3, "top_k_overlap": 0.5, "k": 2}
     # the second list redrawn within its layers: (0, 1) comes back in layer 0 one time in 4, layer 2 holds none of
     # the first's heads; so 0.25 heads of 2 are shared on average, and one or more with chance 1/4
     assert shared["top_k_overlap_chance"] == 0.125
     assert shared["top_k_overlap_p"] == pytest.approx(0.25, abs=0.02)
-    looks = heads.last_query_attention(adapter, task, [(0, 1), (2, 0)])
+    looks = heads.attention.last_query_attention(adapter, task, [(0, 1), (2, 0)])
     for shares in looks.values():
         assert sum(shares.values()) == pytest.approx(1.0, abs=1e-5)
     # in a word style the token after an operand is " and" or " is", no operator: the group is named for its place
@@ -228,7 +236,7 @@ def test_knockout_and_key_heads(task, tokenizer):
     step = verbal.steps()[0]
     after = [t for t in range(1, step.n_positions - 1) if step.layout[t] == "const" and step.layout[t - 1] in "AB"]
     assert {tokenizer.decode(step.input_ids_PT[0, t]) for t in after} == {" and", " is"}
-    shares = next(iter(heads.last_query_attention(adapter, verbal, [(0, 1)]).values()))
+    shares = next(iter(heads.attention.last_query_attention(adapter, verbal, [(0, 1)]).values()))
     assert "after an operand" in shares and "operator" not in shares
 
 
@@ -384,12 +392,12 @@ def test_knockout_scores_every_answer_token_and_nothing_ablated_is_the_plain_mod
     adapter = ModelAdapter(tiny_model("llama"))
     two_steps = build_task(TaskSpec(operation="a+b", n=16, seed=3, answer_digits="any"), tokenizer)
     assert two_steps.n_steps() == 2
-    means = heads.head_sums_by_step(adapter, two_steps)
+    means = heads.knockouts.head_sums_by_step(adapter, two_steps)
     assert [m.sums[0].shape[0] for m in means.values()] == [two_steps.n_positions, two_steps.n_positions + 1]
     plain = evaluate(adapter.model, two_steps)
-    nothing = heads.knockout_scores(adapter, two_steps, [], means)
+    nothing = heads.knockouts.knockout_scores(adapter, two_steps, [], means)
     assert torch.equal(nothing.correct_P, plain.correct_P) and nothing.predicted_PA == plain.predicted_PA
-    ablated = heads.knockout_scores(adapter, two_steps, [(0, 1), (1, 2)], means)
+    ablated = heads.knockouts.knockout_scores(adapter, two_steps, [(0, 1), (1, 2)], means)
     assert ablated.predicted_PA != plain.predicted_PA  # the heads matter to a random model's predictions
 
 
@@ -400,18 +408,22 @@ def test_the_mlp_logit_lens_reads_through_the_final_norm_at_its_frozen_scale(tas
     from af1.interventions.sites import FINAL
 
     adapter = ModelAdapter(tiny_model(family))
-    cache, _ = heads.run_last(adapter, task.input_ids_PT)
+    cache, _ = heads.capture.run_last(adapter, task.input_ids_PT)
     x = cache[FINAL]
     norm = adapter.final_norm
     bias = norm.bias if isinstance(norm, torch.nn.LayerNorm) else 0
     parts = torch.randn(3, *x.shape)
     parts[2] = x - parts[0] - parts[1]
-    total = heads.norm_read(norm, x, parts[0]) + heads.norm_read(norm, x, parts[1]) + heads.norm_read(norm, x, parts[2])
+    total = (
+        heads.lens.norm_read(norm, x, parts[0])
+        + heads.lens.norm_read(norm, x, parts[1])
+        + heads.lens.norm_read(norm, x, parts[2])
+    )
     assert torch.allclose(total, norm(x) - bias, atol=1e-4)
-    assert torch.allclose(heads.norm_read(norm, x, x), norm(x) - bias, atol=1e-5)
-    lens = heads.mlp_logit_lens(adapter, task)
+    assert torch.allclose(heads.lens.norm_read(norm, x, x), norm(x) - bias, atol=1e-5)
+    lens = heads.lens.mlp_logit_lens(adapter, task)
     assert lens is not None and lens.shape == (adapter.n_layers,) and lens.abs().sum() > 0
-    assert heads.mlp_logit_lens(ModelAdapter(tiny_model("gemma2")), task) is None  # post-norms: not a linear read
+    assert heads.lens.mlp_logit_lens(ModelAdapter(tiny_model("gemma2")), task) is None  # post-norms: not a linear read
 
 
 def test_finetuning_trains_every_answer_token(tokenizer):
@@ -561,7 +573,7 @@ def test_the_full_answer_ranking_finds_the_head_of_each_answer_token_and_the_fir
     cf = counterfactual(task, tokenizer, "b")
 
     def effects():
-        return {s: heads.path_patching(adapter, task, cf, "direct", scoring=s) for s in ("full", "first")}
+        return {s: heads.patching.path_patching(adapter, task, cf, "direct", scoring=s) for s in ("full", "first")}
 
     pp = effects()
     step0 = pp["first"]["relative_logit_change_layer_head"]
@@ -578,9 +590,9 @@ def test_the_full_answer_ranking_finds_the_head_of_each_answer_token_and_the_fir
     assert float(others.abs().max()) < 1e-6  # no other head writes
     # the first token reads the second token's head only through the final norm's scale (measured: 0.0035 vs 0.17)
     assert float(only_first[1, 2].abs()) < 0.1 * float(full[1, 2].abs())
-    assert set(heads.top_heads(full, 2)) == {(0, 1), (1, 2)}
-    assert set(heads.key_heads(full)) == {(0, 1), (1, 2)}
-    assert heads.key_heads(only_first) == [(0, 1)]  # the first-token ranking misses the second token's head
+    assert set(heads.ranking.top_heads(full, 2)) == {(0, 1), (1, 2)}
+    assert set(heads.ranking.key_heads(full)) == {(0, 1), (1, 2)}
+    assert heads.ranking.key_heads(only_first) == [(0, 1)]  # the first-token ranking misses the second token's head
     assert pp["full"]["answer_steps_n"] == {"0": 12, "1": 12} and pp["first"]["answer_steps_n"] == {"0": 12}
 
 
@@ -593,19 +605,19 @@ def test_knock_outs_leave_each_problems_own_state_out_of_its_mean(tokenizer):
     task = build_task(TaskSpec(operation="a+b", shots=2, n=6, seed=2, scoring="first"), tokenizer)
     knocked = [(0, 1), (1, 2), (2, 3)]
     sums = head_sums(adapter, task)
-    loo, nothing, one = heads.knocked_step(adapter, task, [knocked, [], [(1, 0)]], sums, batch_size=4)
+    loo, nothing, one = heads.knockouts.knocked_step(adapter, task, [knocked, [], [(1, 0)]], sums, batch_size=4)
     assert (
         nothing.correct_P.tolist()
         == (last_logits(adapter.model, task.input_ids_PT).argmax(-1) == task.answer_ids_P).tolist()
     )
-    (alone,) = heads.knocked_step(adapter, task, [[(1, 0)]], sums)
+    (alone,) = heads.knockouts.knocked_step(adapter, task, [[(1, 0)]], sums)
     assert torch.allclose(one.p_correct_P, alone.p_correct_P, atol=1e-6)
     for i in range(len(task)):
         others = head_sums(adapter, task.subset([j for j in range(len(task)) if j != i]))
-        (brute,) = heads.knocked_step(adapter, task.subset([i]), [knocked], others)
+        (brute,) = heads.knockouts.knocked_step(adapter, task.subset([i]), [knocked], others)
         assert float(brute.p_correct_P[0]) == pytest.approx(float(loo.p_correct_P[i]), rel=2e-5, abs=0)
     with_self = HeadSums(sums.sums, sums.n, frozenset())  # the old mean, each problem inside its own
-    (old,) = heads.knocked_step(adapter, task, [knocked], with_self)
+    (old,) = heads.knockouts.knocked_step(adapter, task, [knocked], with_self)
     assert float(((old.p_correct_P - loo.p_correct_P) / loo.p_correct_P).abs().max()) > 1e-3  # it matters
 
 
@@ -639,7 +651,7 @@ def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokeniz
     everything = Scores([[0]] * len(task), torch.ones(len(task)), torch.ones(len(task), dtype=torch.bool))
     lm = LoadedModel(model, tokenizer, ModelAdapter(model))
     done = Evaluated(task, everything, id(model))
-    result = heads.study(
+    result = heads.study.study(
         lm,
         spec,
         threshold=-0.05,
@@ -656,7 +668,7 @@ def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokeniz
 
     sel, conf = split_indices(len(task), 0.5, 4)
     assert result["split"]["n_selection"] == len(sel) and result["knockout"]["n"] == len(conf)
-    alone = heads.ranked(lm.adapter, task.subset(sel), tokenizer, "direct", "relative", 3, "b")
+    alone = heads.ranking.ranked(lm.adapter, task.subset(sel), tokenizer, "direct", "relative", 3, "b")
     assert result["top_heads"] == [list(h) for h in alone["top_heads"]]
     chosen = {tuple(h) for h in result["top_heads"] + result["key_heads"]}
     assert all(not chosen & {tuple(h) for h in heads_} for heads_ in result["knockout"]["random_heads"])
@@ -711,12 +723,12 @@ def test_the_heads_study_runs_where_the_mlp_logit_lens_cannot_read(tokenizer, tm
 def test_each_problems_effects_average_to_the_effects_and_patching_some_layers_measures_only_those(task, path):
     adapter = ModelAdapter(tiny_model("llama"))
     cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
-    pp = heads.path_patching(adapter, task, cf, path, batch_size=5)
-    for metric in heads.METRICS:
-        per_problem = heads.problem_effects(pp, metric)
+    pp = heads.patching.path_patching(adapter, task, cf, path, batch_size=5)
+    for metric in heads.ranking.METRICS:
+        per_problem = heads.ranking.problem_effects(pp, metric)
         assert per_problem.shape == (len(task), adapter.n_layers, adapter.n_heads)
-        assert torch.allclose(per_problem.mean(0), heads.effect_of(pp, metric), atol=1e-6)
-    some = heads.path_patching(adapter, task, cf, path, batch_size=5, layers=[1])
+        assert torch.allclose(per_problem.mean(0), heads.ranking.effect_of(pp, metric), atol=1e-6)
+    some = heads.patching.path_patching(adapter, task, cf, path, batch_size=5, layers=[1])
     assert torch.equal(
         some["relative_logit_change_problem_layer_head"][:, 1], pp["relative_logit_change_problem_layer_head"][:, 1]
     )
@@ -745,8 +757,8 @@ def test_a_head_with_no_effect_is_never_a_confirmed_key_head(task):
     problem, so its key-head claim is rejected, whatever the threshold's side."""
     adapter = ModelAdapter(one_head_writes())
     cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
-    pp = heads.path_patching(adapter, task, cf, "direct", layers=[0, 1])
-    effect_P = heads.problem_effects(pp, "relative")
+    pp = heads.patching.path_patching(adapter, task, cf, "direct", layers=[0, 1])
+    effect_P = heads.ranking.problem_effects(pp, "relative")
     from af1.claims import adjust, mean_below
 
     family = adjust(

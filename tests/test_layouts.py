@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from af1.errors import Af1Error
+from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, heads
 from af1.methods.finetune import answer_batch
 from af1.methods.setup import make_setup, prepare
@@ -139,16 +140,18 @@ def test_pooled_rates_are_each_layouts_own_measurement(mixed):
         for group, dist in zip(whole.task.groups, whole.distribution.groups, strict=True)
     ]
     configs = [
-        allforone.AF1Config(wait=1, transfer=0),  # fast executor; faithfulness 0.14 and 0 on this model
-        allforone.AF1Config(wait=0, transfer=1),
-        allforone.AF1Config(wait=0, transfer=1, ablation="mean", abp="sink"),  # shared-context executor
-        allforone.AF1Config(wait=0, transfer=1, ablation="resample"),  # donors drawn from the row's own layout
+        AF1Config(wait=1, transfer=0),  # fast executor; faithfulness 0.14 and 0 on this model
+        AF1Config(wait=0, transfer=1),
+        AF1Config(wait=0, transfer=1, ablation="mean", abp="sink"),  # shared-context executor
+        AF1Config(wait=0, transfer=1, ablation="resample"),  # donors drawn from the row's own layout
     ]
     for config in configs:
-        scores = allforone.faithfulness(whole, config)
+        scores = allforone.faithfulness.faithfulness(whole, config)
         got = by_prompt(whole.kept, scores.p_correct_P.tolist())
         for single in singles:
-            assert close(by_prompt(single.kept, allforone.faithfulness(single, config).p_correct_P.tolist()), got)
+            assert close(
+                by_prompt(single.kept, allforone.faithfulness.faithfulness(single, config).p_correct_P.tolist()), got
+            )
         pooled = scores.rate(whole.kept)
         assert "by_layout" in pooled
         assert [r["n"] for r in pooled["by_layout"]] == [21, 15]
@@ -158,10 +161,10 @@ def test_pooled_rates_are_each_layouts_own_measurement(mixed):
         # the pooled baseline guesses per layout (the prompt shows it): sum of n_g * b_g over n
         n_b = sum(r["n"] * r["baseline"] for r in pooled["by_layout"])
         assert pooled["baseline"] == pytest.approx(n_b / pooled["n"])
-    assert allforone.faithfulness(whole, configs[0]).rate(whole.kept).get("by_layout", [])[0]["value"] > 0
+    assert allforone.faithfulness.faithfulness(whole, configs[0]).rate(whole.kept).get("by_layout", [])[0]["value"] > 0
     half = whole.on(list(range(0, len(whole.kept), 2)))  # a split keeps each row's own layout's means
-    got = by_prompt(whole.kept, allforone.faithfulness(whole, configs[0]).p_correct_P.tolist())
-    assert close(by_prompt(half.kept, allforone.faithfulness(half, configs[0]).p_correct_P.tolist()), got)
+    got = by_prompt(whole.kept, allforone.faithfulness.faithfulness(whole, configs[0]).p_correct_P.tolist())
+    assert close(by_prompt(half.kept, allforone.faithfulness.faithfulness(half, configs[0]).p_correct_P.tolist()), got)
 
 
 def test_the_evaluation_reads_back_and_lists_layouts(mixed):
@@ -175,17 +178,17 @@ def test_the_evaluation_reads_back_and_lists_layouts(mixed):
 def test_heads_are_patched_per_layout_and_pooled_by_n(mixed, tokenizer):
     lm, spec, short, long = mixed
     kept = prepare(lm, spec).kept
-    pp, _ = heads.layout_path_patching(lm.adapter, kept, tokenizer, "direct")
+    pp, _ = heads.patching.layout_path_patching(lm.adapter, kept, tokenizer, "direct")
     parts = []
     for alone_spec in (short, long):
         alone = prepare(lm, alone_spec).kept
-        part, _ = heads.layout_path_patching(lm.adapter, alone, tokenizer, "direct")
+        part, _ = heads.patching.layout_path_patching(lm.adapter, alone, tokenizer, "direct")
         parts.append((len(alone), part["relative_logit_change_layer_head"]))
     expected = (parts[0][0] * parts[0][1] + parts[1][0] * parts[1][1]) / (parts[0][0] + parts[1][0])
     assert torch.allclose(pp["relative_logit_change_layer_head"], expected, atol=1e-6)
-    means = heads.head_sums_by_step(lm.adapter, kept)
+    means = heads.knockouts.head_sums_by_step(lm.adapter, kept)
     assert set(means) == {part.part_key for part in kept.steps()}
-    knocked = heads.knockout_scores(lm.adapter, kept, [(0, 0), (1, 1)], means)
+    knocked = heads.knockouts.knockout_scores(lm.adapter, kept, [(0, 0), (1, 1)], means)
     assert len(knocked.correct_P) == len(kept)
 
 
@@ -223,10 +226,10 @@ def test_a_layout_without_a_counterfactual_is_left_out_of_path_patching(mixed, t
     text = Path(str(spec.file)).read_text().replace("slot: b\n", "slot: a\n  null_value: '9'\n")
     (tmp_path / "null.yaml").write_text(text)
     kept = prepare(lm, TaskSpec(file=str(tmp_path / "null.yaml"))).kept
-    pp, _ = heads.layout_path_patching(lm.adapter, kept, tokenizer, "direct")
+    pp, _ = heads.patching.layout_path_patching(lm.adapter, kept, tokenizer, "direct")
     assert pp.get("layouts_patched") == [{"layout": 0, "n": len(kept.groups[0])}]
     assert [s["layout"] for s in pp.get("layouts_not_patched", [])] == [1]
-    alone, _ = heads.layout_path_patching(lm.adapter, kept.groups[0], tokenizer, "direct")
+    alone, _ = heads.patching.layout_path_patching(lm.adapter, kept.groups[0], tokenizer, "direct")
     assert torch.allclose(pp["relative_logit_change_layer_head"], alone["relative_logit_change_layer_head"])
 
 
@@ -243,9 +246,11 @@ def test_the_search_reports_each_layouts_confirmation_rate(mixed):
     setup = held.setup(spec)
     only_short = setup.on(setup.kept.groups[0].where_P.tolist())
     assert [s.kept.layout_id for s in only_short.steps] == [0] * len(only_short.steps)
-    config = allforone.AF1Config(wait=1, transfer=0)
-    got = by_prompt(setup.kept, allforone.faithfulness(setup, config).p_correct_P.tolist())
-    assert close(by_prompt(only_short.kept, allforone.faithfulness(only_short, config).p_correct_P.tolist()), got)
+    config = AF1Config(wait=1, transfer=0)
+    got = by_prompt(setup.kept, allforone.faithfulness.faithfulness(setup, config).p_correct_P.tolist())
+    assert close(
+        by_prompt(only_short.kept, allforone.faithfulness.faithfulness(only_short, config).p_correct_P.tolist()), got
+    )
 
 
 def test_the_heads_study_runs_on_a_task_of_several_layouts(mixed, tmp_path, monkeypatch, capsys):

@@ -41,18 +41,18 @@ def tiny_setup(tokenizer):
 
 def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
     state = tmp_path / "sweep.state.json"
-    partial = allforone.sweep(tiny_setup, max_transfer=1, state_path=state)
+    partial = allforone.grid.sweep(tiny_setup, max_transfer=1, state_path=state)
     L = tiny_setup.adapter.n_layers
     assert partial["n_cells"] == sum(min(L - w, 2) for w in range(-1, L))
     calls: list[list[int]] = []
-    real = allforone.fast_sweep_wait
+    real = allforone.grid.fast_sweep_wait
 
     def counting(adapter, task, config, means, todo, **kw):
         calls.append(list(todo))
         return real(adapter, task, config, means, todo, **kw)
 
-    monkeypatch.setattr(allforone, "fast_sweep_wait", counting)
-    full = allforone.sweep(tiny_setup, state_path=state)
+    monkeypatch.setattr(allforone.grid, "fast_sweep_wait", counting)
+    full = allforone.grid.sweep(tiny_setup, state_path=state)
     assert calls and all(0 not in todo and 1 not in todo for todo in calls)  # finished cells are not recomputed
     grid = torch.tensor(full["faithfulness_wait_transfer"])
     for w in range(-1, L):
@@ -72,7 +72,7 @@ def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
     resample = setup_executor(tiny_setup, config.model_copy(update={"ablation": "resample"}))
     assert resample["executor"] == "shared-context" and "token-local" in (resample["fallback_reason"] or "")
     calls.clear()  # a capped sweep resumed from the full grid's state returns its own cells only, computing none
-    capped = allforone.sweep(tiny_setup, max_transfer=1, state_path=state)
+    capped = allforone.grid.sweep(tiny_setup, max_transfer=1, state_path=state)
     assert calls == [] and set(capped["cells"]) == {f"{w},{k}" for w in range(-1, L) for k in range(min(L - w, 2))}
     assert to_json(capped) == to_json(partial)  # NaN where not measured: compared as JSON (null)
 
@@ -110,13 +110,13 @@ def test_low_counts_of_the_means_are_named(tiny_setup):
 
 def synthetic_sweep(
     L: int, n: int, cells: dict[tuple[int, int], list[bool]], targets: list[str]
-) -> allforone.GridCells:
-    """A sweep's cells as `allforone.sweep` returns them, with chosen per-problem outcomes (the rest all wrong)."""
+) -> allforone.grid.GridCells:
+    """A sweep's cells as `allforone.grid.sweep` returns them, with chosen per-problem outcomes (the rest all wrong)."""
     bits = {}
     for w in range(-1, L):
         for k in range(L - w):
             bits[f"{w},{k}"] = "".join("1" if c else "0" for c in cells.get((w, k), [False] * n))
-    return allforone.GridCells(targets=targets, cells=bits, config={}, kept_layouts=None)
+    return allforone.grid.GridCells(targets=targets, cells=bits, config={}, kept_layouts=None)
 
 
 def test_search_chooses_on_selection_and_confirms_on_the_rest():
@@ -135,7 +135,7 @@ def test_search_chooses_on_selection_and_confirms_on_the_rest():
         (0, 4): right,
     }
     sweep = synthetic_sweep(L, n, cells, targets)
-    found = allforone.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
+    found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
     assert found["chosen"] and (found["wait"], found["transfer"]) == (3, 1)
     assert found["faithfulness_selection"] == 1.0 and found["faithfulness"] == 0.0  # the split shows it
     claim = found["claim"]  # decided on the confirmation split alone: there the cell fails
@@ -148,29 +148,29 @@ def test_search_chooses_on_selection_and_confirms_on_the_rest():
     assert [(f["wait"], f["transfer"]) for f in found["frontier"]] == [(0, 4), (1, 1), (3, 1)]
     assert found["n_ineligible_no_compute"] == L + 1
     sweep = synthetic_sweep(L, n, {k: v for k, v in cells.items() if k != (3, 1)}, targets)
-    found = allforone.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
+    found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
     assert (found["wait"], found["transfer"], found["faithfulness"]) == (1, 1, 1.0)
     claim = found["claim"]  # 20 of 20: the interval's lower end is 0.84, below 0.9, so not confirmed at this n
     assert claim is not None and claim["outcome"] == "not confirmed" and found["found"] is False
     assert claim["n_to_decide"] == 35  # the smallest n whose Wilson interval at 1.0 clears 0.9: n / (n + 1.96^2)
-    assert allforone.search(sweep, n_layers=L, threshold=0.8, selection=0.5, seed=0)["found"] is True
-    assert allforone.search(sweep, n_layers=L, threshold=1.0, selection=0.5, seed=0)["chosen"] is True
+    assert allforone.search.search(sweep, n_layers=L, threshold=0.8, selection=0.5, seed=0)["found"] is True
+    assert allforone.search.search(sweep, n_layers=L, threshold=1.0, selection=0.5, seed=0)["chosen"] is True
     halves = synthetic_sweep(L, n, {(1, 1): [i % 2 == 0 for i in range(n)]}, targets)
-    nothing = allforone.search(halves, n_layers=L, threshold=0.9, selection=0.5, seed=0)
+    nothing = allforone.search.search(halves, n_layers=L, threshold=0.9, selection=0.5, seed=0)
     assert nothing["found"] is False and nothing["chosen"] is False and nothing["wait"] is None
     best = nothing.get("best")
     assert best is not None and (best["wait"], best["transfer"]) == (1, 1)
     claim = nothing["claim"]  # judged at the best cell, on the confirmation split: about half right there
     assert claim is not None and claim["outcome"] == "rejected" and (claim["ci"][1] or 1) < 0.9
     with pytest.raises(Af1Error, match=r"\[0, 1\]"):
-        allforone.search(sweep, n_layers=L, threshold=1.5, selection=0.5, seed=0)
+        allforone.search.search(sweep, n_layers=L, threshold=1.5, selection=0.5, seed=0)
 
 
 def test_search_never_chooses_a_cell_no_better_than_a_constant_guess():
     L, n = 4, 30
     constant = ["7"] * n  # every target the same: a constant guess is right on all of them
     sweep = synthetic_sweep(L, n, {(0, 1): [True] * n}, constant)
-    found = allforone.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
+    found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
     judged = found.get("best_measured")
     assert found["found"] is False and "best" not in found and judged is not None and judged["eligible"] is False
     assert found["claim"] is not None and found["claim"]["outcome"] == "not confirmed"  # judged, never confirmed
@@ -187,7 +187,7 @@ def test_a_search_that_finds_nothing_still_gives_its_numbers_and_the_grid_it_sea
     third = [i % 3 == 0 for i in range(n)]
     sweep = synthetic_sweep(L, n, {(2, 1): third}, targets)
     sweep["cells"] = {key: bits for key, bits in sweep["cells"].items() if int(key.split(",")[1]) <= 2}  # capped
-    found = allforone.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
+    found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
     assert not found["chosen"] and "best" not in found
     judged = found.get("best_measured")
     assert judged is not None and (judged["wait"], judged["transfer"]) == (2, 1)
@@ -208,7 +208,7 @@ def test_the_plain_words_follow_the_claims_outcome():
     said = {}
     for right in ([True] * n, [i % 20 != 0 for i in range(n)], [i % 2 == 0 for i in range(n)]):
         sweep = synthetic_sweep(L, n, {(2, 1): right}, targets)
-        found = allforone.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
+        found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
         claim = found["claim"]
         assert claim is not None
         said[claim["outcome"]] = plain_words(Result.model_validate({**found, "n_layers": L}))
@@ -230,7 +230,7 @@ def test_necessity_without_a_found_af1_is_a_typed_result_that_draws_its_windows_
     from af1.experiments.necessity import Result
     from af1.report import figures
 
-    nec = allforone.necessity(tiny_setup, windows=(1,), found=None)
+    nec = allforone.necessity.necessity(tiny_setup, windows=(1,), found=None)
     result = Result.model_validate({**tiny_setup.describe().fields(), **nec})
     assert result.shifted_transfer is None and result.n_solved == len(tiny_setup.kept)
     assert figures.necessity_plot(result.data(), tmp_path / "n.png").stat().st_size > 0
@@ -240,7 +240,7 @@ def test_necessity_without_a_found_af1_is_a_typed_result_that_draws_its_windows_
 
 def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     config = AF1Config(wait=0, transfer=1)
-    nec = allforone.necessity(tiny_setup, windows=(1, 2), found=config)
+    nec = allforone.necessity.necessity(tiny_setup, windows=(1, 2), found=config)
     L = tiny_setup.adapter.n_layers
     assert len(nec["windows"]["1"]) == L and len(nec["windows"]["2"]) == L - 1
     assert all(lo <= v <= hi for v, (lo, hi) in zip(nec["windows"]["1"], nec["windows_ci"]["1"], strict=True))
@@ -249,7 +249,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     assert all(c["outcome"] != "confirmed" for c in nec["claims"] if (c["estimate"] or 0.0) >= 0.9)
     shifted = nec.get("shifted_transfer")
     assert shifted is not None and [s["start"] for s in shifted["by_start"]] == [1, 2]
-    alt = allforone.alternatives(tiny_setup, config)
+    alt = allforone.alternatives.alternatives(tiny_setup, config)
     assert set(alt["ablations"]) == {"cama", "zero", "mean", "resample", "none"}
     assert set(alt["abp_variants"]) == {"af1", "none", "sink", "all-peek", "zero-output"}
     assert alt["ablations"]["cama"] == alt["abp_variants"]["af1"] == alt["configured"]["faithfulness"]
@@ -258,7 +258,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     resample = alt["ablations_detail"]["resample"]
     assert "per_seed" in resample and resample["seeds"] == 5 and len(resample["per_seed"]) == 5
     assert resample["faithfulness"] == pytest.approx(sum(r["faithfulness"] for r in resample["per_seed"]) / 5)
-    pruning = allforone.prune_heads(tiny_setup, config, selection=0.5, seed=0, whole_curve=True)
+    pruning = allforone.pruning.prune_heads(tiny_setup, config, selection=0.5, seed=0, whole_curve=True)
     assert pruning["n_transfer_heads"] == 4 and len(pruning["faithfulness_vs_pruned"]) == 5
     assert (
         len(pruning["faithfulness_vs_pruned_ci"]) == 5
@@ -276,7 +276,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
         assert kept["outcome"] != "confirmed" or (kept["ci"][1] or 1) < 1
     else:
         assert pruning["claims"] == []
-    parts = allforone.components(tiny_setup, [0, 1], transfer=1, threshold=0.9)
+    parts = allforone.components.components(tiny_setup, [0, 1], transfer=1, threshold=0.9)
     assert [c["subject"] for c in parts["claims"]] == [
         "CAMA alone, L_wait 0",
         "CAMA alone, L_wait 1",
@@ -287,16 +287,16 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     for c in parts["claims"]:  # a part that keeps the threshold is never confirmed to break the answer
         assert c["outcome"] != "confirmed" or (c["estimate"] or 0) < 0.9
     with pytest.raises(Af1Error, match="transfer layers"):
-        allforone.prune_heads(tiny_setup, AF1Config(wait=0), selection=0.5, seed=0, whole_curve=False)
+        allforone.pruning.prune_heads(tiny_setup, AF1Config(wait=0), selection=0.5, seed=0, whole_curve=False)
     from af1.report import figures
     from af1.results import write_json
 
     described = tiny_setup.describe().model_dump()  # what every result measured on the setup carries
-    sweep = allforone.sweep(tiny_setup, AF1Config())
+    sweep = allforone.grid.sweep(tiny_setup, AF1Config())
     write_json(tmp_path / "sweep.json", {**described, **sweep})
     write_json(
         tmp_path / "search.json",
-        {**allforone.search(sweep, n_layers=L, threshold=0.5, selection=0.5, seed=0), "n_layers": L},
+        {**allforone.search.search(sweep, n_layers=L, threshold=0.5, selection=0.5, seed=0), "n_layers": L},
     )
     write_json(tmp_path / "alternatives.json", {**described, **alt})
     write_json(tmp_path / "prune.json", {**described, **pruning})  # each experiment's file is <name>.json
@@ -314,14 +314,16 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
 def test_greedy_pruning_reranks_after_every_removal(tiny_setup, monkeypatch):
     """Each round scores every remaining head on top of the ones already removed."""
     rounds: list[list[list[tuple[int, int]]]] = []
-    real = allforone.pruned_scores
+    real = allforone.pruning.pruned_scores
 
     def spy(setup, config, head_sets):
         rounds.append(head_sets)
         return real(setup, config, head_sets)
 
-    monkeypatch.setattr(allforone, "pruned_scores", spy)
-    result = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=2), selection=0.5, seed=0, whole_curve=True)
+    monkeypatch.setattr(allforone.pruning, "pruned_scores", spy)
+    result = allforone.pruning.prune_heads(
+        tiny_setup, AF1Config(wait=0, transfer=2), selection=0.5, seed=0, whole_curve=True
+    )
     order = [tuple(h) for h in result["prune_order"]]
     assert [len(r) for r in rounds] == list(range(8, 0, -1))
     for i, sets in enumerate(rounds):
@@ -351,19 +353,23 @@ def test_pruning_ranks_past_float32_saturation_and_stops_at_the_first_dip(tiny_s
         wrong = len(setup.kept) // 2 if n == 2 else 0
         return [crafted_scores(setup.kept, 30.0 + 5 * hs[-1][1], wrong) for hs in head_sets]
 
-    monkeypatch.setattr(allforone, "pruned_scores", pruned)
+    monkeypatch.setattr(allforone.pruning, "pruned_scores", pruned)
     monkeypatch.setattr(
-        allforone, "faithfulness", lambda setup, config, reference=False: crafted_scores(setup.kept, 30)
+        allforone.pruning, "faithfulness", lambda setup, config, reference=False: crafted_scores(setup.kept, 30)
     )
     scores = crafted_scores(tiny_setup.kept, 30.0)
     assert bool((scores.p_correct_P == 1.0).all()) and scores.mean_log_p_correct < 0  # saturated p, not log p
-    result = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=1), selection=0.5, seed=0, whole_curve=True)
+    result = allforone.pruning.prune_heads(
+        tiny_setup, AF1Config(wait=0, transfer=1), selection=0.5, seed=0, whole_curve=True
+    )
     assert [tuple(h) for h in result["prune_order"]] == [(1, 3), (1, 2), (1, 1), (1, 0)]  # largest margin first
     assert result["faithfulness_vs_pruned"] == [1.0, 1.0, pytest.approx(0.5, abs=0.1), 1.0, 1.0]
     assert result["n_pruned_before_first_drop"] == 1
     assert result["mean_log_p_correct_vs_pruned"][1] > result["mean_log_p_correct_vs_pruned"][0]
     # by default the rounds stop at the first drop: the same pruned set, two rounds instead of four
-    short = allforone.prune_heads(tiny_setup, AF1Config(wait=0, transfer=1), selection=0.5, seed=0, whole_curve=False)
+    short = allforone.pruning.prune_heads(
+        tiny_setup, AF1Config(wait=0, transfer=1), selection=0.5, seed=0, whole_curve=False
+    )
     assert short["prune_order"] == result["prune_order"][:2] and short["curve"].startswith("up to the first drop")
     assert short["faithfulness_vs_pruned"] == result["faithfulness_vs_pruned"][:3]
     assert short["n_pruned_before_first_drop"] == 1
@@ -371,14 +377,14 @@ def test_pruning_ranks_past_float32_saturation_and_stops_at_the_first_dip(tiny_s
 
 def test_map_config_by_relative_depth():
     config = AF1Config(wait=14, transfer=2)
-    assert allforone.map_config(config, 32, 30, "absolute").wait == 14
-    mapped = allforone.map_config(config, 32, 64, "relative")
+    assert allforone.transfer.map_config(config, 32, 30, "absolute").wait == 14
+    mapped = allforone.transfer.map_config(config, 32, 64, "relative")
     assert (mapped.wait, mapped.transfer) == (29, 4)
     # SmolLM2's (19, 5) on Qwen's 24 layers: cut so that the last token still computes alone
-    cut = allforone.map_config(AF1Config(wait=19, transfer=5), 30, 24, "absolute")
-    assert (cut.wait, cut.transfer) == (19, 3) and allforone.has_compute_stage(cut.wait, cut.transfer, 24)
-    late = allforone.map_config(AF1Config(wait=28, transfer=1), 30, 24, "absolute")
-    assert (late.wait, late.transfer) == (22, 0) and allforone.has_compute_stage(late.wait, late.transfer, 24)
+    cut = allforone.transfer.map_config(AF1Config(wait=19, transfer=5), 30, 24, "absolute")
+    assert (cut.wait, cut.transfer) == (19, 3) and allforone.search.has_compute_stage(cut.wait, cut.transfer, 24)
+    late = allforone.transfer.map_config(AF1Config(wait=28, transfer=1), 30, 24, "absolute")
+    assert (late.wait, late.transfer) == (22, 0) and allforone.search.has_compute_stage(late.wait, late.transfer, 24)
 
 
 def test_heatmap_marks_the_cells_whose_interval_clears_the_threshold():
@@ -417,7 +423,7 @@ def smol_setup(smollm2):
 def test_smollm2_cama_and_abp_alone_match_the_spec(smol_first):
     """docs/methods.md's facts (§1) for SmolLM2, 1-digit a+b=, 3 shots, first token: CAMA ~0.97 at 0 and ~0.73 at 15;
     ABP needs > 25."""
-    parts = allforone.components(smol_first, [0, 15, 25], transfer=2, threshold=0.9)
+    parts = allforone.components.components(smol_first, [0, 15, 25], transfer=2, threshold=0.9)
     assert 0.55 < smol_first.base.accuracy < 0.8
     assert parts["cama_only"][0] >= 0.93
     assert 0.55 <= parts["cama_only"][15] <= 0.85
@@ -522,7 +528,8 @@ def test_a_means_file_holds_every_answer_step_and_is_refused_where_it_does_not_f
         assert torch.equal(a.means.member_hashes, c.means.member_hashes)
     config = AF1Config(wait=0, transfer=1)
     assert torch.equal(
-        allforone.faithfulness(read, config).correct_P, allforone.faithfulness(tiny_setup, config).correct_P
+        allforone.faithfulness.faithfulness(read, config).correct_P,
+        allforone.faithfulness.faithfulness(tiny_setup, config).correct_P,
     )
     model = tiny_model("llama", seed=1)
     other = LoadedModel(model, lm.tokenizer, ModelAdapter(model), {})

@@ -161,7 +161,7 @@ def test_other_experiments_read_a_search_result_as_searched():
     config others run at is its chosen cell, else its best eligible one, else none."""
     from af1.experiments import search
     from af1.interventions.af1 import AF1Config
-    from af1.methods.allforone import Cell
+    from af1.methods.allforone.search import Cell
 
     best = Cell(
         wait=1,

@@ -296,7 +296,7 @@ def test_means_rows_keep_the_evaluated_constant_prefix(tmp_path, tokenizer):
 
 def test_attention_shares_count_a_last_slot_once(tokenizer):
     """Induction's last token spells a slot: it is the 'last' group only, so each head's shares add up to 1."""
-    from af1.methods.heads import last_query_attention
+    from af1.methods.heads.attention import last_query_attention
     from af1.models import ModelAdapter
 
     from conftest import tiny_model

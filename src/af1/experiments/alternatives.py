@@ -23,11 +23,11 @@ class Options(base.ConfigOptions):
 class Result(base.SetupFields):
     wait: int
     transfer: int
-    configured: allforone.Configured  # the intervention every row is paired against, with its faithfulness
+    configured: allforone.alternatives.Configured  # the intervention every row is paired against, with its faithfulness
     ablations: dict[str, float]
     abp_variants: dict[str, float]
-    ablations_detail: dict[str, allforone.Alternative | allforone.Resampled]
-    abp_variants_detail: dict[str, allforone.Alternative]
+    ablations_detail: dict[str, allforone.alternatives.Alternative | allforone.alternatives.Resampled]
+    abp_variants_detail: dict[str, allforone.alternatives.Alternative]
     claims: list[Claim]  # each alternative against the configured one: one family (Holm)
     measured_on: str = "the solved problems"
     inputs: ProblemInputs | None = None  # sets: solved; confirmation when measured there
@@ -68,9 +68,9 @@ class Alternatives(base.Experiment):
         halves = {} if on is setup else {"confirmation": on}
         return Result(
             **on.describe().fields(),  # described as measured: n_solved is the problems every row is paired on
-            **allforone.alternatives(on, config, measured_on=where),
+            **allforone.alternatives.alternatives(on, config, measured_on=where),
             measured_on=where,
-            inputs=allforone.setup_inputs(setup, **halves),
+            inputs=allforone.faithfulness.setup_inputs(setup, **halves),
         )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:

@@ -187,7 +187,7 @@ class Searched(Protocol):
     config: dict[str, Any]
     wait: int | None
     transfer: int | None
-    best: allforone.Cell | None
+    best: allforone.search.Cell | None
     selection_fraction: float
     split_seed: int
 
@@ -251,7 +251,7 @@ def measured_on(inputs: Inputs, options: ConfigOptions, setup: Setup) -> tuple[S
     search = searched(inputs)
     if search is None:
         raise Af1Error("no configuration to run at: give wait and transfer, or run the search first")
-    on = allforone.confirmation(setup, search.selection_fraction, search.split_seed)
+    on = allforone.search.confirmation(setup, search.selection_fraction, search.split_seed)
     return on, "the search's confirmation split"
 
 

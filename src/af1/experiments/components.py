@@ -52,8 +52,8 @@ class Components(base.Experiment):
         waits = options.waits or default_waits(L)
         return Result(
             **setup.describe().fields(),
-            **allforone.components(setup, waits, transfer=options.transfer, threshold=options.threshold),
-            inputs=allforone.setup_inputs(setup),
+            **allforone.components.components(setup, waits, transfer=options.transfer, threshold=options.threshold),
+            inputs=allforone.faithfulness.setup_inputs(setup),
         )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:

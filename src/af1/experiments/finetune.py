@@ -121,7 +121,7 @@ class Finetune(base.Experiment):
                 heads_spec = train_task.spec
                 done = Evaluated(train_task, evaluate(lm.model, train_task), id(lm.model))
                 on = "the training rows"
-            found = heads.choose_heads(lm, done, options.k)  # every answer step of all its solved problems
+            found = heads.ranking.choose_heads(lm, done, options.k)  # every answer step of all its solved problems
             chosen = found["top_heads"]
             chosen_on = {
                 "task": heads_spec.model_dump(),

@@ -69,7 +69,7 @@ class Placement(TypedDict):
     stage: str
 
 
-class PeekRow(allforone.Faithfulness):
+class PeekRow(allforone.faithfulness.Faithfulness):
     """AF1's faithfulness when in its transfer layers only some heads peek, against all heads peeking."""
 
     variant: str
@@ -120,10 +120,14 @@ class Result(base.Result):
     scoring: str
     layouts: list[LayoutRow] = []  # path patching, knock-outs and attention per layout, pooled by each one's n
     base_accuracy_all: float
-    path_patching_scoring: heads.ScoringNote  # what path patching scores, its constant guess and a warning if near one
+    path_patching_scoring: (
+        heads.ranking.ScoringNote
+    )  # what path patching scores, its constant guess and a warning if near one
     answer_steps_n: dict[str, int] = {}  # solved problems of the selection part with an answer step k, by k
-    layouts_patched: list[heads.LayoutPatched] | None = None  # a task of several layouts: those path patching measured
-    layouts_not_patched: list[heads.LayoutNotPatched] | None = None  # and those it left out, with why
+    layouts_patched: list[heads.patching.LayoutPatched] | None = (
+        None  # a task of several layouts: those path patching measured
+    )
+    layouts_not_patched: list[heads.patching.LayoutNotPatched] | None = None  # and those it left out, with why
     counterfactual_problems: list[dict[str, Any]] = []  # per selection problem: its counterfactual ids, value drawn
     relative_logit_change_layer_head: base.Matrix
     logit_diff_change_layer_head: base.Matrix
@@ -137,19 +141,19 @@ class Result(base.Result):
     threshold: float
     counterfactual: str
     counterfactual_kind: str = "operator"
-    second_counterfactual: heads.SecondCounterfactual | heads.NoSecondCounterfactual | None = None
-    split: heads.Split
+    second_counterfactual: heads.study.SecondCounterfactual | heads.study.NoSecondCounterfactual | None = None
+    split: heads.ranking.Split
     path: str
     metric: str = "relative"
     key_heads: list[list[int]]
     key_head_share: float
     top_heads: list[list[int]]
-    knockout: heads.Knockout
+    knockout: heads.study.Knockout
     attention_of_top_heads: dict[str, dict[str, float]] = {}
     # the confirmation part's first problem: each top/key head's attention from the last position over its tokens
     # (row `problem` of inputs.sets["confirmation"])
-    attention_over_tokens: heads.TokenAttention | None = None
-    overlap: list[heads.TaskOverlap] = []
+    attention_over_tokens: heads.attention.TokenAttention | None = None
+    overlap: list[heads.study.TaskOverlap] = []
     placement: list[Placement] | None = None
     af1_consistency: Consistency | None = None
     confirmed_key_heads: list[list[int]]  # the key heads whose claim holds on the confirmation part
@@ -168,7 +172,7 @@ def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, r
     import random
 
     setup = inputs.resources.setup(inputs.spec)
-    on = allforone.confirmation(setup, search.selection_fraction, search.split_seed)
+    on = allforone.search.confirmation(setup, search.selection_fraction, search.split_seed)
     transfer_heads = [(layer, h) for layer in config.peek_layers() for h in range(setup.adapter.n_heads)]
     keys = {tuple(h) for h in result.key_heads}
     top = {tuple(h) for h in result.top_heads}
@@ -181,7 +185,7 @@ def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, r
         "no head peeks": transfer_heads,
     }
     scores = {
-        name: allforone.faithfulness(on, config.model_copy(update={"pruned_heads": pruned}))
+        name: allforone.faithfulness.faithfulness(on, config.model_copy(update={"pruned_heads": pruned}))
         for name, pruned in variants.items()
     }
     full = scores["all heads peek"]
@@ -202,7 +206,7 @@ def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, r
         PeekRow(
             variant=name,
             peeking=len(transfer_heads) - len(pruned),
-            **allforone.faith_fields(on, scores[name]),
+            **allforone.faithfulness.faith_fields(on, scores[name]),
             mcnemar_vs_all=mcnemar_exact(scores[name].correct_P.tolist(), full.correct_P.tolist()) if pruned else None,
         )
         for name, pruned in variants.items()
@@ -212,7 +216,7 @@ def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, r
     if 0 < k_top <= len(others):  # as many random heads of the same layers, not top ones: is the top set special?
         rng = random.Random(0)
         draws = [sorted(rng.sample(others, k_top)) for _ in range(RANDOM_DRAWS)]
-        drawn = allforone.pruned_scores(on, config, [[h for h in transfer_heads if h not in d] for d in draws])
+        drawn = allforone.pruning.pruned_scores(on, config, [[h for h in transfer_heads if h not in d] for d in draws])
         spread = mean_std([s.accuracy for s in drawn])
         claims.append(
             paired_greater(
@@ -233,7 +237,7 @@ def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, r
             faithfulness_std=spread["std"],
             faithfulness_per_draw=[s.accuracy for s in drawn],
             faithfulness_ci=None,
-            faithfulness_baseline=allforone.faith_fields(on, full)["faithfulness_baseline"],
+            faithfulness_baseline=allforone.faithfulness.faith_fields(on, full)["faithfulness_baseline"],
             mcnemar_vs_all=None,
         )
     if random_row is not None:
@@ -292,11 +296,11 @@ class Heads(base.Experiment):
         if spec.file is None and options.rank_both:
             second = "a" if kind in (None, "operator") else "operator"
         search = base.searched(inputs)
-        split, split_from = (options.selection, options.split_seed), heads.OWN_SPLIT
+        split, split_from = (options.selection, options.split_seed), heads.ranking.OWN_SPLIT
         if search is not None:  # the search's split: the heads are chosen on its selection half only
             split, split_from = (search.selection_fraction, search.split_seed), "the search's split"
         done = inputs.resources.evaluated(spec)
-        study = heads.study(
+        study = heads.study.study(
             lm,
             spec,
             threshold=options.threshold,
@@ -313,7 +317,7 @@ class Heads(base.Experiment):
         )
         config = base.searched_config(search) if search is not None else None  # None: no search, or no cell
         kept = solved(done.task, done.base)
-        sel, conf = heads.problem_split(len(kept), split)  # heads chosen on the first, tested on the second
+        sel, conf = heads.ranking.problem_split(len(kept), split)  # heads chosen on the first, tested on the second
         sets = {"solved": kept, "selection": kept.subset(sel), "confirmation": kept.subset(conf)}
         result = Result(**study, inputs=ProblemInputs.of(done.task, done.base, **sets))
         if search is not None and config is not None:  # where the top heads sit among the AF1 stages
@@ -324,7 +328,7 @@ class Heads(base.Experiment):
             ]
             if config.transfer > 0:
                 result.af1_consistency = consistency(inputs, search, config, result)
-                result.claims, result.confirmed_key_heads = heads.decide(
+                result.claims, result.confirmed_key_heads = heads.study.decide(
                     [*result.claims, *result.af1_consistency["claims"]]
                 )
         return result
@@ -341,7 +345,7 @@ class Heads(base.Experiment):
             tasks = sorted(by_task)
             for i, a in enumerate(tasks):
                 for b in tasks[i + 1 :]:
-                    shared = heads.overlap(by_task[a], by_task[b], n_heads[model])
+                    shared = heads.ranking.overlap(by_task[a], by_task[b], n_heads[model])
                     rows.append({"model": model, "task_a": a, "task_b": b, **shared})
         parts = []
         if rows:

@@ -33,7 +33,7 @@ class Result(base.SetupFields):
     windows_ci: dict[str, list[list[float]]] = {}
     faithfulness_baseline: float | None = None
     claims: list[Claim] = []
-    shifted_transfer: allforone.ShiftedTransfer | None = None
+    shifted_transfer: allforone.necessity.ShiftedTransfer | None = None
     no_config: str | None = None
     inputs: ProblemInputs | None = None  # sets: solved (windows); confirmation (the moved transfer window), if any
 
@@ -63,9 +63,9 @@ class Necessity(base.Experiment):
             if found is None:  # the unmodified model's windows still say where the last token reads
                 note = f"the transfer window is not moved: {base.NO_CELL}"
             else:
-                found_on = allforone.confirmation(setup, search.selection_fraction, search.split_seed)
+                found_on = allforone.search.confirmation(setup, search.selection_fraction, search.split_seed)
         threshold = search.threshold if search is not None else 0.9
-        result = allforone.necessity(
+        result = allforone.necessity.necessity(
             setup, windows=options.windows, found=found, found_on=found_on, threshold=threshold
         )
         halves = {} if found_on is None else {"confirmation": found_on}
@@ -73,7 +73,7 @@ class Necessity(base.Experiment):
             **setup.describe().fields(),
             **result,
             no_config=note,
-            inputs=allforone.setup_inputs(setup, **halves),
+            inputs=allforone.faithfulness.setup_inputs(setup, **halves),
         )
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:

@@ -53,7 +53,9 @@ class Run(base.Experiment):
         on, where = base.measured_on(inputs, options, setup)
         # described as measured: on the search's confirmation split, n_solved is that split's n
         return Result(
-            **on.describe().fields(), **allforone.run_result(on, config, options.reference), measured_on=where
+            **on.describe().fields(),
+            **allforone.faithfulness.run_result(on, config, options.reference),
+            measured_on=where,
         )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:

@@ -63,7 +63,9 @@ class Result(base.Result):
     faithfulness_selection: float | None = None
     faithfulness_selection_ci: list[float] | None = None
     faithfulness_baseline_selection: float | None = None
-    frontier: list[allforone.Cell] = []  # per L_transfer, the largest L_wait that keeps the threshold (selection)
+    frontier: list[
+        allforone.search.Cell
+    ] = []  # per L_transfer, the largest L_wait that keeps the threshold (selection)
     n_ineligible_no_compute: int = 0  # cells above the threshold that leave no layer to compute in
     faithfulness_baseline: float | None = None
     n_selection: int | None = None
@@ -71,8 +73,8 @@ class Result(base.Result):
     selection_fraction: float = 0.5
     split_seed: int = 0
     stages: dict[str, list[int]] | None = None
-    best: allforone.Cell | None = None
-    best_measured: allforone.Cell | None = None
+    best: allforone.search.Cell | None = None
+    best_measured: allforone.search.Cell | None = None
     grid_cells: int = 0
     grid_cells_possible: int = 0
     max_transfer_measured: int = 0
@@ -93,10 +95,10 @@ class Search(base.Experiment):
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         sweep = inputs.one("sweep")
-        grid = allforone.GridCells(
+        grid = allforone.grid.GridCells(
             cells=sweep.cells, targets=sweep.targets, kept_layouts=sweep.kept_layouts, config=sweep.config
         )
-        found = allforone.search(
+        found = allforone.search.search(
             grid,
             n_layers=sweep.n_layers,
             threshold=options.threshold,

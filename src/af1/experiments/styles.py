@@ -35,7 +35,7 @@ class Result(base.Result):
     wait: int
     transfer: int
     scoring: str | None = None
-    rows: list[allforone.StyleRow]  # each with `measured_on`, `faithfulness_n` and its `inputs` (ProblemInputs)
+    rows: list[allforone.styles.StyleRow]  # each with `measured_on`, `faithfulness_n` and its `inputs` (ProblemInputs)
     threshold: float | None = None
     claims: list[Claim] = []
 
@@ -65,7 +65,7 @@ class Styles(base.Experiment):
         search = base.searched(inputs)
         threshold = search.threshold if search is not None else 0.9
         return Result(
-            **allforone.styles_table(lm, config, spec, options.styles, operations, own=own, threshold=threshold)
+            **allforone.styles.styles_table(lm, config, spec, options.styles, operations, own=own, threshold=threshold)
         )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:

@@ -21,7 +21,7 @@ class Options(base.Options):
 
 class Result(base.SetupFields):
     target: str
-    rows: list[allforone.Transferred]
+    rows: list[allforone.transfer.Transferred]
     sources_without_config: dict[str, str] = {}
     missing_sources: list[str] = []  # in a study: the sources' units that did not finish (it ran without them)
     measured_on: str = "solved problems"
@@ -32,7 +32,7 @@ class Result(base.SetupFields):
 DIFFERS = {"confirmed": "differs", "not confirmed": "not shown to differ", "rejected": "does not differ"}
 
 
-def own_text(row: allforone.Transferred) -> str:
+def own_text(row: allforone.transfer.Transferred) -> str:
     """The target's own config on the same problems, and how each mapped config differs from it."""
     own = row.get("own")
     if not own:
@@ -116,7 +116,7 @@ class Transfer(base.Experiment):
         own = base.searched_config(mine) if mine is not None else None
         on, where = setup, "solved problems"
         if own is not None and mine is not None:  # where this model's own config is fair: not chosen there
-            on = allforone.confirmation(setup, mine.selection_fraction, mine.split_seed)
+            on = allforone.search.confirmation(setup, mine.selection_fraction, mine.split_seed)
             where = "the confirmation split of its own search"
         rows, without = [], {}
         for search in searches:
@@ -124,12 +124,12 @@ class Transfer(base.Experiment):
             if config is None:
                 without[search.model] = base.NO_CELL
                 continue
-            row = allforone.transfer_config(on, config, search.n_layers, own=own)
+            row = allforone.transfer.transfer_config(on, config, search.n_layers, own=own)
             row["source"].update(
                 model=search.model, chosen=search.chosen, found=search.found, threshold=search.threshold
             )
             rows.append(row)
-        allforone.transfer_family(rows)
+        allforone.transfer.transfer_family(rows)
         return Result(
             **setup.describe().fields(),
             target=inputs.model_name,
@@ -137,7 +137,7 @@ class Transfer(base.Experiment):
             sources_without_config=without,
             measured_on=where,
             n_measured=len(on.kept),
-            inputs=allforone.setup_inputs(setup, **({} if on is setup else {"confirmation": on})),
+            inputs=allforone.faithfulness.setup_inputs(setup, **({} if on is setup else {"confirmation": on})),
         )
 
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:

@@ -44,7 +44,10 @@ def abp_masks(
 
     Pruned heads of a peek layer behave as in a compute layer: their masks become per head.
     """
-    if variant in ("none", "zero-output"):  # zero-output edits attention outputs instead (allforone.zeroed_outputs)
+    if variant in (
+        "none",
+        "zero-output",
+    ):  # zero-output edits attention outputs instead (`interventions.af1.zeroed_outputs`)
         return {}
     restricted = self_and_context(n, context_len, mask_sink=variant == "sink")
     full = causal(n)

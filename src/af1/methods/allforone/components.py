@@ -1,0 +1,76 @@
+"""Components: which of the wait stage's parts (attention, MLP, the last token's own) AF1 may remove."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pydantic import ConfigDict, with_config
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
+from af1.claims import Claim, adjust, rate_below
+from af1.interventions.af1 import AF1Config
+from af1.methods.allforone.faithfulness import faithfulness
+from af1.methods.setup import Setup
+from af1.progress import progress
+from af1.stats import Rate, constant_baseline
+from af1.tasks.evaluation import ExecutorChoice, Scores
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Components(TypedDict):
+    """CAMA alone and ABP alone per L_wait (`components`): faithfulness, interval and executor, and the constant
+    guess on the same problems."""
+
+    transfer: int
+    cama_only: dict[int, float]
+    cama_only_ci: dict[int, list[float]]
+    cama_only_executor: dict[int, ExecutorChoice | None]
+    abp_only: dict[int, float]
+    abp_only_ci: dict[int, list[float]]
+    abp_only_executor: dict[int, ExecutorChoice | None]
+    faithfulness_baseline: float
+    threshold: float
+    claims: list[Claim]  # each part alone at each L_wait breaks the answer: one family (Holm)
+
+
+def components(setup: Setup, waits: list[int], *, transfer: int, threshold: float) -> Components:
+    """CAMA alone (no attention mask) and ABP alone (no ablation, `transfer` peek layers) per L_wait, each claimed
+    to leave the last token answering less often than `threshold` (one-sided exact binomial tests, Holm)."""
+    L = setup.adapter.n_layers
+    waits = [w for w in waits if 0 <= w < L]
+
+    def per_wait(name: str, make: Callable[[int], AF1Config]) -> tuple[dict[int, Scores], dict[int, Rate]]:
+        scores = {w: faithfulness(setup, make(w)) for w in progress(waits, desc=name)}
+        return scores, {w: s.rate(setup.kept) for w, s in scores.items()}
+
+    cama, cama_rates = per_wait("cama_only", lambda w: AF1Config(wait=w, abp="none"))
+    abp, abp_rates = per_wait(
+        "abp_only", lambda w: AF1Config(wait=w, transfer=min(transfer, L - 1 - w), ablation="none")
+    )
+    baseline = constant_baseline(setup.kept.targets(), setup.kept.layout_P.tolist())
+    on = f"the {len(setup.kept)} solved problems"
+    claims = [
+        rate_below(
+            "component_alone",
+            f"with {part} alone at L_wait {w}{how}, the last token answers less often than {threshold}",
+            s.correct_P.tolist(),
+            threshold,
+            on,
+            baseline,
+            subject=f"{part} alone, L_wait {w}",
+        )
+        for part, how, scored in (("CAMA", " (no attention mask)", cama), ("ABP", " (no ablation)", abp))
+        for w, s in scored.items()
+    ]
+    return Components(
+        transfer=transfer,
+        cama_only={w: r["value"] for w, r in cama_rates.items()},
+        cama_only_ci={w: r["ci"] for w, r in cama_rates.items()},
+        cama_only_executor={w: s.executor for w, s in cama.items()},
+        abp_only={w: r["value"] for w, r in abp_rates.items()},
+        abp_only_ci={w: r["ci"] for w, r in abp_rates.items()},
+        abp_only_executor={w: s.executor for w, s in abp.items()},
+        faithfulness_baseline=baseline,
+        threshold=threshold,
+        claims=adjust(claims, "components: each part alone at each L_wait"),
+    )

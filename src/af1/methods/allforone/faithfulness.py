@@ -1,0 +1,103 @@
+"""Faithfulness: the solved problems' scores under one AF1 configuration, each with its exact input."""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict, with_config
+from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
+from af1.executors.protocol import af1_logits
+from af1.interventions.af1 import AF1Config
+from af1.methods.setup import Setup, setup_executor
+from af1.stats import LayoutRate
+from af1.tasks.evaluation import ProblemInputs, Scores, decoder
+from af1.tasks.task import ProblemRow
+
+
+def faithfulness(setup: Setup, config: AF1Config, reference: bool = False) -> Scores:
+    """Scores of the solved problems under AF1, every answer step under the same intervention."""
+    scores = Scores.from_steps(setup.kept, [af1_logits(step, config, reference) for step in setup.steps])
+    scores.executor = setup_executor(setup, config, reference)
+    return scores
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Faithfulness(TypedDict):
+    """Faithfulness on the solved problems with its interval, constant guess and n (each layout's part, for a task
+    of several), and the executor that measured it (absent where several configs ran in one batched pass)."""
+
+    faithfulness: float
+    faithfulness_ci: list[float]
+    faithfulness_baseline: float
+    faithfulness_n: int
+    faithfulness_by_layout: NotRequired[list[LayoutRate]]
+    executor: NotRequired[str]
+    fallback_reason: NotRequired[str | None]
+
+
+def faith_fields(setup: Setup, scores: Scores) -> Faithfulness:
+    """Faithfulness, its interval, baseline and n on the solved problems, with the executor that ran it."""
+    r = scores.rate(setup.kept)
+    fields = Faithfulness(
+        faithfulness=r["value"], faithfulness_ci=r["ci"], faithfulness_baseline=r["baseline"], faithfulness_n=r["n"]
+    )
+    if "by_layout" in r:
+        fields["faithfulness_by_layout"] = r["by_layout"]
+    if scores.executor is not None:
+        fields["executor"], fields["fallback_reason"] = scores.executor["executor"], scores.executor["fallback_reason"]
+    return fields
+
+
+def problem_rows(setup: Setup, intervened: Scores | None = None) -> list[ProblemRow]:
+    """Every problem as fed (text and ids), whether the full model solved it, and how it fared under AF1."""
+    rows = setup.task.rows()
+    under = {}
+    if intervened is not None:
+        under = {
+            id(p): (bool(c), pred)
+            for p, c, pred in zip(setup.kept.problems, intervened.correct_P, intervened.predicted_PA, strict=True)
+        }
+    decode = decoder(setup.lm.tokenizer)
+    for i, row in enumerate(rows):
+        row["solved"] = bool(setup.base.correct_P[i])
+        row["predicted_tokens"] = setup.base.predicted_PA[i]
+        row["predicted_text"] = decode(row["predicted_tokens"])
+        if intervened is not None:
+            hit = under.get(id(setup.task.problems[i]))
+            row["right_under_intervention"] = None if hit is None else hit[0]
+            row["predicted_tokens_under_intervention"] = None if hit is None else hit[1]
+            row["predicted_text_under_intervention"] = None if hit is None else decode(hit[1])
+    return rows
+
+
+def setup_inputs(setup: Setup, **halves: Setup) -> ProblemInputs:
+    """The inputs of a result measured on a setup: every evaluated problem, the solved ones, and each further set
+    its numbers were measured on (a split's half, `Setup.on`), by name."""
+    return ProblemInputs.of(setup.task, setup.base, solved=setup.kept, **{k: h.kept for k, h in halves.items()})
+
+
+@with_config(ConfigDict(extra="forbid", arbitrary_types_allowed=True))
+class AtConfig(Faithfulness):
+    """One AF1 configuration measured (`run_result`): its layers and stages, faithfulness with the executor that
+    ran it, the mean probability of the correct answer, and every problem with its prediction under AF1."""
+
+    wait: int
+    transfer: int
+    config: AF1Config
+    stages: dict[str, list[int]]
+    mean_p_correct: float
+    problems: list[ProblemRow]
+
+
+def run_result(setup: Setup, config: AF1Config, reference: bool = False) -> AtConfig:
+    """One AF1 evaluation with every problem listed."""
+    config.check(setup.adapter.n_layers, setup.adapter.n_heads)
+    scores = faithfulness(setup, config, reference)
+    return AtConfig(
+        wait=config.wait,
+        transfer=config.transfer,
+        config=config,
+        stages=config.stages(setup.adapter.n_layers),
+        **faith_fields(setup, scores),  # with the executor that ran it
+        mean_p_correct=scores.mean_p_correct,
+        problems=problem_rows(setup, scores),
+    )

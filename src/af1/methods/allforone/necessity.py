@@ -1,0 +1,107 @@
+"""Necessity: the found configuration with its start or its transfer layers moved, tested against it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import ConfigDict, with_config
+from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
+from af1.claims import Claim, adjust, rate_below
+from af1.executors.fast import knockout_logits
+from af1.interventions.af1 import AF1Config
+from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
+from af1.methods.setup import Setup
+from af1.stats import constant_baseline
+from af1.tasks.evaluation import Scores
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ShiftedStart(Faithfulness):
+    """Faithfulness with the transfer window starting at `start` instead of right after the wait."""
+
+    start: int
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ShiftedTransfer(TypedDict):
+    """A found AF1's transfer window moved to every later start, on n problems."""
+
+    wait: int
+    transfer: int
+    n: int
+    by_start: list[ShiftedStart]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Necessity(TypedDict):
+    """Faithfulness with the last token kept from reading the operands in each window of layers, by width (the
+    windows' first layers in order), with intervals and the constant guess; and a found AF1's moved transfer window."""
+
+    windows: dict[str, list[float]]
+    windows_ci: dict[str, list[list[float]]]
+    faithfulness_baseline: float
+    claims: list[Claim]  # per window, 'blocking it leaves faithfulness below the threshold': one family (Holm)
+    shifted_transfer: NotRequired[ShiftedTransfer]
+
+
+def necessity(
+    setup: Setup,
+    *,
+    windows: Sequence[int],
+    found: AF1Config | None = None,
+    found_on: Setup | None = None,
+    threshold: float = 0.9,
+) -> Necessity:
+    """Faithfulness when the last token cannot read the operands in one layer (or a window), and per window the
+    claim that blocking it leaves faithfulness below `threshold` (every window one family, Holm).
+
+    Also, inside a found AF1, the transfer window moved to every later start, measured on `found_on` (the
+    search's confirmation split) when given.
+    """
+    L = setup.adapter.n_layers
+    per_window: dict[str, list[float]] = {}
+    per_window_ci: dict[str, list[list[float]]] = {}
+    widths = [w for w in dict.fromkeys(windows) if w <= L]
+    sets = [list(range(s, s + width)) for width in widths for s in range(L - width + 1)]
+    per_step = [knockout_logits(step.adapter, step.kept, sets, greedy=True) for step in setup.steps]
+    scored = [Scores.from_steps(setup.kept, [logits[i] for logits in per_step]) for i in range(len(sets))]
+    rates = [s.rate(setup.kept) for s in scored]
+    baseline = constant_baseline(setup.kept.targets(), setup.kept.layout_P.tolist())
+    claims = [
+        rate_below(
+            "necessary_window",
+            f"kept from reading the other tokens in {_layers_text(s)}, the last token answers less often than "
+            f"{threshold}",
+            scores.correct_P.tolist(),
+            threshold,
+            f"the {len(setup.kept)} solved problems",
+            baseline,
+            subject=_layers_text(s),
+        )
+        for s, scores in zip(sets, scored, strict=True)
+    ]
+    for width in widths:
+        mine = [r for s, r in zip(sets, rates, strict=True) if len(s) == width]
+        per_window[str(width)] = [r["value"] for r in mine]
+        per_window_ci[str(width)] = [r["ci"] for r in mine]
+    result = Necessity(
+        windows=per_window,
+        windows_ci=per_window_ci,
+        faithfulness_baseline=baseline,
+        claims=adjust(claims, "necessity: every blocked window"),
+    )
+    if found is not None and found.transfer > 0:
+        on = found_on or setup
+        shifted = []
+        for start in range(found.wait + 1, L - found.transfer + 1):
+            config = found.model_copy(update={"transfer_start": start})
+            shifted.append(ShiftedStart(start=start, **faith_fields(on, faithfulness(on, config))))
+        result["shifted_transfer"] = ShiftedTransfer(
+            wait=found.wait, transfer=found.transfer, n=len(on.kept), by_start=shifted
+        )
+    return result
+
+
+def _layers_text(layers: list[int]) -> str:
+    return f"layer {layers[0]}" if len(layers) == 1 else f"layers {layers[0]}-{layers[-1]}"

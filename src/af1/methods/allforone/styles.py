@@ -1,0 +1,121 @@
+"""Input styles: the found configuration on the task's other phrasings (words, symbols, spacing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, with_config
+from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
+from af1.claims import Claim, adjust, rate_above
+from af1.errors import Af1Error
+from af1.interventions.af1 import AF1Config
+from af1.methods.allforone.faithfulness import faith_fields, faithfulness, setup_inputs
+from af1.methods.setup import Setup, prepare
+from af1.models import LoadedModel
+from af1.progress import progress
+from af1.stats import LayoutRate, constant_baseline
+from af1.tasks.spec import TaskSpec
+
+
+@with_config(ConfigDict(extra="forbid"))
+class StyleRow(TypedDict):
+    """One (input style, operation) of the styles table: its base accuracy and its faithfulness at the config, with
+    the problems measured on and their inputs; or why the style could not be measured (`error`)."""
+
+    style: str
+    operation: str
+    error: NotRequired[str]
+    n: NotRequired[int]
+    n_solved: NotRequired[int]
+    base_accuracy: NotRequired[float]
+    base_accuracy_ci: NotRequired[list[float] | None]
+    base_accuracy_baseline: NotRequired[float | None]
+    measured_on: NotRequired[str]
+    faithfulness: NotRequired[float]
+    faithfulness_ci: NotRequired[list[float]]
+    faithfulness_baseline: NotRequired[float]
+    faithfulness_n: NotRequired[int]
+    faithfulness_by_layout: NotRequired[list[LayoutRate]]
+    executor: NotRequired[str]
+    fallback_reason: NotRequired[str | None]
+    inputs: NotRequired[dict[str, Any]]  # ProblemInputs, dumped
+
+
+@with_config(ConfigDict(extra="forbid"))
+class StylesTable(TypedDict):
+    """The Table-4 analogue (`styles_table`): one row per style and operation at one config."""
+
+    wait: int
+    transfer: int
+    scoring: str
+    rows: list[StyleRow]
+    threshold: float
+    claims: list[Claim]  # the config keeps the threshold on each measured row: one family (Holm)
+
+
+def styles_table(
+    lm: LoadedModel,
+    config: AF1Config,
+    base_spec: TaskSpec,
+    styles: list[str],
+    operations: tuple[str, ...] = ("a+b", "a-b"),
+    own: tuple[Setup, Setup, str] | None = None,
+    threshold: float = 0.9,
+) -> StylesTable:
+    """The Table-4 analogue: per style and operation, base accuracy and faithfulness at one config, each row with
+    its problems and the ones its faithfulness is measured on. `own` is the task's own cell, already prepared: its
+    setup, the problems to measure it on (the search's confirmation half, when the config is the search's, so that
+    the row stands beside the search's number on the same problems) and what they are. Each measured row claims
+    that the config keeps `threshold` there (one-sided exact binomial tests, adjusted together)."""
+    rows = []
+    claims = []
+    for style in progress(styles, desc="styles"):
+        for op in operations:
+            spec = base_spec.model_copy(update={"operation": op, "style": style})
+            try:
+                if own is not None and own[0].spec == spec:
+                    setup, on, where = own
+                else:
+                    setup = prepare(lm, spec)
+                    on, where = setup, "the solved problems"
+            except Af1Error as exc:
+                rows.append(StyleRow(style=style, operation=op, error=str(exc)))
+                continue
+            described = setup.describe()
+            halves = {} if on is setup else {"confirmation": on}
+            scores = faithfulness(on, config)
+            claims.append(
+                rate_above(
+                    "style_keeps",
+                    f"at L_wait {config.wait}, L_transfer {config.transfer} the last token still answers at least "
+                    f"{threshold} of {style} {op}",
+                    scores.correct_P.tolist(),
+                    threshold,
+                    f"{where} ({len(on.kept)})",
+                    constant_baseline(on.kept.targets(), on.kept.layout_P.tolist()),
+                    subject=f"{style} {op}",
+                )
+            )
+            rows.append(
+                StyleRow(
+                    style=style,
+                    operation=op,
+                    n=described.n,
+                    n_solved=described.n_solved,
+                    base_accuracy=described.base_accuracy,
+                    base_accuracy_ci=described.base_accuracy_ci,
+                    base_accuracy_baseline=described.base_accuracy_baseline,
+                    measured_on=where,
+                    **faith_fields(on, scores),
+                    inputs=setup_inputs(setup, **halves).model_dump(),
+                )
+            )
+    return StylesTable(
+        wait=config.wait,
+        transfer=config.transfer,
+        scoring=base_spec.scoring,
+        rows=rows,
+        threshold=threshold,
+        claims=adjust(claims, f"styles at L_wait {config.wait}, L_transfer {config.transfer}"),
+    )

@@ -1,0 +1,100 @@
+"""Transfer: a configuration found on one model mapped onto another's layers and measured there."""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict, with_config
+from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
+from af1.claims import Claim, adjust, paired_differs
+from af1.errors import Af1Error
+from af1.interventions.af1 import AF1Config
+from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
+from af1.methods.setup import Setup
+
+
+def map_config(config: AF1Config, from_layers: int, to_layers: int, by: str) -> AF1Config:
+    """A config found on one model, for another: the same layers, or the same relative depth."""
+    if by == "absolute":
+        wait, transfer = config.wait, config.transfer
+    elif by == "relative":
+        wait = round((config.wait + 1) * to_layers / from_layers) - 1
+        transfer = max(1, round(config.transfer * to_layers / from_layers)) if config.transfer else 0
+    else:
+        raise Af1Error(f"unknown mapping '{by}': absolute or relative")
+    wait = min(wait, to_layers - 2)  # a mapped config keeps at least one compute layer
+    transfer = max(0, min(transfer, to_layers - 2 - wait))
+    return config.model_copy(update={"wait": wait, "transfer": transfer, "transfer_start": None, "pruned_heads": []})
+
+
+@with_config(ConfigDict(extra="forbid"))
+class TransferSource(TypedDict):
+    """Where a transferred config comes from: its layers and its model's depth (a study adds which model, whether
+    its search chose the cell or it is the best eligible one, whether its claim was confirmed, at what threshold)."""
+
+    wait: int
+    transfer: int
+    n_layers: int
+    model: NotRequired[str | None]
+    chosen: NotRequired[bool]
+    found: NotRequired[bool]
+    threshold: NotRequired[float]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Mapped(Faithfulness):
+    """A config as mapped onto this model, measured; where this model has its own config, the claim that the
+    mapped one differs from it on the same problems (its p adjusted over the transfer result's family)."""
+
+    wait: int
+    transfer: int
+    vs_own: NotRequired[Claim]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Transferred(TypedDict):
+    """A config found on another model measured here (`transfer_config`): by the same layers, by the same relative
+    depth, and this model's own config beside them when it has one."""
+
+    source: TransferSource
+    absolute: Mapped
+    relative: Mapped
+    own: NotRequired[Mapped]
+
+
+def transfer_config(setup: Setup, config: AF1Config, from_layers: int, own: AF1Config | None = None) -> Transferred:
+    """Faithfulness on this setup of a config found elsewhere, by absolute layers and by relative depth; with
+    `own` (this model's config) also that one and a paired McNemar test of each mapping that differs from it (raw:
+    the transfer result adjusts its tests together, `transfer_family`)."""
+    own_scores = None if own is None else faithfulness(setup, own)
+
+    def mapped(by: str) -> Mapped:
+        to = map_config(config, from_layers, setup.adapter.n_layers, by)
+        scores = faithfulness(setup, to)
+        out = Mapped(wait=to.wait, transfer=to.transfer, **faith_fields(setup, scores))
+        if own_scores is not None and own is not None and (to.wait, to.transfer) != (own.wait, own.transfer):
+            out["vs_own"] = paired_differs(
+                "transfer",
+                f"the config mapped here (L_wait {to.wait}, L_transfer {to.transfer}) differs in faithfulness from "
+                f"this model's own (L_wait {own.wait}, L_transfer {own.transfer})",
+                scores.correct_P.tolist(),
+                own_scores.correct_P.tolist(),
+                f"{len(setup.kept)} solved problems",
+            )
+        return out
+
+    out = Transferred(
+        source=TransferSource(wait=config.wait, transfer=config.transfer, n_layers=from_layers),
+        absolute=mapped("absolute"),
+        relative=mapped("relative"),
+    )
+    if own is not None and own_scores is not None:
+        out["own"] = Mapped(wait=own.wait, transfer=own.transfer, **faith_fields(setup, own_scores))
+    return out
+
+
+def transfer_family(rows: list[Transferred]) -> None:
+    """Every mapped config's test against the target's own, adjusted together (Holm), in place."""
+    where = [(i, by) for i, row in enumerate(rows) for by in ("absolute", "relative") if "vs_own" in row[by]]
+    adjusted = adjust([rows[i][by]["vs_own"] for i, by in where], "transfer")
+    for (i, by), claim in zip(where, adjusted, strict=True):
+        rows[i][by]["vs_own"] = claim

@@ -1,0 +1,323 @@
+"""Path patching of heads and MLPs (docs/methods.md §2, Zhang et al. 2024).
+
+Each sender (a head or an MLP) has its output at the last position taken from the counterfactual
+run (the operator replaced by a null word or symbol, or an operand by another value drawn per problem);
+the receiver is the last position's logits. Every teacher-forced step of the answer's tokens is scored
+(`SCORED`; not the end-of-answer step AF1 also scores: heads are ranked by the arithmetic, not the newline):
+at step k the clean run reads the prompt and the first k answer tokens, the counterfactual run
+the counterfactual prompt and the same k tokens; per problem the SPEC's effect (the relative change of the
+correct token's logit, and the change of the logit difference) is averaged over its steps, then over
+problems, so that each problem counts once and the threshold of -5 % keeps its meaning per token. (The
+change of the whole answer's log-probability would need the full softmax of every patched row; the
+relative logit change is what Zhang et al. threshold.) First-token scoring is the task's `--scoring first`,
+reported with its first-token constant guess.
+Three definitions of what else changes (`PATHS`):
+
+- wang (Wang et al. 2023, which Zhang et al. use): every other head's output stays at its clean
+  value, MLPs recompute. Only the last position changes downstream of the sender, and with every
+  head frozen the last token needs no attention: the senders of a layer run as rows of one
+  last-token pass through the later blocks, with each attention module's output set to its clean
+  value;
+- direct: only the sender's direct path into the final residual stream changes (later MLPs frozen
+  too); one clean and one counterfactual forward serve every sender;
+- total (activation patching): everything downstream recomputes, attention included; the last token
+  attends to the clean keys/values of the earlier positions, so again one last-token pass per layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from pydantic import ConfigDict, with_config
+from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
+from af1.errors import Af1Error
+from af1.executors.fast import capture_problem_kv, last_token_inputs
+from af1.interventions.attention import LayerPlan, attention_plans
+from af1.interventions.sites import (
+    FINAL,
+    attention_output,
+    edit_outputs,
+    fixed_attention,
+    head_inputs,
+    mlp_output,
+    record,
+    residual,
+)
+from af1.methods.counterfactuals import Counterfactual, counterfactual
+from af1.models.adapter import ModelAdapter, execution_device
+from af1.models.forward import forward_last
+from af1.progress import progress
+from af1.tasks.evaluation import batches
+from af1.tasks.task import Task
+
+if TYPE_CHECKING:
+    from af1.tasks.task import Tokenizer
+from af1.methods.heads.capture import (
+    AnswerRows,
+    EffectSums,
+    ProblemEffects,
+    check_direct_paths,
+    direct_effects,
+    head_deltas,
+    logit_change_rows,
+    per_layout,
+    pooled,
+    run_last,
+    scored_steps,
+)
+
+
+class PathPatching(ProblemEffects):
+    """Path patching on problems of one token layout (`path_patching`): the effects, by which path, what was
+    scored, and how many problems have each answer step."""
+
+    path: str
+    scoring: str
+    answer_steps_n: dict[str, int]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class LayoutPatched(TypedDict):
+    """A token layout path patching measured, with its n (the pooled effects weigh it by n)."""
+
+    layout: int
+    n: int
+
+
+@with_config(ConfigDict(extra="forbid"))
+class LayoutNotPatched(LayoutPatched):
+    """A token layout left out of path patching: no replacement keeps its token layout."""
+
+    reason: str
+
+
+class PooledPathPatching(PathPatching):
+    """Path patching per token layout, pooled by each layout's n (`layout_path_patching`): with each problem's
+    counterfactual row (None where its layout was left out) and, for a task of several layouts, which were patched."""
+
+    counterfactual_rows: list[dict[str, Any] | None]
+    layouts_patched: NotRequired[list[LayoutPatched]]
+    layouts_not_patched: NotRequired[list[LayoutNotPatched]]
+
+
+PATHS = ("wang", "direct", "total")
+
+
+def path_patching(
+    adapter: ModelAdapter,
+    task: Task,
+    cf: Counterfactual,
+    path: str = "wang",
+    batch_size: int = 32,
+    scoring: str | None = None,
+    layers: Sequence[int] | None = None,
+) -> PathPatching:
+    """The effect of every head and MLP (of `layers`, else every layer) on the last-position logits, by one of
+    `PATHS`, over every teacher-forced answer step (first-token scoring: the first; `SCORED` says how they are
+    averaged): per sender the mean relative change of the correct logit and the mean change of (correct - clean top
+    wrong), each problem's too, with the clean logit difference they are measured against. `task` is of one token
+    layout."""
+    if path not in PATHS:
+        raise Af1Error(f"unknown path '{path}': one of {', '.join(PATHS)}")
+    if path == "direct":
+        check_direct_paths(adapter)
+    if path == "total" and (reason := adapter.no_attention_interface()) is not None:
+        raise Af1Error(
+            f"path 'total' reads earlier keys/values through the attention interface ({reason}): try path 'wang'"
+        )
+    scored, steps = scored_steps(task, scoring)
+    total = EffectSums.zeros(len(task), adapter.n_layers, adapter.n_heads, layers)
+    for step, weight in steps:
+        step_cf = cf.at_step(step)
+        if path == "direct":
+            sums = direct_path_patching(adapter, step, step_cf, batch_size, weight, layers)
+        else:
+            sums = downstream_path_patching(adapter, step, step_cf, path == "total", batch_size, weight, layers)
+        total.add_rows(step.rows_in_parent, sums)
+    steps_n = {str(step.step or 0): len(step) for step, _ in steps}
+    return PathPatching(**total.means(), path=path, scoring=scored, answer_steps_n=steps_n)
+
+
+def _rows_of(adapter: ModelAdapter, value_ZBD: torch.Tensor, layer: int, dtype: torch.dtype) -> torch.Tensor:
+    """One value per row (row z*B + b of the last-token pass): [Z*B, 1, D], where that layer's attention runs."""
+    return value_ZBD.reshape(-1, 1, value_ZBD.shape[-1]).to(execution_device(adapter.attention(layer)), dtype)
+
+
+def _patch_rows(rows: slice, new_BD: torch.Tensor):
+    """A module output whose given rows take new values."""
+
+    def fn(out: torch.Tensor) -> torch.Tensor:
+        out = out.clone()
+        out[rows, -1] = new_BD.to(out.device, out.dtype)
+        return out
+
+    return fn
+
+
+@torch.no_grad()
+def downstream_path_patching(
+    adapter: ModelAdapter,
+    task: Task,
+    cf: Counterfactual,
+    recompute_attention: bool,
+    batch_size: int = 32,
+    weight_P: torch.Tensor | None = None,
+    layers: Sequence[int] | None = None,
+) -> EffectSums:
+    """Wang's path patching (heads frozen, MLPs recompute) or, with recompute_attention, activation patching
+    at the last position, on one answer step (its rows weighted by weight_P), the senders of `layers` (else every
+    layer). Per layer one last-token pass with rows [clean, H heads, the MLP] x problems."""
+
+    L, H = adapter.n_layers, adapter.n_heads
+    P = len(task)
+    sums = EffectSums.zeros(P, L, H, layers)
+    patched = sorted(layers) if layers is not None else list(range(L))
+    weight_P = torch.ones(P) if weight_P is None else weight_P
+    Z = H + 2  # row groups: the clean reference, each head, the MLP
+    path = "total (activation patching)" if recompute_attention else "wang"
+    for sl in progress(list(batches(P, batch_size)), desc=f"path patching, {path}"):
+        ids = task.input_ids_PT[sl]
+        sites = [FINAL] + [
+            s
+            for layer in range(L)
+            for s in (head_inputs(layer), attention_output(layer), mlp_output(layer), residual(layer))
+        ]
+        with record(adapter, sites, last_only=True) as clean:
+            base = forward_last(adapter.model, ids, task.context_len).to(adapter.device)
+        with record(
+            adapter, [s for layer in range(L) for s in (head_inputs(layer), mlp_output(layer))], last_only=True
+        ) as corrupt:
+            forward_last(adapter.model, cf.input_ids_PT[sl], task.context_len)
+        kv = capture_problem_kv(adapter, ids, task.context_len) if recompute_attention else None
+        answer = task.answer_ids_P[sl].to(base.device)
+        B = len(answer)
+        unembed = AnswerRows.of(adapter, base, answer)
+        inputs = last_token_inputs(adapter, ids.repeat(Z, 1))
+        problem_of_row = torch.arange(B).repeat(Z)
+        for layer in patched:
+            start_BD = inputs.hidden_BTD[:B, -1] if layer == 0 else clean[residual(layer - 1)]
+            deltas_HBD = head_deltas(adapter, layer, clean[head_inputs(layer)], corrupt[head_inputs(layer)])
+            zero = torch.zeros_like(deltas_HBD[:1])
+            attn_ZBD = clean[attention_output(layer)][None] + torch.cat([zero, deltas_HBD.to(zero.device), zero])
+            mlp_rows = slice((Z - 1) * B, Z * B)
+
+            edits = {mlp_output(layer): _patch_rows(mlp_rows, corrupt[mlp_output(layer)])}
+            fixed = {layer: _rows_of(adapter, attn_ZBD, layer, start_BD.dtype)}  # clean plus one head's change
+            plans = {}
+            for later in range(layer + 1, L):
+                if kv is None:  # heads frozen: the attention output stays clean (and is not computed)
+                    clean_ZBD = clean[attention_output(later)][None].expand(Z, -1, -1)
+                    fixed[later] = _rows_of(adapter, clean_ZBD, later, start_BD.dtype)
+                else:  # the last token attends to the clean earlier positions and to itself
+                    prefix = (kv.keys[later][problem_of_row], kv.values[later][problem_of_row])
+                    plans[later] = LayerPlan(prefix_kv=prefix, replace_mask=True)
+            h = start_BD.repeat(Z, 1)[:, None]
+            with edit_outputs(adapter, edits), fixed_attention(adapter, fixed), attention_plans(adapter, plans):
+                h = adapter.run_layers(h, inputs, layer)
+            logits = unembed.logits(adapter, h[:, -1].reshape(Z, B, -1))
+            w = weight_P[sl].to(logits.device)
+            rel, diff = logit_change_rows(logits, w)
+            sums.rel_PLH[sl, layer] = rel[:H].T
+            sums.diff_PLH[sl, layer] = diff[:H].T
+            sums.rel_L[layer] += rel[H].sum()
+            sums.diff_L[layer] += diff[H].sum()
+            if layer == patched[0]:  # the clean row is the same at every layer
+                sums.clean_diff += float(((logits[0, :, 0] - logits[0, :, 1]) * w).sum())
+    return sums
+
+
+@torch.no_grad()
+def direct_path_patching(
+    adapter: ModelAdapter,
+    task: Task,
+    cf: Counterfactual,
+    batch_size: int = 32,
+    weight_P: torch.Tensor | None = None,
+    layers: Sequence[int] | None = None,
+) -> EffectSums:
+    """Direct-path effect of every head and MLP (of `layers`, else every layer) on the last-position logits of the
+    correct answer, on one answer step (its rows weighted by weight_P): relative changes of the correct logit and
+    changes of (correct - clean top wrong)."""
+    check_direct_paths(adapter)
+    L, H = adapter.n_layers, adapter.n_heads
+    P = len(task)
+    sums = EffectSums.zeros(P, L, H, layers)
+    weight_P = torch.ones(P) if weight_P is None else weight_P
+    for sl in batches(P, batch_size):
+        clean, base = run_last(adapter, task.input_ids_PT[sl], task.context_len)
+        corrupt, _ = run_last(adapter, cf.input_ids_PT[sl], task.context_len)
+        unembed = AnswerRows.of(adapter, base, task.answer_ids_P[sl].to(base.device))
+        w = weight_P[sl]
+        c0, w0 = unembed.logits(adapter, clean[FINAL][None])[0].unbind(-1)
+        sums.clean_diff += float(((c0 - w0) * w.to(c0.device)).sum())
+        for layer in sorted(layers) if layers is not None else range(L):
+            deltas = head_deltas(adapter, layer, clean[head_inputs(layer)], corrupt[head_inputs(layer)])
+            r, g = direct_effects(adapter, clean[FINAL], deltas, unembed, w)
+            sums.rel_PLH[sl, layer] = r.T
+            sums.diff_PLH[sl, layer] = g.T
+            dm = (corrupt[mlp_output(layer)] - clean[mlp_output(layer)])[None]
+            r, g = direct_effects(adapter, clean[FINAL], dm, unembed, w)
+            sums.rel_L[layer] += r[0].sum()
+            sums.diff_L[layer] += g[0].sum()
+    return sums
+
+
+PER_PROBLEM = ("relative_logit_change_problem_layer_head", "logit_diff_change_problem_layer_head")
+
+
+def layout_path_patching(
+    adapter: ModelAdapter,
+    kept: Task,
+    tokenizer: Tokenizer,
+    path: str,
+    kind: str | None = None,
+    scoring: str | None = None,
+    layers: Sequence[int] | None = None,
+) -> tuple[PooledPathPatching, Counterfactual]:
+    """Path patching per token layout (each with its own counterfactual of `kind`), pooled over layouts by their n;
+    a layout where no replacement keeps its token layout is left out and said so; the first layout's
+    counterfactual describes them. `counterfactual_rows`: per problem of `kept`, its counterfactual (None where its
+    layout was left out); each problem's effects in `kept`'s order (NaN where its layout was left out)."""
+    runs: list[tuple[Task, Counterfactual]] = []
+    skipped: list[LayoutNotPatched] = []
+    for _, group in per_layout(kept):
+        try:  # a layout where no value of the slot (or its null value) keeps the token layout has none
+            runs.append((group, counterfactual(group, tokenizer, kind)))
+        except Af1Error as exc:
+            if not kept.groups:
+                raise
+            skipped.append(LayoutNotPatched(layout=group.layout_id, n=len(group), reason=str(exc)))
+    if not runs:
+        raise Af1Error(f"no token layout has a counterfactual: {skipped[0]['reason']}")
+    n = sum(len(group) for group, _ in runs)
+    parts = [
+        (len(group) / n, path_patching(adapter, group, cf, path, scoring=scoring, layers=layers)) for group, cf in runs
+    ]
+    steps_n: dict[str, int] = {}
+    for _, part in parts:  # layouts may have answers of different lengths: their steps' counts add up
+        for k, count in part["answer_steps_n"].items():
+            steps_n[k] = steps_n.get(k, 0) + count
+    per_problem = ("answer_steps_n", *PER_PROBLEM)
+    effects = pooled([(w, {k: v for k, v in part.items() if k not in per_problem}) for w, part in parts])
+    rows: list[dict[str, Any] | None] = [None] * len(kept)
+    every = {key: torch.full((len(kept), *parts[0][1][key].shape[1:]), float("nan")) for key in PER_PROBLEM}
+    for (group, cf), (_, part) in zip(runs, parts, strict=True):
+        where = group.where_P.tolist() if kept.groups else list(range(len(kept)))
+        for r, row in zip(where, cf.rows(), strict=True):
+            rows[r] = {**row, "layout": group.layout_id} if kept.groups else row
+        for key in PER_PROBLEM:
+            every[key][where] = part[key]
+    result = PooledPathPatching(
+        **effects,
+        relative_logit_change_problem_layer_head=every[PER_PROBLEM[0]],
+        logit_diff_change_problem_layer_head=every[PER_PROBLEM[1]],
+        answer_steps_n=steps_n,
+        counterfactual_rows=rows,
+    )
+    if kept.groups:
+        result["layouts_patched"] = [LayoutPatched(layout=g.layout_id, n=len(g)) for g, _ in runs]
+        result["layouts_not_patched"] = skipped
+    return result, runs[0][1]

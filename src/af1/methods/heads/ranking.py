@@ -1,0 +1,226 @@
+"""Key heads: ranked by path patching, chosen on one split of the problems, with the chance overlap of two lists."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from pydantic import ConfigDict, with_config
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
+from af1.errors import Af1Error
+from af1.models.adapter import ModelAdapter
+from af1.stats import baseline_warning, constant_baseline, split_indices
+from af1.tasks.evaluation import Evaluated, require_solved, solved
+from af1.tasks.task import Task
+
+if TYPE_CHECKING:
+    from af1.models.loading import LoadedModel
+    from af1.tasks.task import Tokenizer
+from af1.methods.heads.capture import SCORED, Effects, ProblemEffects
+from af1.methods.heads.patching import PooledPathPatching, layout_path_patching
+
+METRICS = ("relative", "logit_diff")
+
+
+OWN_SPLIT = "the heads study's own seeded split"  # where the heads are chosen without a search's split
+
+
+def problem_effects(pp: ProblemEffects, metric: str) -> torch.Tensor:
+    """[problem, layer, head] by one metric (`effect_of`'s, per problem; its mean over problems is `effect_of`)."""
+    if metric == "relative":
+        return pp["relative_logit_change_problem_layer_head"]
+    if metric == "logit_diff":
+        return pp["logit_diff_change_problem_layer_head"] / max(abs(pp["clean_logit_diff"]), 1e-6)
+    raise Af1Error(f"unknown metric '{metric}': one of {', '.join(METRICS)}")
+
+
+def effect_of(pp: Effects, metric: str) -> torch.Tensor:
+    """[layer, head] by one metric: the relative change of the correct logit, or the change of (correct - clean
+    top wrong) as a share of the clean logit difference; negative: the head supports the answer."""
+    if metric == "relative":
+        return pp["relative_logit_change_layer_head"]
+    if metric == "logit_diff":
+        return pp["logit_diff_change_layer_head"] / max(abs(pp["clean_logit_diff"]), 1e-6)
+    raise Af1Error(f"unknown metric '{metric}': one of {', '.join(METRICS)}")
+
+
+def key_heads(effect_LH: torch.Tensor, threshold: float = -0.05) -> list[tuple[int, int]]:
+    """Heads whose path-patching effect is below the threshold, strongest first."""
+    found = [(float(effect_LH[layer, h]), layer, h) for layer, h in (effect_LH < threshold).nonzero().tolist()]
+    return [(layer, h) for _, layer, h in sorted(found)]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Overlap(TypedDict):
+    """Two head sets compared: Jaccard (None when both are empty), the share of their top k in common, what the
+    first top k would share on average with random heads drawn in the second's layers (as many per layer: high
+    effects cluster in a few layers), and the chance of sharing as many or more under that draw."""
+
+    jaccard: float | None
+    top_k_overlap: float
+    k: int
+    top_k_overlap_chance: float
+    top_k_overlap_p: float
+
+
+OVERLAP_DRAWS = 10_000  # draws of the layer-matched null: the smallest p is 1 / 10,001
+
+
+def overlap(
+    a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], heads_per_layer: int, k: int | None = None
+) -> Overlap:
+    """Jaccard of two head sets (None when both are empty) and the overlap of their top-k, against chance: `b`'s
+    top k redrawn at random within their own layers, a seeded Monte-Carlo p."""
+    sa, sb = set(map(tuple, a)), set(map(tuple, b))
+    jac = len(sa & sb) / len(sa | sb) if sa | sb else None
+    k = k or min(len(a), len(b))
+    top_a, top_b = set(map(tuple, a[:k])), [tuple(h) for h in b[:k]]
+    shared = len(top_a & set(top_b))
+    rng = np.random.default_rng(0)
+    simulated = np.zeros(OVERLAP_DRAWS, dtype=int)
+    expected = 0.0
+    for layer in sorted({h[0] for h in top_b}):
+        count = sum(h[0] == layer for h in top_b)
+        mine = np.array([h in top_a for h in ((layer, j) for j in range(heads_per_layer))])
+        drawn = rng.permuted(np.tile(np.arange(heads_per_layer), (OVERLAP_DRAWS, 1)), axis=1)[:, :count]
+        simulated += mine[drawn].sum(1)
+        expected += count * mine.sum() / heads_per_layer
+    return Overlap(
+        jaccard=jac,
+        top_k_overlap=shared / k if k else 1.0,
+        k=k,
+        top_k_overlap_chance=float(expected / k) if k else 0.0,
+        top_k_overlap_p=float((1 + (simulated >= shared).sum()) / (OVERLAP_DRAWS + 1)),
+    )
+
+
+def top_heads(effect_LH: torch.Tensor, k: int) -> list[tuple[int, int]]:
+    """The k heads with the most negative effect."""
+    order = effect_LH.flatten().argsort()[:k].tolist()
+    H = effect_LH.shape[1]
+    return [(i // H, i % H) for i in order]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ScoringNote(TypedDict):
+    """What path patching scored, on how many problems, and the constant guess of it (a warning when near one)."""
+
+    scoring: str
+    definition: str
+    n: int
+    constant_guess: float
+    constant_guess_by_step: dict[str, float]
+    warning: str | None
+
+
+def scoring_note(on: Task, scored: str) -> ScoringNote:
+    """What path patching scored on these problems (those it patched), with the constant guess of what it scored
+    (one guess per token layout, which the prompt shows): the whole answer and each answer step's token (full), or
+    the first token (first, with a warning when it is near constant)."""
+    answers, layouts = on.answer_tokens, on.layout_P.tolist()
+    first = constant_baseline([a[0] for a in answers], layouts)
+    by_step = {}
+    for k in range(max(map(len, answers)) if scored == "full" else 1):
+        rows = [i for i, a in enumerate(answers) if len(a) > k]
+        by_step[str(k)] = constant_baseline([answers[i][k] for i in rows], [layouts[i] for i in rows])
+    return ScoringNote(
+        scoring=scored,
+        definition=SCORED[scored],
+        n=len(on),
+        constant_guess=first if scored == "first" else constant_baseline([tuple(a) for a in answers], layouts),
+        constant_guess_by_step=by_step,
+        warning=baseline_warning("the first answer token path patching scores", first, len(on))
+        if scored == "first"
+        else None,
+    )
+
+
+class Ranked(TypedDict):
+    """Heads ranked by path patching with one counterfactual (`ranked`): the patching, the effect by the chosen
+    metric, the top k, what was scored, and the counterfactual."""
+
+    pp: PooledPathPatching
+    counterfactual: str
+    counterfactual_kind: str
+    top_heads: list[tuple[int, int]]
+    effect: torch.Tensor
+    scoring: ScoringNote
+
+
+def ranked(
+    adapter: ModelAdapter,
+    on: Task,
+    tokenizer: Tokenizer,
+    path: str,
+    metric: str,
+    k: int,
+    kind: str | None = None,
+    scoring: str | None = None,
+) -> Ranked:
+    """Path patching on these problems with one counterfactual and the heads it ranks: the effects, the top k
+    (by `metric`), what was scored, the counterfactual and each problem's counterfactual input."""
+    pp, cf = layout_path_patching(adapter, on, tokenizer, path, kind, scoring)
+    effect = effect_of(pp, metric)
+    patched = on.subset([i for i, row in enumerate(pp["counterfactual_rows"]) if row is not None])
+    return Ranked(
+        pp=pp,
+        counterfactual=cf.replacement,
+        counterfactual_kind=cf.kind,
+        top_heads=top_heads(effect, k),
+        effect=effect,
+        scoring=scoring_note(patched, pp["scoring"]),
+    )
+
+
+def problem_split(n: int, split: tuple[float, int]) -> tuple[list[int], list[int]]:
+    """(selection, confirmation) rows of n solved problems: heads are chosen on the first and tested on the
+    second."""
+    if n < 2:
+        raise Af1Error(
+            f"{n} solved problem: heads are chosen on one half of the solved problems and tested on the other, "
+            "which needs at least 2"
+        )
+    selection, seed = split
+    sel, conf = split_indices(n, selection, seed)
+    if not sel or not conf:
+        raise Af1Error(f"the split of {n} solved problems at {selection} leaves one half empty: use more problems")
+    return sel, conf
+
+
+# which solved problems chose the heads and which tested them ("from": the split's origin; a keyword, so this form)
+Split = with_config(ConfigDict(extra="forbid"))(
+    TypedDict(
+        "Split",
+        {
+            "from": str,
+            "selection_fraction": float,
+            "split_seed": int,
+            "n_selection": int,
+            "n_confirmation": int,
+            "heads_chosen_on": str,
+            "tested_on": str,
+        },
+    )
+)
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ChosenHeads(TypedDict):
+    """The top-k heads by path patching on every solved problem of an evaluation, with what was scored."""
+
+    top_heads: list[tuple[int, int]]
+    n_solved: int
+    path: str
+    scoring: ScoringNote
+
+
+def choose_heads(lm: LoadedModel, done: Evaluated, k: int, path: str = "wang", metric: str = "relative") -> ChosenHeads:
+    """The top-k heads by path patching on all of an evaluation's solved problems (for fine-tuning, which tests
+    them on other problems): the heads, what was scored and on how many."""
+    kept = solved(done.task, done.base)
+    require_solved(len(kept), done.task.spec)
+    found = ranked(lm.adapter, kept, lm.tokenizer, path, metric, k)
+    return ChosenHeads(top_heads=found["top_heads"], n_solved=len(kept), path=path, scoring=found["scoring"])
