@@ -103,13 +103,15 @@ def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
                 lambda: heads_method.study.study(
                     lm,
                     spec,
-                    threshold=o.threshold,
-                    k=10,
-                    draws=3,
-                    path=o.path,
-                    metric=o.metric,
-                    split=split,
-                    split_from=heads_method.ranking.OWN_SPLIT,
+                    heads_method.study.Settings(
+                        threshold=o.threshold,
+                        k=10,
+                        draws=3,
+                        path=o.path,
+                        metric=o.metric,
+                        split=split,
+                        split_from=heads_method.ranking.OWN_SPLIT,
+                    ),
                     done=done,
                 ),
             )

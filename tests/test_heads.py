@@ -651,19 +651,10 @@ def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokeniz
     everything = Scores([[0]] * len(task), torch.ones(len(task)), torch.ones(len(task), dtype=torch.bool))
     lm = LoadedModel(model, tokenizer, ModelAdapter(model))
     done = Evaluated(task, everything, id(model))
-    result = heads.study.study(
-        lm,
-        spec,
-        threshold=-0.05,
-        k=3,
-        draws=2,
-        path="direct",
-        metric="relative",
-        split=(0.5, 4),
-        split_from="test",
-        kind="b",
-        done=done,
+    settings = heads.study.Settings(
+        threshold=-0.05, k=3, draws=2, path="direct", metric="relative", split=(0.5, 4), split_from="test", kind="b"
     )
+    result = heads.study.study(lm, spec, settings, done=done)
     from af1.stats import split_indices
 
     sel, conf = split_indices(len(task), 0.5, 4)

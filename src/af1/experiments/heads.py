@@ -300,21 +300,17 @@ class Heads(base.Experiment):
         if search is not None:  # the search's split: the heads are chosen on its selection half only
             split, split_from = (search.selection_fraction, search.split_seed), "the search's split"
         done = inputs.resources.evaluated(spec)
-        study = heads.study.study(
-            lm,
-            spec,
+        settings = heads.study.Settings(
             threshold=options.threshold,
             k=k,
             draws=options.draws,
-            compare_specs=others,
-            done=done,
             path=options.path,
             metric=options.metric,
-            kind=kind,
-            second_kind=second,
             split=split,
             split_from=split_from,
+            kind=kind,
         )
+        study = heads.study.study(lm, spec, settings, second_kind=second, compare_specs=others, done=done)
         config = base.searched_config(search) if search is not None else None  # None: no search, or no cell
         kept = solved(done.task, done.base)
         sel, conf = heads.ranking.problem_split(len(kept), split)  # heads chosen on the first, tested on the second

@@ -10,14 +10,13 @@ from typing_extensions import TypedDict  # pydantic reads TypedDicts from here b
 
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.methods.counterfactuals import NOT_OPERANDS
+from af1.methods.heads.capture import per_layout, pooled, scored_steps
 from af1.models.adapter import ModelAdapter
 from af1.models.forward import forward_last
 from af1.tasks.task import Task
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-from af1.methods.heads.capture import per_layout, pooled, scored_steps
 
 
 @torch.no_grad()

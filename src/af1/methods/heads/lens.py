@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from af1.interventions.sites import FINAL, mlp_output
+from af1.methods.heads.capture import per_layout, pooled, run_last, scored_steps
 from af1.models.adapter import ModelAdapter, execution_device, weight_of
 from af1.tasks.task import Task
 
 if TYPE_CHECKING:
     pass
-from af1.methods.heads.capture import per_layout, pooled, run_last, scored_steps
 
 
 def norm_read(norm: torch.nn.Module, x_BD: torch.Tensor, m_BD: torch.Tensor) -> torch.Tensor:

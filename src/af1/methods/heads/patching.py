@@ -47,14 +47,6 @@ from af1.interventions.sites import (
     residual,
 )
 from af1.methods.counterfactuals import Counterfactual, counterfactual
-from af1.models.adapter import ModelAdapter, execution_device
-from af1.models.forward import forward_last
-from af1.progress import progress
-from af1.tasks.evaluation import batches
-from af1.tasks.task import Task
-
-if TYPE_CHECKING:
-    from af1.tasks.task import Tokenizer
 from af1.methods.heads.capture import (
     AnswerRows,
     EffectSums,
@@ -68,6 +60,14 @@ from af1.methods.heads.capture import (
     run_last,
     scored_steps,
 )
+from af1.models.adapter import ModelAdapter, execution_device
+from af1.models.forward import forward_last
+from af1.progress import progress
+from af1.tasks.evaluation import batches
+from af1.tasks.task import Task
+
+if TYPE_CHECKING:
+    from af1.tasks.task import Tokenizer
 
 
 class PathPatching(ProblemEffects):

@@ -11,6 +11,8 @@ from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
+from af1.methods.heads.capture import SCORED, Effects, ProblemEffects
+from af1.methods.heads.patching import PooledPathPatching, layout_path_patching
 from af1.models.adapter import ModelAdapter
 from af1.stats import baseline_warning, constant_baseline, split_indices
 from af1.tasks.evaluation import Evaluated, require_solved, solved
@@ -19,8 +21,6 @@ from af1.tasks.task import Task
 if TYPE_CHECKING:
     from af1.models.loading import LoadedModel
     from af1.tasks.task import Tokenizer
-from af1.methods.heads.capture import SCORED, Effects, ProblemEffects
-from af1.methods.heads.patching import PooledPathPatching, layout_path_patching
 
 METRICS = ("relative", "logit_diff")
 

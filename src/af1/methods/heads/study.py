@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -12,16 +13,6 @@ from af1.claims import Claim, adjust, confirmed, mean_below, paired_greater
 from af1.errors import Af1Error
 from af1.interventions.heads import matched_draws
 from af1.methods.counterfactuals import counterfactual_problems
-from af1.models.adapter import ModelAdapter
-from af1.progress import stage as progress_stage
-from af1.stats import baseline_warning
-from af1.tasks.evaluation import Evaluated, Scores, evaluated, require_solved, solved
-from af1.tasks.task import LayoutRow, Task
-
-if TYPE_CHECKING:
-    from af1.models.loading import LoadedModel
-    from af1.tasks.spec import TaskSpec
-    from af1.tasks.task import Tokenizer
 from af1.methods.heads.attention import TokenAttention, last_query_attention, token_attention
 from af1.methods.heads.knockouts import head_sums_by_step, knockouts, loo_fallbacks
 from af1.methods.heads.lens import mlp_logit_lens
@@ -39,6 +30,16 @@ from af1.methods.heads.ranking import (
     ranked,
     top_heads,
 )
+from af1.models.adapter import ModelAdapter
+from af1.progress import stage as progress_stage
+from af1.stats import baseline_warning
+from af1.tasks.evaluation import Evaluated, Scores, evaluated, require_solved, solved
+from af1.tasks.task import LayoutRow, Task
+
+if TYPE_CHECKING:
+    from af1.models.loading import LoadedModel
+    from af1.tasks.spec import TaskSpec
+    from af1.tasks.task import Tokenizer
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -214,186 +215,244 @@ def decide(claims: list[Claim]) -> tuple[list[Claim], list[list[int]]]:
     return family, [list(map(int, h.split("."))) for h in confirmed(family, "key_head")]
 
 
+@dataclass(frozen=True)
+class Settings:
+    """How the study ranks and tests heads: path patching by `path` with the counterfactual `kind` (None: the
+    task's default), key heads by `metric` below `threshold`, the top `k` knocked out against `draws` matched
+    random sets, all chosen on the selection part of `split` (fraction, seed; `split_from` says whose split)."""
+
+    threshold: float
+    k: int
+    draws: int
+    path: str
+    metric: str
+    split: tuple[float, int]
+    split_from: str
+    kind: str | None = None
+
+    def rank(self, lm: LoadedModel, on: Task, kind: str | None) -> Ranked:
+        return ranked(lm.adapter, on, lm.tokenizer, self.path, self.metric, self.k, kind)
+
+
 def study(
     lm: LoadedModel,
     spec: TaskSpec,
+    settings: Settings,
     *,
-    threshold: float,
-    k: int,
-    draws: int,
-    path: str,
-    metric: str,
-    split: tuple[float, int],
-    split_from: str,
-    kind: str | None = None,
     second_kind: str | None = None,
     compare_specs: list[TaskSpec] | None = None,
     done: Evaluated | None = None,
 ) -> HeadsStudy:
-    """Path patching (by `path`, counterfactual `kind`, every answer step unless the task scores the first token)
-    and key and top-k heads (by `metric`, both metrics kept), chosen on the selection part of the solved problems
-    (`split`: the search's where there is one); on the confirmation part, knockout of the top k against `draws`
-    random sets of k drawn from the heads not chosen (leave-one-out head means, every answer token scored, with
-    intervals) and where the top heads look; the MLP logit lens on all solved problems; the ranking of a second
-    counterfactual (`second_kind`, path patching only); overlap with other tasks (each chosen on its own selection
-    part); `done` is an evaluation of the same spec already made."""
-    adapter = lm.adapter
+    """Path patching (every answer step unless the task scores the first token) and key and top-k heads (both
+    metrics kept), chosen on the selection part of the solved problems (the search's split where there is one); on
+    the confirmation part, the knock-out of the top k against matched random sets, each key head's claim and where
+    the top heads look; the MLP logit lens on all solved problems; the ranking of a second counterfactual
+    (`second_kind`, path patching only); overlap with other tasks (each chosen on its own selection part); `done`
+    is an evaluation of the same spec already made."""
+    s, adapter = settings, lm.adapter
     done = evaluated(lm.model, lm.tokenizer, spec, done)
-    task, base = done.task, done.base
-    require_solved(int(base.correct_P.sum()), spec)
-    kept = solved(task, base)
-    sel, conf = problem_split(len(kept), split)
+    require_solved(int(done.base.correct_P.sum()), spec)
+    kept = solved(done.task, done.base)
+    sel, conf = problem_split(len(kept), s.split)
     chosen_on, tested_on = kept.subset(sel), kept.subset(conf)
-    main = ranked(adapter, chosen_on, lm.tokenizer, path, metric, k, kind)
-    pp, effect, top = main["pp"], main["effect"], main["top_heads"]
-    keys = key_heads(effect, threshold)
-    chosen = list(dict.fromkeys(top + keys))
-    means = head_sums_by_step(adapter, task)
-    rand_sets, matched = matched_draws(adapter, top, range(draws), chosen)
-    second: Ranked | None = None
-    with progress_stage(f"knock-outs: top {k} and {draws} random sets"):
-        top_scores, *rand_scores = knockouts(adapter, tested_on, [top, *rand_sets], means)
-    randoms_detail = [s.rate(tested_on) for s in rand_scores]
-    randoms = [r["value"] for r in randoms_detail]
-    rand = torch.tensor(randoms)
-    top_rate = top_scores.rate(tested_on)
-    conf_text = "the confirmation part of the solved problems"
+    main = s.rank(lm, chosen_on, s.kind)
+    keys = key_heads(main["effect"], s.threshold)
+    knockout, top_claim = knocked_out(adapter, done.task, tested_on, main["top_heads"], keys, s)
     claims = [
         *key_head_claims(
-            adapter, tested_on, lm.tokenizer, keys, threshold=threshold, path=path, metric=metric, kind=kind
+            adapter, tested_on, lm.tokenizer, keys, threshold=s.threshold, path=s.path, metric=s.metric, kind=s.kind
         ),
-        top_vs_random_claim(top_scores, rand_scores, k, conf_text),
+        top_claim,
     ]
-    n_heads = adapter.n_layers * adapter.n_heads
-    warnings = [w for w in [main["scoring"]["warning"]] if w]
-    knock_warning = baseline_warning(f"the knock-outs ({spec.scoring} answer)", top_rate["baseline"], len(tested_on))
-    warnings += [knock_warning] if knock_warning else []
-    split_record = Split(
-        {
-            "from": split_from,
-            "selection_fraction": split[0],
-            "split_seed": split[1],
-            "n_selection": len(sel),
-            "n_confirmation": len(conf),
-            "heads_chosen_on": "the selection part (path patching)",
-            "tested_on": "the confirmation part (knock-outs, attention of the top heads)",
-        }
-    )
-    knockout = Knockout(
-        k=k,
-        heads=[list(h) for h in top],
-        scoring=spec.scoring,
-        means="per answer step and position, over all the task's problems, each knocked-out problem's own "
-        "clean state left out (leave-one-out); a (problem, step) that no other problem shares keeps its own "
-        "state, so its heads are not knocked out there (counted in means_without_other_problems)",
-        means_without_other_problems=loo_fallbacks(tested_on, means),
-        measured_on=conf_text,
-        n=len(tested_on),
-        accuracy_top_k=top_rate["value"],
-        accuracy_top_k_ci=top_rate["ci"],
-        random_drawn_from=f"for each top head, one of the same layer and key/value group (else the same layer, else "
-        f"the nearest), among the {n_heads - len(chosen)} heads neither in the top {k} nor key heads",
-        random_matched=matched,
-        random_heads=[[list(h) for h in heads] for heads in rand_sets],
-        top_rank_among_random=sum(r <= top_rate["value"] for r in randoms),
-        top_rank_p=(1 + sum(r <= top_rate["value"] for r in randoms)) / (draws + 1),
-        accuracy_random_k_mean=float(rand.mean()),
-        accuracy_random_k_std=float(rand.std()) if draws > 1 else 0.0,
-        accuracy_random_k=randoms,
-        accuracy_random_k_ci=[r["ci"] for r in randoms_detail],
-        accuracy_baseline=top_rate["baseline"],
-        base_accuracy=1.0,
-    )
-    lens = mlp_logit_lens(adapter, kept)
     result = HeadsStudy(
         model=lm.info.get("spec"),
         task=spec.name,
         style=spec.style_name,
-        n=len(task),
+        n=len(done.task),
         n_solved=len(kept),
         layouts=kept.layouts(),  # path patching, knock-outs and attention per layout, pooled by each one's n
         scoring=spec.scoring,
-        path_patching_scoring=main["scoring"],
-        base_accuracy_all=base.accuracy,
-        split=split_record,
-        counterfactual=main["counterfactual"],
-        counterfactual_kind=main["counterfactual_kind"],
-        counterfactual_problems=counterfactual_problems(kept, sel, pp["counterfactual_rows"]),
-        n_heads=n_heads,
-        threshold=threshold,
-        path=pp["path"],
-        metric=metric,
-        key_heads=[list(h) for h in keys],
-        key_head_share=len(keys) / n_heads,
-        key_heads_by_metric={m: [list(h) for h in key_heads(effect_of(pp, m), threshold)] for m in METRICS},
-        top_heads=[list(h) for h in top],
-        relative_logit_change_layer_head=pp["relative_logit_change_layer_head"].tolist(),
-        logit_diff_change_layer_head=pp["logit_diff_change_layer_head"].tolist(),
-        relative_logit_change_mlp_layer=pp["relative_logit_change_mlp_layer"].tolist(),
-        logit_diff_change_mlp_layer=pp["logit_diff_change_mlp_layer"].tolist(),
-        clean_logit_diff=float(pp["clean_logit_diff"]),
-        answer_steps_n=pp["answer_steps_n"],
+        base_accuracy_all=done.base.accuracy,
+        split=split_record(s, len(sel), len(conf)),
+        counterfactual_problems=counterfactual_problems(kept, sel, main["pp"]["counterfactual_rows"]),
+        **patching_fields(main, keys, s, adapter.n_layers * adapter.n_heads),
         knockout=knockout,
-        attention_of_top_heads=last_query_attention(adapter, tested_on, top[: min(k, 5)]),
-        attention_measured_on="the confirmation part of the solved problems",
-        # one problem's tokens (the confirmation part's first): where each top and key head looks, token by token
-        attention_over_tokens=token_attention(adapter, lm.tokenizer, tested_on, list(dict.fromkeys(top + keys))[:16]),
-        mlp_logit_lens_layer=None if lens is None else lens.tolist(),
-        mlp_logit_lens_measured_on="all solved problems (no head is chosen by it)",
-        warnings=warnings,
+        **looks(lm, kept, tested_on, main["top_heads"], keys),
+        warnings=[w for w in [main["scoring"]["warning"], knockout_warning(knockout, spec.scoring)] if w],
         overlap=[],
         confirmed_key_heads=[],
         claims=[],
     )
     result["claims"], result["confirmed_key_heads"] = decide(claims)
-    if "layouts_patched" in pp:
-        result["layouts_patched"] = pp["layouts_patched"]
-    if "layouts_not_patched" in pp:
-        result["layouts_not_patched"] = pp["layouts_not_patched"]
+    if "layouts_patched" in main["pp"]:
+        result["layouts_patched"] = main["pp"]["layouts_patched"]
+    if "layouts_not_patched" in main["pp"]:
+        result["layouts_not_patched"] = main["pp"]["layouts_not_patched"]
     if second_kind is not None:
-        try:
-            second = ranked(adapter, chosen_on, lm.tokenizer, path, metric, k, second_kind)
-        except Af1Error as exc:  # e.g. no other operand value keeps a problem's token layout: said, not fatal
-            result["second_counterfactual"] = NoSecondCounterfactual(counterfactual_kind=second_kind, error=str(exc))
-    if second_kind is not None and second is not None:
-        second_overlap = overlap(top, second["top_heads"], adapter.n_heads, k)
-        result["second_counterfactual"] = SecondCounterfactual(
-            counterfactual=second["counterfactual"],
-            counterfactual_kind=second["counterfactual_kind"],
-            measured="path patching only, on the same selection part (no knock-outs)",
-            top_heads=[list(h) for h in second["top_heads"]],
-            key_heads=[list(h) for h in key_heads(second["effect"], threshold)],
-            effect_layer_head=second["effect"].tolist(),
-            top_k_overlap=second_overlap["top_k_overlap"],
-            top_k_overlap_chance=second_overlap["top_k_overlap_chance"],
-            top_k_overlap_p=second_overlap["top_k_overlap_p"],
-            counterfactual_problems=counterfactual_problems(
-                kept, sel, second["pp"]["counterfactual_rows"], prompt=False
-            ),
-        )
-    for other in compare_specs or []:
-        try:
-            o = evaluated(lm.model, lm.tokenizer, other)
-            o_kept = solved(o.task, o.base)
-            require_solved(len(o_kept), other)
-            o_sel, _ = problem_split(len(o_kept), split)
-            o_effect = ranked(adapter, o_kept.subset(o_sel), lm.tokenizer, path, metric, k, kind)["effect"]
-        except Af1Error as exc:
-            result["overlap"].append(TaskOverlap(task=other.operation, style=other.style, error=str(exc)))
-            continue
-        shared = overlap(top, top_heads(o_effect, k), adapter.n_heads, k)
-        result["overlap"].append(
-            TaskOverlap(
-                task=other.operation,
-                style=other.style,
-                n_solved=len(o_kept),
-                n_selection=len(o_sel),
-                key_heads=[list(h) for h in key_heads(o_effect, threshold)],
-                key_heads_jaccard=overlap(keys, key_heads(o_effect, threshold), adapter.n_heads)["jaccard"],
-                top_k_overlap=shared["top_k_overlap"],
-                top_k_overlap_chance=shared["top_k_overlap_chance"],
-                top_k_overlap_p=shared["top_k_overlap_p"],
-                k=k,
-            )
-        )
+        result["second_counterfactual"] = second_ranking(lm, chosen_on, kept, sel, main["top_heads"], s, second_kind)
+    result["overlap"] = [task_overlap(lm, other, main["top_heads"], keys, s) for other in compare_specs or []]
     return result
+
+
+def split_record(s: Settings, n_selection: int, n_confirmation: int) -> Split:
+    return Split(
+        {
+            "from": s.split_from,
+            "selection_fraction": s.split[0],
+            "split_seed": s.split[1],
+            "n_selection": n_selection,
+            "n_confirmation": n_confirmation,
+            "heads_chosen_on": "the selection part (path patching)",
+            "tested_on": "the confirmation part (knock-outs, attention of the top heads)",
+        }
+    )
+
+
+def patching_fields(main: Ranked, keys: list[tuple[int, int]], s: Settings, n_heads: int) -> dict[str, Any]:
+    """What path patching measured on the selection part and the heads it chose."""
+    pp = main["pp"]
+    return {
+        "path_patching_scoring": main["scoring"],
+        "counterfactual": main["counterfactual"],
+        "counterfactual_kind": main["counterfactual_kind"],
+        "n_heads": n_heads,
+        "threshold": s.threshold,
+        "path": pp["path"],
+        "metric": s.metric,
+        "key_heads": [list(h) for h in keys],
+        "key_head_share": len(keys) / n_heads,
+        "key_heads_by_metric": {m: [list(h) for h in key_heads(effect_of(pp, m), s.threshold)] for m in METRICS},
+        "top_heads": [list(h) for h in main["top_heads"]],
+        "relative_logit_change_layer_head": pp["relative_logit_change_layer_head"].tolist(),
+        "logit_diff_change_layer_head": pp["logit_diff_change_layer_head"].tolist(),
+        "relative_logit_change_mlp_layer": pp["relative_logit_change_mlp_layer"].tolist(),
+        "logit_diff_change_mlp_layer": pp["logit_diff_change_mlp_layer"].tolist(),
+        "clean_logit_diff": float(pp["clean_logit_diff"]),
+        "answer_steps_n": pp["answer_steps_n"],
+    }
+
+
+CONFIRMATION = "the confirmation part of the solved problems"
+
+
+def knocked_out(
+    adapter: ModelAdapter,
+    task: Task,
+    tested_on: Task,
+    top: list[tuple[int, int]],
+    keys: list[tuple[int, int]],
+    s: Settings,
+) -> tuple[Knockout, Claim]:
+    """The top k heads mean-ablated on the confirmation part against `s.draws` random sets of k from the same layers
+    and key/value groups, never a top or key head (leave-one-out means, every answer token scored), and the
+    paired claim that the top set leaves fewer problems right."""
+    chosen = list(dict.fromkeys(top + keys))
+    means = head_sums_by_step(adapter, task)
+    rand_sets, matched = matched_draws(adapter, top, range(s.draws), chosen)
+    with progress_stage(f"knock-outs: top {s.k} and {s.draws} random sets"):
+        top_scores, *rand_scores = knockouts(adapter, tested_on, [top, *rand_sets], means)
+    randoms_detail = [r.rate(tested_on) for r in rand_scores]
+    randoms = [r["value"] for r in randoms_detail]
+    rand = torch.tensor(randoms)
+    top_rate = top_scores.rate(tested_on)
+    n_heads = adapter.n_layers * adapter.n_heads
+    knockout = Knockout(
+        k=s.k,
+        heads=[list(h) for h in top],
+        scoring=tested_on.spec.scoring,
+        means="per answer step and position, over all the task's problems, each knocked-out problem's own "
+        "clean state left out (leave-one-out); a (problem, step) that no other problem shares keeps its own "
+        "state, so its heads are not knocked out there (counted in means_without_other_problems)",
+        means_without_other_problems=loo_fallbacks(tested_on, means),
+        measured_on=CONFIRMATION,
+        n=len(tested_on),
+        accuracy_top_k=top_rate["value"],
+        accuracy_top_k_ci=top_rate["ci"],
+        random_drawn_from=f"for each top head, one of the same layer and key/value group (else the same layer, else "
+        f"the nearest), among the {n_heads - len(chosen)} heads neither in the top {s.k} nor key heads",
+        random_matched=matched,
+        random_heads=[[list(h) for h in heads] for heads in rand_sets],
+        top_rank_among_random=sum(r <= top_rate["value"] for r in randoms),
+        top_rank_p=(1 + sum(r <= top_rate["value"] for r in randoms)) / (s.draws + 1),
+        accuracy_random_k_mean=float(rand.mean()),
+        accuracy_random_k_std=float(rand.std()) if s.draws > 1 else 0.0,
+        accuracy_random_k=randoms,
+        accuracy_random_k_ci=[r["ci"] for r in randoms_detail],
+        accuracy_baseline=top_rate["baseline"],
+        base_accuracy=1.0,
+    )
+    return knockout, top_vs_random_claim(top_scores, rand_scores, s.k, CONFIRMATION)
+
+
+def knockout_warning(knockout: Knockout, scoring: str) -> str | None:
+    return baseline_warning(f"the knock-outs ({scoring} answer)", knockout["accuracy_baseline"], knockout["n"])
+
+
+def looks(
+    lm: LoadedModel, kept: Task, tested_on: Task, top: list[tuple[int, int]], keys: list[tuple[int, int]]
+) -> dict[str, Any]:
+    """Where the top heads look on the confirmation part, and the MLP logit lens on all solved problems."""
+    lens = mlp_logit_lens(lm.adapter, kept)
+    return {
+        "attention_of_top_heads": last_query_attention(lm.adapter, tested_on, top[:5]),
+        "attention_measured_on": CONFIRMATION,
+        # one problem's tokens (the confirmation part's first): where each top and key head looks, token by token
+        "attention_over_tokens": token_attention(
+            lm.adapter, lm.tokenizer, tested_on, list(dict.fromkeys(top + keys))[:16]
+        ),
+        "mlp_logit_lens_layer": None if lens is None else lens.tolist(),
+        "mlp_logit_lens_measured_on": "all solved problems (no head is chosen by it)",
+    }
+
+
+def second_ranking(
+    lm: LoadedModel, chosen_on: Task, kept: Task, sel: list[int], top: list[tuple[int, int]], s: Settings, kind: str
+) -> SecondCounterfactual | NoSecondCounterfactual:
+    """The ranking by another counterfactual on the same selection part (path patching only) and its overlap with
+    the main one's top heads; a counterfactual that cannot be built is said, not fatal."""
+    try:
+        second = s.rank(lm, chosen_on, kind)
+    except Af1Error as exc:  # e.g. no other operand value keeps a problem's token layout
+        return NoSecondCounterfactual(counterfactual_kind=kind, error=str(exc))
+    shared = overlap(top, second["top_heads"], lm.adapter.n_heads, s.k)
+    return SecondCounterfactual(
+        counterfactual=second["counterfactual"],
+        counterfactual_kind=second["counterfactual_kind"],
+        measured="path patching only, on the same selection part (no knock-outs)",
+        top_heads=[list(h) for h in second["top_heads"]],
+        key_heads=[list(h) for h in key_heads(second["effect"], s.threshold)],
+        effect_layer_head=second["effect"].tolist(),
+        top_k_overlap=shared["top_k_overlap"],
+        top_k_overlap_chance=shared["top_k_overlap_chance"],
+        top_k_overlap_p=shared["top_k_overlap_p"],
+        counterfactual_problems=counterfactual_problems(kept, sel, second["pp"]["counterfactual_rows"], prompt=False),
+    )
+
+
+def task_overlap(
+    lm: LoadedModel, other: TaskSpec, top: list[tuple[int, int]], keys: list[tuple[int, int]], s: Settings
+) -> TaskOverlap:
+    """Another task's heads, chosen on its own selection part, against this task's: the top-k overlap with its
+    chance expectation and the key heads' Jaccard index; a task that cannot be ranked is said, not fatal."""
+    try:
+        o = evaluated(lm.model, lm.tokenizer, other)
+        o_kept = solved(o.task, o.base)
+        require_solved(len(o_kept), other)
+        o_sel, _ = problem_split(len(o_kept), s.split)
+        o_effect = s.rank(lm, o_kept.subset(o_sel), s.kind)["effect"]
+    except Af1Error as exc:
+        return TaskOverlap(task=other.operation, style=other.style, error=str(exc))
+    shared = overlap(top, top_heads(o_effect, s.k), lm.adapter.n_heads, s.k)
+    o_keys = key_heads(o_effect, s.threshold)
+    return TaskOverlap(
+        task=other.operation,
+        style=other.style,
+        n_solved=len(o_kept),
+        n_selection=len(o_sel),
+        key_heads=[list(h) for h in o_keys],
+        key_heads_jaccard=overlap(keys, o_keys, lm.adapter.n_heads)["jaccard"],
+        top_k_overlap=shared["top_k_overlap"],
+        top_k_overlap_chance=shared["top_k_overlap_chance"],
+        top_k_overlap_p=shared["top_k_overlap_p"],
+        k=s.k,
+    )
