@@ -89,41 +89,12 @@ def prune_heads(
     sel, conf = split_indices(len(setup.kept), selection, seed)
     on_sel, on_conf = setup.on(sel), setup.on(conf)
     heads = [(layer, h) for layer in config.peek_layers() for h in range(setup.adapter.n_heads)]
-    unpruned = faithfulness(on_sel, config)
-    order: list[tuple[int, int]] = []
-    unpruned_rate = unpruned.rate(on_sel.kept)
-    faith_curve, p_curve, ci_curve = [unpruned.accuracy], [unpruned.mean_p_correct], [unpruned_rate["ci"]]
-    log_p_curve = [unpruned.mean_log_p_correct]
-    remaining = list(heads)
-    for _ in progress(range(len(heads)), desc="prune heads"):
-        scores = pruned_scores(on_sel, config, [[*order, h] for h in remaining])
-        best = max(range(len(remaining)), key=lambda i: (scores[i].mean_log_p_correct, -i))
-        order.append(remaining.pop(best))
-        faith_curve.append(scores[best].accuracy)
-        ci_curve.append(scores[best].rate(on_sel.kept)["ci"])
-        p_curve.append(scores[best].mean_p_correct)
-        log_p_curve.append(scores[best].mean_log_p_correct)
-        if not whole_curve and faith_curve[-1] < keep * faith_curve[0]:
-            break
+    order, curve = greedy_order(on_sel, config, heads, whole_curve=whole_curve, keep=keep)
+    faith_curve, rates = [c.accuracy for c in curve], [c.rate(on_sel.kept) for c in curve]
     # the last set before the curve first falls below keep x unpruned (a later recovery does not count)
     n_pruned = next((i for i, f in enumerate(faith_curve) if f < keep * faith_curve[0]), len(faith_curve)) - 1
     pruned = config.model_copy(update={"pruned_heads": order[:n_pruned]})
     conf_full, conf_pruned = faithfulness(on_conf, config), faithfulness(on_conf, pruned)
-    margin = (1 - keep) * conf_full.accuracy
-    broken_P = (conf_full.correct_P & ~conf_pruned.correct_P).tolist()  # right unpruned, wrong pruned
-    claims = [
-        rate_below(
-            "pruned_keeps",
-            f"the {n_pruned} heads chosen on the selection half need not peek: kept from peeking, they break fewer "
-            f"than {margin:.3f} of the problems ({1 - keep:.0%} of the unpruned faithfulness)",
-            broken_P,
-            margin,
-            f"the confirmation split ({len(conf)} solved problems)",
-            None,
-            reject=True,
-        )
-    ]
-    claims = claims if n_pruned else []  # nothing pruned: nothing to claim
     return Pruning(
         wait=config.wait,
         transfer=config.transfer,
@@ -134,13 +105,13 @@ def prune_heads(
         n_selection=len(sel),
         n_confirmation=len(conf),
         faithfulness_full=faith_curve[0],
-        faithfulness_full_ci=ci_curve[0],
+        faithfulness_full_ci=rates[0]["ci"],
         prune_order=[list(hd) for hd in order],
         faithfulness_vs_pruned=faith_curve,
-        faithfulness_vs_pruned_ci=ci_curve,
-        faithfulness_selection_baseline=unpruned_rate["baseline"],  # the constant guess on the selection split
-        mean_p_correct_vs_pruned=p_curve,
-        mean_log_p_correct_vs_pruned=log_p_curve,
+        faithfulness_vs_pruned_ci=[r["ci"] for r in rates],
+        faithfulness_selection_baseline=rates[0]["baseline"],  # the constant guess on the selection split
+        mean_p_correct_vs_pruned=[c.mean_p_correct for c in curve],
+        mean_log_p_correct_vs_pruned=[c.mean_log_p_correct for c in curve],
         keep=keep,
         n_pruned_before_first_drop=n_pruned,
         inputs=setup_inputs(setup, selection=on_sel, confirmation=on_conf),
@@ -149,5 +120,39 @@ def prune_heads(
             pruned=faith_fields(on_conf, conf_pruned),
             mcnemar=mcnemar_exact(conf_pruned.correct_P.tolist(), conf_full.correct_P.tolist()),
         ),
-        claims=claims,
+        claims=pruned_claims(n_pruned, keep, conf_full, conf_pruned) if n_pruned else [],  # nothing pruned: no claim
     )
+
+
+def greedy_order(
+    on_sel: Setup, config: AF1Config, heads: list[tuple[int, int]], *, whole_curve: bool, keep: float
+) -> tuple[list[tuple[int, int]], list[Scores]]:
+    """The heads in the order they are pruned, and the scores of the unpruned config and after each removal: every
+    round removes the head whose removal keeps the mean log-probability highest (ties: the earlier head)."""
+    curve, order, remaining = [faithfulness(on_sel, config)], [], list(heads)
+    for _ in progress(range(len(heads)), desc="prune heads"):
+        scores = pruned_scores(on_sel, config, [[*order, h] for h in remaining])
+        best = max(range(len(remaining)), key=lambda i: (scores[i].mean_log_p_correct, -i))
+        order.append(remaining.pop(best))
+        curve.append(scores[best])
+        if not whole_curve and curve[-1].accuracy < keep * curve[0].accuracy:
+            break
+    return order, curve
+
+
+def pruned_claims(n_pruned: int, keep: float, full: Scores, pruned: Scores) -> list[Claim]:
+    """'The pruned heads need not peek': on the confirmation split, fewer than (1 - keep) x the unpruned
+    faithfulness of the problems are right unpruned and wrong pruned."""
+    margin = (1 - keep) * full.accuracy
+    return [
+        rate_below(
+            "pruned_keeps",
+            f"the {n_pruned} heads chosen on the selection half need not peek: kept from peeking, they break fewer "
+            f"than {margin:.3f} of the problems ({1 - keep:.0%} of the unpruned faithfulness)",
+            (full.correct_P & ~pruned.correct_P).tolist(),  # right unpruned, wrong pruned
+            margin,
+            f"the confirmation split ({len(full.correct_P)} solved problems)",
+            None,
+            reject=True,
+        )
+    ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import ConfigDict, with_config
 from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
@@ -10,7 +12,7 @@ from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.grid import GridCells, unbits
 from af1.methods.setup import Setup
-from af1.stats import LayoutRate, baseline_warning, rate, split_indices
+from af1.stats import LayoutRate, Rate, baseline_warning, rate, split_indices
 
 
 def confirmation(setup: Setup, selection: float, seed: int) -> Setup:
@@ -98,6 +100,58 @@ def subgraph_claim(
     return capped(claim, NOT_CONFIRMED, "never confirmed where no cell reached the threshold on the selection split")
 
 
+@dataclass(frozen=True)
+class SplitGrid:
+    """The grid's cells read on one selection/confirmation split of its solved problems (rates with the
+    constant guess per token layout)."""
+
+    grid: GridCells
+    sel: list[int]
+    conf: list[int]
+
+    @classmethod
+    def of(cls, grid: GridCells, selection: float, seed: int) -> SplitGrid:
+        return cls(grid, *split_indices(len(grid["targets"]), selection, seed))
+
+    def correct(self, w: int, k: int) -> list[bool]:
+        return unbits(self.grid["cells"][f"{w},{k}"])
+
+    def rate(self, correct: list[bool], rows: list[int]) -> Rate:
+        layouts = self.grid["kept_layouts"] or [0] * len(self.grid["targets"])  # the baselines guess per layout
+        return rate([correct[i] for i in rows], [self.grid["targets"][i] for i in rows], [layouts[i] for i in rows])
+
+    def cell(self, w: int, k: int, n_layers: int) -> Cell | None:
+        if f"{w},{k}" not in self.grid["cells"]:
+            return None
+        s, c = self.rate(self.correct(w, k), self.sel), self.rate(self.correct(w, k), self.conf)
+        return Cell(
+            wait=w,
+            transfer=k,
+            faithfulness=c["value"],
+            faithfulness_ci=c["ci"],
+            faithfulness_selection=s["value"],
+            faithfulness_selection_ci=s["ci"],
+            eligible=has_compute_stage(w, k, n_layers) and s["ci"][0] > s["baseline"],
+        )
+
+    def by_layout(self, w: int, k: int) -> list[LayoutRate]:
+        """The pooled confirmation rate's parts: each token layout's confirmation problems."""
+        correct, layout_P, targets = self.correct(w, k), self.grid["kept_layouts"] or [], self.grid["targets"]
+        out = []
+        for g in sorted(set(layout_P)):
+            rows = [i for i in self.conf if layout_P[i] == g]
+            if not rows:  # the split put none of this layout's problems on the confirmation side
+                continue
+            r = rate([correct[i] for i in rows], [targets[i] for i in rows])
+            out.append(LayoutRate(layout=g, value=r["value"], n=r["n"], ci=r["ci"], baseline=r["baseline"]))
+        return out
+
+
+def _strongest(cells: list[Cell]) -> Cell:
+    """The cell of the highest selection faithfulness (ties: the larger wait, then the smaller transfer)."""
+    return Cell(**max(cells, key=lambda m: (m["faithfulness_selection"], m["wait"], -m["transfer"])))
+
+
 def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float, seed: int) -> Found:
     """The AF1 subgraph, chosen on a selection split of the solved problems and confirmed on the rest.
 
@@ -107,35 +161,11 @@ def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float
     The claim (`subgraph_claim`) is decided on the confirmation split alone: `found` only where it is confirmed."""
     if not (0 <= threshold <= 1 and 0 < selection < 1):  # search's Options refuse these first, by name
         raise Af1Error(f"threshold {threshold} must be in [0, 1] and selection {selection} in (0, 1)")
-    L = n_layers
-    targets = list(grid["targets"])
-    layouts = grid["kept_layouts"] or [0] * len(targets)  # the baselines guess per layout
-    sel, conf = split_indices(len(targets), selection, seed)
-    sel_targets, conf_targets = [targets[i] for i in sel], [targets[i] for i in conf]
-    sel_layouts, conf_layouts = [layouts[i] for i in sel], [layouts[i] for i in conf]
-
-    def measure(w: int, k: int) -> Cell | None:
-        bits = grid["cells"].get(f"{w},{k}")
-        if bits is None:
-            return None
-        correct = unbits(bits)
-        s = rate([correct[i] for i in sel], sel_targets, sel_layouts)
-        c = rate([correct[i] for i in conf], conf_targets, conf_layouts)
-        return Cell(
-            wait=w,
-            transfer=k,
-            faithfulness=c["value"],
-            faithfulness_ci=c["ci"],
-            faithfulness_selection=s["value"],
-            faithfulness_selection_ci=s["ci"],
-            eligible=has_compute_stage(w, k, L) and s["ci"][0] > s["baseline"],
-        )
-
-    measured = {(w, k): m for w in range(-1, L) for k in range(L - w) if (m := measure(w, k)) is not None}
+    L, split = n_layers, SplitGrid.of(grid, selection, seed)
+    measured = {(w, k): m for w in range(-1, L) for k in range(L - w) if (m := split.cell(w, k, L)) is not None}
     passing = {wk: m for wk, m in measured.items() if m["eligible"] and m["faithfulness_selection"] >= threshold}
     frontier = [passing[(w, min(k for ww, k in passing if ww == w))] for w in sorted({w for w, _ in passing})]
-    base_sel = rate([True] * len(sel), sel_targets, sel_layouts)
-    base_conf = rate([True] * len(conf), conf_targets, conf_layouts)
+    base_conf = split.rate([True] * len(split.grid["targets"]), split.conf)["baseline"]
     result = Found(
         threshold=threshold,
         chosen=bool(passing),
@@ -143,10 +173,10 @@ def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float
         claim=None,
         selection_fraction=selection,
         split_seed=seed,
-        n_selection=len(sel),
-        n_confirmation=len(conf),
-        faithfulness_baseline_selection=base_sel["baseline"],
-        faithfulness_baseline=base_conf["baseline"],
+        n_selection=len(split.sel),
+        n_confirmation=len(split.conf),
+        faithfulness_baseline_selection=split.rate([True] * len(split.grid["targets"]), split.sel)["baseline"],
+        faithfulness_baseline=base_conf,
         wait=None,
         transfer=None,
         faithfulness=None,
@@ -160,54 +190,35 @@ def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float
         grid_cells_possible=sum(L - w for w in range(-1, L)),
         max_transfer_measured=max((k for _, k in measured), default=0),
     )
-
-    def by_layout(w: int, k: int) -> list[LayoutRate]:
-        """The pooled confirmation rate's parts: each token layout's confirmation problems."""
-        correct, layout_P = unbits(grid["cells"][f"{w},{k}"]), grid["kept_layouts"] or []
-        out = []
-        for g in sorted(set(layout_P)):
-            rows = [i for i in conf if layout_P[i] == g]
-            if not rows:  # the split put none of this layout's problems on the confirmation side
-                continue
-            r = rate([correct[i] for i in rows], [targets[i] for i in rows])
-            out.append(LayoutRate(layout=g, value=r["value"], n=r["n"], ci=r["ci"], baseline=r["baseline"]))
-        return out
-
     eligible = [m for m in measured.values() if m["eligible"]]
     if eligible:
-        best = Cell(**max(eligible, key=lambda m: (m["faithfulness_selection"], m["wait"], -m["transfer"])))
+        result["best"] = _strongest(eligible)
         if grid["kept_layouts"] is not None:
-            best["faithfulness_by_layout"] = by_layout(best["wait"], best["transfer"])
-        result["best"] = best
-    chosen: Cell | None = None
+            result["best"]["faithfulness_by_layout"] = split.by_layout(
+                result["best"]["wait"], result["best"]["transfer"]
+            )
+    judged = result.get("best")
     if passing:
         w = max(w for w, _ in passing)
-        k = min(kk for ww, kk in passing if ww == w)
-        chosen = passing[(w, k)]
-        config = AF1Config(**{**grid["config"], "wait": w, "transfer": k})
+        judged = passing[(w, min(kk for ww, kk in passing if ww == w))]
         result.update(
             wait=w,
-            transfer=k,
-            faithfulness=chosen["faithfulness"],
-            faithfulness_ci=chosen["faithfulness_ci"],
-            faithfulness_selection=chosen["faithfulness_selection"],
-            faithfulness_selection_ci=chosen["faithfulness_selection_ci"],
-            stages=config.stages(L),
+            transfer=judged["transfer"],
+            faithfulness=judged["faithfulness"],
+            faithfulness_ci=judged["faithfulness_ci"],
+            faithfulness_selection=judged["faithfulness_selection"],
+            faithfulness_selection_ci=judged["faithfulness_selection_ci"],
+            stages=AF1Config(**{**grid["config"], "wait": w, "transfer": judged["transfer"]}).stages(L),
         )
         if grid["kept_layouts"] is not None:
-            result["faithfulness_by_layout"] = by_layout(w, k)
-    judged = chosen if passing else result.get("best")
+            result["faithfulness_by_layout"] = split.by_layout(w, judged["transfer"])
     computing = [m for (w, k), m in measured.items() if has_compute_stage(w, k, L)]
     if judged is None and computing:  # nothing eligible: the numbers of the best cell still say how far it is
-        judged = result["best_measured"] = Cell(
-            **max(computing, key=lambda m: (m["faithfulness_selection"], m["wait"], -m["transfer"]))
-        )
+        judged = result["best_measured"] = _strongest(computing)
     if judged is not None:
-        correct = unbits(grid["cells"][f"{judged['wait']},{judged['transfer']}"])
-        cell = (judged["wait"], judged["transfer"])
-        claim = subgraph_claim([correct[i] for i in conf], cell, threshold, bool(passing), base_conf["baseline"])
+        correct, cell = split.correct(judged["wait"], judged["transfer"]), (judged["wait"], judged["transfer"])
+        claim = subgraph_claim([correct[i] for i in split.conf], cell, threshold, bool(passing), base_conf)
         result.update(claim=claim, found=claim["outcome"] == CONFIRMED)
-    note = baseline_warning("faithfulness (confirmation split)", base_conf["baseline"], len(conf))
-    if note:
+    if note := baseline_warning("faithfulness (confirmation split)", base_conf, len(split.conf)):
         result["warnings"].append(note)
     return result
