@@ -103,7 +103,7 @@ def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
                 lambda: heads_method.study.study(
                     lm,
                     spec,
-                    heads_method.study.Settings(
+                    heads_method.ranking.Settings(
                         threshold=o.threshold,
                         k=10,
                         draws=3,

@@ -21,7 +21,7 @@ from af1.interventions.means import compute_means, means_key
 from af1.interventions.sites import fixed_attention
 from af1.methods import allforone, heads
 from af1.methods.counterfactuals import counterfactual
-from af1.methods.finetune import FinetuneConfig, train
+from af1.methods.finetune.train import FinetuneConfig, train
 from af1.methods.setup import prepare
 from af1.models import load_model
 from af1.models.adapter import execution_device

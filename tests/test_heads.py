@@ -245,8 +245,8 @@ def test_precise_finetuning_touches_only_the_chosen_slices(tmp_path, tokenizer):
     train_task = build_task(TaskSpec(operation="a+b", digits=2, n=40, seed=1), tokenizer)
     before = {k: v.clone() for k, v in adapter.model.state_dict().items()}
     chosen = [(0, 1), (2, 3)]
-    masks = finetune.head_slices(adapter, chosen)
-    finetune.train(adapter, train_task, finetune.FinetuneConfig(steps=3, lr=1e-2, batch_size=8), masks)
+    masks = finetune.slices.head_slices(adapter, chosen)
+    finetune.train.train(adapter, train_task, finetune.train.FinetuneConfig(steps=3, lr=1e-2, batch_size=8), masks)
     after = adapter.model.state_dict()
     changed = 0
     for name, value in after.items():
@@ -256,26 +256,26 @@ def test_precise_finetuning_touches_only_the_chosen_slices(tmp_path, tokenizer):
         else:
             assert torch.equal(value, before[name])
     assert changed > 0
-    path = finetune.save_slices(adapter, masks, tmp_path / "slices.safetensors", {"heads": chosen})
+    path = finetune.slices.save_slices(adapter, masks, tmp_path / "slices.safetensors", {"heads": chosen})
     tuned = last_logits(adapter.model, train_task.input_ids_PT)
     adapter.model.load_state_dict(before)
-    finetune.load_slices(adapter, path)
+    finetune.slices.load_slices(adapter, path)
     assert torch.equal(last_logits(adapter.model, train_task.input_ids_PT), tuned)
 
 
 def test_finetuning_refusals(tokenizer):
     a = build_task(TaskSpec(operation="a+b", digits=2, n=30, seed=1), tokenizer)
     with pytest.raises(Af1Error, match="also evaluation problems"):
-        finetune.check_disjoint(a, a.subset([0, 1]))
+        finetune.train.check_disjoint(a, a.subset([0, 1]))
     with pytest.raises(Af1Error, match="fused QKV"):
-        finetune.head_slices(ModelAdapter(tiny_model("gpt2")), [(0, 0)])
+        finetune.slices.head_slices(ModelAdapter(tiny_model("gpt2")), [(0, 0)])
     with pytest.raises(Af1Error, match="out of range"):
-        finetune.head_slices(ModelAdapter(tiny_model("llama")), [(9, 0)])
+        finetune.slices.head_slices(ModelAdapter(tiny_model("llama")), [(9, 0)])
 
 
 def test_gqa_slices_follow_the_kv_group():
     adapter = ModelAdapter(tiny_model("llama"))  # 4 query heads, 2 KV heads, head_dim 16
-    masks = finetune.head_slices(adapter, [(1, 3)])
+    masks = finetune.slices.head_slices(adapter, [(1, 3)])
     k = masks["model.layers.1.self_attn.k_proj.weight"]
     assert k[16:32].all() and not k[:16].any()
     q = masks["model.layers.1.self_attn.q_proj.weight"]
@@ -429,7 +429,7 @@ def test_the_mlp_logit_lens_reads_through_the_final_norm_at_its_frozen_scale(tas
 def test_finetuning_trains_every_answer_token(tokenizer):
     task = build_task(TaskSpec(operation="a+b", digits=2, n=12, seed=2, answer_digits="any"), tokenizer)
     index = list(range(6))
-    ids, labels = finetune.answer_batch(task, index)
+    ids, labels = finetune.train.answer_batch(task, index)
     T = task.n_positions
     for row, i in enumerate(index):
         answer = list(task.answer_tokens[i])
@@ -439,31 +439,31 @@ def test_finetuning_trains_every_answer_token(tokenizer):
         assert predicts == answer and int((labels[row] != -100).sum()) == len(answer)
     shots = build_task(TaskSpec(operation="a+b", digits=2, n=6, seed=2, shots=2, answer_digits="any"), tokenizer)
     assert shots.stop_tokens  # worked examples show where an answer ends: training sees that token too
-    ids, labels = finetune.answer_batch(shots, [0])
+    ids, labels = finetune.train.answer_batch(shots, [0])
     assert labels[0][labels[0] != -100].tolist() == [*shots.answer_tokens[0], shots.stop_tokens[0]]
     # a model trained on a task whose first answer token is always the same still has a loss on the others
     adapter = ModelAdapter(tiny_model("llama"))
-    result = finetune.train(adapter, task, finetune.FinetuneConfig(steps=2, lr=1e-3, batch_size=4), None)
+    result = finetune.train.train(adapter, task, finetune.train.FinetuneConfig(steps=2, lr=1e-3, batch_size=4), None)
     assert len(result.losses) == 2 and all(loss > 0 for loss in result.losses)
 
 
 def test_a_changed_frozen_entry_or_a_nan_is_refused():
     adapter = ModelAdapter(tiny_model("llama"))
     base = {k: v.clone() for k, v in adapter.model.state_dict().items()}
-    masks = finetune.head_slices(adapter, [(0, 1)])
-    finetune.check_frozen(adapter, base, masks)  # nothing changed
+    masks = finetune.slices.head_slices(adapter, [(0, 1)])
+    finetune.slices.check_frozen(adapter, base, masks)  # nothing changed
     name = "model.layers.0.self_attn.q_proj.weight"
     with torch.no_grad():
         adapter.model.get_parameter(name)[16, 0] += 1  # inside head 1's slice: allowed
-    finetune.check_frozen(adapter, base, masks)
+    finetune.slices.check_frozen(adapter, base, masks)
     with torch.no_grad():
         adapter.model.get_parameter(name)[0, 0] += 1  # head 0's row: frozen
     with pytest.raises(Af1Error, match="frozen entry"):
-        finetune.check_frozen(adapter, base, masks)
+        finetune.slices.check_frozen(adapter, base, masks)
     with torch.no_grad():
         adapter.model.get_parameter(name)[0, 0] = float("nan")
     with pytest.raises(Af1Error, match="NaN"):
-        finetune.check_frozen(adapter, base, None)
+        finetune.slices.check_frozen(adapter, base, None)
 
 
 def test_compare_chooses_each_learning_rate_on_validation_and_runs_every_seed(tokenizer):
@@ -472,8 +472,10 @@ def test_compare_chooses_each_learning_rate_on_validation_and_runs_every_seed(to
     train_t, val_t, eval_t = (everything.subset(list(r)) for r in (range(0, 16), range(16, 24), range(24, 36)))
     text = torch.randint(0, 1000, (2, 16))
     before = {k: v.clone() for k, v in adapter.model.state_dict().items()}
-    config = finetune.FinetuneConfig(steps=2, batch_size=4)
-    result = finetune.compare(adapter, train_t, val_t, eval_t, text, [(0, 1), (1, 2)], config, (1e-4, 1e-2), (0, 1))
+    config = finetune.train.FinetuneConfig(steps=2, batch_size=4)
+    grid = finetune.compare.Grid((1e-4, 1e-2), (0, 1), random_draws=3)
+    problems = finetune.compare.Problems(train_t, val_t, eval_t)
+    result = finetune.compare.compare(adapter, problems, text, [(0, 1), (1, 2)], config, grid)
     for name in ("precise", "random_heads", "full"):
         r = result[name]
         assert r["lr"] in (1e-4, 1e-2) and set(r["validation_by_lr"]) == {"0.0001", "0.01"}
@@ -499,7 +501,7 @@ def test_compare_chooses_each_learning_rate_on_validation_and_runs_every_seed(to
     assert result["n_val"] == 8 and result["base"]["arithmetic_accuracy_ci"]
     assert all(torch.equal(v, before[k]) for k, v in adapter.model.state_dict().items())  # the base restored
     with pytest.raises(Af1Error, match="also evaluation problems"):
-        finetune.compare(adapter, train_t, train_t, eval_t, text, [(0, 1)], config, (1e-4,), (0,))
+        finetune.compare.Problems(train_t, train_t, eval_t)
 
 
 def test_auto_heads_refuse_to_fine_tune_on_the_problems_they_were_chosen_on(capsys, tmp_path, tokenizer):
@@ -516,7 +518,7 @@ def test_a_learning_rate_that_diverges_is_not_chosen(tokenizer, monkeypatch):
     adapter = ModelAdapter(tiny_model("llama"))
     everything = build_task(TaskSpec(operation="a+b", digits=2, n=36, seed=4, answer_digits="any"), tokenizer)
     train_t, val_t, eval_t = (everything.subset(list(r)) for r in (range(0, 16), range(16, 24), range(24, 36)))
-    real = finetune.train
+    real = finetune.train.train
 
     def exploding(adapter, task, config, masks):
         out = real(adapter, task, config, masks)
@@ -525,10 +527,12 @@ def test_a_learning_rate_that_diverges_is_not_chosen(tokenizer, monkeypatch):
                 next(adapter.model.parameters()).fill_(float("nan"))
         return out
 
-    monkeypatch.setattr(finetune, "train", exploding)
-    config = finetune.FinetuneConfig(steps=1, batch_size=4)
+    monkeypatch.setattr(finetune.compare, "train", exploding)
+    config = finetune.train.FinetuneConfig(steps=1, batch_size=4)
     text = torch.randint(0, 1000, (1, 16))
-    result = finetune.compare(adapter, train_t, val_t, eval_t, text, [(0, 1)], config, (1e-4, 1.0), (0,))
+    problems = finetune.compare.Problems(train_t, val_t, eval_t)
+    grid = finetune.compare.Grid((1e-4, 1.0), (0,), random_draws=3)
+    result = finetune.compare.compare(adapter, problems, text, [(0, 1)], config, grid)
     assert result["full"]["lr"] == 1e-4 and result["full"]["validation_by_lr"]["1.0"].get("diverged")
 
 
@@ -651,7 +655,7 @@ def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokeniz
     everything = Scores([[0]] * len(task), torch.ones(len(task)), torch.ones(len(task), dtype=torch.bool))
     lm = LoadedModel(model, tokenizer, ModelAdapter(model))
     done = Evaluated(task, everything, id(model))
-    settings = heads.study.Settings(
+    settings = heads.ranking.Settings(
         threshold=-0.05, k=3, draws=2, path="direct", metric="relative", split=(0.5, 4), split_from="test", kind="b"
     )
     result = heads.study.study(lm, spec, settings, done=done)

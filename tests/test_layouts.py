@@ -13,7 +13,7 @@ import torch
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, heads
-from af1.methods.finetune import answer_batch
+from af1.methods.finetune.train import answer_batch
 from af1.methods.setup import make_setup, prepare
 from af1.models import LoadedModel, ModelAdapter
 from af1.stats import constant_baseline

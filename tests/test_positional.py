@@ -21,32 +21,32 @@ def synthetic(T: int = 12, n: int = 3, seed: int = 0) -> tuple[torch.Tensor, tor
 
 def test_additive_fit_recovers_additive_logits():
     W, _ = synthetic()
-    fit = positional.additive_fit(W, iters=200)
+    fit = positional.fit.additive_fit(W, iters=200)
     mask = torch.ones(12, 12, dtype=torch.bool).tril()
     assert torch.allclose(fit[:, mask], W[:, mask], atol=1e-4)
-    q = positional.fit_quality(W)
+    q = positional.fit.fit_quality(W)
     for key in ("r", "r_row_centred", "r_no_sink"):
         assert torch.allclose(q[key], torch.ones(3), atol=1e-4)
 
 
 def test_additive_fit_is_poor_on_noise():
     _, noise = synthetic()
-    assert positional.fit_quality(noise)["r"].max() < 0.8
+    assert positional.fit.fit_quality(noise)["r"].max() < 0.8
 
 
 def test_rope_unrotate_inverts_the_rotation():
     adapter = ModelAdapter(tiny_model("llama"))
-    cos, sin = positional.rope_tables(adapter, 16)
+    cos, sin = positional.rope.rope_tables(adapter, 16)
     x = torch.randn(2, 16, 16)
-    post = x * cos + positional._rotate_half(x) * sin
-    assert torch.allclose(positional.unrotate(post, cos, sin), x, atol=1e-5)
+    post = x * cos + positional.rope._rotate_half(x) * sin
+    assert torch.allclose(positional.rope.unrotate(post, cos, sin), x, atol=1e-5)
 
 
 def test_captured_logits_match_eager_attention(tokenizer):
     model = tiny_model("llama", attn="eager")
     adapter = ModelAdapter(model)
     ids = torch.randint(0, 1000, (2, 10))
-    logits = positional.capture_logits(adapter, ids)
+    logits = positional.fit.capture_logits(adapter, ids)
     attn = model(ids, output_attentions=True, use_cache=False).attentions
     for layer in range(adapter.n_layers):
         probs = torch.softmax(logits[layer].masked_fill(~torch.ones(10, 10, dtype=torch.bool).tril(), -1e30), -1)
@@ -55,7 +55,9 @@ def test_captured_logits_match_eager_attention(tokenizer):
 
 def test_study_on_a_tiny_model(tokenizer):
     adapter = ModelAdapter(tiny_model("qwen2"))
-    result = positional.study(adapter, tokenizer, positional.PositionalConfig(window=32, n_windows=2, n_queries=3))
+    result = positional.study.study(
+        adapter, tokenizer, positional.study.PositionalConfig(window=32, n_windows=2, n_queries=3)
+    )
     assert len(result["r_layer_head"]) == 3 and all(len(row) == 4 for row in result["r_layer_head"])
     assert result["dummy_distance_r2_median"] is not None and result["band_logit_variance_share"] is not None
     for key in ("r_mean", "r_median", "r_median_row_centred", "r_median_random_init", "dummy_distance_r2_median"):
@@ -67,7 +69,7 @@ def test_study_on_a_tiny_model(tokenizer):
             assert low is not None and high is not None and median is not None
             assert low <= median + 1e-6 and high >= low
     assert result["window_start"] == "<|im_start|>"  # the tokenizer's BOS leads every window
-    assert set(result["perplexity_vs_swap"]) == {str(f) for f in positional.SWAP_FRACTIONS}
+    assert set(result["perplexity_vs_swap"]) == {str(f) for f in positional.perturbation.SWAP_FRACTIONS}
     assert len(result["band_logit_variance_share"]) == 8
     assert result["median_ci_n_windows"] == 2 and "over the 2 windows" in result["median_ci_note"]
     assert any("only 2 windows" in w for w in result["warnings"])  # an interval over 2 windows says little
@@ -77,19 +79,21 @@ def test_the_default_windows_are_enough_for_an_interval(tokenizer):
     """The shipped chapter cut the default way gives at least MIN_CI_WINDOWS windows (4 of 128 tokens gave
     "0.901 [0.90, 0.90]"); asking for more than the corpus holds is said."""
     adapter = ModelAdapter(tiny_model("llama"))
-    config = positional.PositionalConfig()
-    ids = positional.corpus_windows(adapter, tokenizer, positional.load_corpus(), config.window, config.n_windows, 1)
-    assert ids.shape == (config.n_windows, config.window) and config.n_windows >= positional.MIN_CI_WINDOWS
-    assert positional.window_warnings(config.n_windows, config.n_windows, config.window) == []
-    short = positional.window_warnings(8, 40, 128)
+    config = positional.study.PositionalConfig()
+    ids = positional.corpus.corpus_windows(
+        adapter, tokenizer, positional.corpus.load_corpus(), config.window, config.n_windows, 1
+    )
+    assert ids.shape == (config.n_windows, config.window) and config.n_windows >= positional.corpus.MIN_CI_WINDOWS
+    assert positional.corpus.window_warnings(config.n_windows, config.n_windows, config.window) == []
+    short = positional.corpus.window_warnings(8, 40, 128)
     assert len(short) == 2 and "fewer than the 40 asked for" in short[0] and "only 8 windows" in short[1]
-    single = positional.median_ci(torch.rand(3, 4, 1))
+    single = positional.fit.median_ci(torch.rand(3, 4, 1))
     assert all(v != v for v in single)  # one window: no interval (NaN), not a zero-width one
 
 
 def test_families_without_plain_rope_skip_only_the_rope_analyses(tokenizer):
     adapter = ModelAdapter(tiny_model("gpt2"))
-    result = positional.study(adapter, tokenizer, positional.PositionalConfig(window=16, n_windows=1))
+    result = positional.study.study(adapter, tokenizer, positional.study.PositionalConfig(window=16, n_windows=1))
     skipped = result["rope_analyses_skipped"]
     assert skipped is not None and "rotary" in skipped and result["dummy_distance_r2_median"] is None
     for key in ("dummy_distance_r2_layer_head", "band_logit_variance_share", "band_key_energy_mean"):
@@ -101,18 +105,18 @@ def test_families_without_plain_rope_skip_only_the_rope_analyses(tokenizer):
 def test_bad_corpus_and_window(tmp_path, tokenizer):
     adapter = ModelAdapter(tiny_model("llama"))
     with pytest.raises(Af1Error, match="not found"):
-        positional.load_corpus(tmp_path / "none.txt")
+        positional.corpus.load_corpus(tmp_path / "none.txt")
     (tmp_path / "empty.txt").write_text("  \n")
     with pytest.raises(Af1Error, match="empty"):
-        positional.load_corpus(tmp_path / "empty.txt")
+        positional.corpus.load_corpus(tmp_path / "empty.txt")
     with pytest.raises(Af1Error, match="longer than the model's context"):
-        positional.corpus_windows(adapter, tokenizer, "some text", 10_000, 1)
+        positional.corpus.corpus_windows(adapter, tokenizer, "some text", 10_000, 1)
 
 
 def test_swaps_are_adjacent_and_counted():
     import random
 
-    order = positional.swap_adjacent(100, 5, random.Random(0))
+    order = positional.perturbation.swap_adjacent(100, 5, random.Random(0))
     assert sorted(order) == list(range(100)) and order[0] == 0
     moved = [i for i, o in enumerate(order) if o != i]
     assert len(moved) == 10 and all(abs(order[i] - i) == 1 for i in moved)  # 5 swaps move 10 tokens
@@ -120,8 +124,8 @@ def test_swaps_are_adjacent_and_counted():
 
 def test_windows_start_like_documents(tokenizer):
     adapter = ModelAdapter(tiny_model("llama"))
-    text = positional.load_corpus()
-    ids = positional.corpus_windows(adapter, tokenizer, text, 16, 3, start_token=7)
+    text = positional.corpus.load_corpus()
+    ids = positional.corpus.corpus_windows(adapter, tokenizer, text, 16, 3, start_token=7)
     assert ids.shape == (3, 16) and (ids[:, 0] == 7).all()
     plain = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert ids[1, 1:].tolist() == plain[15:30]  # consecutive text after each start token
@@ -132,14 +136,14 @@ def test_the_no_sink_fit_is_refitted_without_the_sink_column():
     W, _ = synthetic(T=12)
     W = W.clone()
     W[:, 1:, 0] += torch.linspace(5, 50, 11)  # a sink column that no key term of an additive fit explains
-    q = positional.fit_quality(W)
+    q = positional.fit.fit_quality(W)
     assert torch.allclose(q["r_no_sink"], torch.ones(3), atol=1e-4)
     assert q["r"].max() < 0.999
 
 
 def test_norm_matched_control_keeps_every_weight_norm():
     adapter = ModelAdapter(tiny_model("llama"))
-    control = positional.random_init_like(adapter, seed=1, norm_matched=True)
+    control = positional.study.random_init_like(adapter, seed=1, norm_matched=True)
     trained = dict(adapter.model.named_parameters())
     for name, weight in control.model.named_parameters():
         assert float(weight.norm()) == pytest.approx(float(trained[name].norm()), rel=1e-4), name
@@ -153,7 +157,7 @@ def test_softcapped_logits_are_fitted_where_softmax_sees_them():
     cap = model.config.attn_logit_softcapping
     assert cap
     ids = torch.randint(0, 1000, (1, 8))
-    logits = positional.capture_logits(adapter, ids)
+    logits = positional.fit.capture_logits(adapter, ids)
     assert float(logits.abs().max()) <= cap
     attn = model(ids, output_attentions=True, use_cache=False).attentions
     probs = torch.softmax(logits[0].masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), -1e30), -1)
@@ -165,7 +169,7 @@ def test_norm_matched_control_matches_tensors_initialised_to_zero():
     with torch.no_grad():
         model.model.layers[0].self_attn.q_proj.bias.normal_()  # a "trained" bias, where the initialiser gives zeros
     adapter = ModelAdapter(model)
-    control = positional.random_init_like(adapter, seed=1, norm_matched=True)
+    control = positional.study.random_init_like(adapter, seed=1, norm_matched=True)
     name = "model.layers.0.self_attn.q_proj.bias"
     trained, drawn = dict(model.named_parameters())[name], dict(control.model.named_parameters())[name]
     assert float(drawn.norm()) == pytest.approx(float(trained.norm()), rel=1e-4) and not torch.equal(drawn, trained)
@@ -184,19 +188,21 @@ def test_the_free_key_term_cannot_fail_and_the_held_out_token_term_can():
     by_token = position + 2 * torch.randn(V, generator=g)[ids][:, None, :]
     by_place = position + 2 * torch.randn(N, 1, T, generator=g)
     mask = (j <= i).expand(N, T, T)
-    assert float(positional.fit_quality(by_place * mask)["r_row_centred"].min()) > 0.999  # in sample: exact
+    assert float(positional.fit.fit_quality(by_place * mask)["r_row_centred"].min()) > 0.999  # in sample: exact
     train = torch.arange(0, N, 2)
-    held = positional.token_fit_heldout(torch.stack([by_token, by_place]), ids, train)
+    held = positional.fit.token_fit_heldout(torch.stack([by_token, by_place]), ids, train)
     assert held.shape == (2, N // 2)
     assert float(held[0].min()) > 0.999 and float(held[1].mean()) < 0.8
-    alone = positional.token_fit_heldout(by_token[None], ids, train, with_token=False)
+    alone = positional.fit.token_fit_heldout(by_token[None], ids, train, with_token=False)
     assert float(alone.mean()) < float(held[0].mean()) - 0.1  # the meaning term adds what position lacks
 
 
 def test_a_model_with_random_weights_is_not_called_learned(tokenizer):
     """Nothing is there: the 'trained' model is itself random weights, so the learned claim stays silent."""
     adapter = ModelAdapter(tiny_model("llama"))
-    result = positional.study(adapter, tokenizer, positional.PositionalConfig(window=16, n_windows=8, n_queries=2))
+    result = positional.study.study(
+        adapter, tokenizer, positional.study.PositionalConfig(window=16, n_windows=8, n_queries=2)
+    )
     held = result["heldout"]
     assert held is not None and len(held["test_windows"]) == 4 and len(held["random_init_seeds"]) == 5
     assert not set(held["train_windows"]) & set(held["test_windows"])
@@ -205,5 +211,7 @@ def test_a_model_with_random_weights_is_not_called_learned(tokenizer):
     assert claims["learned"]["outcome"] != "confirmed"
     low, high = held["r_random_init_ci"]
     assert low is not None and high is not None and low <= (held["r_random_init_mean"] or 0) <= high
-    one = positional.study(adapter, tokenizer, positional.PositionalConfig(window=16, n_windows=1, n_queries=2))
+    one = positional.study.study(
+        adapter, tokenizer, positional.study.PositionalConfig(window=16, n_windows=1, n_queries=2)
+    )
     assert one["heldout"] is None and any("nothing to hold out" in w for w in one["warnings"])

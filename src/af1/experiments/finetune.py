@@ -44,7 +44,7 @@ class Options(base.Options):
 class Result(base.Result):
     heads: list[list[int]]
     gqa: str
-    config: finetune.FinetuneConfig  # the fine-tuning's steps, learning rate, batch size and seed
+    config: finetune.train.FinetuneConfig  # the fine-tuning's steps, learning rate, batch size and seed
     scoring: str
     lr_grid: list[float]
     seeds: list[int]
@@ -54,11 +54,11 @@ class Result(base.Result):
     arithmetic_baseline: float | None = None
     heads_chosen_on: dict[str, Any] | None = None
     text_corpus: str = ""
-    base: finetune.Measured
+    base: finetune.compare.Measured
     base_correct: str  # the base model on each held-out problem ("1"/"0")
-    precise: finetune.Variant
-    random_heads: finetune.Variant
-    full: finetune.Variant
+    precise: finetune.compare.Variant
+    random_heads: finetune.compare.Variant
+    full: finetune.compare.Variant
     claims: list[Claim]  # precise against random heads and against full tuning, on the same problems (Holm)
     inputs: ProblemInputs | None = None  # sets: train, validation, evaluation (predictions: the base model's)
 
@@ -133,22 +133,20 @@ class Finetune(base.Experiment):
             }
         else:
             chosen = parse_heads(options.heads, lm.adapter.n_layers, lm.adapter.n_heads)
-        text = positional.corpus_windows(lm.adapter, lm.tokenizer, positional.load_corpus(), 128, 8)
-        config = finetune.FinetuneConfig(steps=options.steps, seed=spec.seed)
-        result = finetune.compare(
+        text = positional.corpus.corpus_windows(lm.adapter, lm.tokenizer, positional.corpus.load_corpus(), 128, 8)
+        config = finetune.train.FinetuneConfig(steps=options.steps, seed=spec.seed)
+        result = finetune.compare.compare(
             lm.adapter,
-            train_task,
-            val_task,
-            eval_task,
+            finetune.compare.Problems(train_task, val_task, eval_task),
             text,
             chosen,
             config,
-            tuple(options.lrs),
-            tuple(range(spec.seed, spec.seed + options.seeds)),
+            finetune.compare.Grid(
+                tuple(options.lrs), tuple(range(spec.seed, spec.seed + options.seeds)), options.random_draws
+            ),
             inputs.state_dir,
-            options.random_draws,
         )
-        return Result(**result, heads_chosen_on=chosen_on, text_corpus=positional.CORPUS_SOURCE, inputs=problems)
+        return Result(**result, heads_chosen_on=chosen_on, text_corpus=positional.corpus.CORPUS_SOURCE, inputs=problems)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [

@@ -141,19 +141,19 @@ class Result(base.Result):
     threshold: float
     counterfactual: str
     counterfactual_kind: str = "operator"
-    second_counterfactual: heads.study.SecondCounterfactual | heads.study.NoSecondCounterfactual | None = None
+    second_counterfactual: heads.compared.SecondCounterfactual | heads.compared.NoSecondCounterfactual | None = None
     split: heads.ranking.Split
     path: str
     metric: str = "relative"
     key_heads: list[list[int]]
     key_head_share: float
     top_heads: list[list[int]]
-    knockout: heads.study.Knockout
+    knockout: heads.knockouts.Knockout
     attention_of_top_heads: dict[str, dict[str, float]] = {}
     # the confirmation part's first problem: each top/key head's attention from the last position over its tokens
     # (row `problem` of inputs.sets["confirmation"])
     attention_over_tokens: heads.attention.TokenAttention | None = None
-    overlap: list[heads.study.TaskOverlap] = []
+    overlap: list[heads.compared.TaskOverlap] = []
     placement: list[Placement] | None = None
     af1_consistency: Consistency | None = None
     confirmed_key_heads: list[list[int]]  # the key heads whose claim holds on the confirmation part
@@ -300,7 +300,7 @@ class Heads(base.Experiment):
         if search is not None:  # the search's split: the heads are chosen on its selection half only
             split, split_from = (search.selection_fraction, search.split_seed), "the search's split"
         done = inputs.resources.evaluated(spec)
-        settings = heads.study.Settings(
+        settings = heads.ranking.Settings(
             threshold=options.threshold,
             k=k,
             draws=options.draws,

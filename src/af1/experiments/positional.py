@@ -38,7 +38,7 @@ class Result(base.Result):
     r_median_random_init: float | None
     r_median_shuffled: float | None = None
     dummy_distance_r2_median: float | None = None
-    distribution: dict[str, positional.Spread]  # by fit and control
+    distribution: dict[str, positional.fit.Spread]  # by fit and control
     median_ci: dict[str, list[float | None]] = {}
     median_ci_n_windows: int | None = None
     window_start: str | None = None
@@ -66,7 +66,7 @@ class Result(base.Result):
     band_logit_variance_share: base.Vector | None = None  # [band], band 0 = highest frequency
     band_key_energy_mean: base.Vector | None = None
     band_key_energy_token: base.Vector | None = None
-    heldout: positional.HeldOut | None  # the decomposition tested out of sample and its claims; None: one window
+    heldout: positional.study.HeldOut | None  # the decomposition tested out of sample and its claims; None: one window
 
 
 SHOWN = (
@@ -94,8 +94,10 @@ class Positional(base.Experiment):
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         lm = inputs.resources.lm()
-        config = positional.PositionalConfig(window=options.window, n_windows=options.n_windows, seed=options.seed)
-        return Result(**positional.study(lm.adapter, lm.tokenizer, config, options.corpus))
+        config = positional.study.PositionalConfig(
+            window=options.window, n_windows=options.n_windows, seed=options.seed
+        )
+        return Result(**positional.study.study(lm.adapter, lm.tokenizer, config, options.corpus))
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing

@@ -165,7 +165,7 @@ def unit_work(
     if experiment == "heads":
         return _heads_work(model, task, found, opts, others, file=unit.task is not None and unit.task.file is not None)
     if experiment == "finetune":  # 3 variants per learning rate, then seeds of each and random draws: fwd + bwd
-        from af1.methods.finetune import FinetuneConfig
+        from af1.methods.finetune.train import FinetuneConfig
 
         runs = 3 * len(opts["lrs"]) + 2 * opts["seeds"] + opts["random_draws"]
         batch = FinetuneConfig().batch_size

@@ -5,11 +5,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from pydantic import ConfigDict, with_config
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.interventions.heads import HeadSums, head_sums, replace_heads
+from af1.claims import Claim, paired_greater
+from af1.interventions.heads import HeadSums, head_sums, matched_draws, replace_heads
 from af1.interventions.sites import Site, head_inputs, record
+from af1.methods.heads.ranking import Settings
 from af1.models.adapter import ModelAdapter
 from af1.models.forward import forward_last, suffix_start
+from af1.progress import stage as progress_stage
+from af1.stats import baseline_warning
 from af1.tasks.evaluation import Scores, batches
 from af1.tasks.task import Task
 
@@ -98,4 +104,103 @@ def loo_fallbacks(kept: Task, means: dict[Any, HeadSums]) -> int:
     """(problem, answer step) pieces whose mean has no other problem (a sum of one): they keep their own state."""
     return sum(
         int(sums.member_B(step.input_ids_PT).sum()) for step in kept.steps() if (sums := means[step.part_key]).n == 1
+    )
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Knockout(TypedDict):
+    """The top k heads mean-ablated against random sets of k, on the confirmation part, with intervals."""
+
+    k: int
+    heads: list[list[int]]
+    scoring: str
+    means: str
+    means_without_other_problems: int
+    measured_on: str
+    n: int
+    accuracy_top_k: float
+    accuracy_top_k_ci: list[float]
+    random_drawn_from: str
+    random_matched: dict[str, int]  # over all draws: heads matched by layer and key/value group, by layer, nearest
+    random_heads: list[list[list[int]]]
+    top_rank_among_random: int  # random sets that leave as few problems right as the top set, or fewer
+    top_rank_p: (
+        float  # (1 + those) / (draws + 1): how rare the top set is among random draws (at least 1 / (draws + 1))
+    )
+    accuracy_random_k_mean: float
+    accuracy_random_k_std: float
+    accuracy_random_k: list[float]
+    accuracy_random_k_ci: list[list[float]]
+    accuracy_baseline: float
+    base_accuracy: float
+
+
+CONFIRMATION = "the confirmation part of the solved problems"
+
+
+def knocked_out(
+    adapter: ModelAdapter,
+    task: Task,
+    tested_on: Task,
+    top: list[tuple[int, int]],
+    keys: list[tuple[int, int]],
+    s: Settings,
+) -> tuple[Knockout, Claim]:
+    """The top k heads mean-ablated on the confirmation part against `s.draws` random sets of k from the same layers
+    and key/value groups, never a top or key head (leave-one-out means, every answer token scored), and the
+    paired claim that the top set leaves fewer problems right."""
+    chosen = list(dict.fromkeys(top + keys))
+    means = head_sums_by_step(adapter, task)
+    rand_sets, matched = matched_draws(adapter, top, range(s.draws), chosen)
+    with progress_stage(f"knock-outs: top {s.k} and {s.draws} random sets"):
+        top_scores, *rand_scores = knockouts(adapter, tested_on, [top, *rand_sets], means)
+    randoms_detail = [r.rate(tested_on) for r in rand_scores]
+    randoms = [r["value"] for r in randoms_detail]
+    rand = torch.tensor(randoms)
+    top_rate = top_scores.rate(tested_on)
+    n_heads = adapter.n_layers * adapter.n_heads
+    knockout = Knockout(
+        k=s.k,
+        heads=[list(h) for h in top],
+        scoring=tested_on.spec.scoring,
+        means="per answer step and position, over all the task's problems, each knocked-out problem's own "
+        "clean state left out (leave-one-out); a (problem, step) that no other problem shares keeps its own "
+        "state, so its heads are not knocked out there (counted in means_without_other_problems)",
+        means_without_other_problems=loo_fallbacks(tested_on, means),
+        measured_on=CONFIRMATION,
+        n=len(tested_on),
+        accuracy_top_k=top_rate["value"],
+        accuracy_top_k_ci=top_rate["ci"],
+        random_drawn_from=f"for each top head, one of the same layer and key/value group (else the same layer, else "
+        f"the nearest), among the {n_heads - len(chosen)} heads neither in the top {s.k} nor key heads",
+        random_matched=matched,
+        random_heads=[[list(h) for h in heads] for heads in rand_sets],
+        top_rank_among_random=sum(r <= top_rate["value"] for r in randoms),
+        top_rank_p=(1 + sum(r <= top_rate["value"] for r in randoms)) / (s.draws + 1),
+        accuracy_random_k_mean=float(rand.mean()),
+        accuracy_random_k_std=float(rand.std()) if s.draws > 1 else 0.0,
+        accuracy_random_k=randoms,
+        accuracy_random_k_ci=[r["ci"] for r in randoms_detail],
+        accuracy_baseline=top_rate["baseline"],
+        base_accuracy=1.0,
+    )
+    return knockout, top_vs_random_claim(top_scores, rand_scores, s.k, CONFIRMATION)
+
+
+def knockout_warning(knockout: Knockout, scoring: str) -> str | None:
+    return baseline_warning(f"the knock-outs ({scoring} answer)", knockout["accuracy_baseline"], knockout["n"])
+
+
+def top_vs_random_claim(top: Scores, randoms: list[Scores], k: int, measured_on: str) -> Claim:
+    """'Knocking out the top k heads leaves fewer problems right than knocking out matched random sets of k': per
+    problem, the share of random sets that leave it right against whether the top set does (paired permutation
+    test over problems)."""
+    random_correct = torch.stack([s.correct_P.float() for s in randoms])  # [random set, problem]
+    return paired_greater(
+        "top_vs_random",
+        f"mean-ablating the top {k} heads leaves fewer problems right than these {len(randoms)} random sets of {k} "
+        "from the same layers and key/value groups (the draws held fixed: over new draws, `top_rank_p`)",
+        random_correct.mean(0).tolist(),
+        top.correct_P.float().tolist(),
+        measured_on,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -224,3 +225,22 @@ def choose_heads(lm: LoadedModel, done: Evaluated, k: int, path: str = "wang", m
     require_solved(len(kept), done.task.spec)
     found = ranked(lm.adapter, kept, lm.tokenizer, path, metric, k)
     return ChosenHeads(top_heads=found["top_heads"], n_solved=len(kept), path=path, scoring=found["scoring"])
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the study ranks and tests heads: path patching by `path` with the counterfactual `kind` (None: the
+    task's default), key heads by `metric` below `threshold`, the top `k` knocked out against `draws` matched
+    random sets, all chosen on the selection part of `split` (fraction, seed; `split_from` says whose split)."""
+
+    threshold: float
+    k: int
+    draws: int
+    path: str
+    metric: str
+    split: tuple[float, int]
+    split_from: str
+    kind: str | None = None
+
+    def rank(self, lm: LoadedModel, on: Task, kind: str | None) -> Ranked:
+        return ranked(lm.adapter, on, lm.tokenizer, self.path, self.metric, self.k, kind)

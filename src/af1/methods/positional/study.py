@@ -1,0 +1,300 @@
+"""Attention logits as position + meaning (docs/methods.md §3, Han & Ji 2025).
+
+Per layer and head, the pre-softmax logits W[i, j] (j <= i) of natural text are fitted by
+a[i-j] + b[i] + c[j] (distance, query, key) with backfitting; the fit's Pearson r says how
+additive attention is. Controls: the same architecture with random weights, and shuffled
+tokens. The dummy-distance test, the RoPE band energies and the word-order perturbation
+complete the study.
+
+Each window starts the way the model's documents start (its BOS, else `<|endoftext|>`, else its
+EOS; see `tasks.document_start`), so the first key is the sink a trained model expects. Logits
+are taken where softmax sees them (after the family's attention soft-capping, Gemma-2). Three
+controls: the architecture with random weights, random weights rescaled to the trained model's
+norm of every weight tensor (is additivity learned, or a property of the architecture at the
+trained scale?), and shuffled tokens; each reports the plain and the row-centred r, the measure
+softmax sees (a constant per query row does not change attention). Medians come with a
+bootstrap interval over windows: the default is many short windows (16 of 64 tokens, about all the
+shipped chapter holds) rather than a few long ones, and fewer than MIN_CI_WINDOWS windows are warned
+about (an interval over 4 windows has 35 distinct resamples and says almost nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from scipy import stats as scipy_stats
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
+from af1.claims import Claim, adjust, interval_above, paired_greater
+from af1.methods.positional.corpus import CORPUS_SOURCE, corpus_windows, load_corpus, window_warnings
+from af1.methods.positional.fit import (
+    Spread,
+    by_name,
+    capture_logits,
+    median_ci,
+    summary,
+    token_fit_heldout,
+    window_fit,
+)
+from af1.methods.positional.perturbation import perturbation_curve
+from af1.methods.positional.rope import RopeParts, rope_parts
+from af1.models.adapter import ModelAdapter
+from af1.tasks.task import document_start
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+@dataclass
+class PositionalConfig:
+    window: int = 64
+    n_windows: int = 16
+    seed: int = 0
+    n_queries: int = 8
+
+
+def random_init_like(adapter: ModelAdapter, seed: int, norm_matched: bool = False) -> ModelAdapter:
+    """The same architecture with freshly initialised weights (the config's initializer range); `norm_matched`
+    rescales every weight tensor to the trained model's norm of that tensor."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(adapter.config, dtype=next(adapter.model.parameters()).dtype)
+    model.config._attn_implementation = adapter.config._attn_implementation
+    if norm_matched:
+        norms = {name: weight.float().norm() for name, weight in adapter.named_weights()}
+        with torch.no_grad():
+            for name, weight in model.named_parameters():
+                if name in norms:
+                    if float(weight.norm()) == 0:  # initialised to zero (biases, Gemma's norm offsets): random too
+                        weight.normal_()
+                    weight.mul_((norms[name].cpu() / weight.float().norm().clamp(min=1e-12)).to(weight.dtype))
+    return ModelAdapter(model.eval().requires_grad_(False).to(adapter.device))
+
+
+class Positional(RopeParts):
+    """The positional study's part of its result: [layer, head] grids as lists (NaN where no r), spreads, intervals
+    and the controls; the RoPE analyses are None where the family has no plain rotary embedding
+    (rope_analyses_skipped says why)."""
+
+    corpus: str
+    window: int
+    n_windows: int
+    window_start: str | None
+    n_layers: int
+    n_heads: int
+    attention_softcapping: float | None
+    r_layer_head: list[list[float | None]]
+    r_row_centred_layer_head: list[list[float | None]]
+    r_no_sink_layer_head: list[list[float | None]]
+    r_two_term_layer_head: list[list[float | None]]
+    r_random_init_layer_head: list[list[float | None]]
+    r_norm_matched_layer_head: list[list[float | None]]
+    r_shuffled_layer_head: list[list[float | None]]
+    distribution: dict[str, Spread]  # by fit (r, r_row_centred, ...) and control
+    median_ci: dict[str, list[float | None]]
+    median_ci_n_windows: int
+    median_ci_note: str
+    warnings: list[str]
+    r_mean: float | None
+    r_median: float | None
+    r_median_row_centred: float | None
+    r_median_no_sink: float | None
+    r_median_random_init: float | None
+    r_median_random_init_row_centred: float | None
+    r_median_norm_matched: float | None
+    r_median_norm_matched_row_centred: float | None
+    r_median_shuffled: float | None
+    r_median_shuffled_row_centred: float | None
+    perplexity_vs_swap: dict[str, float | None]
+    perplexity_vs_position_swap: dict[str, float | None]
+    swap_fraction: str
+    heldout: HeldOut | None  # None: one window, nothing to hold out (a warning says so)
+
+
+class HeldOut(TypedDict):
+    """The decomposition tested out of sample (`token_fit_heldout`): fitted on half the windows, its row-centred r
+    measured on the other half; the meaning term a function of the key's token; beside position alone, the same
+    tokens shuffled, and the architecture with random weights over several seeds; and the claims these decide."""
+
+    train_windows: list[int]
+    test_windows: list[int]
+    r_layer_head: list[list[float | None]]  # position + token meaning, per layer and head (mean over held-out windows)
+    r_position_only_layer_head: list[list[float | None]]
+    r_median: float | None
+    r_median_ci: list[float | None]
+    r_position_only_median: float | None
+    r_position_only_median_ci: list[float | None]
+    r_shuffled_median: float | None
+    r_shuffled_median_ci: list[float | None]
+    random_init_seeds: list[int]
+    r_random_init_medians: list[float | None]  # one per seed
+    r_random_init_mean: float | None
+    r_random_init_ci: list[float | None]  # 95 % t interval over the seeds
+    claims: list[Claim]
+
+
+RANDOM_SEEDS = 5  # random-weight controls of the held-out test
+
+
+def heldout_study(
+    adapter: ModelAdapter, ids_NT: torch.Tensor, shuffled_NT: torch.Tensor, logits: torch.Tensor, seed: int
+) -> HeldOut:
+    """The held-out test of the decomposition and its claims (a meaning term that adds to position out of sample;
+    learned, against random weights over RANDOM_SEEDS seeds; shaped by word order, against shuffled tokens)."""
+    N = ids_NT.shape[0]
+    order = torch.randperm(N, generator=torch.Generator().manual_seed(seed))
+    train = order[: N // 2].sort().values
+    test = order[N // 2 :].sort().values
+
+    def heldout(logits_LHNTT: torch.Tensor, ids: torch.Tensor, with_token: bool = True) -> torch.Tensor:
+        L, H = logits_LHNTT.shape[:2]
+        return token_fit_heldout(logits_LHNTT.flatten(0, 1), ids, train, with_token).view(L, H, len(test))
+
+    r_LHN = heldout(logits, ids_NT)
+    pos_LHN = heldout(logits, ids_NT, with_token=False)
+    shuffled_LHN = heldout(capture_logits(adapter, shuffled_NT), shuffled_NT)
+    seeds = [seed + 1 + s for s in range(RANDOM_SEEDS)]
+    random_medians = [
+        float(heldout(capture_logits(random_init_like(adapter, s), ids_NT), ids_NT).mean(-1).median()) for s in seeds
+    ]
+    mean = float(np.mean(random_medians))
+    spread = scipy_stats.sem(random_medians) * scipy_stats.t.ppf(0.975, len(seeds) - 1)
+    median = float(r_LHN.mean(-1).median())
+    ci = median_ci(r_LHN, seed=seed)
+    shuffled_median, shuffled_ci = float(shuffled_LHN.mean(-1).median()), median_ci(shuffled_LHN, seed=seed)
+    where = f"{len(test)} held-out windows (fitted on the other {len(train)})"
+    gain_N = (r_LHN - pos_LHN).flatten(0, 1).median(0).values  # per held-out window, the median head's gain
+    claims = [
+        paired_greater(
+            "meaning_term",
+            "a meaning term that is a function of the key's token, fitted on other windows, adds to position alone "
+            "on held-out windows (row-centred r)",
+            gain_N.tolist(),
+            [0.0] * len(test),
+            where,
+            seed=seed,
+            unit="held-out windows",
+        ),
+        interval_above(
+            "learned",
+            "the held-out decomposition is learned: the trained model's median r is above that of the same "
+            f"architecture with random weights ({len(seeds)} seeds)",
+            median,
+            ci,
+            mean,
+            [mean - spread, mean + spread],
+            where,
+            len(test),
+        ),
+        paired_greater(
+            "word_order",
+            "word order shapes it: on each held-out window, the median head's r on the text is above that on the same "
+            "tokens shuffled",
+            r_LHN.flatten(0, 1).median(0).values.tolist(),
+            shuffled_LHN.flatten(0, 1).median(0).values.tolist(),
+            where,
+            seed=seed,
+            unit="held-out windows",
+        ),
+    ]
+    return HeldOut(
+        train_windows=train.tolist(),
+        test_windows=test.tolist(),
+        r_layer_head=r_LHN.mean(-1).tolist(),
+        r_position_only_layer_head=pos_LHN.mean(-1).tolist(),
+        r_median=median,
+        r_median_ci=ci,
+        r_position_only_median=float(pos_LHN.mean(-1).median()),
+        r_position_only_median_ci=median_ci(pos_LHN, seed=seed),
+        r_shuffled_median=shuffled_median,
+        r_shuffled_median_ci=shuffled_ci,
+        random_init_seeds=seeds,
+        r_random_init_medians=list(random_medians),
+        r_random_init_mean=mean,
+        r_random_init_ci=[mean - spread, mean + spread],
+        claims=adjust(claims, "the positional study"),
+    )
+
+
+def study(
+    adapter: ModelAdapter,
+    tokenizer: PreTrainedTokenizerBase,
+    config: PositionalConfig,
+    corpus: str | Path | None = None,
+) -> Positional:
+    """The whole positional study on one model: fits, controls, dummy distance, bands, perturbation."""
+
+    start = document_start(tokenizer)
+    ids = corpus_windows(
+        adapter, tokenizer, load_corpus(corpus), config.window, config.n_windows, start[0] if start else None
+    )
+    logits = capture_logits(adapter, ids)
+    fits = {
+        "": window_fit(logits),
+        "random_init": window_fit(capture_logits(random_init_like(adapter, config.seed), ids)),
+        "norm_matched": window_fit(capture_logits(random_init_like(adapter, config.seed, norm_matched=True), ids)),
+    }
+    g = torch.Generator().manual_seed(config.seed)
+    first = 1 if start else 0  # the document start stays in place
+    shuffled_ids = torch.stack(
+        [torch.cat([w[:first], w[first:][torch.randperm(len(w) - first, generator=g)]]) for w in ids]
+    )
+    fits["shuffled"] = window_fit(capture_logits(adapter, shuffled_ids))
+    heldout = heldout_study(adapter, ids, shuffled_ids, logits, config.seed) if len(ids) >= 2 else None
+    one_window = ["one window: nothing to hold out, so the decomposition is not tested out of sample"]
+    trained = {k: v.mean(-1) for k, v in by_name(fits[""]).items()}
+    per_head: dict[str, torch.Tensor] = dict(trained)
+    for control in ("random_init", "norm_matched", "shuffled"):
+        per_head[control] = fits[control]["r"].mean(-1)
+        per_head[f"{control}_row_centred"] = fits[control]["r_row_centred"].mean(-1)
+    windows = by_name(fits[""]) | {
+        f"{c}{suffix}": fits[c]["r"] if suffix == "" else fits[c]["r_row_centred"]
+        for c in ("random_init", "norm_matched", "shuffled")
+        for suffix in ("", "_row_centred")
+    }
+    d = {name: summary(v) for name, v in per_head.items()}
+    rope = rope_parts(adapter, ids, config.n_queries)
+    curve = perturbation_curve(adapter, ids, config.seed)
+    return Positional(
+        **rope,
+        corpus=str(corpus) if corpus else CORPUS_SOURCE,
+        window=ids.shape[1],
+        n_windows=ids.shape[0],
+        window_start=start[1] if start else None,
+        n_layers=adapter.n_layers,
+        n_heads=adapter.n_heads,
+        attention_softcapping=getattr(adapter.config, "attn_logit_softcapping", None),
+        r_layer_head=trained["r"].tolist(),
+        r_row_centred_layer_head=trained["r_row_centred"].tolist(),
+        r_no_sink_layer_head=trained["r_no_sink"].tolist(),
+        r_two_term_layer_head=trained["r_two_term"].tolist(),
+        r_random_init_layer_head=per_head["random_init"].tolist(),
+        r_norm_matched_layer_head=per_head["norm_matched"].tolist(),
+        r_shuffled_layer_head=per_head["shuffled"].tolist(),
+        distribution=d,
+        median_ci={name: median_ci(v, seed=config.seed) for name, v in windows.items()},
+        median_ci_n_windows=ids.shape[0],
+        median_ci_note=f"95 % bootstrap over the {ids.shape[0]} windows of {ids.shape[1]} tokens (1000 draws) of "
+        "the median over heads; the windows are passages of one text, so the interval is over passages, not genres",
+        warnings=window_warnings(ids.shape[0], config.n_windows, ids.shape[1])
+        + (one_window if heldout is None else []),
+        r_mean=d["r"]["mean"],
+        r_median=d["r"]["median"],
+        r_median_row_centred=d["r_row_centred"]["median"],
+        r_median_no_sink=d["r_no_sink"]["median"],
+        r_median_random_init=d["random_init"]["median"],
+        r_median_random_init_row_centred=d["random_init_row_centred"]["median"],
+        r_median_norm_matched=d["norm_matched"]["median"],
+        r_median_norm_matched_row_centred=d["norm_matched_row_centred"]["median"],
+        r_median_shuffled=d["shuffled"]["median"],
+        r_median_shuffled_row_centred=d["shuffled_row_centred"]["median"],
+        perplexity_vs_swap=curve["tokens"],
+        perplexity_vs_position_swap=curve["position_ids"],
+        swap_fraction="share of tokens displaced by disjoint adjacent swaps (the document start stays)",
+        heldout=heldout,
+    )
