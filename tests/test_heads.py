@@ -772,7 +772,7 @@ def test_the_af1_consistency_rows_survive_a_json_round_trip():
 
     from pydantic import BaseModel, ConfigDict, ValidationError
 
-    from af1.experiments.heads import Consistency
+    from af1.methods.heads.consistency import Consistency
 
     class Holder(BaseModel):  # as a Result holds it
         model_config = ConfigDict(extra="forbid")

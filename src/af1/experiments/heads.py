@@ -7,19 +7,16 @@ import html
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from pydantic import Field
 from rich.table import Table
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, paired_differs, paired_greater
+from af1.claims import Claim
 from af1.errors import Af1Error
 from af1.experiments import base
-from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, heads
 from af1.report import interactive
 from af1.report.markup import claims_html, claims_lines, figure_html, table_html, with_ci
-from af1.stats import McNemar, mcnemar_exact, mean_std
 from af1.tasks.builtin import FILE_STYLE
 from af1.tasks.evaluation import ProblemInputs, solved
 from af1.tasks.spec import TaskSpec
@@ -69,47 +66,6 @@ class Placement(TypedDict):
     stage: str
 
 
-class PeekRow(allforone.faithfulness.Faithfulness):
-    """AF1's faithfulness when in its transfer layers only some heads peek, against all heads peeking."""
-
-    variant: str
-    peeking: int
-    mcnemar_vs_all: McNemar | None  # None: the row of all heads itself
-
-
-class RandomPeekRow(TypedDict):
-    """As many random heads of the transfer layers as top heads there, none of the top or key ones, peek: mean ±
-    std over draws (no interval: the draws are not problems), and the heads each draw let peek."""
-
-    variant: str
-    peeking: int
-    random_heads: list[list[list[int]]]
-    faithfulness: float
-    faithfulness_std: float
-    faithfulness_per_draw: list[float]
-    faithfulness_ci: None
-    faithfulness_baseline: float
-    mcnemar_vs_all: None
-
-
-class Consistency(TypedDict):
-    """The key heads against AF1 (`consistency`): the search's config, its transfer layers' heads and the
-    faithfulness of each way of letting only some of them peek."""
-
-    wait: int
-    transfer: int
-    transfer_layers: list[int]
-    n_transfer_heads: int
-    key_heads_in_transfer_layers: list[list[int]]
-    top_heads_in_transfer_layers: list[list[int]]
-    n: int
-    measured_on: str
-    heads_chosen_on: str
-    counterfactual: str
-    rows: list[PeekRow | RandomPeekRow]
-    claims: list[Claim]  # raw: the study adjusts them with its own as one family
-
-
 class Result(base.Result):
     model: str | None = None
     task: str
@@ -155,107 +111,10 @@ class Result(base.Result):
     attention_over_tokens: heads.attention.TokenAttention | None = None
     overlap: list[heads.compared.TaskOverlap] = []
     placement: list[Placement] | None = None
-    af1_consistency: Consistency | None = None
+    af1_consistency: heads.consistency.Consistency | None = None
     confirmed_key_heads: list[list[int]]  # the key heads whose claim holds on the confirmation part
     claims: list[Claim]  # key heads, top against matched random heads, the AF1 consistency's: one family (Holm)
     inputs: ProblemInputs | None = None  # clean; sets: solved, confirmation (AF1 rows)
-
-
-RANDOM_DRAWS = 10
-KEY_PEEK = "only the heads chosen as key (selection half) peek"
-
-
-def consistency(inputs: base.Inputs, search: base.Searched, config: AF1Config, result: Result) -> Consistency:
-    """The paper's claim beside AF1's, on the search's confirmation split: faithfulness of the AF1 config when
-    in its transfer layers all heads peek, only the key heads, only the top-k heads, as many random heads of those
-    layers (mean ± std over draws), or none."""
-    import random
-
-    setup = inputs.resources.setup(inputs.spec)
-    on = allforone.search.confirmation(setup, search.selection_fraction, search.split_seed)
-    transfer_heads = [(layer, h) for layer in config.peek_layers() for h in range(setup.adapter.n_heads)]
-    keys = {tuple(h) for h in result.key_heads}
-    top = {tuple(h) for h in result.top_heads}
-    others = [h for h in transfer_heads if h not in top and h not in keys]  # random heads: never the chosen ones
-    top_name = f"only the top-{len(top)} heads of these layers ({sum(h in top for h in transfer_heads)}) peek"
-    variants = {
-        "all heads peek": [],
-        KEY_PEEK: [h for h in transfer_heads if h not in keys],
-        top_name: [h for h in transfer_heads if h not in top],
-        "no head peeks": transfer_heads,
-    }
-    scores = {
-        name: allforone.faithfulness.faithfulness(on, config.model_copy(update={"pruned_heads": pruned}))
-        for name, pruned in variants.items()
-    }
-    full = scores["all heads peek"]
-    measured = f"the search's confirmation split ({len(on.kept)} solved problems)"
-    claims = [
-        paired_differs(
-            "peek_variant",
-            f"'{name}' changes faithfulness from 'all heads peek'",
-            scores[name].correct_P.tolist(),
-            full.correct_P.tolist(),
-            measured,
-            subject=name,
-        )
-        for i, name in enumerate(variants)
-        if variants[name] and variants[name] not in list(variants.values())[i + 1 :]  # a duplicate row: one test
-    ]
-    rows: list[PeekRow | RandomPeekRow] = [
-        PeekRow(
-            variant=name,
-            peeking=len(transfer_heads) - len(pruned),
-            **allforone.faithfulness.faith_fields(on, scores[name]),
-            mcnemar_vs_all=mcnemar_exact(scores[name].correct_P.tolist(), full.correct_P.tolist()) if pruned else None,
-        )
-        for name, pruned in variants.items()
-    ]
-    k_top = sum(h in top for h in transfer_heads)
-    random_row = None
-    if 0 < k_top <= len(others):  # as many random heads of the same layers, not top ones: is the top set special?
-        rng = random.Random(0)
-        draws = [sorted(rng.sample(others, k_top)) for _ in range(RANDOM_DRAWS)]
-        drawn = allforone.pruning.pruned_scores(on, config, [[h for h in transfer_heads if h not in d] for d in draws])
-        spread = mean_std([s.accuracy for s in drawn])
-        claims.append(
-            paired_greater(
-                "top_peek_vs_random",
-                f"letting only the {k_top} top heads of the transfer layers peek keeps more problems right than "
-                f"letting as many random heads of those layers peek (these {RANDOM_DRAWS} draws, held fixed; none of "
-                "the top or key heads)",
-                scores[top_name].correct_P.float().tolist(),
-                torch.stack([s.correct_P.float() for s in drawn]).mean(0).tolist(),
-                measured,
-            )
-        )
-        random_row = RandomPeekRow(
-            variant=f"{k_top} random heads of these layers, none of the top or key heads, peek ({RANDOM_DRAWS} draws)",
-            peeking=k_top,
-            random_heads=[[list(h) for h in d] for d in draws],
-            faithfulness=spread["mean"],
-            faithfulness_std=spread["std"],
-            faithfulness_per_draw=[s.accuracy for s in drawn],
-            faithfulness_ci=None,
-            faithfulness_baseline=allforone.faithfulness.faith_fields(on, full)["faithfulness_baseline"],
-            mcnemar_vs_all=None,
-        )
-    if random_row is not None:
-        rows.insert(3, random_row)
-    return Consistency(
-        wait=config.wait,
-        transfer=config.transfer,
-        transfer_layers=config.peek_layers(),
-        n_transfer_heads=len(transfer_heads),
-        key_heads_in_transfer_layers=sorted([list(h) for h in keys if h in set(transfer_heads)]),
-        top_heads_in_transfer_layers=sorted([list(h) for h in top if h in set(transfer_heads)]),
-        n=len(on.kept),
-        measured_on="the search's confirmation split",
-        heads_chosen_on="the search's selection split (path patching, not faithfulness)",
-        counterfactual=f"{result.counterfactual_kind} ({result.counterfactual})",
-        rows=rows,
-        claims=claims,
-    )
 
 
 def compare_specs(spec: TaskSpec, items: list[str]) -> list[TaskSpec]:
@@ -323,7 +182,15 @@ class Heads(base.Experiment):
                 for h in result.top_heads
             ]
             if config.transfer > 0:
-                result.af1_consistency = consistency(inputs, search, config, result)
+                on = allforone.search.confirmation(
+                    inputs.resources.setup(spec), search.selection_fraction, search.split_seed
+                )
+                peek = heads.consistency.Chosen(
+                    key=result.key_heads,
+                    top=result.top_heads,
+                    counterfactual=f"{result.counterfactual_kind} ({result.counterfactual})",
+                )
+                result.af1_consistency = heads.consistency.consistency(on, config, peek)
                 result.claims, result.confirmed_key_heads = heads.study.decide(
                     [*result.claims, *result.af1_consistency["claims"]]
                 )

@@ -1,6 +1,6 @@
 """The arithmetic-heads study's analyses (docs/methods.md §2, Zhang et al. 2024), one module each: capture of
 outputs, path patching, knock-outs, attention, the logit lens of MLPs, ranking of key heads and the study."""
 
-from af1.methods.heads import attention, capture, compared, knockouts, lens, patching, ranking, study
+from af1.methods.heads import attention, capture, compared, consistency, knockouts, lens, patching, ranking, study
 
-__all__ = ["attention", "capture", "compared", "knockouts", "lens", "patching", "ranking", "study"]
+__all__ = ["attention", "capture", "compared", "consistency", "knockouts", "lens", "patching", "ranking", "study"]

@@ -1,0 +1,174 @@
+"""The key heads against AF1 (docs/methods.md §2 beside §1): on the search's confirmation split, the AF1
+configuration's faithfulness when in its transfer layers all heads peek, only the key heads, only the top heads, as
+many random heads of those layers, or none."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
+from af1.claims import Claim, paired_differs, paired_greater
+from af1.interventions.af1 import AF1Config
+from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
+from af1.methods.allforone.pruning import pruned_scores
+from af1.methods.setup import Setup
+from af1.stats import McNemar, mcnemar_exact, mean_std
+from af1.tasks.evaluation import Scores
+
+
+class PeekRow(Faithfulness):
+    """AF1's faithfulness when in its transfer layers only some heads peek, against all heads peeking."""
+
+    variant: str
+    peeking: int
+    mcnemar_vs_all: McNemar | None  # None: the row of all heads itself
+
+
+class RandomPeekRow(TypedDict):
+    """As many random heads of the transfer layers as top heads there, none of the top or key ones, peek: mean ±
+    std over draws (no interval: the draws are not problems), and the heads each draw let peek."""
+
+    variant: str
+    peeking: int
+    random_heads: list[list[list[int]]]
+    faithfulness: float
+    faithfulness_std: float
+    faithfulness_per_draw: list[float]
+    faithfulness_ci: None
+    faithfulness_baseline: float
+    mcnemar_vs_all: None
+
+
+class Consistency(TypedDict):
+    """The key heads against AF1 (`consistency`): the search's config, its transfer layers' heads and the
+    faithfulness of each way of letting only some of them peek."""
+
+    wait: int
+    transfer: int
+    transfer_layers: list[int]
+    n_transfer_heads: int
+    key_heads_in_transfer_layers: list[list[int]]
+    top_heads_in_transfer_layers: list[list[int]]
+    n: int
+    measured_on: str
+    heads_chosen_on: str
+    counterfactual: str
+    rows: list[PeekRow | RandomPeekRow]
+    claims: list[Claim]  # raw: the study adjusts them with its own as one family
+
+
+RANDOM_DRAWS = 10
+KEY_PEEK = "only the heads chosen as key (selection half) peek"
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The heads the study chose on the search's selection split, and the counterfactual that ranked them."""
+
+    key: list[list[int]]
+    top: list[list[int]]
+    counterfactual: str
+
+
+def consistency(on: Setup, config: AF1Config, chosen: Chosen) -> Consistency:
+    """The paper's claim beside AF1's, on the search's confirmation split `on`: faithfulness of the AF1 config when
+    in its transfer layers all heads peek, only the key heads, only the top-k heads, as many random heads of those
+    layers (mean ± std over draws), or none; each variant tested against all heads peeking (raw p: the study
+    adjusts them with its own claims)."""
+    transfer_heads = [(layer, h) for layer in config.peek_layers() for h in range(on.adapter.n_heads)]
+    keys = {(h[0], h[1]) for h in chosen.key}
+    top = {(h[0], h[1]) for h in chosen.top}
+    top_name = f"only the top-{len(top)} heads of these layers ({sum(h in top for h in transfer_heads)}) peek"
+    variants = {
+        "all heads peek": [],
+        KEY_PEEK: [h for h in transfer_heads if h not in keys],
+        top_name: [h for h in transfer_heads if h not in top],
+        "no head peeks": transfer_heads,
+    }
+    scores = {
+        name: faithfulness(on, config.model_copy(update={"pruned_heads": pruned})) for name, pruned in variants.items()
+    }
+    full = scores["all heads peek"]
+    measured = f"the search's confirmation split ({len(on.kept)} solved problems)"
+    claims = [
+        paired_differs(
+            "peek_variant",
+            f"'{name}' changes faithfulness from 'all heads peek'",
+            scores[name].correct_P.tolist(),
+            full.correct_P.tolist(),
+            measured,
+            subject=name,
+        )
+        for i, name in enumerate(variants)
+        if variants[name] and variants[name] not in list(variants.values())[i + 1 :]  # a duplicate row: one test
+    ]
+    rows: list[PeekRow | RandomPeekRow] = [
+        PeekRow(
+            variant=name,
+            peeking=len(transfer_heads) - len(pruned),
+            **faith_fields(on, scores[name]),
+            mcnemar_vs_all=mcnemar_exact(scores[name].correct_P.tolist(), full.correct_P.tolist()) if pruned else None,
+        )
+        for name, pruned in variants.items()
+    ]
+    others = [h for h in transfer_heads if h not in top and h not in keys]  # random heads: never the chosen ones
+    k_top = sum(h in top for h in transfer_heads)
+    if 0 < k_top <= len(others):  # as many random heads of the same layers, not top ones: is the top set special?
+        random_row, claim = random_peek(on, config, transfer_heads, others, scores[top_name], full, k_top)
+        rows.insert(3, random_row)
+        claims.append(claim)
+    return Consistency(
+        wait=config.wait,
+        transfer=config.transfer,
+        transfer_layers=config.peek_layers(),
+        n_transfer_heads=len(transfer_heads),
+        key_heads_in_transfer_layers=sorted([list(h) for h in keys if h in set(transfer_heads)]),
+        top_heads_in_transfer_layers=sorted([list(h) for h in top if h in set(transfer_heads)]),
+        n=len(on.kept),
+        measured_on="the search's confirmation split",
+        heads_chosen_on="the search's selection split (path patching, not faithfulness)",
+        counterfactual=chosen.counterfactual,
+        rows=rows,
+        claims=claims,
+    )
+
+
+def random_peek(
+    on: Setup,
+    config: AF1Config,
+    transfer_heads: list[tuple[int, int]],
+    others: list[tuple[int, int]],
+    top_only: Scores,
+    full: Scores,
+    k_top: int,
+) -> tuple[RandomPeekRow, Claim]:
+    """`k_top` random heads of the transfer layers (as many as top heads there; never a top or key head) let peek,
+    in RANDOM_DRAWS seeded draws (recorded), and the paired claim that the top heads alone keep more problems right."""
+    rng = random.Random(0)
+    draws = [sorted(rng.sample(others, k_top)) for _ in range(RANDOM_DRAWS)]
+    drawn = pruned_scores(on, config, [[h for h in transfer_heads if h not in d] for d in draws])
+    spread = mean_std([s.accuracy for s in drawn])
+    claim = paired_greater(
+        "top_peek_vs_random",
+        f"letting only the {k_top} top heads of the transfer layers peek keeps more problems right than "
+        f"letting as many random heads of those layers peek (these {RANDOM_DRAWS} draws, held fixed; none of "
+        "the top or key heads)",
+        top_only.correct_P.float().tolist(),
+        torch.stack([s.correct_P.float() for s in drawn]).mean(0).tolist(),
+        f"the search's confirmation split ({len(on.kept)} solved problems)",
+    )
+    row = RandomPeekRow(
+        variant=f"{k_top} random heads of these layers, none of the top or key heads, peek ({RANDOM_DRAWS} draws)",
+        peeking=k_top,
+        random_heads=[[list(h) for h in d] for d in draws],
+        faithfulness=spread["mean"],
+        faithfulness_std=spread["std"],
+        faithfulness_per_draw=[s.accuracy for s in drawn],
+        faithfulness_ci=None,
+        faithfulness_baseline=faith_fields(on, full)["faithfulness_baseline"],
+        mcnemar_vs_all=None,
+    )
+    return row, claim
