@@ -74,7 +74,7 @@ def grid() -> dict[str, Any]:
     s = make_setup(lm, task.spec, task, right, task, cache_means=False)  # every problem, as if all were solved
     forward, _ = best_of(lambda: last_logits(lm.model, task.input_ids_PT, batch_size=64))
     t0 = time.perf_counter()
-    allforone.grid.sweep(s)
+    allforone.sweep.sweep(s)
     seconds = time.perf_counter() - t0
     return {
         "n_problems": len(task),

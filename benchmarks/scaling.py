@@ -62,7 +62,7 @@ def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
     from af1.interventions.af1 import AF1Config
     from af1.methods import heads as heads_method
     from af1.methods.allforone.faithfulness import faithfulness
-    from af1.methods.allforone.grid import sweep
+    from af1.methods.allforone.sweep import sweep
     from af1.methods.setup import make_setup
     from af1.progress import max_rss_mb, peak_memory
     from af1.tasks.evaluation import evaluated, last_logits

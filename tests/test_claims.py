@@ -71,14 +71,14 @@ def test_a_family_of_rates_claimed_to_keep_the_threshold_stays_silent_at_it():
     assert [c["outcome"] for c in adjusted] == ["confirmed", "rejected"]  # adjusting keeps a rejection
 
 
-def grid_of(rates: dict[tuple[int, int], float], n: int, L: int, rng: np.random.Generator) -> allforone.grid.GridCells:
+def grid_of(rates: dict[tuple[int, int], float], n: int, L: int, rng: np.random.Generator) -> allforone.sweep.GridCells:
     """A sweep whose every cell is right on each problem with its rate (independently), 10 distinct answers."""
     cells = {}
     for w in range(-1, L):
         for k in range(L - w):
             p = rates.get((w, k), 0.3)
             cells[f"{w},{k}"] = "".join("1" if r < p else "0" for r in rng.random(n))
-    return allforone.grid.GridCells(cells=cells, targets=[str(i % 10) for i in range(n)], kept_layouts=None, config={})
+    return allforone.sweep.GridCells(cells=cells, targets=[str(i % 10) for i in range(n)], kept_layouts=None, config={})
 
 
 def test_the_search_finds_no_subgraph_where_every_cell_falls_short():

@@ -116,8 +116,8 @@ def test_every_intervention_matches_the_whole_model(pair, tokenizer):
     assert lens is not None and whole_lens is not None and torch.equal(lens, whole_lens)
     setup = prepare(placed, SPEC)
     assert setup.base.accuracy == 1.0
-    sweep = allforone.grid.sweep(setup, max_transfer=1)
-    whole_sweep = allforone.grid.sweep(prepare(whole, SPEC), max_transfer=1)
+    sweep = allforone.sweep.sweep(setup, max_transfer=1)
+    whole_sweep = allforone.sweep.sweep(prepare(whole, SPEC), max_transfer=1)
     assert torch.equal(
         torch.tensor(sweep["faithfulness_wait_transfer"]).nan_to_num(-1),
         torch.tensor(whole_sweep["faithfulness_wait_transfer"]).nan_to_num(-1),

@@ -41,18 +41,18 @@ def tiny_setup(tokenizer):
 
 def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
     state = tmp_path / "sweep.state.json"
-    partial = allforone.grid.sweep(tiny_setup, max_transfer=1, state_path=state)
+    partial = allforone.sweep.sweep(tiny_setup, max_transfer=1, state_path=state)
     L = tiny_setup.adapter.n_layers
     assert partial["n_cells"] == sum(min(L - w, 2) for w in range(-1, L))
     calls: list[list[int]] = []
-    real = allforone.grid.fast_sweep_wait
+    real = allforone.sweep.fast_sweep_wait
 
     def counting(adapter, task, config, means, todo, **kw):
         calls.append(list(todo))
         return real(adapter, task, config, means, todo, **kw)
 
-    monkeypatch.setattr(allforone.grid, "fast_sweep_wait", counting)
-    full = allforone.grid.sweep(tiny_setup, state_path=state)
+    monkeypatch.setattr(allforone.sweep, "fast_sweep_wait", counting)
+    full = allforone.sweep.sweep(tiny_setup, state_path=state)
     assert calls and all(0 not in todo and 1 not in todo for todo in calls)  # finished cells are not recomputed
     grid = torch.tensor(full["faithfulness_wait_transfer"])
     for w in range(-1, L):
@@ -72,7 +72,7 @@ def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
     resample = setup_executor(tiny_setup, config.model_copy(update={"ablation": "resample"}))
     assert resample["executor"] == "shared-context" and "token-local" in (resample["fallback_reason"] or "")
     calls.clear()  # a capped sweep resumed from the full grid's state returns its own cells only, computing none
-    capped = allforone.grid.sweep(tiny_setup, max_transfer=1, state_path=state)
+    capped = allforone.sweep.sweep(tiny_setup, max_transfer=1, state_path=state)
     assert calls == [] and set(capped["cells"]) == {f"{w},{k}" for w in range(-1, L) for k in range(min(L - w, 2))}
     assert to_json(capped) == to_json(partial)  # NaN where not measured: compared as JSON (null)
 
@@ -110,13 +110,13 @@ def test_low_counts_of_the_means_are_named(tiny_setup):
 
 def synthetic_sweep(
     L: int, n: int, cells: dict[tuple[int, int], list[bool]], targets: list[str]
-) -> allforone.grid.GridCells:
-    """A sweep's cells as `allforone.grid.sweep` returns them, with chosen per-problem outcomes (the rest all wrong)."""
+) -> allforone.sweep.GridCells:
+    """A sweep's cells as `allforone.sweep.sweep` returns them, with chosen per-problem outcomes (the rest wrong)."""
     bits = {}
     for w in range(-1, L):
         for k in range(L - w):
             bits[f"{w},{k}"] = "".join("1" if c else "0" for c in cells.get((w, k), [False] * n))
-    return allforone.grid.GridCells(targets=targets, cells=bits, config={}, kept_layouts=None)
+    return allforone.sweep.GridCells(targets=targets, cells=bits, config={}, kept_layouts=None)
 
 
 def test_search_chooses_on_selection_and_confirms_on_the_rest():
@@ -258,7 +258,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     resample = alt["ablations_detail"]["resample"]
     assert "per_seed" in resample and resample["seeds"] == 5 and len(resample["per_seed"]) == 5
     assert resample["faithfulness"] == pytest.approx(sum(r["faithfulness"] for r in resample["per_seed"]) / 5)
-    pruning = allforone.pruning.prune_heads(tiny_setup, config, selection=0.5, seed=0, whole_curve=True)
+    pruning = allforone.prune.prune_heads(tiny_setup, config, selection=0.5, seed=0, whole_curve=True)
     assert pruning["n_transfer_heads"] == 4 and len(pruning["faithfulness_vs_pruned"]) == 5
     assert (
         len(pruning["faithfulness_vs_pruned_ci"]) == 5
@@ -287,12 +287,12 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     for c in parts["claims"]:  # a part that keeps the threshold is never confirmed to break the answer
         assert c["outcome"] != "confirmed" or (c["estimate"] or 0) < 0.9
     with pytest.raises(Af1Error, match="transfer layers"):
-        allforone.pruning.prune_heads(tiny_setup, AF1Config(wait=0), selection=0.5, seed=0, whole_curve=False)
+        allforone.prune.prune_heads(tiny_setup, AF1Config(wait=0), selection=0.5, seed=0, whole_curve=False)
     from af1.report import figures
     from af1.results import write_json
 
     described = tiny_setup.describe().model_dump()  # what every result measured on the setup carries
-    sweep = allforone.grid.sweep(tiny_setup, AF1Config())
+    sweep = allforone.sweep.sweep(tiny_setup, AF1Config())
     write_json(tmp_path / "sweep.json", {**described, **sweep})
     write_json(
         tmp_path / "search.json",
@@ -314,14 +314,14 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
 def test_greedy_pruning_reranks_after_every_removal(tiny_setup, monkeypatch):
     """Each round scores every remaining head on top of the ones already removed."""
     rounds: list[list[list[tuple[int, int]]]] = []
-    real = allforone.pruning.pruned_scores
+    real = allforone.prune.pruned_scores
 
     def spy(setup, config, head_sets):
         rounds.append(head_sets)
         return real(setup, config, head_sets)
 
-    monkeypatch.setattr(allforone.pruning, "pruned_scores", spy)
-    result = allforone.pruning.prune_heads(
+    monkeypatch.setattr(allforone.prune, "pruned_scores", spy)
+    result = allforone.prune.prune_heads(
         tiny_setup, AF1Config(wait=0, transfer=2), selection=0.5, seed=0, whole_curve=True
     )
     order = [tuple(h) for h in result["prune_order"]]
@@ -353,13 +353,13 @@ def test_pruning_ranks_past_float32_saturation_and_stops_at_the_first_dip(tiny_s
         wrong = len(setup.kept) // 2 if n == 2 else 0
         return [crafted_scores(setup.kept, 30.0 + 5 * hs[-1][1], wrong) for hs in head_sets]
 
-    monkeypatch.setattr(allforone.pruning, "pruned_scores", pruned)
+    monkeypatch.setattr(allforone.prune, "pruned_scores", pruned)
     monkeypatch.setattr(
-        allforone.pruning, "faithfulness", lambda setup, config, reference=False: crafted_scores(setup.kept, 30)
+        allforone.prune, "faithfulness", lambda setup, config, reference=False: crafted_scores(setup.kept, 30)
     )
     scores = crafted_scores(tiny_setup.kept, 30.0)
     assert bool((scores.p_correct_P == 1.0).all()) and scores.mean_log_p_correct < 0  # saturated p, not log p
-    result = allforone.pruning.prune_heads(
+    result = allforone.prune.prune_heads(
         tiny_setup, AF1Config(wait=0, transfer=1), selection=0.5, seed=0, whole_curve=True
     )
     assert [tuple(h) for h in result["prune_order"]] == [(1, 3), (1, 2), (1, 1), (1, 0)]  # largest margin first
@@ -367,7 +367,7 @@ def test_pruning_ranks_past_float32_saturation_and_stops_at_the_first_dip(tiny_s
     assert result["n_pruned_before_first_drop"] == 1
     assert result["mean_log_p_correct_vs_pruned"][1] > result["mean_log_p_correct_vs_pruned"][0]
     # by default the rounds stop at the first drop: the same pruned set, two rounds instead of four
-    short = allforone.pruning.prune_heads(
+    short = allforone.prune.prune_heads(
         tiny_setup, AF1Config(wait=0, transfer=1), selection=0.5, seed=0, whole_curve=False
     )
     assert short["prune_order"] == result["prune_order"][:2] and short["curve"].startswith("up to the first drop")

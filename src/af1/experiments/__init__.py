@@ -7,8 +7,8 @@ from __future__ import annotations
 from af1.errors import Af1Error
 from af1.experiments.alternatives import Alternatives
 from af1.experiments.base import Experiment, Inputs, NotApplicable
-from af1.experiments.base_accuracy import BaseAccuracy
 from af1.experiments.components import Components
+from af1.experiments.eval import Eval
 from af1.experiments.finetune import Finetune
 from af1.experiments.heads import Heads
 from af1.experiments.necessity import Necessity
@@ -23,7 +23,7 @@ from af1.experiments.transfer import Transfer
 REGISTRY: dict[str, Experiment] = {
     e.name: e
     for e in (
-        BaseAccuracy(),
+        Eval(),
         Sweep(),
         Search(),
         Run(),

@@ -49,7 +49,7 @@ class Result(base.SetupFields):
     n_pruned_before_first_drop: int
     measure: str = ""
     curve: str = "every head"  # results written before the curve stopped at the first drop ranked every head
-    confirmation: allforone.pruning.PrunedConfirmation | None = None
+    confirmation: allforone.prune.PrunedConfirmation | None = None
     claims: list[Claim] = []
     inputs: ProblemInputs | None = None  # sets: solved, selection (pruning ranks on it), confirmation
 
@@ -76,7 +76,7 @@ class Prune(base.Experiment):
             if search is None:  # config_of found the search's config, so this cannot happen: never a silent split
                 raise Af1Error("the search's split is not available")
             selection, seed = search.selection_fraction, search.split_seed
-        pruning = allforone.pruning.prune_heads(
+        pruning = allforone.prune.prune_heads(
             setup, config, selection=selection, seed=seed, whole_curve=options.whole_curve
         )
         return Result(**setup.describe().fields(), **pruning)

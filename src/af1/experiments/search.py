@@ -95,7 +95,7 @@ class Search(base.Experiment):
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         sweep = inputs.one("sweep")
-        grid = allforone.grid.GridCells(
+        grid = allforone.sweep.GridCells(
             cells=sweep.cells, targets=sweep.targets, kept_layouts=sweep.kept_layouts, config=sweep.config
         )
         found = allforone.search.search(

@@ -55,7 +55,7 @@ class Sweep(base.Experiment):
         setup = inputs.resources.setup(inputs.spec)
         config = AF1Config(ablation=options.ablation, abp=options.abp, seed=inputs.spec.seed)
         state = inputs.state_dir / "sweep.state.json" if inputs.state_dir else None
-        grid = allforone.grid.sweep(setup, config, options.max_transfer, options.reference, state_path=state)
+        grid = allforone.sweep.sweep(setup, config, options.max_transfer, options.reference, state_path=state)
         return Result(**setup.describe().fields(), **grid)
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:

@@ -10,7 +10,7 @@ from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDict
 from af1.claims import CONFIRMED, NOT_CONFIRMED, Claim, capped, rate_reaches
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
-from af1.methods.allforone.grid import GridCells, unbits
+from af1.methods.allforone.sweep import GridCells, unbits
 from af1.methods.setup import Setup
 from af1.stats import LayoutRate, Rate, baseline_warning, rate, split_indices
 

@@ -13,7 +13,7 @@ from typing_extensions import TypedDict  # pydantic reads TypedDicts from here b
 from af1.claims import Claim, paired_differs, paired_greater
 from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
-from af1.methods.allforone.pruning import pruned_scores
+from af1.methods.allforone.prune import pruned_scores
 from af1.methods.setup import Setup
 from af1.stats import McNemar, mcnemar_exact, mean_std
 from af1.tasks.evaluation import Scores

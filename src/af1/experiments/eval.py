@@ -26,7 +26,7 @@ class Result(base.TaskFields):
     problems: list[ProblemRow] = []
 
 
-class BaseAccuracy(base.Experiment):
+class Eval(base.Experiment):
     name = "eval"
     help = "Base accuracy of a model on a task: every answer token (or the first), with its interval and baseline."
     Options = Options
