@@ -259,23 +259,23 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     assert "per_seed" in resample and resample["seeds"] == 5 and len(resample["per_seed"]) == 5
     assert resample["faithfulness"] == pytest.approx(sum(r["faithfulness"] for r in resample["per_seed"]) / 5)
     pruning = allforone.prune.prune_heads(tiny_setup, config, selection=0.5, seed=0, whole_curve=True)
-    assert pruning["n_transfer_heads"] == 4 and len(pruning["faithfulness_vs_pruned"]) == 5
+    assert pruning.n_transfer_heads == 4 and len(pruning.faithfulness_vs_pruned) == 5
     assert (
-        len(pruning["faithfulness_vs_pruned_ci"]) == 5
-        and pruning["faithfulness_full_ci"][1] >= pruning["faithfulness_full"]
+        len(pruning.faithfulness_vs_pruned_ci) == 5
+        and pruning.faithfulness_full_ci[1] >= pruning.faithfulness_full
     )
-    assert sorted(map(tuple, pruning["prune_order"])) == [(1, h) for h in range(4)]
-    assert pruning["n_selection"] + pruning["n_confirmation"] == len(tiny_setup.kept)
-    assert set(pruning["confirmation"]) == {"unpruned", "pruned", "mcnemar"}
-    n_conf = pruning["n_confirmation"]
-    if pruning["n_pruned_before_first_drop"]:  # the pruned set's claim: the share of problems it breaks, held out
-        (kept,) = pruning["claims"]
+    assert sorted(map(tuple, pruning.prune_order)) == [(1, h) for h in range(4)]
+    assert pruning.n_selection + pruning.n_confirmation == len(tiny_setup.kept)
+    assert set(pruning.confirmation) == {"unpruned", "pruned", "mcnemar"}
+    n_conf = pruning.n_confirmation
+    if pruning.n_pruned_before_first_drop:  # the pruned set's claim: the share of problems it breaks, held out
+        (kept,) = pruning.claims
         assert kept["kind"] == "pruned_keeps" and kept["n"] == n_conf and kept["measured_on"].startswith("the conf")
-        unpruned, pruned = (pruning["confirmation"][k]["faithfulness"] for k in ("unpruned", "pruned"))
+        unpruned, pruned = (pruning.confirmation[k]["faithfulness"] for k in ("unpruned", "pruned"))
         assert (kept["estimate"] or 0.0) >= max(0.0, unpruned - pruned) - 1e-9  # breaks at least the net loss
         assert kept["outcome"] != "confirmed" or (kept["ci"][1] or 1) < 1
     else:
-        assert pruning["claims"] == []
+        assert pruning.claims == []
     parts = allforone.components.components(tiny_setup, [0, 1], transfer=1, threshold=0.9)
     assert [c["subject"] for c in parts["claims"]] == [
         "CAMA alone, L_wait 0",
@@ -299,8 +299,8 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
         {**allforone.search.search(sweep, n_layers=L, threshold=0.5, selection=0.5, seed=0), "n_layers": L},
     )
     write_json(tmp_path / "alternatives.json", {**described, **alt})
-    write_json(tmp_path / "prune.json", {**described, **pruning})  # each experiment's file is <name>.json
-    figures.pruning_plot(pruning, tmp_path / "pruning.png")
+    write_json(tmp_path / "prune.json", {**described, **pruning.model_dump()})  # each experiment's file is <name>.json
+    figures.pruning_plot(pruning.model_dump(), tmp_path / "pruning.png")
     html = build_report(tmp_path).read_text()
     assert "cannot show" not in html
     assert 'class="af1-plot"' in html and "Alternatives" in html and "Head pruning" in html  # interactive figures
@@ -324,7 +324,7 @@ def test_greedy_pruning_reranks_after_every_removal(tiny_setup, monkeypatch):
     result = allforone.prune.prune_heads(
         tiny_setup, AF1Config(wait=0, transfer=2), selection=0.5, seed=0, whole_curve=True
     )
-    order = [tuple(h) for h in result["prune_order"]]
+    order = [tuple(h) for h in result.prune_order]
     assert [len(r) for r in rounds] == list(range(8, 0, -1))
     for i, sets in enumerate(rounds):
         assert all(s[:i] == order[:i] for s in sets)  # every candidate extends the removals so far
@@ -362,17 +362,17 @@ def test_pruning_ranks_past_float32_saturation_and_stops_at_the_first_dip(tiny_s
     result = allforone.prune.prune_heads(
         tiny_setup, AF1Config(wait=0, transfer=1), selection=0.5, seed=0, whole_curve=True
     )
-    assert [tuple(h) for h in result["prune_order"]] == [(1, 3), (1, 2), (1, 1), (1, 0)]  # largest margin first
-    assert result["faithfulness_vs_pruned"] == [1.0, 1.0, pytest.approx(0.5, abs=0.1), 1.0, 1.0]
-    assert result["n_pruned_before_first_drop"] == 1
-    assert result["mean_log_p_correct_vs_pruned"][1] > result["mean_log_p_correct_vs_pruned"][0]
+    assert [tuple(h) for h in result.prune_order] == [(1, 3), (1, 2), (1, 1), (1, 0)]  # largest margin first
+    assert result.faithfulness_vs_pruned == [1.0, 1.0, pytest.approx(0.5, abs=0.1), 1.0, 1.0]
+    assert result.n_pruned_before_first_drop == 1
+    assert result.mean_log_p_correct_vs_pruned[1] > result.mean_log_p_correct_vs_pruned[0]
     # by default the rounds stop at the first drop: the same pruned set, two rounds instead of four
     short = allforone.prune.prune_heads(
         tiny_setup, AF1Config(wait=0, transfer=1), selection=0.5, seed=0, whole_curve=False
     )
-    assert short["prune_order"] == result["prune_order"][:2] and short["curve"].startswith("up to the first drop")
-    assert short["faithfulness_vs_pruned"] == result["faithfulness_vs_pruned"][:3]
-    assert short["n_pruned_before_first_drop"] == 1
+    assert short.prune_order == result.prune_order[:2] and short.curve.startswith("up to the first drop")
+    assert short.faithfulness_vs_pruned == result.faithfulness_vs_pruned[:3]
+    assert short.n_pruned_before_first_drop == 1
 
 
 def test_map_config_by_relative_depth():

@@ -13,8 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
+
+class Part(BaseModel):
+    """A method's own part of a result, where its fields are declared once: the experiment's `Result` extends it
+    (and the setup's description, itself a part); an undeclared field is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def fields(self) -> dict[str, Any]:
+        """Each field's value as it is (not dumped): to spread into a result beside the other parts."""
+        return dict(self)
 
 def git_revision() -> str | None:
     here = Path(__file__).resolve().parent

@@ -8,13 +8,11 @@ from pathlib import Path
 from pydantic import Field
 from rich.table import Table
 
-from af1.claims import Claim
 from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import allforone
 from af1.report import interactive
 from af1.report.markup import claims_html, claims_lines, figure_html, with_ci
-from af1.tasks.evaluation import ProblemInputs
 
 
 class Options(base.ConfigOptions):
@@ -31,27 +29,8 @@ class Options(base.ConfigOptions):
     )
 
 
-class Result(base.SetupFields):
-    wait: int
-    transfer: int
-    n_transfer_heads: int
-    n_selection: int
-    n_confirmation: int
-    faithfulness_full: float
-    faithfulness_full_ci: list[float]
-    faithfulness_vs_pruned: list[float]
-    faithfulness_vs_pruned_ci: list[list[float]]
-    faithfulness_selection_baseline: float | None = None  # the constant guess on the selection split
-    prune_order: list[list[int]]
-    mean_p_correct_vs_pruned: list[float] = []
-    mean_log_p_correct_vs_pruned: list[float] = []
-    keep: float
-    n_pruned_before_first_drop: int
-    measure: str = ""
-    curve: str = "every head"  # results written before the curve stopped at the first drop ranked every head
-    confirmation: allforone.prune.PrunedConfirmation | None = None
-    claims: list[Claim] = []
-    inputs: ProblemInputs | None = None  # sets: solved, selection (pruning ranks on it), confirmation
+class Result(base.SetupFields, allforone.prune.Pruning):
+    """Head pruning's part (`allforone.prune.Pruning`) on the setup it was measured on."""
 
 
 class Prune(base.Experiment):
@@ -79,7 +58,7 @@ class Prune(base.Experiment):
         pruning = allforone.prune.prune_heads(
             setup, config, selection=selection, seed=seed, whole_curve=options.whole_curve
         )
-        return Result(**setup.describe().fields(), **pruning)
+        return Result(**setup.describe().fields(), **pruning.fields())
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing

@@ -90,10 +90,6 @@ class SetupDescription(TaskDescription):
     end: AnswerEnd
     means_from: MeansFrom
 
-    def fields(self) -> dict[str, Any]:
-        """Each field's value as it is (not dumped): to spread into a result beside a method's own part."""
-        return dict(self)
-
 
 @dataclass
 class Setup:

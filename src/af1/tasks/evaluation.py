@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, with_config
+from pydantic import BaseModel, ConfigDict, Field, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
 from af1.models.forward import forward_last, forward_tail
 from af1.progress import progress, return_freed_memory
+from af1.results import Part
 from af1.stats import LayoutRate, Rate, rate
 from af1.tasks.task import ProblemRow, Task, build_task
 
@@ -299,11 +300,9 @@ def inputs_sha256(rows: list[ProblemRow]) -> str:
     return hashlib.sha256(json.dumps(fed, separators=(",", ":")).encode()).hexdigest()
 
 
-class TaskDescription(BaseModel):
+class TaskDescription(Part):
     """A model evaluated on a task: the model and task, and the base accuracy with its interval and constant guess
     (each layout's part, for a task of several); every result about one model on one task carries these."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     task: str
@@ -316,7 +315,7 @@ class TaskDescription(BaseModel):
     base_accuracy_ci: list[float] | None = None
     base_accuracy_baseline: float | None = None
     base_accuracy_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's
-    warnings: list[str] = []
+    warnings: list[str] = Field(default_factory=list)
 
 
 class ProblemInputs(BaseModel):

@@ -12,6 +12,7 @@ from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness, setup_inputs
 from af1.methods.setup import Setup
 from af1.progress import progress
+from af1.results import Part
 from af1.stats import McNemar, mcnemar_exact, split_indices
 from af1.tasks.evaluation import ProblemInputs, Scores
 
@@ -35,8 +36,7 @@ class PrunedConfirmation(TypedDict):
     mcnemar: McNemar
 
 
-@with_config(ConfigDict(extra="forbid"))
-class Pruning(TypedDict):
+class Pruning(Part):
     """Transfer-layer heads kept from peeking one at a time (`prune_heads`): the order, the curves on the selection
     split with intervals and constant guess, the set before the first drop, and its confirmation."""
 
