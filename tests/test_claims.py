@@ -90,8 +90,8 @@ def test_the_search_finds_no_subgraph_where_every_cell_falls_short():
     for _ in range(40):
         rates = {(w, k): 0.82 for w in range(-1, L) for k in range(1, L - w)}
         result = allforone.search.search(grid_of(rates, n, L, rng), n_layers=L, threshold=0.9, selection=0.5, seed=0)
-        chosen += result["chosen"]
-        found += result["found"]
+        chosen += result.chosen
+        found += result.found
     assert chosen > 10, "the selection half alone passes often: the test has teeth"
     assert found <= 2  # at most 5 % of 40
 
@@ -103,7 +103,7 @@ def test_the_search_confirms_a_planted_subgraph():
         allforone.search.search(grid_of({(2, 1): 0.995}, n, L, rng), n_layers=L, threshold=0.9, selection=0.5, seed=s)
         for s in range(20)
     ]
-    assert sum(f["found"] and (f["wait"], f["transfer"]) == (2, 1) for f in found) >= 16
+    assert sum(f.found and (f.wait, f.transfer) == (2, 1) for f in found) >= 16
 
 
 def test_holm_and_benjamini_hochberg():

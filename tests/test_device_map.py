@@ -119,8 +119,8 @@ def test_every_intervention_matches_the_whole_model(pair, tokenizer):
     sweep = allforone.sweep.sweep(setup, max_transfer=1)
     whole_sweep = allforone.sweep.sweep(prepare(whole, SPEC), max_transfer=1)
     assert torch.equal(
-        torch.tensor(sweep["faithfulness_wait_transfer"]).nan_to_num(-1),
-        torch.tensor(whole_sweep["faithfulness_wait_transfer"]).nan_to_num(-1),
+        torch.tensor(sweep.faithfulness_wait_transfer).nan_to_num(-1),
+        torch.tensor(whole_sweep.faithfulness_wait_transfer).nan_to_num(-1),
     )
 
 

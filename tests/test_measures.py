@@ -43,7 +43,7 @@ def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
     state = tmp_path / "sweep.state.json"
     partial = allforone.sweep.sweep(tiny_setup, max_transfer=1, state_path=state)
     L = tiny_setup.adapter.n_layers
-    assert partial["n_cells"] == sum(min(L - w, 2) for w in range(-1, L))
+    assert partial.n_cells == sum(min(L - w, 2) for w in range(-1, L))
     calls: list[list[int]] = []
     real = allforone.sweep.fast_sweep_wait
 
@@ -54,7 +54,7 @@ def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
     monkeypatch.setattr(allforone.sweep, "fast_sweep_wait", counting)
     full = allforone.sweep.sweep(tiny_setup, state_path=state)
     assert calls and all(0 not in todo and 1 not in todo for todo in calls)  # finished cells are not recomputed
-    grid = torch.tensor(full["faithfulness_wait_transfer"])
+    grid = torch.tensor(full.faithfulness_wait_transfer)
     for w in range(-1, L):
         for k in range(L + 1):
             assert (grid[w + 1, k] == grid[w + 1, k]) == (k <= L - 1 - w)
@@ -62,18 +62,18 @@ def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
     config = AF1Config(wait=0, transfer=1)
     steps = [reference_logits(s.adapter, s.kept, config, s.means) for s in tiny_setup.steps]
     one = Scores.from_steps(tiny_setup.kept, steps)
-    assert full["cells"]["0,1"] == "".join("1" if c else "0" for c in one.correct_P.tolist())
-    assert grid[1, 1] == one.accuracy and torch.tensor(full["ci_low_wait_transfer"])[1, 1] <= one.accuracy
-    assert full["executor"] == "fast" and set(full["cell_executors"].values()) == {"fast"}
-    assert full["targets"] == tiny_setup.kept.targets()
-    assert full["kept_problems"][0]["input_ids"] == tiny_setup.kept.input_ids_PT[0].tolist()
+    assert full.cells["0,1"] == "".join("1" if c else "0" for c in one.correct_P.tolist())
+    assert grid[1, 1] == one.accuracy and torch.tensor(full.ci_low_wait_transfer)[1, 1] <= one.accuracy
+    assert full.executor == "fast" and set(full.cell_executors.values()) == {"fast"}
+    assert full.targets == tiny_setup.kept.targets()
+    assert full.kept_problems[0]["input_ids"] == tiny_setup.kept.input_ids_PT[0].tolist()
     asked = setup_executor(tiny_setup, config, reference=True)
     assert asked == {"executor": "reference", "fallback_reason": "asked for (reference)"}
     resample = setup_executor(tiny_setup, config.model_copy(update={"ablation": "resample"}))
     assert resample["executor"] == "shared-context" and "token-local" in (resample["fallback_reason"] or "")
     calls.clear()  # a capped sweep resumed from the full grid's state returns its own cells only, computing none
     capped = allforone.sweep.sweep(tiny_setup, max_transfer=1, state_path=state)
-    assert calls == [] and set(capped["cells"]) == {f"{w},{k}" for w in range(-1, L) for k in range(min(L - w, 2))}
+    assert calls == [] and set(capped.cells) == {f"{w},{k}" for w in range(-1, L) for k in range(min(L - w, 2))}
     assert to_json(capped) == to_json(partial)  # NaN where not measured: compared as JSON (null)
 
 
@@ -136,31 +136,31 @@ def test_search_chooses_on_selection_and_confirms_on_the_rest():
     }
     sweep = synthetic_sweep(L, n, cells, targets)
     found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-    assert found["chosen"] and (found["wait"], found["transfer"]) == (3, 1)
-    assert found["faithfulness_selection"] == 1.0 and found["faithfulness"] == 0.0  # the split shows it
-    claim = found["claim"]  # decided on the confirmation split alone: there the cell fails
-    assert claim is not None and claim["outcome"] == "rejected" and found["found"] is False
+    assert found.chosen and (found.wait, found.transfer) == (3, 1)
+    assert found.faithfulness_selection == 1.0 and found.faithfulness == 0.0  # the split shows it
+    claim = found.claim  # decided on the confirmation split alone: there the cell fails
+    assert claim is not None and claim["outcome"] == "rejected" and found.found is False
     assert claim["n"] == len(conf) and claim["estimate"] == 0.0
-    assert found["n_selection"] == len(sel) and found["n_confirmation"] == len(conf)
-    ci = found["faithfulness_ci"]
-    assert ci is not None and ci[1] < 0.2 and found["faithfulness_baseline"] <= 0.25
-    assert found.get("stages") == {"wait": [0, 1, 2, 3], "transfer": [4], "compute": [5]}
-    assert [(f["wait"], f["transfer"]) for f in found["frontier"]] == [(0, 4), (1, 1), (3, 1)]
-    assert found["n_ineligible_no_compute"] == L + 1
+    assert found.n_selection == len(sel) and found.n_confirmation == len(conf)
+    ci = found.faithfulness_ci
+    assert ci is not None and ci[1] < 0.2 and (found.faithfulness_baseline or 1) <= 0.25
+    assert found.stages == {"wait": [0, 1, 2, 3], "transfer": [4], "compute": [5]}
+    assert [(f["wait"], f["transfer"]) for f in found.frontier] == [(0, 4), (1, 1), (3, 1)]
+    assert found.n_ineligible_no_compute == L + 1
     sweep = synthetic_sweep(L, n, {k: v for k, v in cells.items() if k != (3, 1)}, targets)
     found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-    assert (found["wait"], found["transfer"], found["faithfulness"]) == (1, 1, 1.0)
-    claim = found["claim"]  # 20 of 20: the interval's lower end is 0.84, below 0.9, so not confirmed at this n
-    assert claim is not None and claim["outcome"] == "not confirmed" and found["found"] is False
+    assert (found.wait, found.transfer, found.faithfulness) == (1, 1, 1.0)
+    claim = found.claim  # 20 of 20: the interval's lower end is 0.84, below 0.9, so not confirmed at this n
+    assert claim is not None and claim["outcome"] == "not confirmed" and found.found is False
     assert claim["n_to_decide"] == 35  # the smallest n whose Wilson interval at 1.0 clears 0.9: n / (n + 1.96^2)
-    assert allforone.search.search(sweep, n_layers=L, threshold=0.8, selection=0.5, seed=0)["found"] is True
-    assert allforone.search.search(sweep, n_layers=L, threshold=1.0, selection=0.5, seed=0)["chosen"] is True
+    assert allforone.search.search(sweep, n_layers=L, threshold=0.8, selection=0.5, seed=0).found is True
+    assert allforone.search.search(sweep, n_layers=L, threshold=1.0, selection=0.5, seed=0).chosen is True
     halves = synthetic_sweep(L, n, {(1, 1): [i % 2 == 0 for i in range(n)]}, targets)
     nothing = allforone.search.search(halves, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-    assert nothing["found"] is False and nothing["chosen"] is False and nothing["wait"] is None
-    best = nothing.get("best")
+    assert nothing.found is False and nothing.chosen is False and nothing.wait is None
+    best = nothing.best
     assert best is not None and (best["wait"], best["transfer"]) == (1, 1)
-    claim = nothing["claim"]  # judged at the best cell, on the confirmation split: about half right there
+    claim = nothing.claim  # judged at the best cell, on the confirmation split: about half right there
     assert claim is not None and claim["outcome"] == "rejected" and (claim["ci"][1] or 1) < 0.9
     with pytest.raises(Af1Error, match=r"\[0, 1\]"):
         allforone.search.search(sweep, n_layers=L, threshold=1.5, selection=0.5, seed=0)
@@ -171,10 +171,10 @@ def test_search_never_chooses_a_cell_no_better_than_a_constant_guess():
     constant = ["7"] * n  # every target the same: a constant guess is right on all of them
     sweep = synthetic_sweep(L, n, {(0, 1): [True] * n}, constant)
     found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-    judged = found.get("best_measured")
-    assert found["found"] is False and "best" not in found and judged is not None and judged["eligible"] is False
-    assert found["claim"] is not None and found["claim"]["outcome"] == "not confirmed"  # judged, never confirmed
-    assert found["faithfulness_baseline"] == 1.0 and "near constant" in found["warnings"][0]
+    judged = found.best_measured
+    assert found.found is False and found.best is None and judged is not None and judged["eligible"] is False
+    assert found.claim is not None and found.claim["outcome"] == "not confirmed"  # judged, never confirmed
+    assert found.faithfulness_baseline == 1.0 and "near constant" in found.warnings[0]
 
 
 def test_a_search_that_finds_nothing_still_gives_its_numbers_and_the_grid_it_searched():
@@ -186,15 +186,15 @@ def test_a_search_that_finds_nothing_still_gives_its_numbers_and_the_grid_it_sea
     targets = [str(i % 10) for i in range(n)]
     third = [i % 3 == 0 for i in range(n)]
     sweep = synthetic_sweep(L, n, {(2, 1): third}, targets)
-    sweep["cells"] = {key: bits for key, bits in sweep["cells"].items() if int(key.split(",")[1]) <= 2}  # capped
+    sweep.cells = {key: bits for key, bits in sweep.cells.items() if int(key.split(",")[1]) <= 2}  # capped
     found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-    assert not found["chosen"] and "best" not in found
-    judged = found.get("best_measured")
+    assert not found.chosen and found.best is None
+    judged = found.best_measured
     assert judged is not None and (judged["wait"], judged["transfer"]) == (2, 1)
-    line = claim_line(Result.model_validate({**found, "n_layers": L}))
+    line = claim_line(Result(**found.fields(), n_layers=L))
     assert line.startswith("rejected: an AF1 subgraph at faithfulness >= 0.9 (L_wait 2, L_transfer 1)"), line
     assert "n 9; baseline" in line and "judged at the best cell (none is eligible" in line, line
-    assert f"{found['grid_cells']} of {sum(L - w for w in range(-1, L))} (L_wait, L_transfer) cells measured" in line
+    assert f"{found.grid_cells} of {sum(L - w for w in range(-1, L))} (L_wait, L_transfer) cells measured" in line
     assert "L_transfer capped at 2 (sweep max_transfer)" in line
 
 
@@ -209,9 +209,9 @@ def test_the_plain_words_follow_the_claims_outcome():
     for right in ([True] * n, [i % 20 != 0 for i in range(n)], [i % 2 == 0 for i in range(n)]):
         sweep = synthetic_sweep(L, n, {(2, 1): right}, targets)
         found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-        claim = found["claim"]
+        claim = found.claim
         assert claim is not None
-        said[claim["outcome"]] = plain_words(Result.model_validate({**found, "n_layers": L}))
+        said[claim["outcome"]] = plain_words(Result(**found.fields(), n_layers=L))
     assert set(said) == {"confirmed", "not confirmed", "rejected"}
     for text in said.values():
         assert "through block 2 nothing specific to the problem reaches the last token" in text
@@ -260,10 +260,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     assert resample["faithfulness"] == pytest.approx(sum(r["faithfulness"] for r in resample["per_seed"]) / 5)
     pruning = allforone.prune.prune_heads(tiny_setup, config, selection=0.5, seed=0, whole_curve=True)
     assert pruning.n_transfer_heads == 4 and len(pruning.faithfulness_vs_pruned) == 5
-    assert (
-        len(pruning.faithfulness_vs_pruned_ci) == 5
-        and pruning.faithfulness_full_ci[1] >= pruning.faithfulness_full
-    )
+    assert len(pruning.faithfulness_vs_pruned_ci) == 5 and pruning.faithfulness_full_ci[1] >= pruning.faithfulness_full
     assert sorted(map(tuple, pruning.prune_order)) == [(1, h) for h in range(4)]
     assert pruning.n_selection + pruning.n_confirmation == len(tiny_setup.kept)
     assert set(pruning.confirmation) == {"unpruned", "pruned", "mcnemar"}
@@ -293,10 +290,13 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
 
     described = tiny_setup.describe().model_dump()  # what every result measured on the setup carries
     sweep = allforone.sweep.sweep(tiny_setup, AF1Config())
-    write_json(tmp_path / "sweep.json", {**described, **sweep})
+    write_json(tmp_path / "sweep.json", {**described, **sweep.model_dump()})
     write_json(
         tmp_path / "search.json",
-        {**allforone.search.search(sweep, n_layers=L, threshold=0.5, selection=0.5, seed=0), "n_layers": L},
+        {
+            **allforone.search.search(sweep, n_layers=L, threshold=0.5, selection=0.5, seed=0).model_dump(),
+            "n_layers": L,
+        },
     )
     write_json(tmp_path / "alternatives.json", {**described, **alt})
     write_json(tmp_path / "prune.json", {**described, **pruning.model_dump()})  # each experiment's file is <name>.json

@@ -26,6 +26,7 @@ class Part(BaseModel):
         """Each field's value as it is (not dumped): to spread into a result beside the other parts."""
         return dict(self)
 
+
 def git_revision() -> str | None:
     here = Path(__file__).resolve().parent
     try:

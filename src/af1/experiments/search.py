@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field, field_validator
 from rich.table import Table
 
-from af1.claims import Claim, outcome_text
+from af1.claims import outcome_text
 from af1.experiments import base
 from af1.methods import allforone
 from af1.report import interactive
@@ -23,7 +23,6 @@ from af1.report.markup import (
     table_html,
     with_ci,
 )
-from af1.stats import LayoutRate
 from af1.tasks.task import LayoutRow
 
 
@@ -47,38 +46,14 @@ class Options(base.Options):
         return v
 
 
-class Result(base.Result):
-    chosen: bool = False
-    found: bool
-    claim: Claim | None = None
-    threshold: float
+class Result(base.Result, allforone.search.Found):
+    """The search's part (`allforone.search.Found`) with the grid it read: the model, its layers, the config every
+    cell shares, what was scored and the token layouts."""
+
     model: str | None = None
     n_layers: int
     config: dict[str, Any] = {}
     scoring: str | None = None
-    wait: int | None = None
-    transfer: int | None = None
-    faithfulness: float | None = None
-    faithfulness_ci: list[float] | None = None
-    faithfulness_selection: float | None = None
-    faithfulness_selection_ci: list[float] | None = None
-    faithfulness_baseline_selection: float | None = None
-    frontier: list[
-        allforone.search.Cell
-    ] = []  # per L_transfer, the largest L_wait that keeps the threshold (selection)
-    n_ineligible_no_compute: int = 0  # cells above the threshold that leave no layer to compute in
-    faithfulness_baseline: float | None = None
-    n_selection: int | None = None
-    n_confirmation: int | None = None
-    selection_fraction: float = 0.5
-    split_seed: int = 0
-    stages: dict[str, list[int]] | None = None
-    best: allforone.search.Cell | None = None
-    best_measured: allforone.search.Cell | None = None
-    grid_cells: int = 0
-    grid_cells_possible: int = 0
-    max_transfer_measured: int = 0
-    faithfulness_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's
     layouts: list[LayoutRow] = []
 
 
@@ -95,18 +70,15 @@ class Search(base.Experiment):
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         sweep = inputs.one("sweep")
-        grid = allforone.sweep.GridCells(
-            cells=sweep.cells, targets=sweep.targets, kept_layouts=sweep.kept_layouts, config=sweep.config
-        )
         found = allforone.search.search(
-            grid,
+            sweep,
             n_layers=sweep.n_layers,
             threshold=options.threshold,
             selection=options.selection,
             seed=options.split_seed,
         )
         return Result(
-            **found,
+            **found.fields(),
             model=inputs.model_name,
             n_layers=sweep.n_layers,
             scoring=sweep.scoring,

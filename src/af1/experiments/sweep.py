@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field
 from rich.table import Table
@@ -15,7 +14,6 @@ from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
 from af1.report import interactive
 from af1.report.markup import figure_html, result_beside, with_ci
-from af1.tasks.task import ProblemRow
 
 
 class Options(base.Options):
@@ -25,23 +23,8 @@ class Options(base.Options):
     reference: bool = Field(default=False, description="the hook-based path instead of the fast executor")
 
 
-class Result(base.SetupFields):
-    n_cells: int
-    faithfulness_baseline: float | None = None
-    waits: list[int]
-    transfers: list[int]
-    faithfulness_wait_transfer: base.Matrix  # [L_wait + 1, L_transfer]; null where not measured
-    ci_low_wait_transfer: base.Matrix
-    ci_high_wait_transfer: base.Matrix
-    cell_executors: dict[str, str] = {}
-    cell_fallback_reasons: dict[str, str] = {}
-    fallback_reasons: list[str] = []
-    kept_problems: list[ProblemRow] = []  # the solved problems the cells' bits index, in order
-    kept_layouts: list[int] | None = None  # a task of several token layouts: each kept problem's
-    config: dict[str, Any] = {}
-    targets: list[str] = []
-    cells: dict[str, str] = {}
-    executor: str | None = None
+class Result(base.SetupFields, allforone.sweep.Grid):
+    """The grid's part (`allforone.sweep.Grid`) on the setup it was measured on."""
 
 
 class Sweep(base.Experiment):
@@ -56,7 +39,7 @@ class Sweep(base.Experiment):
         config = AF1Config(ablation=options.ablation, abp=options.abp, seed=inputs.spec.seed)
         state = inputs.state_dir / "sweep.state.json" if inputs.state_dir else None
         grid = allforone.sweep.sweep(setup, config, options.max_transfer, options.reference, state_path=state)
-        return Result(**setup.describe().fields(), **grid)
+        return Result(**setup.describe().fields(), **grid.fields())
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing

@@ -12,6 +12,7 @@ from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.sweep import GridCells, unbits
 from af1.methods.setup import Setup
+from af1.results import Part
 from af1.stats import LayoutRate, Rate, baseline_warning, rate, split_indices
 
 
@@ -43,38 +44,37 @@ class Cell(TypedDict):
     faithfulness_by_layout: NotRequired[list[LayoutRate]]
 
 
-@with_config(ConfigDict(extra="forbid"))
-class Found(TypedDict):
+class Found(Part):
     """The search's answer (`search`): the chosen cell (None where no cell passes) with its confirmation
     faithfulness, interval and constant guess, its selection faithfulness, the split, the frontier, the best
     eligible cell, and the claim 'an AF1 subgraph at the threshold' decided on the confirmation split."""
 
     threshold: float
-    chosen: bool  # a cell reached the threshold on the selection split (the cell later analyses run at)
+    chosen: bool = False  # a cell reached the threshold on the selection split (the cell later analyses run at)
     found: bool  # the claim confirmed on the confirmation split
-    claim: Claim | None  # None: no cell is eligible
-    selection_fraction: float
-    split_seed: int
-    n_selection: int
-    n_confirmation: int
-    faithfulness_baseline_selection: float
-    faithfulness_baseline: float
-    wait: int | None
-    transfer: int | None
-    faithfulness: float | None
-    faithfulness_ci: list[float] | None
-    faithfulness_selection: float | None
-    faithfulness_selection_ci: list[float] | None
-    frontier: list[Cell]
-    n_ineligible_no_compute: int
-    warnings: list[str]
-    stages: NotRequired[dict[str, list[int]]]
-    best: NotRequired[Cell]
-    best_measured: NotRequired[Cell]  # where no cell is eligible: the best one with a compute stage, judged
-    faithfulness_by_layout: NotRequired[list[LayoutRate]]
-    grid_cells: int  # cells measured, of the grid's grid_cells_possible ((L_wait, L_transfer) with L_wait >= -1)
-    grid_cells_possible: int
-    max_transfer_measured: int  # below n_layers: the sweep was capped (max_transfer)
+    claim: Claim | None = None  # None: no cell is eligible
+    selection_fraction: float = 0.5
+    split_seed: int = 0
+    n_selection: int | None = None
+    n_confirmation: int | None = None
+    faithfulness_baseline_selection: float | None = None
+    faithfulness_baseline: float | None = None
+    wait: int | None = None
+    transfer: int | None = None
+    faithfulness: float | None = None
+    faithfulness_ci: list[float] | None = None
+    faithfulness_selection: float | None = None
+    faithfulness_selection_ci: list[float] | None = None
+    frontier: list[Cell] = []  # per L_transfer, the largest L_wait that keeps the threshold (selection)
+    n_ineligible_no_compute: int = 0  # cells above the threshold that leave no layer to compute in
+    warnings: list[str] = []
+    stages: dict[str, list[int]] | None = None
+    best: Cell | None = None
+    best_measured: Cell | None = None  # where no cell is eligible: the best one with a compute stage, judged
+    faithfulness_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's part
+    grid_cells: int = 0  # cells measured, of the grid's grid_cells_possible ((L_wait, L_transfer), L_wait >= -1)
+    grid_cells_possible: int = 0
+    max_transfer_measured: int = 0  # below n_layers: the sweep was capped (max_transfer)
 
 
 def subgraph_claim(
@@ -111,17 +111,17 @@ class SplitGrid:
 
     @classmethod
     def of(cls, grid: GridCells, selection: float, seed: int) -> SplitGrid:
-        return cls(grid, *split_indices(len(grid["targets"]), selection, seed))
+        return cls(grid, *split_indices(len(grid.targets), selection, seed))
 
     def correct(self, w: int, k: int) -> list[bool]:
-        return unbits(self.grid["cells"][f"{w},{k}"])
+        return unbits(self.grid.cells[f"{w},{k}"])
 
     def rate(self, correct: list[bool], rows: list[int]) -> Rate:
-        layouts = self.grid["kept_layouts"] or [0] * len(self.grid["targets"])  # the baselines guess per layout
-        return rate([correct[i] for i in rows], [self.grid["targets"][i] for i in rows], [layouts[i] for i in rows])
+        layouts = self.grid.kept_layouts or [0] * len(self.grid.targets)  # the baselines guess per layout
+        return rate([correct[i] for i in rows], [self.grid.targets[i] for i in rows], [layouts[i] for i in rows])
 
     def cell(self, w: int, k: int, n_layers: int) -> Cell | None:
-        if f"{w},{k}" not in self.grid["cells"]:
+        if f"{w},{k}" not in self.grid.cells:
             return None
         s, c = self.rate(self.correct(w, k), self.sel), self.rate(self.correct(w, k), self.conf)
         return Cell(
@@ -136,7 +136,7 @@ class SplitGrid:
 
     def by_layout(self, w: int, k: int) -> list[LayoutRate]:
         """The pooled confirmation rate's parts: each token layout's confirmation problems."""
-        correct, layout_P, targets = self.correct(w, k), self.grid["kept_layouts"] or [], self.grid["targets"]
+        correct, layout_P, targets = self.correct(w, k), self.grid.kept_layouts or [], self.grid.targets
         out = []
         for g in sorted(set(layout_P)):
             rows = [i for i in self.conf if layout_P[i] == g]
@@ -165,7 +165,7 @@ def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float
     measured = {(w, k): m for w in range(-1, L) for k in range(L - w) if (m := split.cell(w, k, L)) is not None}
     passing = {wk: m for wk, m in measured.items() if m["eligible"] and m["faithfulness_selection"] >= threshold}
     frontier = [passing[(w, min(k for ww, k in passing if ww == w))] for w in sorted({w for w, _ in passing})]
-    base_conf = split.rate([True] * len(split.grid["targets"]), split.conf)["baseline"]
+    base_conf = split.rate([True] * len(split.grid.targets), split.conf)["baseline"]
     result = Found(
         threshold=threshold,
         chosen=bool(passing),
@@ -175,7 +175,7 @@ def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float
         split_seed=seed,
         n_selection=len(split.sel),
         n_confirmation=len(split.conf),
-        faithfulness_baseline_selection=split.rate([True] * len(split.grid["targets"]), split.sel)["baseline"],
+        faithfulness_baseline_selection=split.rate([True] * len(split.grid.targets), split.sel)["baseline"],
         faithfulness_baseline=base_conf,
         wait=None,
         transfer=None,
@@ -192,33 +192,27 @@ def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float
     )
     eligible = [m for m in measured.values() if m["eligible"]]
     if eligible:
-        result["best"] = _strongest(eligible)
-        if grid["kept_layouts"] is not None:
-            result["best"]["faithfulness_by_layout"] = split.by_layout(
-                result["best"]["wait"], result["best"]["transfer"]
-            )
-    judged = result.get("best")
+        best = result.best = _strongest(eligible)
+        if grid.kept_layouts is not None:
+            best["faithfulness_by_layout"] = split.by_layout(best["wait"], best["transfer"])
+    judged = result.best
     if passing:
         w = max(w for w, _ in passing)
         judged = passing[(w, min(kk for ww, kk in passing if ww == w))]
-        result.update(
-            wait=w,
-            transfer=judged["transfer"],
-            faithfulness=judged["faithfulness"],
-            faithfulness_ci=judged["faithfulness_ci"],
-            faithfulness_selection=judged["faithfulness_selection"],
-            faithfulness_selection_ci=judged["faithfulness_selection_ci"],
-            stages=AF1Config(**{**grid["config"], "wait": w, "transfer": judged["transfer"]}).stages(L),
-        )
-        if grid["kept_layouts"] is not None:
-            result["faithfulness_by_layout"] = split.by_layout(w, judged["transfer"])
+        result.wait, result.transfer = w, judged["transfer"]
+        result.faithfulness, result.faithfulness_ci = judged["faithfulness"], judged["faithfulness_ci"]
+        result.faithfulness_selection = judged["faithfulness_selection"]
+        result.faithfulness_selection_ci = judged["faithfulness_selection_ci"]
+        result.stages = AF1Config(**{**grid.config, "wait": w, "transfer": judged["transfer"]}).stages(L)
+        if grid.kept_layouts is not None:
+            result.faithfulness_by_layout = split.by_layout(w, judged["transfer"])
     computing = [m for (w, k), m in measured.items() if has_compute_stage(w, k, L)]
     if judged is None and computing:  # nothing eligible: the numbers of the best cell still say how far it is
-        judged = result["best_measured"] = _strongest(computing)
+        judged = result.best_measured = _strongest(computing)
     if judged is not None:
         correct, cell = split.correct(judged["wait"], judged["transfer"]), (judged["wait"], judged["transfer"])
         claim = subgraph_claim([correct[i] for i in split.conf], cell, threshold, bool(passing), base_conf)
-        result.update(claim=claim, found=claim["outcome"] == CONFIRMED)
+        result.claim, result.found = claim, claim["outcome"] == CONFIRMED
     if note := baseline_warning("faithfulness (confirmation split)", base_conf, len(split.conf)):
-        result["warnings"].append(note)
+        result.warnings.append(note)
     return result

@@ -7,14 +7,13 @@ from typing import Any
 
 import torch
 from pydantic import ConfigDict, with_config
-from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.executors.fast import fast_sweep_wait, grid
 from af1.executors.protocol import af1_logits, choose_executor
 from af1.interventions.af1 import AF1Config
 from af1.methods.setup import Setup, setup_executor
 from af1.progress import note, progress
-from af1.results import read_json, write_json
+from af1.results import Part, read_json, write_json
 from af1.stats import constant_baseline, rate
 from af1.tasks.evaluation import ExecutorChoice, Scores
 from af1.tasks.task import ProblemRow
@@ -35,8 +34,7 @@ class CellBits(ExecutorChoice):
     correct: str
 
 
-@with_config(ConfigDict(extra="forbid"))
-class GridCells(TypedDict):
+class GridCells(Part):
     """What the search reads of a grid: each measured cell's bits over the solved problems ("wait,transfer" ->
     "1"/"0" per problem, in order), the problems' targets and token layouts (None: a task of one), and the config
     every cell shares."""
@@ -47,7 +45,6 @@ class GridCells(TypedDict):
     config: dict[str, Any]
 
 
-@with_config(ConfigDict(extra="forbid"))
 class Grid(GridCells):
     """Faithfulness of every (wait, transfer) cell (`sweep`): rows L_wait -1..L-1, columns L_transfer 0..L, NaN
     where not measured, with 95 % intervals, the constant guess, and which executor measured each cell and why."""
