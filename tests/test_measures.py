@@ -231,7 +231,7 @@ def test_necessity_without_a_found_af1_is_a_typed_result_that_draws_its_windows_
     from af1.report import figures
 
     nec = allforone.necessity.necessity(tiny_setup, windows=(1,), found=None)
-    result = Result.model_validate({**tiny_setup.describe().fields(), **nec})
+    result = Result(**tiny_setup.describe().fields(), **nec.fields())
     assert result.shifted_transfer is None and result.n_solved == len(tiny_setup.kept)
     assert figures.necessity_plot(result.data(), tmp_path / "n.png").stat().st_size > 0
     with pytest.raises(ValueError, match="Extra inputs are not permitted"):  # every field a result writes is declared
@@ -242,20 +242,20 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     config = AF1Config(wait=0, transfer=1)
     nec = allforone.necessity.necessity(tiny_setup, windows=(1, 2), found=config)
     L = tiny_setup.adapter.n_layers
-    assert len(nec["windows"]["1"]) == L and len(nec["windows"]["2"]) == L - 1
-    assert all(lo <= v <= hi for v, (lo, hi) in zip(nec["windows"]["1"], nec["windows_ci"]["1"], strict=True))
-    assert [c["estimate"] for c in nec["claims"]] == nec["windows"]["1"] + nec["windows"]["2"]  # one per window
-    assert all(c["family"] == f"necessity: every blocked window: {2 * L - 1} tests, Holm" for c in nec["claims"])
-    assert all(c["outcome"] != "confirmed" for c in nec["claims"] if (c["estimate"] or 0.0) >= 0.9)
-    shifted = nec.get("shifted_transfer")
+    assert len(nec.windows["1"]) == L and len(nec.windows["2"]) == L - 1
+    assert all(lo <= v <= hi for v, (lo, hi) in zip(nec.windows["1"], nec.windows_ci["1"], strict=True))
+    assert [c["estimate"] for c in nec.claims] == nec.windows["1"] + nec.windows["2"]  # one per window
+    assert all(c["family"] == f"necessity: every blocked window: {2 * L - 1} tests, Holm" for c in nec.claims)
+    assert all(c["outcome"] != "confirmed" for c in nec.claims if (c["estimate"] or 0.0) >= 0.9)
+    shifted = nec.shifted_transfer
     assert shifted is not None and [s["start"] for s in shifted["by_start"]] == [1, 2]
     alt = allforone.alternatives.alternatives(tiny_setup, config)
-    assert set(alt["ablations"]) == {"cama", "zero", "mean", "resample", "none"}
-    assert set(alt["abp_variants"]) == {"af1", "none", "sink", "all-peek", "zero-output"}
-    assert alt["ablations"]["cama"] == alt["abp_variants"]["af1"] == alt["configured"]["faithfulness"]
-    cama = alt["ablations_detail"]["cama"]
+    assert set(alt.ablations) == {"cama", "zero", "mean", "resample", "none"}
+    assert set(alt.abp_variants) == {"af1", "none", "sink", "all-peek", "zero-output"}
+    assert alt.ablations["cama"] == alt.abp_variants["af1"] == alt.configured["faithfulness"]
+    cama = alt.ablations_detail["cama"]
     assert "mcnemar_vs_configured" in cama and cama["mcnemar_vs_configured"]["p_value"] == 1.0
-    resample = alt["ablations_detail"]["resample"]
+    resample = alt.ablations_detail["resample"]
     assert "per_seed" in resample and resample["seeds"] == 5 and len(resample["per_seed"]) == 5
     assert resample["faithfulness"] == pytest.approx(sum(r["faithfulness"] for r in resample["per_seed"]) / 5)
     pruning = allforone.prune.prune_heads(tiny_setup, config, selection=0.5, seed=0, whole_curve=True)
@@ -274,14 +274,14 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     else:
         assert pruning.claims == []
     parts = allforone.components.components(tiny_setup, [0, 1], transfer=1, threshold=0.9)
-    assert [c["subject"] for c in parts["claims"]] == [
+    assert [c["subject"] for c in parts.claims] == [
         "CAMA alone, L_wait 0",
         "CAMA alone, L_wait 1",
         "ABP alone, L_wait 0",
         "ABP alone, L_wait 1",
     ]
-    assert all(c["family"] == "components: each part alone at each L_wait: 4 tests, Holm" for c in parts["claims"])
-    for c in parts["claims"]:  # a part that keeps the threshold is never confirmed to break the answer
+    assert all(c["family"] == "components: each part alone at each L_wait: 4 tests, Holm" for c in parts.claims)
+    for c in parts.claims:  # a part that keeps the threshold is never confirmed to break the answer
         assert c["outcome"] != "confirmed" or (c["estimate"] or 0) < 0.9
     with pytest.raises(Af1Error, match="transfer layers"):
         allforone.prune.prune_heads(tiny_setup, AF1Config(wait=0), selection=0.5, seed=0, whole_curve=False)
@@ -298,7 +298,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
             "n_layers": L,
         },
     )
-    write_json(tmp_path / "alternatives.json", {**described, **alt})
+    write_json(tmp_path / "alternatives.json", {**described, **alt.model_dump()})
     write_json(tmp_path / "prune.json", {**described, **pruning.model_dump()})  # each experiment's file is <name>.json
     figures.pruning_plot(pruning.model_dump(), tmp_path / "pruning.png")
     html = build_report(tmp_path).read_text()
@@ -425,10 +425,10 @@ def test_smollm2_cama_and_abp_alone_match_the_spec(smol_first):
     ABP needs > 25."""
     parts = allforone.components.components(smol_first, [0, 15, 25], transfer=2, threshold=0.9)
     assert 0.55 < smol_first.base.accuracy < 0.8
-    assert parts["cama_only"][0] >= 0.93
-    assert 0.55 <= parts["cama_only"][15] <= 0.85
-    assert parts["abp_only"][25] >= 0.9
-    assert parts["abp_only"][15] <= 0.3
+    assert parts.cama_only[0] >= 0.93
+    assert 0.55 <= parts.cama_only[15] <= 0.85
+    assert parts.abp_only[25] >= 0.9
+    assert parts.abp_only[15] <= 0.3
 
 
 def test_smollm2_fast_equals_reference(smol_setup):

@@ -20,15 +20,9 @@ class Options(base.ConfigOptions):
     pass
 
 
-class Result(base.SetupFields):
-    wait: int
-    transfer: int
-    configured: allforone.alternatives.Configured  # the intervention every row is paired against, with its faithfulness
-    ablations: dict[str, float]
-    abp_variants: dict[str, float]
-    ablations_detail: dict[str, allforone.alternatives.Alternative | allforone.alternatives.Resampled]
-    abp_variants_detail: dict[str, allforone.alternatives.Alternative]
-    claims: list[Claim]  # each alternative against the configured one: one family (Holm)
+class Result(base.SetupFields, allforone.alternatives.Alternatives):
+    """The alternatives' part (`allforone.alternatives.Alternatives`) on the setup it was measured on."""
+
     measured_on: str = "the solved problems"
     inputs: ProblemInputs | None = None  # sets: solved; confirmation when measured there
 
@@ -68,7 +62,7 @@ class Alternatives(base.Experiment):
         halves = {} if on is setup else {"confirmation": on}
         return Result(
             **on.describe().fields(),  # described as measured: n_solved is the problems every row is paired on
-            **allforone.alternatives.alternatives(on, config, measured_on=where),
+            **allforone.alternatives.alternatives(on, config, measured_on=where).fields(),
             measured_on=where,
             inputs=allforone.faithfulness.setup_inputs(setup, **halves),
         )

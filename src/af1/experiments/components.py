@@ -7,11 +7,10 @@ from pathlib import Path
 from pydantic import Field
 from rich.table import Table
 
-from af1.claims import Claim
 from af1.experiments import base
 from af1.methods import allforone
 from af1.report.markup import claims_html, claims_lines, table_html, with_ci
-from af1.tasks.evaluation import ExecutorChoice, ProblemInputs
+from af1.tasks.evaluation import ProblemInputs
 
 
 class Options(base.GatedOptions):
@@ -20,17 +19,9 @@ class Options(base.GatedOptions):
     threshold: float = Field(default=0.9, ge=0, le=1, description="faithfulness the claims read each part against")
 
 
-class Result(base.SetupFields):
-    transfer: int
-    cama_only: dict[int, float]
-    cama_only_ci: dict[int, list[float]]
-    abp_only: dict[int, float]
-    abp_only_ci: dict[int, list[float]]
-    cama_only_executor: dict[int, ExecutorChoice | None] = {}  # which executor ran each, and why
-    abp_only_executor: dict[int, ExecutorChoice | None] = {}
-    faithfulness_baseline: float | None = None
-    threshold: float | None = None
-    claims: list[Claim] = []
+class Result(base.SetupFields, allforone.components.Components):
+    """The components' part (`allforone.components.Components`) on the setup it was measured on."""
+
     inputs: ProblemInputs | None = None  # sets: solved
 
 
@@ -52,7 +43,9 @@ class Components(base.Experiment):
         waits = options.waits or default_waits(L)
         return Result(
             **setup.describe().fields(),
-            **allforone.components.components(setup, waits, transfer=options.transfer, threshold=options.threshold),
+            **allforone.components.components(
+                setup, waits, transfer=options.transfer, threshold=options.threshold
+            ).fields(),
             inputs=allforone.faithfulness.setup_inputs(setup),
         )
 

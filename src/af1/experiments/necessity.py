@@ -28,12 +28,9 @@ class Options(base.ConfigOptions):
         return v
 
 
-class Result(base.SetupFields):
-    windows: dict[str, list[float]]
-    windows_ci: dict[str, list[list[float]]] = {}
-    faithfulness_baseline: float | None = None
-    claims: list[Claim] = []
-    shifted_transfer: allforone.necessity.ShiftedTransfer | None = None
+class Result(base.SetupFields, allforone.necessity.Necessity):
+    """Necessity's part (`allforone.necessity.Necessity`) on the setup it was measured on."""
+
     no_config: str | None = None
     inputs: ProblemInputs | None = None  # sets: solved (windows); confirmation (the moved transfer window), if any
 
@@ -71,7 +68,7 @@ class Necessity(base.Experiment):
         halves = {} if found_on is None else {"confirmation": found_on}
         return Result(
             **setup.describe().fields(),
-            **result,
+            **result.fields(),
             no_config=note,
             inputs=allforone.faithfulness.setup_inputs(setup, **halves),
         )

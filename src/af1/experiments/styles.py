@@ -9,7 +9,6 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from rich.table import Table
 
-from af1.claims import Claim
 from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import allforone
@@ -31,13 +30,8 @@ class Options(base.ConfigOptions):
         return self
 
 
-class Result(base.Result):
-    wait: int
-    transfer: int
-    scoring: str | None = None
-    rows: list[allforone.styles.StyleRow]  # each with `measured_on`, `faithfulness_n` and its `inputs` (ProblemInputs)
-    threshold: float | None = None
-    claims: list[Claim] = []
+class Result(base.Result, allforone.styles.StylesTable):
+    """The styles' part (`allforone.styles.StylesTable`): one row per style, each with its own setup's description."""
 
 
 class Styles(base.Experiment):
@@ -64,9 +58,10 @@ class Styles(base.Experiment):
                 own = (setup, *base.measured_on(inputs, options, setup))
         search = base.searched(inputs)
         threshold = search.threshold if search is not None else 0.9
-        return Result(
-            **allforone.styles.styles_table(lm, config, spec, options.styles, operations, own=own, threshold=threshold)
+        table = allforone.styles.styles_table(
+            lm, config, spec, options.styles, operations, own=own, threshold=threshold
         )
+        return Result(**table.fields())
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [

@@ -11,6 +11,7 @@ from af1.interventions.af1 import ABLATIONS, AF1Config
 from af1.interventions.masks import ABP_VARIANTS
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
 from af1.methods.setup import Setup
+from af1.results import Part
 from af1.stats import McNemar, mcnemar_exact, mean_std
 from af1.tasks.evaluation import Scores
 
@@ -43,8 +44,7 @@ class Configured(Faithfulness):
     abp: str
 
 
-@with_config(ConfigDict(extra="forbid"))
-class Alternatives(TypedDict):
+class Alternatives(Part):
     """Every ablation and every ABP variant at one config (`alternatives`), each paired against the configured one."""
 
     wait: int

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pydantic import ConfigDict, with_config
-from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
-
 from af1.claims import Claim, adjust, rate_below
 from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.faithfulness import faithfulness
 from af1.methods.setup import Setup
 from af1.progress import progress
+from af1.results import Part
 from af1.stats import Rate, constant_baseline
 from af1.tasks.evaluation import ExecutorChoice, Scores
 
 
-@with_config(ConfigDict(extra="forbid"))
-class Components(TypedDict):
+class Components(Part):
     """CAMA alone and ABP alone per L_wait (`components`): faithfulness, interval and executor, and the constant
     guess on the same problems."""
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pydantic import ConfigDict, with_config
-from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.claims import Claim, adjust, rate_below
 from af1.executors.fast import knockout_logits
 from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
 from af1.methods.setup import Setup
+from af1.results import Part
 from af1.stats import constant_baseline
 from af1.tasks.evaluation import Scores
 
@@ -33,8 +34,7 @@ class ShiftedTransfer(TypedDict):
     by_start: list[ShiftedStart]
 
 
-@with_config(ConfigDict(extra="forbid"))
-class Necessity(TypedDict):
+class Necessity(Part):
     """Faithfulness with the last token kept from reading the operands in each window of layers, by width (the
     windows' first layers in order), with intervals and the constant guess; and a found AF1's moved transfer window."""
 
@@ -42,7 +42,7 @@ class Necessity(TypedDict):
     windows_ci: dict[str, list[list[float]]]
     faithfulness_baseline: float
     claims: list[Claim]  # per window, 'blocking it leaves faithfulness below the threshold': one family (Holm)
-    shifted_transfer: NotRequired[ShiftedTransfer]
+    shifted_transfer: ShiftedTransfer | None = None
 
 
 def necessity(
@@ -97,7 +97,7 @@ def necessity(
         for start in range(found.wait + 1, L - found.transfer + 1):
             config = found.model_copy(update={"transfer_start": start})
             shifted.append(ShiftedStart(start=start, **faith_fields(on, faithfulness(on, config))))
-        result["shifted_transfer"] = ShiftedTransfer(
+        result.shifted_transfer = ShiftedTransfer(
             wait=found.wait, transfer=found.transfer, n=len(on.kept), by_start=shifted
         )
     return result

@@ -14,6 +14,7 @@ from af1.methods.allforone.faithfulness import faith_fields, faithfulness, setup
 from af1.methods.setup import Setup, prepare
 from af1.models import LoadedModel
 from af1.progress import progress
+from af1.results import Part
 from af1.stats import LayoutRate, constant_baseline
 from af1.tasks.spec import TaskSpec
 
@@ -42,8 +43,7 @@ class StyleRow(TypedDict):
     inputs: NotRequired[dict[str, Any]]  # ProblemInputs, dumped
 
 
-@with_config(ConfigDict(extra="forbid"))
-class StylesTable(TypedDict):
+class StylesTable(Part):
     """The Table-4 analogue (`styles_table`): one row per style and operation at one config."""
 
     wait: int
