@@ -58,21 +58,21 @@ def test_study_on_a_tiny_model(tokenizer):
     result = positional.study.study(
         adapter, tokenizer, positional.study.PositionalConfig(window=32, n_windows=2, n_queries=3)
     )
-    assert len(result["r_layer_head"]) == 3 and all(len(row) == 4 for row in result["r_layer_head"])
-    assert result["dummy_distance_r2_median"] is not None and result["band_logit_variance_share"] is not None
+    assert len(result.r_layer_head) == 3 and all(len(row) == 4 for row in result.r_layer_head)
+    assert result.dummy_distance_r2_median is not None and result.band_logit_variance_share is not None
     for key in ("r_mean", "r_median", "r_median_row_centred", "r_median_random_init", "dummy_distance_r2_median"):
-        value = result[key]
+        value = getattr(result, key)
         assert value is not None and -1 <= value <= 1
     for control in ("random_init", "norm_matched", "shuffled"):  # each control: plain and row-centred r
         for key in (control, f"{control}_row_centred"):
-            (low, high), median = result["median_ci"][key], result["distribution"][key]["median"]
+            (low, high), median = result.median_ci[key], result.distribution[key]["median"]
             assert low is not None and high is not None and median is not None
             assert low <= median + 1e-6 and high >= low
-    assert result["window_start"] == "<|im_start|>"  # the tokenizer's BOS leads every window
-    assert set(result["perplexity_vs_swap"]) == {str(f) for f in positional.perturbation.SWAP_FRACTIONS}
-    assert len(result["band_logit_variance_share"]) == 8
-    assert result["median_ci_n_windows"] == 2 and "over the 2 windows" in result["median_ci_note"]
-    assert any("only 2 windows" in w for w in result["warnings"])  # an interval over 2 windows says little
+    assert result.window_start == "<|im_start|>"  # the tokenizer's BOS leads every window
+    assert set(result.perplexity_vs_swap) == {str(f) for f in positional.perturbation.SWAP_FRACTIONS}
+    assert len(result.band_logit_variance_share) == 8
+    assert result.median_ci_n_windows == 2 and "over the 2 windows" in result.median_ci_note
+    assert any("only 2 windows" in w for w in result.warnings)  # an interval over 2 windows says little
 
 
 def test_the_default_windows_are_enough_for_an_interval(tokenizer):
@@ -94,12 +94,12 @@ def test_the_default_windows_are_enough_for_an_interval(tokenizer):
 def test_families_without_plain_rope_skip_only_the_rope_analyses(tokenizer):
     adapter = ModelAdapter(tiny_model("gpt2"))
     result = positional.study.study(adapter, tokenizer, positional.study.PositionalConfig(window=16, n_windows=1))
-    skipped = result["rope_analyses_skipped"]
-    assert skipped is not None and "rotary" in skipped and result["dummy_distance_r2_median"] is None
+    skipped = result.rope_analyses_skipped
+    assert skipped is not None and "rotary" in skipped and result.dummy_distance_r2_median is None
     for key in ("dummy_distance_r2_layer_head", "band_logit_variance_share", "band_key_energy_mean"):
-        assert result[key] is None
-    assert len(result["r_layer_head"]) == 3  # the rest is measured: 3 layers
-    assert result["r_median"] == result["r_median"]
+        assert getattr(result, key) is None
+    assert len(result.r_layer_head) == 3  # the rest is measured: 3 layers
+    assert result.r_median == result.r_median
 
 
 def test_bad_corpus_and_window(tmp_path, tokenizer):
@@ -203,7 +203,7 @@ def test_a_model_with_random_weights_is_not_called_learned(tokenizer):
     result = positional.study.study(
         adapter, tokenizer, positional.study.PositionalConfig(window=16, n_windows=8, n_queries=2)
     )
-    held = result["heldout"]
+    held = result.heldout
     assert held is not None and len(held["test_windows"]) == 4 and len(held["random_init_seeds"]) == 5
     assert not set(held["train_windows"]) & set(held["test_windows"])
     claims = {c["kind"]: c for c in held["claims"]}
@@ -214,4 +214,4 @@ def test_a_model_with_random_weights_is_not_called_learned(tokenizer):
     one = positional.study.study(
         adapter, tokenizer, positional.study.PositionalConfig(window=16, n_windows=1, n_queries=2)
     )
-    assert one["heldout"] is None and any("nothing to hold out" in w for w in one["warnings"])
+    assert one.heldout is None and any("nothing to hold out" in w for w in one.warnings)

@@ -26,47 +26,9 @@ class Options(base.Options):
     corpus: str | None = Field(default=None, description="a text file (default: the shipped public-domain sample)")
 
 
-class Result(base.Result):
-    corpus: str
-    window: int
-    n_windows: int
-    # a statistic over no finite value is NaN, written as null: every number may be None
-    r_mean: float | None
-    r_median: float | None
-    r_median_row_centred: float | None
-    r_median_no_sink: float | None = None
-    r_median_random_init: float | None
-    r_median_shuffled: float | None = None
-    dummy_distance_r2_median: float | None = None
-    distribution: dict[str, positional.fit.Spread]  # by fit and control
-    median_ci: dict[str, list[float | None]] = {}
-    median_ci_n_windows: int | None = None
-    window_start: str | None = None
-    perplexity_vs_swap: dict[str, float | None]  # by the share of tokens displaced
-    perplexity_vs_position_swap: dict[str, float | None] = {}  # the same swaps of position ids alone
-    swap_fraction: str = ""
-    n_layers: int
-    n_heads: int
-    attention_softcapping: float | None = None
-    median_ci_note: str = ""
-    r_layer_head: base.Matrix
-    r_row_centred_layer_head: base.Matrix
-    r_no_sink_layer_head: base.Matrix
-    r_two_term_layer_head: base.Matrix
-    r_random_init_layer_head: base.Matrix
-    r_norm_matched_layer_head: base.Matrix
-    r_shuffled_layer_head: base.Matrix
-    r_median_random_init_row_centred: float | None = None
-    r_median_norm_matched: float | None = None
-    r_median_norm_matched_row_centred: float | None = None
-    r_median_shuffled_row_centred: float | None = None
-    rope_analyses_skipped: str | None = None  # why the RoPE analyses did not run (no rotary tables)
-    dummy_distance_r2_layer_head: base.Matrix | None = None
-    dummy_distance_interaction_share_median: float | None = None
-    band_logit_variance_share: base.Vector | None = None  # [band], band 0 = highest frequency
-    band_key_energy_mean: base.Vector | None = None
-    band_key_energy_token: base.Vector | None = None
-    heldout: positional.study.HeldOut | None  # the decomposition tested out of sample and its claims; None: one window
+class Result(base.Result, positional.study.Positional):
+    """The positional study's part (`positional.study.Positional`): a statistic over no finite value is NaN,
+    written as null, so every number may be None."""
 
 
 SHOWN = (
@@ -97,7 +59,7 @@ class Positional(base.Experiment):
         config = positional.study.PositionalConfig(
             window=options.window, n_windows=options.n_windows, seed=options.seed
         )
-        return Result(**positional.study.study(lm.adapter, lm.tokenizer, config, options.corpus))
+        return Result(**positional.study.study(lm.adapter, lm.tokenizer, config, options.corpus).fields())
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing

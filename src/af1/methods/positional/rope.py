@@ -10,6 +10,7 @@ from typing_extensions import TypedDict  # pydantic reads TypedDicts from here b
 from af1.errors import Af1Error
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.models.adapter import ModelAdapter
+from af1.results import Part
 
 if TYPE_CHECKING:
     pass
@@ -104,7 +105,7 @@ def band_analysis(
     )
 
 
-class RopeParts(TypedDict):
+class RopeParts(Part):
     """The dummy-distance test and the RoPE band energies over every layer and head; all None, with the reason,
     where the family has no plain rotary embedding."""
 

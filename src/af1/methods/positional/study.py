@@ -261,7 +261,7 @@ def study(
     rope = rope_parts(adapter, ids, config.n_queries)
     curve = perturbation_curve(adapter, ids, config.seed)
     return Positional(
-        **rope,
+        **rope.fields(),
         corpus=str(corpus) if corpus else CORPUS_SOURCE,
         window=ids.shape[1],
         n_windows=ids.shape[0],
