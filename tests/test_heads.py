@@ -477,28 +477,28 @@ def test_compare_chooses_each_learning_rate_on_validation_and_runs_every_seed(to
     problems = finetune.compare.Problems(train_t, val_t, eval_t)
     result = finetune.compare.compare(adapter, problems, text, [(0, 1), (1, 2)], config, grid)
     for name in ("precise", "random_heads", "full"):
-        r = result[name]
+        r = getattr(result, name)
         assert r["lr"] in (1e-4, 1e-2) and set(r["validation_by_lr"]) == {"0.0001", "0.01"}
         seeds = [0, 1, 0] if name == "random_heads" else [0, 1]  # random heads: 3 draws, each with one seed in turn
         assert [run["seed"] for run in r["runs"]] == seeds and "arithmetic_accuracy_std" in r
-    draws = [run.get("heads") or [] for run in result["random_heads"]["runs"]]  # a run without heads: [] fails below
+    draws = [run.get("heads") or [] for run in result.random_heads["runs"]]  # a run without heads: [] fails below
     # 4 heads a layer in key/value groups {0, 1} and {2, 3}: each chosen head's group has one other head, the match
-    assert draws == [[[0, 0], [1, 3]]] * 3 and result["random_heads"].get("random_matched") == {
+    assert draws == [[[0, 0], [1, 3]]] * 3 and result.random_heads.get("random_matched") == {
         "same layer and key/value group": 6,
         "same layer": 0,
         "nearest layer": 0,
     }
-    kinds = [(c["kind"], c["family"]) for c in result["claims"]]  # paired on the same held-out problems, adjusted
+    kinds = [(c["kind"], c["family"]) for c in result.claims]  # paired on the same held-out problems, adjusted
     assert kinds == [
         ("precise_vs_random", "fine-tuning: 2 tests, Holm"),
         ("precise_vs_full", "fine-tuning: 2 tests, Holm"),
     ]
-    assert all(c["n"] == 12 for c in result["claims"]) and len(result["base_correct"]) == 12
-    assert all(len(run["correct"]) == 12 for name in ("precise", "full") for run in result[name]["runs"])
-    assert result["precise"]["lr_at_edge"] is True  # a grid of two: whichever is chosen is its edge
-    low, high = result["base"]["perplexity_ci"]
-    assert low <= result["base"]["perplexity"] <= high
-    assert result["n_val"] == 8 and result["base"]["arithmetic_accuracy_ci"]
+    assert all(c["n"] == 12 for c in result.claims) and len(result.base_correct) == 12
+    assert all(len(run["correct"]) == 12 for name in ("precise", "full") for run in getattr(result, name)["runs"])
+    assert result.precise["lr_at_edge"] is True  # a grid of two: whichever is chosen is its edge
+    low, high = result.base["perplexity_ci"]
+    assert low <= result.base["perplexity"] <= high
+    assert result.n_val == 8 and result.base["arithmetic_accuracy_ci"]
     assert all(torch.equal(v, before[k]) for k, v in adapter.model.state_dict().items())  # the base restored
     with pytest.raises(Af1Error, match="also evaluation problems"):
         finetune.compare.Problems(train_t, train_t, eval_t)
@@ -533,7 +533,7 @@ def test_a_learning_rate_that_diverges_is_not_chosen(tokenizer, monkeypatch):
     problems = finetune.compare.Problems(train_t, val_t, eval_t)
     grid = finetune.compare.Grid((1e-4, 1.0), (0,), random_draws=3)
     result = finetune.compare.compare(adapter, problems, text, [(0, 1)], config, grid)
-    assert result["full"]["lr"] == 1e-4 and result["full"]["validation_by_lr"]["1.0"].get("diverged")
+    assert result.full["lr"] == 1e-4 and result.full["validation_by_lr"]["1.0"].get("diverged")
 
 
 def two_step_heads_model(task):

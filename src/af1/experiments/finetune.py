@@ -9,7 +9,6 @@ from typing import Any
 from pydantic import Field
 from rich.table import Table
 
-from af1.claims import Claim
 from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import finetune, heads, positional
@@ -41,25 +40,12 @@ class Options(base.Options):
     )
 
 
-class Result(base.Result):
-    heads: list[list[int]]
-    gqa: str
-    config: finetune.train.FinetuneConfig  # the fine-tuning's steps, learning rate, batch size and seed
-    scoring: str
-    lr_grid: list[float]
-    seeds: list[int]
-    n_train: int
-    n_val: int = 0
-    n_eval: int
-    arithmetic_baseline: float | None = None
+class Result(base.Result, finetune.compare.Compared):
+    """Fine-tuning's part (`finetune.compare.Compared`) with where the heads were chosen, the text corpus and the
+    exact inputs."""
+
     heads_chosen_on: dict[str, Any] | None = None
     text_corpus: str = ""
-    base: finetune.compare.Measured
-    base_correct: str  # the base model on each held-out problem ("1"/"0")
-    precise: finetune.compare.Variant
-    random_heads: finetune.compare.Variant
-    full: finetune.compare.Variant
-    claims: list[Claim]  # precise against random heads and against full tuning, on the same problems (Holm)
     inputs: ProblemInputs | None = None  # sets: train, validation, evaluation (predictions: the base model's)
 
 
@@ -146,7 +132,9 @@ class Finetune(base.Experiment):
             ),
             inputs.state_dir,
         )
-        return Result(**result, heads_chosen_on=chosen_on, text_corpus=positional.corpus.CORPUS_SOURCE, inputs=problems)
+        return Result(
+            **result.fields(), heads_chosen_on=chosen_on, text_corpus=positional.corpus.CORPUS_SOURCE, inputs=problems
+        )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [

@@ -24,6 +24,7 @@ from af1.methods.finetune.slices import GQA_CHOICE, check_frozen, head_slices, s
 from af1.methods.finetune.train import FinetuneConfig, TextMeasures, check_disjoint, text_measures, train
 from af1.models.adapter import ModelAdapter
 from af1.progress import stage
+from af1.results import Part
 from af1.stats import mean_std
 from af1.tasks.evaluation import evaluate
 from af1.tasks.task import Task
@@ -83,7 +84,7 @@ class Variant(TypedDict):
     note: NotRequired[str]
 
 
-class Compared(TypedDict):
+class Compared(Part):
     """Precise vs random heads vs full fine-tuning (`compare`): the heads, the set sizes, the base model and each
     variant."""
 

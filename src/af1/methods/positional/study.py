@@ -76,6 +76,28 @@ def random_init_like(adapter: ModelAdapter, seed: int, norm_matched: bool = Fals
     return ModelAdapter(model.eval().requires_grad_(False).to(adapter.device))
 
 
+class HeldOut(TypedDict):
+    """The decomposition tested out of sample (`token_fit_heldout`): fitted on half the windows, its row-centred r
+    measured on the other half; the meaning term a function of the key's token; beside position alone, the same
+    tokens shuffled, and the architecture with random weights over several seeds; and the claims these decide."""
+
+    train_windows: list[int]
+    test_windows: list[int]
+    r_layer_head: list[list[float | None]]  # position + token meaning, per layer and head (mean over held-out windows)
+    r_position_only_layer_head: list[list[float | None]]
+    r_median: float | None
+    r_median_ci: list[float | None]
+    r_position_only_median: float | None
+    r_position_only_median_ci: list[float | None]
+    r_shuffled_median: float | None
+    r_shuffled_median_ci: list[float | None]
+    random_init_seeds: list[int]
+    r_random_init_medians: list[float | None]  # one per seed
+    r_random_init_mean: float | None
+    r_random_init_ci: list[float | None]  # 95 % t interval over the seeds
+    claims: list[Claim]
+
+
 class Positional(RopeParts):
     """The positional study's part of its result: [layer, head] grids as lists (NaN where no r), spreads, intervals
     and the controls; the RoPE analyses are None where the family has no plain rotary embedding
@@ -114,28 +136,6 @@ class Positional(RopeParts):
     perplexity_vs_position_swap: dict[str, float | None]
     swap_fraction: str
     heldout: HeldOut | None  # None: one window, nothing to hold out (a warning says so)
-
-
-class HeldOut(TypedDict):
-    """The decomposition tested out of sample (`token_fit_heldout`): fitted on half the windows, its row-centred r
-    measured on the other half; the meaning term a function of the key's token; beside position alone, the same
-    tokens shuffled, and the architecture with random weights over several seeds; and the claims these decide."""
-
-    train_windows: list[int]
-    test_windows: list[int]
-    r_layer_head: list[list[float | None]]  # position + token meaning, per layer and head (mean over held-out windows)
-    r_position_only_layer_head: list[list[float | None]]
-    r_median: float | None
-    r_median_ci: list[float | None]
-    r_position_only_median: float | None
-    r_position_only_median_ci: list[float | None]
-    r_shuffled_median: float | None
-    r_shuffled_median_ci: list[float | None]
-    random_init_seeds: list[int]
-    r_random_init_medians: list[float | None]  # one per seed
-    r_random_init_mean: float | None
-    r_random_init_ci: list[float | None]  # 95 % t interval over the seeds
-    claims: list[Claim]
 
 
 RANDOM_SEEDS = 5  # random-weight controls of the held-out test
