@@ -662,24 +662,24 @@ def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokeniz
     from af1.stats import split_indices
 
     sel, conf = split_indices(len(task), 0.5, 4)
-    assert result["split"]["n_selection"] == len(sel) and result["knockout"]["n"] == len(conf)
+    assert result.split["n_selection"] == len(sel) and result.knockout["n"] == len(conf)
     alone = heads.ranking.ranked(lm.adapter, task.subset(sel), tokenizer, "direct", "relative", 3, "b")
-    assert result["top_heads"] == [list(h) for h in alone["top_heads"]]
-    chosen = {tuple(h) for h in result["top_heads"] + result["key_heads"]}
-    assert all(not chosen & {tuple(h) for h in heads_} for heads_ in result["knockout"]["random_heads"])
-    top_layers = sorted(h[0] for h in result["top_heads"])  # random sets from the same layers as the top heads
-    assert all(sorted(h[0] for h in d) == top_layers for d in result["knockout"]["random_heads"])
-    kinds = [c["kind"] for c in result["claims"]]  # every key head judged on the confirmation half, then the knock-out
-    assert kinds == ["key_head"] * len(result["key_heads"]) + ["top_vs_random"]
+    assert result.top_heads == [list(h) for h in alone["top_heads"]]
+    chosen = {tuple(h) for h in result.top_heads + result.key_heads}
+    assert all(not chosen & {tuple(h) for h in heads_} for heads_ in result.knockout["random_heads"])
+    top_layers = sorted(h[0] for h in result.top_heads)  # random sets from the same layers as the top heads
+    assert all(sorted(h[0] for h in d) == top_layers for d in result.knockout["random_heads"])
+    kinds = [c["kind"] for c in result.claims]  # every key head judged on the confirmation half, then the knock-out
+    assert kinds == ["key_head"] * len(result.key_heads) + ["top_vs_random"]
     assert all(
-        c["n"] == len(conf) and c["family"] == f"the heads study: {len(kinds)} tests, Holm" for c in result["claims"]
+        c["n"] == len(conf) and c["family"] == f"the heads study: {len(kinds)} tests, Holm" for c in result.claims
     )
-    confirmed = {c["subject"] for c in result["claims"] if c["kind"] == "key_head" and c["outcome"] == "confirmed"}
-    assert {f"{h[0]}.{h[1]}" for h in result["confirmed_key_heads"]} == confirmed
-    rows = result["counterfactual_problems"]
+    confirmed = {c["subject"] for c in result.claims if c["kind"] == "key_head" and c["outcome"] == "confirmed"}
+    assert {f"{h[0]}.{h[1]}" for h in result.confirmed_key_heads} == confirmed
+    rows = result.counterfactual_problems
     assert [r["solved_index"] for r in rows] == sel and all(len(r["replacement"]) == 1 for r in rows)
-    assert result["path_patching_scoring"]["scoring"] == "full" and result["answer_steps_n"]["1"] > 0
-    looks = result["attention_over_tokens"]  # one confirmation problem, token by token, for the report
+    assert result.path_patching_scoring["scoring"] == "full" and result.answer_steps_n["1"] > 0
+    looks = result.attention_over_tokens  # one confirmation problem, token by token, for the report
     assert looks is not None
     first = task.subset(conf).steps()[0]
     row = int(first.rows_in_parent[0])
@@ -687,7 +687,7 @@ def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokeniz
     assert looks["tokens"] == [tokenizer.decode([t]) for t in first.input_ids_PT[0].tolist()]
     assert (
         list(looks["heads"])
-        == [f"{h[0]}.{h[1]}" for h in dict.fromkeys(map(tuple, result["top_heads"] + result["key_heads"]))][:16]
+        == [f"{h[0]}.{h[1]}" for h in dict.fromkeys(map(tuple, result.top_heads + result.key_heads))][:16]
     )
     assert all(len(w) == len(looks["tokens"]) and abs(sum(w) - 1) < 1e-3 for w in looks["heads"].values())
 

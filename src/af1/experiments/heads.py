@@ -11,7 +11,6 @@ from pydantic import Field
 from rich.table import Table
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim
 from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import allforone, heads
@@ -20,7 +19,6 @@ from af1.report.markup import claims_html, claims_lines, figure_html, table_html
 from af1.tasks.builtin import FILE_STYLE
 from af1.tasks.evaluation import ProblemInputs, solved
 from af1.tasks.spec import TaskSpec
-from af1.tasks.task import LayoutRow
 
 
 class Options(base.GatedOptions):
@@ -66,54 +64,12 @@ class Placement(TypedDict):
     stage: str
 
 
-class Result(base.Result):
-    model: str | None = None
-    task: str
-    style: str
-    n: int
-    n_solved: int
-    n_heads: int
-    scoring: str
-    layouts: list[LayoutRow] = []  # path patching, knock-outs and attention per layout, pooled by each one's n
-    base_accuracy_all: float
-    path_patching_scoring: (
-        heads.ranking.ScoringNote
-    )  # what path patching scores, its constant guess and a warning if near one
-    answer_steps_n: dict[str, int] = {}  # solved problems of the selection part with an answer step k, by k
-    layouts_patched: list[heads.patching.LayoutPatched] | None = (
-        None  # a task of several layouts: those path patching measured
-    )
-    layouts_not_patched: list[heads.patching.LayoutNotPatched] | None = None  # and those it left out, with why
-    counterfactual_problems: list[dict[str, Any]] = []  # per selection problem: its counterfactual ids, value drawn
-    relative_logit_change_layer_head: base.Matrix
-    logit_diff_change_layer_head: base.Matrix
-    relative_logit_change_mlp_layer: base.Vector
-    logit_diff_change_mlp_layer: base.Vector
-    clean_logit_diff: base.Number
-    key_heads_by_metric: dict[str, list[list[int]]] = {}
-    attention_measured_on: str = ""
-    mlp_logit_lens_layer: base.Vector | None = None  # None: a family whose MLP output is not linear in its input
-    mlp_logit_lens_measured_on: str = ""
-    threshold: float
-    counterfactual: str
-    counterfactual_kind: str = "operator"
-    second_counterfactual: heads.compared.SecondCounterfactual | heads.compared.NoSecondCounterfactual | None = None
-    split: heads.ranking.Split
-    path: str
-    metric: str = "relative"
-    key_heads: list[list[int]]
-    key_head_share: float
-    top_heads: list[list[int]]
-    knockout: heads.knockouts.Knockout
-    attention_of_top_heads: dict[str, dict[str, float]] = {}
-    # the confirmation part's first problem: each top/key head's attention from the last position over its tokens
-    # (row `problem` of inputs.sets["confirmation"])
-    attention_over_tokens: heads.attention.TokenAttention | None = None
-    overlap: list[heads.compared.TaskOverlap] = []
+class Result(base.Result, heads.study.HeadsStudy):
+    """The heads study's part (`heads.study.HeadsStudy`) with, where a search found a cell, the top heads' AF1
+    stages and the key heads against AF1's transfer layers, and the exact inputs."""
+
     placement: list[Placement] | None = None
     af1_consistency: heads.consistency.Consistency | None = None
-    confirmed_key_heads: list[list[int]]  # the key heads whose claim holds on the confirmation part
-    claims: list[Claim]  # key heads, top against matched random heads, the AF1 consistency's: one family (Holm)
     inputs: ProblemInputs | None = None  # clean; sets: solved, confirmation (AF1 rows)
 
 
@@ -174,7 +130,7 @@ class Heads(base.Experiment):
         kept = solved(done.task, done.base)
         sel, conf = heads.ranking.problem_split(len(kept), split)  # heads chosen on the first, tested on the second
         sets = {"solved": kept, "selection": kept.subset(sel), "confirmation": kept.subset(conf)}
-        result = Result(**study, inputs=ProblemInputs.of(done.task, done.base, **sets))
+        result = Result(**study.fields(), inputs=ProblemInputs.of(done.task, done.base, **sets))
         if search is not None and config is not None:  # where the top heads sit among the AF1 stages
             stages = config.stages(lm.adapter.n_layers)
             result.placement = [

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
-
 from af1.claims import Claim, adjust, confirmed, mean_below
 from af1.methods.counterfactuals import counterfactual_problems
 from af1.methods.heads.attention import TokenAttention, last_query_attention, token_attention
@@ -32,6 +30,7 @@ from af1.methods.heads.ranking import (
 )
 from af1.models.adapter import ModelAdapter
 from af1.progress import stage as progress_stage
+from af1.results import Part
 from af1.tasks.evaluation import Evaluated, evaluated, require_solved, solved
 from af1.tasks.task import LayoutRow, Task
 
@@ -41,7 +40,7 @@ if TYPE_CHECKING:
     from af1.tasks.task import Tokenizer
 
 
-class HeadsStudy(TypedDict):
+class HeadsStudy(Part):
     """The arithmetic-heads study (`study`): path patching's effects and what it scored, the key and top heads
     chosen on the selection part, their knock-out and attention on the confirmation part, the MLP logit lens, a
     second counterfactual's ranking and other tasks' heads."""
@@ -73,8 +72,8 @@ class HeadsStudy(TypedDict):
     logit_diff_change_mlp_layer: list[float | None]
     clean_logit_diff: float
     answer_steps_n: dict[str, int]  # solved problems of the selection part with an answer step k, by k
-    layouts_patched: NotRequired[list[LayoutPatched]]
-    layouts_not_patched: NotRequired[list[LayoutNotPatched]]
+    layouts_patched: list[LayoutPatched] | None = None  # a task of several layouts: those path patching measured
+    layouts_not_patched: list[LayoutNotPatched] | None = None  # and those it left out, with why
     knockout: Knockout
     attention_of_top_heads: dict[str, dict[str, float]]
     attention_measured_on: str
@@ -82,7 +81,7 @@ class HeadsStudy(TypedDict):
     mlp_logit_lens_layer: list[float | None] | None  # None: a family whose MLP output is not linear in its input
     mlp_logit_lens_measured_on: str
     warnings: list[str]
-    second_counterfactual: NotRequired[SecondCounterfactual | NoSecondCounterfactual]
+    second_counterfactual: SecondCounterfactual | NoSecondCounterfactual | None = None
     overlap: list[TaskOverlap]
     confirmed_key_heads: list[list[int]]  # key heads whose claim is confirmed on the confirmation part
     claims: list[Claim]  # each key head's, and the top heads' against matched random heads: one family
@@ -178,14 +177,12 @@ def study(
         confirmed_key_heads=[],
         claims=[],
     )
-    result["claims"], result["confirmed_key_heads"] = decide(claims)
-    if "layouts_patched" in main["pp"]:
-        result["layouts_patched"] = main["pp"]["layouts_patched"]
-    if "layouts_not_patched" in main["pp"]:
-        result["layouts_not_patched"] = main["pp"]["layouts_not_patched"]
+    result.claims, result.confirmed_key_heads = decide(claims)
+    result.layouts_patched = main["pp"].get("layouts_patched")
+    result.layouts_not_patched = main["pp"].get("layouts_not_patched")
     if second_kind is not None:
-        result["second_counterfactual"] = second_ranking(lm, chosen_on, kept, sel, main["top_heads"], s, second_kind)
-    result["overlap"] = [task_overlap(lm, other, main["top_heads"], keys, s) for other in compare_specs or []]
+        result.second_counterfactual = second_ranking(lm, chosen_on, kept, sel, main["top_heads"], s, second_kind)
+    result.overlap = [task_overlap(lm, other, main["top_heads"], keys, s) for other in compare_specs or []]
     return result
 
 
