@@ -191,7 +191,7 @@ def test_a_search_that_finds_nothing_still_gives_its_numbers_and_the_grid_it_sea
     assert not found.chosen and found.best is None
     judged = found.best_measured
     assert judged is not None and (judged["wait"], judged["transfer"]) == (2, 1)
-    line = claim_line(Result(**found.fields(), n_layers=L))
+    line = claim_line(Result.of(found, n_layers=L))
     assert line.startswith("rejected: an AF1 subgraph at faithfulness >= 0.9 (L_wait 2, L_transfer 1)"), line
     assert "n 9; baseline" in line and "judged at the best cell (none is eligible" in line, line
     assert f"{found.grid_cells} of {sum(L - w for w in range(-1, L))} (L_wait, L_transfer) cells measured" in line
@@ -211,7 +211,7 @@ def test_the_plain_words_follow_the_claims_outcome():
         found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
         claim = found.claim
         assert claim is not None
-        said[claim["outcome"]] = plain_words(Result(**found.fields(), n_layers=L))
+        said[claim["outcome"]] = plain_words(Result.of(found, n_layers=L))
     assert set(said) == {"confirmed", "not confirmed", "rejected"}
     for text in said.values():
         assert "through block 2 nothing specific to the problem reaches the last token" in text
@@ -231,7 +231,7 @@ def test_necessity_without_a_found_af1_is_a_typed_result_that_draws_its_windows_
     from af1.report import figures
 
     nec = allforone.necessity.necessity(tiny_setup, windows=(1,), found=None)
-    result = Result(**tiny_setup.describe().fields(), **nec.fields())
+    result = Result.of(tiny_setup.describe(), nec)
     assert result.shifted_transfer is None and result.n_solved == len(tiny_setup.kept)
     assert figures.necessity_plot(result.data(), tmp_path / "n.png").stat().st_size > 0
     with pytest.raises(ValueError, match="Extra inputs are not permitted"):  # every field a result writes is declared

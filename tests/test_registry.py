@@ -194,3 +194,21 @@ def test_every_result_is_fully_defined_when_its_module_is_imported():
     """A part whose field names a type declared later in its module leaves the Result incomplete, and it fails only
     when a result is first built or read back: every Result is complete at import."""
     assert [name for name, e in REGISTRY.items() if not e.Result.__pydantic_complete__] == []
+
+
+def test_no_result_field_is_declared_twice():
+    """Each field of every Result is declared in one class: the Result itself, the method's part it extends, the
+    setup's description or `Part` (the warnings), never re-declared along the way."""
+    import inspect
+
+    from pydantic import BaseModel
+
+    declared_twice = {}
+    for name, experiment in REGISTRY.items():
+        where: dict[str, list[str]] = {}
+        for cls in experiment.Result.__mro__:
+            if isinstance(cls, type) and issubclass(cls, BaseModel) and cls is not BaseModel:
+                for field in inspect.get_annotations(cls):
+                    where.setdefault(field, []).append(f"{cls.__module__}.{cls.__qualname__}")
+        declared_twice |= {f"{name}.{field}": classes for field, classes in where.items() if len(classes) > 1}
+    assert declared_twice == {}

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import Self
 
 
 class Part(BaseModel):
@@ -22,9 +23,20 @@ class Part(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    def fields(self) -> dict[str, Any]:
-        """Each field's value as it is (not dumped): to spread into a result beside the other parts."""
-        return dict(self)
+    warnings: list[str] = Field(default_factory=list)  # what its numbers should be read with
+
+    @classmethod
+    def of(cls, *parts: Part, **more: Any) -> Self:
+        """This part (or result) made of other parts' fields, as they are, and `more`: a field two of them give is
+        refused, except the warnings, which are kept together in order."""
+        fields: dict[str, Any] = {}
+        warnings: list[str] = []
+        for given in [*(dict(part) for part in parts), more]:
+            warnings += given.pop("warnings", [])
+            if twice := fields.keys() & given.keys():
+                raise ValueError(f"{cls.__name__}: {sorted(twice)} given twice")
+            fields |= given
+        return cls(**fields, warnings=warnings)
 
 
 def git_revision() -> str | None:

@@ -60,9 +60,9 @@ class Alternatives(base.Experiment):
         setup = inputs.resources.setup(inputs.spec)
         on, where = base.measured_on(inputs, options, setup)
         halves = {} if on is setup else {"confirmation": on}
-        return Result(
-            **on.describe().fields(),  # described as measured: n_solved is the problems every row is paired on
-            **allforone.alternatives.alternatives(on, config, measured_on=where).fields(),
+        return Result.of(
+            on.describe(),  # described as measured: n_solved is the problems every row is paired on
+            allforone.alternatives.alternatives(on, config, measured_on=where),
             measured_on=where,
             inputs=allforone.faithfulness.setup_inputs(setup, **halves),
         )

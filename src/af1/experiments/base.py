@@ -7,9 +7,9 @@ import html
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.table import Table
 
 from af1.claims import REJECTED, Claim, outcome_text
@@ -19,6 +19,7 @@ from af1.methods import allforone
 from af1.methods.setup import Setup, SetupDescription
 from af1.models import LoadedModel
 from af1.report.markup import page
+from af1.results import Part
 from af1.tasks.evaluation import Evaluated, TaskDescription
 from af1.tasks.spec import TaskSpec
 
@@ -34,13 +35,12 @@ class Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Result(BaseModel):
+class Result(Part):
     """An experiment's result: every field it writes is declared (an undeclared one is refused), so that figures,
-    reports, other experiments and a resumed study read what they expect."""
+    reports, other experiments and a resumed study read what they expect; its warnings are its own and those of the
+    results it was built from (`study.units.run_unit`)."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-
-    warnings: list[str] = []  # its own and those of the results it was built from (`study.units.run_unit`)
 
     def data(self) -> dict[str, Any]:
         """Every field (each one declared): what the JSON holds."""
@@ -65,16 +65,6 @@ class Result(BaseModel):
             f'<iframe title=\'af1 {html.escape(experiment.name)}\' srcdoc="{html.escape(section)}" onload="{fit}" '
             "style='width:100%;height:480px;border:1px solid #ddd'></iframe>"
         )
-
-
-def _plain_lists(value: Any) -> Any:
-    """A tensor or array as nested lists (NaN stays NaN here; the JSON writes it as null)."""
-    return value.tolist() if hasattr(value, "tolist") else value
-
-
-Matrix = Annotated[list[list[float | None]], BeforeValidator(_plain_lists)]  # [layer, head], a grid; null: NaN
-Vector = Annotated[list[float | None], BeforeValidator(_plain_lists)]  # e.g. [layer]
-Number = Annotated[float, BeforeValidator(_plain_lists)]  # a 0-d tensor's value
 
 
 class TaskFields(Result, TaskDescription):

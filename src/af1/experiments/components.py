@@ -41,11 +41,9 @@ class Components(base.Experiment):
         setup = inputs.resources.setup(inputs.spec)
         L = setup.adapter.n_layers
         waits = options.waits or default_waits(L)
-        return Result(
-            **setup.describe().fields(),
-            **allforone.components.components(
-                setup, waits, transfer=options.transfer, threshold=options.threshold
-            ).fields(),
+        return Result.of(
+            setup.describe(),
+            allforone.components.components(setup, waits, transfer=options.transfer, threshold=options.threshold),
             inputs=allforone.faithfulness.setup_inputs(setup),
         )
 

@@ -132,8 +132,8 @@ class Finetune(base.Experiment):
             ),
             inputs.state_dir,
         )
-        return Result(
-            **result.fields(), heads_chosen_on=chosen_on, text_corpus=positional.corpus.CORPUS_SOURCE, inputs=problems
+        return Result.of(
+            result, heads_chosen_on=chosen_on, text_corpus=positional.corpus.CORPUS_SOURCE, inputs=problems
         )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:

@@ -130,7 +130,7 @@ class Heads(base.Experiment):
         kept = solved(done.task, done.base)
         sel, conf = heads.ranking.problem_split(len(kept), split)  # heads chosen on the first, tested on the second
         sets = {"solved": kept, "selection": kept.subset(sel), "confirmation": kept.subset(conf)}
-        result = Result(**study.fields(), inputs=ProblemInputs.of(done.task, done.base, **sets))
+        result = Result.of(study, inputs=ProblemInputs.of(done.task, done.base, **sets))
         if search is not None and config is not None:  # where the top heads sit among the AF1 stages
             stages = config.stages(lm.adapter.n_layers)
             result.placement = [

@@ -66,9 +66,9 @@ class Necessity(base.Experiment):
             setup, windows=options.windows, found=found, found_on=found_on, threshold=threshold
         )
         halves = {} if found_on is None else {"confirmation": found_on}
-        return Result(
-            **setup.describe().fields(),
-            **result.fields(),
+        return Result.of(
+            setup.describe(),
+            result,
             no_config=note,
             inputs=allforone.faithfulness.setup_inputs(setup, **halves),
         )

@@ -59,7 +59,7 @@ class Positional(base.Experiment):
         config = positional.study.PositionalConfig(
             window=options.window, n_windows=options.n_windows, seed=options.seed
         )
-        return Result(**positional.study.study(lm.adapter, lm.tokenizer, config, options.corpus).fields())
+        return Result.of(positional.study.study(lm.adapter, lm.tokenizer, config, options.corpus))
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing

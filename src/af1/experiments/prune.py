@@ -58,7 +58,7 @@ class Prune(base.Experiment):
         pruning = allforone.prune.prune_heads(
             setup, config, selection=selection, seed=seed, whole_curve=options.whole_curve
         )
-        return Result(**setup.describe().fields(), **pruning.fields())
+        return Result.of(setup.describe(), pruning)
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing

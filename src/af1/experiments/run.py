@@ -8,12 +8,10 @@ from pydantic import Field
 from rich.table import Table
 
 from af1.experiments import base
-from af1.interventions.af1 import Ablation, AF1Config
+from af1.interventions.af1 import Ablation
 from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
 from af1.report.markup import layout_html, layout_table, stages_table, table_html, with_ci
-from af1.stats import LayoutRate
-from af1.tasks.task import ProblemRow
 
 
 class Options(base.ConfigOptions):
@@ -22,21 +20,10 @@ class Options(base.ConfigOptions):
     reference: bool = Field(default=False, description="the hook-based path instead of the fast executor")
 
 
-class Result(base.SetupFields):
-    wait: int
-    transfer: int
-    faithfulness: float
-    faithfulness_ci: list[float]
-    faithfulness_baseline: float
-    faithfulness_n: int
-    mean_p_correct: float | None = None
-    problems: list[ProblemRow] = []  # every solved problem: input, ids, answer, prediction under the config
-    executor: str
-    fallback_reason: str | None = None
-    stages: dict[str, list[int]]
-    config: AF1Config  # the whole intervention measured
+class Result(base.SetupFields, allforone.faithfulness.AtConfig):
+    """One configuration's part (`allforone.faithfulness.AtConfig`) on the problems it was measured on."""
+
     measured_on: str = "the solved problems"
-    faithfulness_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's
 
 
 class Run(base.Experiment):
@@ -52,9 +39,9 @@ class Run(base.Experiment):
         config = config.model_copy(update={"ablation": options.ablation, "abp": options.abp})
         on, where = base.measured_on(inputs, options, setup)
         # described as measured: on the search's confirmation split, n_solved is that split's n
-        return Result(
-            **on.describe().fields(),
-            **allforone.faithfulness.run_result(on, config, options.reference),
+        return Result.of(
+            on.describe(),
+            allforone.faithfulness.run_result(on, config, options.reference),
             measured_on=where,
         )
 

@@ -77,8 +77,8 @@ class Search(base.Experiment):
             selection=options.selection,
             seed=options.split_seed,
         )
-        return Result(
-            **found.fields(),
+        return Result.of(
+            found,
             model=inputs.model_name,
             n_layers=sweep.n_layers,
             scoring=sweep.scoring,

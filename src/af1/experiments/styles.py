@@ -61,7 +61,7 @@ class Styles(base.Experiment):
         table = allforone.styles.styles_table(
             lm, config, spec, options.styles, operations, own=own, threshold=threshold
         )
-        return Result(**table.fields())
+        return Result.of(table)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [

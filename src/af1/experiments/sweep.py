@@ -39,7 +39,7 @@ class Sweep(base.Experiment):
         config = AF1Config(ablation=options.ablation, abp=options.abp, seed=inputs.spec.seed)
         state = inputs.state_dir / "sweep.state.json" if inputs.state_dir else None
         grid = allforone.sweep.sweep(setup, config, options.max_transfer, options.reference, state_path=state)
-        return Result(**setup.describe().fields(), **grid.fields())
+        return Result.of(setup.describe(), grid)
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing

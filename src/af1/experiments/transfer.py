@@ -130,8 +130,8 @@ class Transfer(base.Experiment):
             )
             rows.append(row)
         allforone.transfer.transfer_family(rows)
-        return Result(
-            **setup.describe().fields(),
+        return Result.of(
+            setup.describe(),
             target=inputs.model_name,
             rows=rows,
             sources_without_config=without,

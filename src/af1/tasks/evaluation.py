@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, with_config
+from pydantic import BaseModel, ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
@@ -315,7 +315,6 @@ class TaskDescription(Part):
     base_accuracy_ci: list[float] | None = None
     base_accuracy_baseline: float | None = None
     base_accuracy_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's
-    warnings: list[str] = Field(default_factory=list)
 
 
 class ProblemInputs(BaseModel):

@@ -8,6 +8,7 @@ from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDict
 from af1.executors.protocol import af1_logits
 from af1.interventions.af1 import AF1Config
 from af1.methods.setup import Setup, setup_executor
+from af1.results import Part
 from af1.stats import LayoutRate
 from af1.tasks.evaluation import ProblemInputs, Scores, decoder
 from af1.tasks.task import ProblemRow
@@ -75,15 +76,22 @@ def setup_inputs(setup: Setup, **halves: Setup) -> ProblemInputs:
     return ProblemInputs.of(setup.task, setup.base, solved=setup.kept, **{k: h.kept for k, h in halves.items()})
 
 
-@with_config(ConfigDict(extra="forbid", arbitrary_types_allowed=True))
-class AtConfig(Faithfulness):
-    """One AF1 configuration measured (`run_result`): its layers and stages, faithfulness with the executor that
-    ran it, the mean probability of the correct answer, and every problem with its prediction under AF1."""
+class AtConfig(Part):
+    """One AF1 configuration measured (`run_result`): its layers and stages, faithfulness (as `Faithfulness`, whose
+    fields these are) with the executor that ran it, the mean probability of the correct answer, and every problem
+    with its prediction under AF1."""
 
     wait: int
     transfer: int
     config: AF1Config
     stages: dict[str, list[int]]
+    faithfulness: float
+    faithfulness_ci: list[float]
+    faithfulness_baseline: float
+    faithfulness_n: int
+    faithfulness_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's part
+    executor: str
+    fallback_reason: str | None = None
     mean_p_correct: float
     problems: list[ProblemRow]
 

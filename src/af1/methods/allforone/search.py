@@ -67,7 +67,6 @@ class Found(Part):
     faithfulness_selection_ci: list[float] | None = None
     frontier: list[Cell] = []  # per L_transfer, the largest L_wait that keeps the threshold (selection)
     n_ineligible_no_compute: int = 0  # cells above the threshold that leave no layer to compute in
-    warnings: list[str] = []
     stages: dict[str, list[int]] | None = None
     best: Cell | None = None
     best_measured: Cell | None = None  # where no cell is eligible: the best one with a compute stage, judged

@@ -80,7 +80,6 @@ class HeadsStudy(Part):
     attention_over_tokens: TokenAttention | None
     mlp_logit_lens_layer: list[float | None] | None  # None: a family whose MLP output is not linear in its input
     mlp_logit_lens_measured_on: str
-    warnings: list[str]
     second_counterfactual: SecondCounterfactual | NoSecondCounterfactual | None = None
     overlap: list[TaskOverlap]
     confirmed_key_heads: list[list[int]]  # key heads whose claim is confirmed on the confirmation part

@@ -121,7 +121,6 @@ class Positional(RopeParts):
     median_ci: dict[str, list[float | None]]
     median_ci_n_windows: int
     median_ci_note: str
-    warnings: list[str]
     r_mean: float | None
     r_median: float | None
     r_median_row_centred: float | None
@@ -260,8 +259,8 @@ def study(
     d = {name: summary(v) for name, v in per_head.items()}
     rope = rope_parts(adapter, ids, config.n_queries)
     curve = perturbation_curve(adapter, ids, config.seed)
-    return Positional(
-        **rope.fields(),
+    return Positional.of(
+        rope,
         corpus=str(corpus) if corpus else CORPUS_SOURCE,
         window=ids.shape[1],
         n_windows=ids.shape[0],
