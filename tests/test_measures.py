@@ -535,3 +535,52 @@ def test_a_means_file_holds_every_answer_step_and_is_refused_where_it_does_not_f
     other = LoadedModel(model, lm.tokenizer, ModelAdapter(model), {})
     with pytest.raises(Af1Error, match="another model or task layout: of its 3 answer step"):
         make_setup(other, spec, task, tiny_setup.base, task, means_path=path, cache_means=False)
+
+
+def test_run_options_are_validated_once_on_each_path_and_reach_the_unit_as_that_object(
+    capsys, tmp_path, tokenizer, monkeypatch
+):
+    """`af1 run --wait 0 --transfer 1`, `api.run("run", ..., wait=0, transfer=1)` and a plan file: each face makes
+    the options once (the CLI and the API with `Options.model_validate`, a plan where it is read), and the object
+    that reaches the experiment's body is that one, never a copy validated again on the way."""
+    from af1 import api
+    from af1.experiments import run as run_module
+    from af1.study import expand, load_plan
+
+    from conftest import fitted_tiny_model
+
+    spec = TaskSpec(operation="a+b", shots=1, n=30)
+    model = fitted_tiny_model("llama", [spec], tokenizer)
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    made, reached = [], []
+    validate, body = run_module.Options.model_validate, run_module.Run.run
+
+    def counting(obj, *args, **kwargs):
+        made.append(validate(obj, *args, **kwargs))
+        return made[-1]
+
+    def spy(self, inputs, options):
+        reached.append(options)
+        return body(self, inputs, options)
+
+    monkeypatch.setattr(run_module.Options, "model_validate", counting)
+    monkeypatch.setattr(run_module.Run, "run", spy)
+    code, _, err = run_cli(
+        capsys, "run", "--model", str(tmp_path / "m"), "--shots", "1", "--n", "30", "--wait", "0", "--transfer", "1"
+    )
+    assert code == 0, err
+    assert len(made) == 1 and len(reached) == 1 and reached[0] is made[0]
+    made.clear()
+    reached.clear()
+    lm = LoadedModel(model, tokenizer, ModelAdapter(model), {"spec": "tiny-fitted"})
+    api.run("run", lm, spec, wait=0, transfer=1)
+    assert len(made) == 1 and len(reached) == 1 and reached[0] is made[0]
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(
+        f"name: once\nmodels: [{{spec: {tmp_path / 'm'}}}]\ntasks: [{{operation: 'a+b', shots: 1, n: 30}}]\n"
+        "experiments: {run: {wait: 0, transfer: 1}}\n"
+    )
+    plan = load_plan(plan_file)
+    (unit,) = [u for u in expand(plan) if u.experiment == "run"]
+    assert unit.options is plan.experiments.run  # type: ignore[attr-defined]  # the plan's own object, not a copy

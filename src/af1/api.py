@@ -12,11 +12,13 @@ The building blocks below it (`af1.methods`, `af1.executors`, `af1.interventions
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from af1.errors import Af1Error
 from af1.experiments import REGISTRY, NotApplicable, get
+from af1.experiments.base import Options
 from af1.experiments.session import Session
 from af1.models import LoadedModel, load_model
 from af1.results import provenance, write_json
@@ -54,25 +56,33 @@ def run(
     task: TaskSpec | None = None,
     out_dir: str | Path | None = None,
     means: str | Path | None = None,
-    upstream: dict[str, dict[str, Any]] | None = None,
-    **options: Any,
+    upstream: Mapping[str, Mapping[str, Any] | Options] | None = None,
+    options: Options | None = None,
+    **given: Any,
 ) -> Any:
     """Run experiment `name` on a model (or a `session`) and task, and before it what it needs: its units are those
-    of a one-model, one-task plan, so dependencies resolve as in a study. `upstream` gives options of the experiments
-    run first (and adds the ones it reads when present, e.g. {"search": {}} for heads). With out_dir, each one's JSON
-    (with provenance) and figure are written there, and a sweep resumes from there. Returns the typed result."""
+    of a one-model, one-task plan, so dependencies resolve as in a study. Its options are `options` (validated) or
+    the `given` keywords, validated here once, before any work; they travel as that object to the unit that runs.
+    `upstream` gives options of the experiments run first (and adds the ones it reads when present, e.g.
+    {"search": {}} for heads). With out_dir, each one's JSON (with provenance) and figure are written there, and a
+    sweep resumes from there. Returns the typed result."""
     from af1.study.plan import ModelEntry, expand
     from af1.study.units import run_unit, unit_inputs
 
     experiment = get(name)
-    experiment.Options.model_validate(options)  # errors name the option, before any work
+    if options is not None and given:
+        raise Af1Error(f"{name}: give its options as an Options object or as keywords, not both")
+    validated = {
+        other: values if isinstance(values, Options) else get(other).Options.model_validate(values)
+        for other, values in (upstream or {}).items()
+    } | {name: options if options is not None else experiment.Options.model_validate(given)}
     if task is None:
         task = TaskSpec(**experiment.task_defaults)
     held = model if isinstance(model, Session) else session(model, means)
     lm = held.lm()
     entry = ModelEntry(spec=str(lm.info.get("spec") or "model"))
     plan = StudyPlan.model_validate(
-        {"models": [entry], "tasks": [task], "experiments": {**(upstream or {}), name: options}}
+        {"models": [entry], "tasks": [task], "experiments": validated}
     )
     out = Path(out_dir) if out_dir is not None else None
     results: dict[str, dict[str, Any]] = {}

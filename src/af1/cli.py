@@ -319,9 +319,8 @@ def experiment_command(name: str) -> Callable[..., None]:
         means, as_json, out_dir = kwargs.pop("means", None), kwargs.pop("as_json"), kwargs.pop("out_dir")
         upstream = parse_upstream(kwargs.pop("upstream") or [])
         given = {k: v for k, v in kwargs.items() if v is not None}
-        experiment.Options.model_validate(given)  # bad options fail before the model is loaded
-        for other, values in upstream.items():
-            get(other).Options.model_validate(values)
+        options = experiment.Options.model_validate(given)  # once, before the model is loaded; it travels as is
+        upstream_options = {other: get(other).Options.model_validate(values) for other, values in upstream.items()}
         if spec is not None and isinstance(load.model, str):
             from af1.models.loading import check_load_options
 
@@ -329,7 +328,7 @@ def experiment_command(name: str) -> Callable[..., None]:
             read_task_first(load.model, spec)
         lm = load.load()
         try:
-            result = api.run(name, lm, spec, out_dir, means, upstream, **given)
+            result = api.run(name, lm, spec, out_dir, means, upstream_options, options)
         except NotApplicable as why:
             emit({"not_applicable": str(why)}, as_json, [f"{name}: not applicable: {why}"])
             return

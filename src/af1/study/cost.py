@@ -123,7 +123,7 @@ def unit_work(
     unit: Unit, model: ModelShape, task: TaskShape | None, found: Found, others: list[TaskShape]
 ) -> Work | None:
     """The unit's layer passes, unembedding rows and other FLOPs (`others`: the shapes of tasks it compares with)."""
-    L, opts = model.layers, unit.options
+    L, opts = model.layers, unit.options.model_dump()
     if task is None:  # position+meaning: corpus windows through the model ~22 times, and its fits over every logit
         windows, width = float(opts["n_windows"]), float(opts["window"])
         return 22 * windows * width * L, 13 * windows * width, FIT_FLOPS * model.heads * L * windows * width**2
@@ -360,7 +360,7 @@ def compared_specs(unit: Unit) -> list[TaskSpec]:
 
     if unit.task is None or unit.experiment != "heads":
         return []
-    return compare_specs(unit.task, unit.options["compare"])
+    return compare_specs(unit.task, unit.options.model_dump()["compare"])
 
 
 def available_gb() -> float | None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from af1.config_files import read_mapping
 from af1.errors import Af1Error
 from af1.experiments import REGISTRY
+from af1.experiments.base import Options
 from af1.experiments.sweep import Options as SweepOptions
 from af1.tasks.builtin import STYLES
 from af1.tasks.spec import TaskSpec
@@ -140,7 +141,7 @@ class Unit:
     model: ModelEntry
     task: TaskSpec | None
     experiment: str
-    options: dict[str, Any]
+    options: Options  # the experiment's, validated once where the plan was read; the key holds their values
     deps: tuple[str, ...]
     key: str
     id: str = field(init=False)
@@ -197,14 +198,14 @@ def expand(plan: StudyPlan) -> list[Unit]:
         return [d for d in ordered if d in (*exp.needs(exps[name]), *exp.uses()) and d in exps]
 
     def add(model: ModelEntry, task: TaskSpec | None, experiment: str, deps: list[str]) -> None:
-        options = exps[experiment].model_dump()
+        options = exps[experiment]
         key = content_key(
             {
                 "af1": __version__,
                 "model": model.load_options(),
                 "task": _task_key(task),
                 "experiment": experiment,
-                "options": options,
+                "options": options.model_dump(),
                 "deps": [units[d].key for d in deps],
             }
         )

@@ -49,7 +49,7 @@ class Worker(Session):
         with its error. Never raises for a unit's own failure, so one bad unit does not stop the others."""
         t0 = time.perf_counter()
         experiment = REGISTRY[unit.experiment]
-        required = set(experiment.needs(experiment.Options.model_validate(unit.options)))
+        required = set(experiment.needs(unit.options))
         done = {d["id"]: d["result"] for d in deps if d.get("state") == "done"}
         missing = [d["id"] for d in deps if d.get("state") != "done" and d["id"].rsplit("/", 1)[1] in required]
         inapplicable = [d["id"] for d in deps if d.get("state") == "not_applicable" and d["id"] in missing]
@@ -102,10 +102,9 @@ def unit_inputs(worker: Resources, unit: Unit, deps: dict[str, dict[str, Any]], 
 def run_unit(worker: Session, unit: Unit, deps: dict[str, dict[str, Any]], state_dir: str | None) -> dict[str, Any]:
     """The body of one unit: its experiment run on the results of the units it reads; a JSON-ready dict."""
     experiment = REGISTRY[unit.experiment]
-    options = experiment.Options.model_validate(unit.options)
     inputs = unit_inputs(worker, unit, deps, state_dir)
-    check_found(inputs, options)  # every gated experiment: not applicable where the search found no subgraph
-    result = experiment.run(inputs, options).data()
+    check_found(inputs, unit.options)  # every gated experiment: not applicable where the search found no subgraph
+    result = experiment.run(inputs, unit.options).data()
     own_model = f"{unit.id.split('/', 1)[0]}/"  # a cross-model unit reads other models' results: not their warnings
     inherited = [w for d, r in deps.items() if d.startswith(own_model) for w in r.get("warnings") or []]
     result["warnings"] = list(dict.fromkeys([*inherited, *result.get("warnings", [])]))
