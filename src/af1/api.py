@@ -81,9 +81,7 @@ def run(
     held = model if isinstance(model, Session) else session(model, means)
     lm = held.lm()
     entry = ModelEntry(spec=str(lm.info.get("spec") or "model"))
-    plan = StudyPlan.model_validate(
-        {"models": [entry], "tasks": [task], "experiments": validated}
-    )
+    plan = StudyPlan.model_validate({"models": [entry], "tasks": [task], "experiments": validated})
     out = Path(out_dir) if out_dir is not None else None
     results: dict[str, dict[str, Any]] = {}
     last = None

@@ -13,7 +13,7 @@ from pydantic import ConfigDict, with_config
 from scipy import stats as scipy_stats
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.stats import mcnemar_exact, wilson
+from af1.stats import mcnemar_exact, wilson, with_ci
 
 ALPHA = 0.05
 Outcome = Literal["confirmed", "not confirmed", "rejected"]
@@ -480,11 +480,7 @@ def confirmed(claims: list[Claim], kind: str) -> list[str]:
 
 
 def interval_text(claim: Claim) -> str:
-    def fmt(v: float | None, digits: int) -> str:
-        return "nan" if v is None else f"{v:.{digits}f}"
-
-    low, high = claim["ci"]
-    return f"{fmt(claim['estimate'], 3)} [{fmt(low, 2)}, {fmt(high, 2)}], n {claim['n']}"
+    return f"{with_ci(claim['estimate'], claim['ci'])}, n {claim['n']}"
 
 
 def outcome_text(claim: Claim) -> str:

@@ -155,3 +155,12 @@ def mean_std(values: Sequence[float]) -> MeanStd:
     mean = sum(values) / n
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
     return {"mean": mean, "std": std, "n": n}
+
+
+def with_ci(value: float | str | None, ci: Sequence[float | None] | None = None) -> str:
+    """A rate or estimate and its 95 % interval, the one way it is written (tables, terminals, hover texts,
+    verdicts): 0.816 [0.69, 0.90]; "-" where there is no finite value, the value alone where there is no interval."""
+    if not isinstance(value, float | int) or not math.isfinite(value):
+        return "-"
+    low, high = ci or (None, None)
+    return f"{value:.3f} [{low:.2f}, {high:.2f}]" if low is not None and high is not None else f"{value:.3f}"

@@ -9,7 +9,8 @@ from rich.table import Table
 
 from af1.experiments import base
 from af1.methods import allforone
-from af1.report.markup import claims_html, claims_lines, table_html, with_ci
+from af1.report.markup import claims_html, claims_lines, table_html
+from af1.stats import with_ci
 from af1.tasks.evaluation import ProblemInputs
 
 

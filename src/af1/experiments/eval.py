@@ -9,8 +9,8 @@ from typing import Any
 from rich.table import Table
 
 from af1.experiments import base
-from af1.report.markup import layout_html, layout_table, table_html, with_ci
-from af1.stats import Paired, baseline_warning, mcnemar_exact
+from af1.report.markup import layout_html, layout_table, table_html
+from af1.stats import Paired, baseline_warning, mcnemar_exact, with_ci
 from af1.tasks.evaluation import decoder, problem_rows
 from af1.tasks.task import ProblemRow, TaskShape
 

@@ -15,7 +15,8 @@ from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import allforone, heads
 from af1.report import interactive
-from af1.report.markup import claims_html, claims_lines, figure_html, table_html, with_ci
+from af1.report.markup import claims_html, claims_lines, figure_html, table_html
+from af1.stats import with_ci
 from af1.tasks.builtin import FILE_STYLE
 from af1.tasks.evaluation import ProblemInputs, solved
 from af1.tasks.spec import TaskSpec

@@ -13,7 +13,8 @@ from af1.experiments import base
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
 from af1.report import interactive
-from af1.report.markup import claims_html, figure_html, table_html, with_ci
+from af1.report.markup import claims_html, figure_html, table_html
+from af1.stats import with_ci
 from af1.tasks.evaluation import ProblemInputs
 
 

@@ -12,7 +12,8 @@ from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import allforone
 from af1.report import interactive
-from af1.report.markup import claims_html, claims_lines, figure_html, with_ci
+from af1.report.markup import claims_html, claims_lines, figure_html
+from af1.stats import with_ci
 
 
 class Options(base.ConfigOptions):

@@ -11,7 +11,8 @@ from af1.experiments import base
 from af1.interventions.af1 import Ablation
 from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
-from af1.report.markup import layout_html, layout_table, stages_table, table_html, with_ci
+from af1.report.markup import layout_html, layout_table, stages_table, table_html
+from af1.stats import with_ci
 
 
 class Options(base.ConfigOptions):

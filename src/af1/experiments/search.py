@@ -21,8 +21,8 @@ from af1.report.markup import (
     result_beside,
     stages_table,
     table_html,
-    with_ci,
 )
+from af1.stats import with_ci
 from af1.tasks.task import LayoutRow
 
 

@@ -13,7 +13,8 @@ from af1.interventions.af1 import Ablation, AF1Config
 from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
 from af1.report import interactive
-from af1.report.markup import figure_html, result_beside, with_ci
+from af1.report.markup import figure_html, result_beside
+from af1.stats import with_ci
 
 
 class Options(base.Options):

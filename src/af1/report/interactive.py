@@ -17,6 +17,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from af1.stats import with_ci
+
 PLOT_CLASS = "af1-plot"
 SORTABLE_CLASS = "sortable"
 _STATIC: ContextVar[bool] = ContextVar("af1_static_report", default=False)
@@ -89,9 +91,9 @@ def fmt(value: Any, digits: int = 3) -> str:
 def rate_text(value: Any, ci: Any, n: Any, baseline: Any) -> str:
     """A rate as hover text: value [interval], n and the constant guess; a missing part says it is missing."""
     low, high = ci_of(ci)
-    interval = f"[{fmt(low, 2)}, {fmt(high, 2)}]" if low is not None else "[interval not stored]"
+    rate = with_ci(value, [low, high]) + ("" if low is not None else " [interval not stored]")
     guess = fmt(baseline) if baseline is not None else "not stored"
-    return f"faithfulness {fmt(value)} {interval}<br>n {fmt(n)}<br>constant guess {guess}"
+    return f"faithfulness {rate}<br>n {fmt(n)}<br>constant guess {guess}"
 
 
 # --- the (L_wait, L_transfer) grid, the search's frontier and choice -----------------------------------------------

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from af1.claims import outcome_text
 from af1.report import interactive
+from af1.stats import with_ci
 
 Rows = Sequence[Mapping[str, Any]]  # JSON records: per-layout rates, layout rows
 
@@ -54,15 +55,6 @@ def stages_table(stages: dict[str, list[int]]) -> str:
         return f"{layers[0]}..{layers[-1]}" if layers else "none"
 
     return table_html(["stage", "layers"], [[k, span(v)] for k, v in stages.items()])
-
-
-def with_ci(value: Any, ci: Any = None) -> str:
-    """A rate and its 95 % interval, the one way it is written (tables, terminals, notes): 0.816 [0.69, 0.90]; "-"
-    where there is no value."""
-    if value is None or value == "":
-        return "-"
-    low, high = ci or (None, None)
-    return f"{value:.3f} [{low:.2f}, {high:.2f}]" if low is not None and high is not None else f"{value:.3f}"
 
 
 def load_json(d: Path, name: str) -> dict[str, Any] | None:

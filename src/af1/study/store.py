@@ -72,7 +72,13 @@ class Store:
         return self._write(unit, {**outcome, **kept, "finished": now()})
 
     def _write(self, unit: Unit, fields: dict[str, Any]) -> dict[str, Any]:
-        record = {**unit.describe(), "key": unit.key, "options": unit.options.model_dump(), "deps": list(unit.deps), **fields}
+        record = {
+            **unit.describe(),
+            "key": unit.key,
+            "options": unit.options.model_dump(),
+            "deps": list(unit.deps),
+            **fields,
+        }
         write_json(self.unit_dir(unit) / "unit.json", record)
         return record
 
