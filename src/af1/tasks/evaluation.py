@@ -314,7 +314,7 @@ class TaskDescription(Part):
     base_accuracy: float
     base_accuracy_ci: list[float] | None = None
     base_accuracy_baseline: float | None = None
-    base_accuracy_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's
+    base_accuracy_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's part
 
 
 class ProblemInputs(BaseModel):
