@@ -40,7 +40,7 @@ def main() -> None:
     cells = grid(L)
     t_forward, _ = best_of(lambda: last_logits(lm.model, task.input_ids_PT, batch_size=64))
     t0 = time.perf_counter()
-    fast = torch.tensor(allforone.sweep.sweep(s)["faithfulness_wait_transfer"])
+    fast = torch.tensor(allforone.sweep.sweep(s).faithfulness_wait_transfer)
     t_fast = time.perf_counter() - t0
     full = build_task(SPEC.model_copy(update={"scoring": "full"}), lm.tokenizer)  # the same problems, every token
     all_right = Scores([list(a) for a in full.answer_tokens], torch.ones(len(full)), torch.ones(len(full)) > 0)
