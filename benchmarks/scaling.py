@@ -111,7 +111,10 @@ def measure_one(name: str, n: int, grid: bool, heads: bool) -> dict[str, Any]:
                         metric=o.metric,
                         split=split,
                         split_from=heads_method.ranking.OWN_SPLIT,
+                        kind=o.counterfactual,
                     ),
+                    second_kind=None,  # the benchmark times one ranking
+                    compare_specs=[],
                     done=done,
                 ),
             )

@@ -658,7 +658,7 @@ def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokeniz
     settings = heads.ranking.Settings(
         threshold=-0.05, k=3, draws=2, path="direct", metric="relative", split=(0.5, 4), split_from="test", kind="b"
     )
-    result = heads.study.study(lm, spec, settings, done=done)
+    result = heads.study.study(lm, spec, settings, second_kind=None, compare_specs=[], done=done)
     from af1.stats import split_indices
 
     sel, conf = split_indices(len(task), 0.5, 4)

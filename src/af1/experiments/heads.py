@@ -335,10 +335,7 @@ class Heads(base.Experiment):
             looks = (
                 interactive.attention_plot(data["attention_over_tokens"])
                 if result.attention_over_tokens
-                else (
-                    "<p class='note'>This result does not hold the heads' attention per token (written before it was "
-                    "stored).</p>"
-                )
+                else "<p class='note'>No head was chosen, so there is no attention per token to show.</p>"
             )
             return interactive.heads_map(data) + interactive.mlp_plot(data) + looks
 

@@ -1,4 +1,4 @@
-"""Components: which of the wait stage's parts (attention, MLP, the last token's own) AF1 may remove."""
+"""Components: CAMA alone and ABP alone at each L_wait, each against the threshold (is either part enough?)."""
 
 from __future__ import annotations
 

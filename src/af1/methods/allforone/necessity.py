@@ -1,4 +1,5 @@
-"""Necessity: the found configuration with its start or its transfer layers moved, tested against it."""
+"""Necessity: faithfulness with the last token kept from reading the operands in each window of layers, and the
+found configuration's transfer window moved to later starts."""
 
 from __future__ import annotations
 

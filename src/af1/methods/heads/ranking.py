@@ -240,7 +240,7 @@ class Settings:
     metric: str
     split: tuple[float, int]
     split_from: str
-    kind: str | None = None
+    kind: str | None  # None: the task's default counterfactual
 
     def rank(self, lm: LoadedModel, on: Task, kind: str | None) -> Ranked:
         return ranked(lm.adapter, on, lm.tokenizer, self.path, self.metric, self.k, kind)

@@ -132,8 +132,8 @@ def study(
     spec: TaskSpec,
     settings: Settings,
     *,
-    second_kind: str | None = None,
-    compare_specs: list[TaskSpec] | None = None,
+    second_kind: str | None,
+    compare_specs: list[TaskSpec],
     done: Evaluated | None = None,
 ) -> HeadsStudy:
     """Path patching (every answer step unless the task scores the first token) and key and top-k heads (both
@@ -181,7 +181,7 @@ def study(
     result.layouts_not_patched = main["pp"].get("layouts_not_patched")
     if second_kind is not None:
         result.second_counterfactual = second_ranking(lm, chosen_on, kept, sel, main["top_heads"], s, second_kind)
-    result.overlap = [task_overlap(lm, other, main["top_heads"], keys, s) for other in compare_specs or []]
+    result.overlap = [task_overlap(lm, other, main["top_heads"], keys, s) for other in compare_specs]
     return result
 
 
