@@ -1,4 +1,5 @@
-"""Alternatives: ABP's variants, resampled means and other ablations at the found configuration."""
+"""Alternatives: every ablation and ABP variant at one configuration (the search's or a fixed one), each paired
+with it."""
 
 from __future__ import annotations
 

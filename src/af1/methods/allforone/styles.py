@@ -1,4 +1,5 @@
-"""Input styles: the found configuration on the task's other phrasings (words, symbols, spacing)."""
+"""Input styles: one configuration (the search's or a fixed one) on the task's other phrasings (words, symbols,
+spacing)."""
 
 from __future__ import annotations
 
