@@ -122,7 +122,8 @@ class SplitGrid:
     def cell(self, w: int, k: int, n_layers: int) -> Cell | None:
         if f"{w},{k}" not in self.grid.cells:
             return None
-        s, c = self.rate(self.correct(w, k), self.sel), self.rate(self.correct(w, k), self.conf)
+        correct = self.correct(w, k)
+        s, c = self.rate(correct, self.sel), self.rate(correct, self.conf)
         return Cell(
             wait=w,
             transfer=k,

@@ -109,13 +109,13 @@ class RopeParts(Part):
     """The dummy-distance test and the RoPE band energies over every layer and head; all None, with the reason,
     where the family has no plain rotary embedding."""
 
-    rope_analyses_skipped: str | None
-    dummy_distance_r2_layer_head: list[list[float | None]] | None  # [layer, head], median over queries
-    dummy_distance_r2_median: float | None
-    dummy_distance_interaction_share_median: float | None
-    band_logit_variance_share: list[float | None] | None  # [band], band 0 = highest frequency
-    band_key_energy_mean: list[float | None] | None
-    band_key_energy_token: list[float | None] | None
+    rope_analyses_skipped: str | None = None  # why they did not run (no plain rotary tables)
+    dummy_distance_r2_layer_head: list[list[float | None]] | None = None  # [layer, head], median over queries
+    dummy_distance_r2_median: float | None = None
+    dummy_distance_interaction_share_median: float | None = None
+    band_logit_variance_share: list[float | None] | None = None  # [band], band 0 = highest frequency
+    band_key_energy_mean: list[float | None] | None = None
+    band_key_energy_token: list[float | None] | None = None
 
 
 def rope_parts(adapter: ModelAdapter, ids_NT: torch.Tensor, n_queries: int) -> RopeParts:
@@ -124,15 +124,7 @@ def rope_parts(adapter: ModelAdapter, ids_NT: torch.Tensor, n_queries: int) -> R
     try:
         cos, sin = rope_tables(adapter, 2 * T)
     except Af1Error as exc:
-        return RopeParts(
-            rope_analyses_skipped=str(exc),
-            dummy_distance_r2_layer_head=None,
-            dummy_distance_r2_median=None,
-            dummy_distance_interaction_share_median=None,
-            band_logit_variance_share=None,
-            band_key_energy_mean=None,
-            band_key_energy_token=None,
-        )
+        return RopeParts(rope_analyses_skipped=str(exc))
     qk = capture_qk(adapter, ids_NT[:1])
     queries = sorted({int(x) for x in torch.linspace(T // 4, T - 1, n_queries)})
     distances = list(range(0, T))
@@ -146,7 +138,6 @@ def rope_parts(adapter: ModelAdapter, ids_NT: torch.Tensor, n_queries: int) -> R
     )  # [layer, head, query]
     bands = [band_analysis(q, k, cos, sin) for q, k in (qk[layer] for layer in range(adapter.n_layers))]
     return RopeParts(
-        rope_analyses_skipped=None,
         dummy_distance_r2_layer_head=r2.median(-1).values.tolist(),
         dummy_distance_r2_median=float(r2.median()),
         dummy_distance_interaction_share_median=float(1 - r2.median()),
