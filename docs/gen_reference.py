@@ -278,7 +278,8 @@ def plain_section(name: str, command: Any) -> list[str]:
 
 def render() -> str:
     group: Any = typer.main.get_command(app)
-    commands: dict[str, Any] = dict(group.commands)
+    commands: dict[str, Any] = {name: group.get_command(None, name) for name in group.list_commands(None)}
+    commands |= {name: group.experiment(name) for name in REGISTRY}
     overview = ["| command | what it does |", "|---|---|"]
     for name, command in commands.items():
         overview.append(f"| [`af1 {name}`](#af1-{name}) | {cell(command.help or '')} |")

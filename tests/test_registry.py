@@ -4,10 +4,11 @@ its one module; a new experiment becomes all of them by being registered."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 import af1.api
@@ -21,10 +22,10 @@ from conftest import tiny_model
 
 
 def test_every_experiment_is_a_command_and_a_plan_entry_with_its_own_options():
-    commands = {c.name for c in cli.app.registered_commands}
     runner = CliRunner()
+    listing = runner.invoke(cli.app, ["--help"], terminal_width=400).output
     for name, experiment in REGISTRY.items():
-        assert name in commands
+        assert f" {name} " in listing and experiment.help[:30] in listing  # its help: its module's docstring
         assert (
             plan_module.Experiments.model_fields[name].default is None
         )  # optional in a plan, with the experiment's options
@@ -35,6 +36,21 @@ def test_every_experiment_is_a_command_and_a_plan_entry_with_its_own_options():
         assert ("--task" in help_text) == (experiment.scope != "model")
         plan = StudyPlan.model_validate({"models": [{"spec": "x"}], "experiments": {name: {}}})
         assert name in {u.experiment for u in expand(plan)}  # with what it needs before it
+
+
+def test_af1_help_lists_every_command_without_importing_torch():
+    """The command list comes from each experiment's source, so a first `af1 --help` answers at once."""
+    script = (
+        "import sys\n"
+        "from af1.cli import app\n"
+        "try:\n    app(['--help'], standalone_mode=False)\n"
+        "except SystemExit:\n    pass\n"
+        "print(sorted({'torch', 'transformers', 'scipy', 'af1.experiments.base'} & set(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    *listing, imported = done.stdout.strip().splitlines()
+    assert imported == "[]"
+    assert all(any(f" {name} " in line for line in listing) for name in [*REGISTRY, "study", "demo"])
 
 
 def test_the_registry_lists_what_an_experiment_reads_before_it():
@@ -134,12 +150,10 @@ def test_a_new_experiment_is_one_module_and_one_registry_line(toy, tmp_path, tok
 
     assert "Toy section" in build_report(tmp_path / "api").read_text()
 
-    # the command line
-    app = typer.Typer()
-    app.command("toy")(cli.experiment_command("toy"))
-    app.command("other")(lambda: None)  # a group of two, as in af1
+    # the command line, registered after `af1.cli` was imported
+    assert " toy " in CliRunner().invoke(cli.app, ["--help"]).output
     args = ["toy", "--model", str(tmp_path / "m"), "--shots", "1", "--n", "12", "--scale", "3", "--json"]
-    out = CliRunner().invoke(app, args)
+    out = CliRunner().invoke(cli.app, args)
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["value"] == 3.0 * base_accuracy
 

@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
 
 import typer
+import typer.main
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+from typer import _click as click  # the click typer is built on (it vendors its own)
+from typer.core import TyperCommand, TyperGroup
 
 from af1.errors import Af1Error
 from af1.tasks.spec import TaskSpec
@@ -20,8 +23,54 @@ from af1.tasks.spec import TaskSpec
 if TYPE_CHECKING:
     from af1.study.plan import StudyPlan
 
+
+def experiment_names() -> list[str]:
+    """The experiments there are commands for: the built-in ones, and any registered from outside the package."""
+    import af1.experiments as experiments
+
+    return list(vars(experiments).get("REGISTRY") or experiments.BUILTIN)
+
+
+class Commands(TyperGroup):
+    """af1's commands, each experiment's built from the registry only when it runs or shows its own help: the
+    command list reads each experiment's help from its module's source, so `af1 --help` imports no torch."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        written = list(self.commands)
+        at = written.index("study")  # experiments stand between the listing commands and the study commands
+        return [*written[:at], *(n for n in experiment_names() if n not in written), *written[at:]]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands or cmd_name not in experiment_names():
+            return self.commands.get(cmd_name)
+        from af1.experiments import BUILTIN
+        from af1.experiments.helptext import builtin_help
+
+        if cmd_name not in BUILTIN:
+            return self.experiment(cmd_name)
+        return TyperCommand(cmd_name, help=builtin_help(cmd_name))  # what the listing shows
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] in experiment_names():
+            self.experiment(args[0])
+        return super().resolve_command(ctx, args)
+
+    def experiment(self, name: str) -> click.Command:
+        """The full command of one experiment, built once."""
+        if name not in self.commands:
+            one = typer.Typer(add_completion=False)
+            one.command(name)(experiment_command(name))
+            self.commands[name] = typer.main.get_command(one)
+        return self.commands[name]
+
+
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Where and when a language model does mental arithmetic."
+    cls=Commands,
+    add_completion=False,
+    no_args_is_help=True,
+    help="Where and when a language model does mental arithmetic.",
 )
 out = Console()
 
@@ -346,16 +395,6 @@ def experiment_command(name: str) -> Callable[..., None]:
     return command
 
 
-def _register_experiments() -> None:
-    from af1.experiments import REGISTRY
-
-    for name in REGISTRY:
-        app.command(name)(experiment_command(name))
-
-
-_register_experiments()
-
-
 RAY_ALONE = "default"
 
 
@@ -522,11 +561,10 @@ def _machine(
 ) -> None:
     """Where and when a language model does mental arithmetic."""
     from af1 import threads as machine
-    from af1.experiments import REGISTRY
     from af1.progress import note
 
     machine.configure(threads)
-    computes = ctx.invoked_subcommand in {*REGISTRY, "study", "demo"}
+    computes = ctx.invoked_subcommand in {*experiment_names(), "study", "demo"}
     if computes and threads is None and (hint := machine.busy_hint()):
         note(hint)
 

@@ -1,54 +1,68 @@
 """Every experiment af1 runs, one module each, in the order a model's units run (what an experiment reads comes
 before it). The command line, plan files, the study runner, the HTML report and `af1.api` are derived from this
-registry: adding an experiment is one module and one line here."""
+registry: adding an experiment is one module and one line in BUILTIN.
+
+Importing this package is cheap (no torch): `REGISTRY` imports the modules on first use, so `af1 --help` lists the
+commands from BUILTIN and each module's docstring alone."""
 
 from __future__ import annotations
 
-from af1.errors import Af1Error
-from af1.experiments.alternatives import Alternatives
-from af1.experiments.base import Experiment, Inputs, NotApplicable
-from af1.experiments.components import Components
-from af1.experiments.eval import Eval
-from af1.experiments.finetune import Finetune
-from af1.experiments.heads import Heads
-from af1.experiments.necessity import Necessity
-from af1.experiments.positional import Positional
-from af1.experiments.prune import Prune
-from af1.experiments.run import Run
-from af1.experiments.search import Search
-from af1.experiments.styles import Styles
-from af1.experiments.sweep import Sweep
-from af1.experiments.transfer import Transfer
+import importlib
+from typing import TYPE_CHECKING, Any
 
-REGISTRY: dict[str, Experiment] = {
-    e.name: e
-    for e in (
-        Eval(),
-        Sweep(),
-        Search(),
-        Run(),
-        Components(),
-        Necessity(),
-        Alternatives(),
-        Prune(),
-        Styles(),
-        Heads(),
-        Finetune(),
-        Positional(),
-        Transfer(),
-    )
-}
+from af1.errors import Af1Error
+
+if TYPE_CHECKING:
+    from af1.experiments.base import Experiment, Inputs, NotApplicable
+
+    REGISTRY: dict[str, Experiment]
+
+# modules of af1.experiments, each defining the Experiment named after it (eval: Eval)
+BUILTIN = (
+    "eval",
+    "sweep",
+    "search",
+    "run",
+    "components",
+    "necessity",
+    "alternatives",
+    "prune",
+    "styles",
+    "heads",
+    "finetune",
+    "positional",
+    "transfer",
+)
+_LAZY = {"Experiment", "Inputs", "NotApplicable"}
+
+
+def registry() -> dict[str, Experiment]:
+    """Every registered experiment by name, the built-in ones imported on the first call."""
+    if "REGISTRY" not in globals():
+        modules = {name: importlib.import_module(f"{__name__}.{name}") for name in BUILTIN}
+        globals()["REGISTRY"] = {name: getattr(m, name.capitalize())() for name, m in modules.items()}
+    return globals()["REGISTRY"]
+
+
+def __getattr__(attribute: str) -> Any:
+    if attribute == "REGISTRY":
+        return registry()
+    if attribute in _LAZY:
+        from af1.experiments import base
+
+        return getattr(base, attribute)
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
 
 
 def register(experiment: Experiment) -> None:
-    """Add an experiment from outside the package (a plugin, a notebook): it becomes a plan entry and an API call
-    at once; a command too when registered before `af1.cli` is imported."""
-    REGISTRY[experiment.name] = experiment
+    """Add an experiment from outside the package (a plugin, a notebook): it becomes a plan entry, an API call and a
+    command at once."""
+    registry()[experiment.name] = experiment
     _schema_changed()
 
 
 def unregister(name: str) -> None:
-    REGISTRY.pop(name, None)
+    registry().pop(name, None)
     _schema_changed()
 
 
@@ -61,10 +75,20 @@ def _schema_changed() -> None:
 
 
 def get(name: str) -> Experiment:
+    known = registry()
+    if name not in known:
+        raise Af1Error(f"unknown experiment {name!r}: choose from {', '.join(known)}")
+    return known[name]
 
-    if name not in REGISTRY:
-        raise Af1Error(f"unknown experiment {name!r}: choose from {', '.join(REGISTRY)}")
-    return REGISTRY[name]
 
-
-__all__ = ["REGISTRY", "Experiment", "Inputs", "NotApplicable", "get", "register", "unregister"]
+__all__ = [
+    "BUILTIN",
+    "REGISTRY",
+    "Experiment",
+    "Inputs",
+    "NotApplicable",
+    "builtin_help",
+    "get",
+    "register",
+    "unregister",
+]

@@ -1,5 +1,6 @@
-"""alternatives: at one config, CAMA against zero, mean, resample and no ablation, and ABP against its variants,
-each paired with the configured intervention on the same problems (exact McNemar)."""
+"""alternatives: at one config: CAMA vs zero, mean, resample and no ablation; ABP vs its variants (McNemar).
+
+Each is paired with the configured intervention on the same problems (exact McNemar)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,6 @@ HEADER = ["faithfulness [95 % CI]", "differs from the configured one?", "p", "p 
 
 class Alternatives(base.Experiment):
     name = "alternatives"
-    help = "At one config: CAMA vs zero, mean, resample and no ablation; ABP vs its variants (McNemar)."
     Options = Options
     Result = Result
     config_from_search = True

@@ -4,6 +4,7 @@ report section. The CLI, plan files, the study runner, the HTML report and the P
 from __future__ import annotations
 
 import html
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from af1.claims import REJECTED, Claim, outcome_text
 from af1.errors import Af1Error
+from af1.experiments.helptext import command_help
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
 from af1.methods.setup import Setup, SetupDescription
@@ -279,9 +281,11 @@ class Experiment:
     config_from_search: ClassVar[bool] = False  # runs at the search's config unless its options give a wait
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Remember which experiment writes each Result class, so that a result renders itself in a notebook
-        without importing the registry (which imports this module)."""
+        """Its help is its module's docstring unless it says otherwise. Remember which experiment writes each Result
+        class, so that a result renders itself in a notebook without importing the registry."""
         super().__init_subclass__(**kwargs)
+        if "help" not in cls.__dict__ and "name" in cls.__dict__:
+            cls.help = command_help(sys.modules[cls.__module__].__doc__, cls.name)
         if "Result" in cls.__dict__:  # the class that declares a Result writes it; a subclass of it does not
             EXPERIMENT_OF_RESULT.setdefault(cls.Result, cls)
 

@@ -1,4 +1,6 @@
-"""components: CAMA alone (no attention mask) and ABP alone (no ablation) at several L_wait."""
+"""components: CAMA alone and ABP alone per L_wait: does either part of AF1 keep the answer by itself?
+
+CAMA alone has no attention mask, ABP alone no ablation."""
 
 from __future__ import annotations
 
@@ -34,7 +36,6 @@ def default_waits(n_layers: int) -> list[int]:
 
 class Components(base.Experiment):
     name = "components"
-    help = "CAMA alone and ABP alone per L_wait: does either part of AF1 keep the answer by itself?"
     Options = Options
     Result = Result
 

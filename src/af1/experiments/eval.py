@@ -1,4 +1,6 @@
-"""eval: base accuracy of a model on a task, with n, 95 % interval, constant-guess baseline and every problem."""
+"""eval: base accuracy of a model on a task: every answer token (or the first), with its interval and baseline.
+
+With n, 95 % interval, constant-guess baseline and every problem."""
 
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ class Result(base.TaskFields):
 
 class Eval(base.Experiment):
     name = "eval"
-    help = "Base accuracy of a model on a task: every answer token (or the first), with its interval and baseline."
     Options = Options
     Result = Result
 

@@ -1,5 +1,7 @@
-"""finetune: train only the chosen heads' slices (precise), against random heads and the full model, from the same
-weights; arithmetic accuracy on held-out problems and the text cost (perplexity, next-token accuracy)."""
+"""finetune: train only the chosen heads; compare with full and random-head fine-tuning on math and on text.
+
+Arithmetic accuracy on held-out problems and the text cost (perplexity, next-token accuracy), from the same
+weights."""
 
 from __future__ import annotations
 
@@ -64,7 +66,6 @@ def parse_heads(text: str, n_layers: int, n_heads: int) -> list[tuple[int, int]]
 
 class Finetune(base.Experiment):
     name = "finetune"
-    help = "Train only the chosen heads; compare with full and random-head fine-tuning on math and on text."
     Options = Options
     Result = Result
     task_defaults = {"style": "calculate", "digits": 2, "shots": 3}  # worked examples: the end of an answer is checked

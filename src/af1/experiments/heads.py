@@ -1,5 +1,7 @@
-"""heads: the arithmetic heads (path patching with a counterfactual operator), key heads, top-k against random-k
-knockout, where the top heads look, the MLP logit lens, overlap with other tasks, placement against AF1's stages."""
+"""heads: heads and MLPs that carry the arithmetic: path patching, key heads, knockout, where they look, overlap.
+
+Path patching with a counterfactual, key heads, top-k against matched random-k knockout, where the top heads
+look, the MLP logit lens, overlap with other tasks, placement against AF1's stages."""
 
 from __future__ import annotations
 
@@ -87,7 +89,6 @@ def compare_specs(spec: TaskSpec, items: list[str]) -> list[TaskSpec]:
 
 class Heads(base.Experiment):
     name = "heads"
-    help = "Heads and MLPs that carry the arithmetic: path patching, key heads, knockout, where they look, overlap."
     Options = Options
     Result = Result
     figure = "heads.png"

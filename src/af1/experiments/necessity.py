@@ -1,5 +1,6 @@
-"""necessity: faithfulness when the last token cannot read the problem's tokens (operands, slots) in one layer or a
-window of layers; inside a found AF1 also the transfer window moved later (on the search's confirmation split)."""
+"""necessity: faithfulness when the last token cannot read the problem's tokens, layer by layer and in windows.
+
+Inside a found AF1 the transfer window is also moved later, on the search's confirmation split."""
 
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ class Result(base.SetupFields, allforone.necessity.Necessity):
 
 class Necessity(base.Experiment):
     name = "necessity"
-    help = "Faithfulness when the last token cannot read the problem's tokens, layer by layer and in windows."
     Options = Options
     Result = Result
     figure = "necessity.png"

@@ -1,5 +1,6 @@
-"""positional: how well attention logits split into a position term plus a meaning term, per layer and head,
-against a random-init and a shuffled control, with the perplexity cost of perturbing positions."""
+"""positional: how well attention logits split into a position term plus a meaning term, per layer and head.
+
+Against a random-init and a shuffled control, with the perplexity cost of perturbing positions."""
 
 from __future__ import annotations
 
@@ -49,7 +50,6 @@ SHOWN = (
 
 class Positional(base.Experiment):
     name = "positional"
-    help = "How well attention logits split into a position term plus a meaning term, per layer and head."
     Options = Options
     Result = Result
     scope = "model"

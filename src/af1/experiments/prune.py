@@ -1,5 +1,8 @@
-"""prune: stop the transfer layers' heads peeking one by one (greedy, on a selection split); the last set before the
-faithfulness first falls below 95 % of the unpruned is checked on the confirmation split."""
+"""prune: rank the transfer layers' heads and stop them peeking one by one: faithfulness vs heads removed. With --wait,
+give the --selection/--split-seed of the search that chose the config, so its confirmation half stays unseen.
+
+Greedy, on a selection split; the last set before faithfulness first falls below 95 % of the unpruned is
+checked on the confirmation split."""
 
 from __future__ import annotations
 
@@ -36,10 +39,6 @@ class Result(base.SetupFields, allforone.prune.Pruning):
 
 class Prune(base.Experiment):
     name = "prune"
-    help = (
-        "Rank the transfer layers' heads and stop them peeking one by one: faithfulness vs heads removed. With --wait, "
-        "give the --selection/--split-seed of the search that chose the config, so its confirmation half stays unseen."
-    )
     Options = Options
     Result = Result
     config_from_search = True

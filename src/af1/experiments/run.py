@@ -1,4 +1,6 @@
-"""run: faithfulness of one AF1(L_wait, L_transfer) configuration, every problem listed."""
+"""run: faithfulness of one AF1(wait, transfer) configuration on the problems the model solves.
+
+Every problem listed."""
 
 from __future__ import annotations
 
@@ -29,7 +31,6 @@ class Result(base.SetupFields, allforone.faithfulness.AtConfig):
 
 class Run(base.Experiment):
     name = "run"
-    help = "Faithfulness of one AF1(wait, transfer) configuration on the problems the model solves."
     Options = Options
     Result = Result
     config_from_search = True

@@ -1,4 +1,6 @@
-"""search: the AF1 subgraph, chosen on a selection split of the solved problems and confirmed on the other."""
+"""search: the AF1 subgraph: the largest L_wait, then the smallest L_transfer, keeping faithfulness >= threshold.
+
+Chosen on a selection split of the solved problems and confirmed on the other."""
 
 from __future__ import annotations
 
@@ -59,7 +61,6 @@ class Result(base.Result, allforone.search.Found):
 
 class Search(base.Experiment):
     name = base.SEARCH
-    help = "The AF1 subgraph: the largest L_wait, then the smallest L_transfer, keeping faithfulness >= threshold."
     Options = Options
     Result = Result
     figure = "search.png"

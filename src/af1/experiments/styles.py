@@ -1,6 +1,7 @@
-"""styles: the paper's Table 4 analogue, base accuracy and AF1 faithfulness per input style and operation. At the
-search's config the task's own row is measured on the search's confirmation half (the problems that did not choose
-it); every other row is another task, measured on all its solved problems. Each row lists its problems."""
+"""styles: base accuracy and AF1 faithfulness at one config for every input style (the paper's Table 4).
+
+At the search's config the task's own row is measured on the search's confirmation half (the problems that did
+not choose it); every other row is another task, measured on all its solved problems. Each row lists its problems."""
 
 from __future__ import annotations
 
@@ -37,7 +38,6 @@ class Result(base.Result, allforone.styles.StylesTable):
 
 class Styles(base.Experiment):
     name = "styles"
-    help = "Base accuracy and AF1 faithfulness at one config for every input style (the paper's Table 4)."
     Options = Options
     Result = Result
     config_from_search = True

@@ -1,4 +1,6 @@
-"""sweep: faithfulness of every (L_wait, L_transfer) cell on the solved problems, per problem; resumable."""
+"""sweep: faithfulness over the whole (L_wait, L_transfer) grid, with a heatmap; resumable with --out.
+
+Per problem, on the solved problems."""
 
 from __future__ import annotations
 
@@ -30,7 +32,6 @@ class Result(base.SetupFields, allforone.sweep.Grid):
 
 class Sweep(base.Experiment):
     name = "sweep"
-    help = "Faithfulness over the whole (L_wait, L_transfer) grid, with a heatmap; resumable with --out."
     Options = Options
     Result = Result
     figure = "sweep.png"

@@ -1,5 +1,6 @@
-"""transfer: every model's AF1 config applied to this model, by the same layers and by the same relative depth,
-on this model's confirmation split beside its own config (paired McNemar)."""
+"""transfer: every model's AF1 config on every model of the plan, by the same layers and the same relative depth.
+
+Measured on this model's confirmation split beside its own config (paired McNemar)."""
 
 from __future__ import annotations
 
@@ -102,7 +103,6 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
 
 class Transfer(base.Experiment):
     name = "transfer"
-    help = "Every model's AF1 config on every model of the plan, by the same layers and the same relative depth."
     Options = Options
     Result = Result
     scope = "models"

@@ -156,7 +156,7 @@ class Setup:
         """What every result measured on this setup carries: the model, the task and its base accuracy, the token
         layouts, whether the end of the answer is checked, and where CAMA's means come from."""
         if self.task.end is None:
-            raise Af1Error("a setup's task is built by af1.tasks.build_task, which settles the end of its answers")
+            raise Af1Error("a setup's task is built by af1.tasks.task.build_task, which settles the end of its answers")
         base = self.base.rate(self.task)
         notes = self.means_notes
         solved_P = self.kept.layout_P.tolist()

@@ -4,8 +4,3 @@
 `problems` (the distribution of a spec), `task` (tokenized problems grouped by token layout, answer steps),
 `means_sample` (the problems CAMA averages over), `evaluation` (the unmodified model's scores).
 """
-
-from af1.tasks.spec import TaskSpec
-from af1.tasks.task import Task, build_task
-
-__all__ = ["Task", "TaskSpec", "build_task"]
