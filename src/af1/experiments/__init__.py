@@ -87,7 +87,6 @@ __all__ = [
     "Experiment",
     "Inputs",
     "NotApplicable",
-    "builtin_help",
     "get",
     "register",
     "unregister",
