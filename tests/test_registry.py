@@ -116,7 +116,10 @@ class Toy(base.Experiment):
         return ("eval",)
 
     def run(self, inputs: base.Inputs, options: ToyOptions) -> ToyResult:
-        evaluated = inputs.one("eval")
+        from af1.experiments.eval import Result as Evaluated
+
+        evaluated = inputs.one(Evaluated)
+        assert evaluated is not None
         return ToyResult(value=options.scale * evaluated.base_accuracy, n=evaluated.n)
 
     def section(self, result: ToyResult, out_dir: Path) -> list[str]:
@@ -143,6 +146,8 @@ def test_a_new_experiment_is_one_module_and_one_registry_line(toy, tmp_path, tok
     result = af1.api.run("toy", lm, spec, out_dir=tmp_path / "api", scale=2.0)
     base_accuracy = json.loads((tmp_path / "api" / "eval.json").read_text())["base_accuracy"]
     assert result.value == 2.0 * base_accuracy and result.n == 12
+    typed = af1.api.run(ToyResult, lm, spec, scale=2.0)  # named by its Result: the type checker knows `.value`
+    assert isinstance(typed, ToyResult) and typed.value == result.value
     assert json.loads((tmp_path / "api" / "toy.json").read_text())["provenance"]["model"]["source"] == "directory"
 
     # the report section
@@ -170,9 +175,8 @@ def test_after_unregistering_a_plan_refuses_it():
         StudyPlan.model_validate({"models": [{"spec": "x"}], "experiments": {"toy": {}}})
 
 
-def test_other_experiments_read_a_search_result_as_searched():
-    """A search result is what base.Searched declares (the annotation makes the type checker hold it), and the
-    config others run at is its chosen cell, else its best eligible one, else none."""
+def test_other_experiments_run_at_a_search_result_s_chosen_cell_else_its_best_eligible_one():
+    """The config others run at is the search's chosen cell, else its best eligible one, else none."""
     from af1.experiments import search
     from af1.interventions.af1 import AF1Config
     from af1.methods.allforone.search import Cell
@@ -186,7 +190,7 @@ def test_other_experiments_read_a_search_result_as_searched():
         faithfulness_selection_ci=[0.6, 0.9],
         eligible=True,
     )
-    found: base.Searched = search.Result.model_construct(
+    found = search.Result.model_construct(
         chosen=True,
         found=False,
         threshold=0.9,
@@ -197,11 +201,11 @@ def test_other_experiments_read_a_search_result_as_searched():
         selection_fraction=0.5,
         split_seed=0,
     )
-    assert base.searched_config(found) == AF1Config(wait=3, transfer=1, seed=3)
+    assert search.searched_config(found) == AF1Config(wait=3, transfer=1, seed=3)
     found.chosen = False  # no cell reached the threshold on the selection split: the best eligible cell
-    assert base.searched_config(found) == AF1Config(wait=1, transfer=2, seed=3)
+    assert search.searched_config(found) == AF1Config(wait=1, transfer=2, seed=3)
     found.best = None  # no cell is eligible: nothing to run at
-    assert base.searched_config(found) is None
+    assert search.searched_config(found) is None
 
 
 def test_every_result_is_fully_defined_when_its_module_is_imported():

@@ -215,6 +215,20 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
     assert tables["faithfulness"] == [] and tables["transfer"] == {} and tables["n_done"] == 30 - 24  # heads too
 
 
+def test_a_result_this_af1_cannot_read_is_shown_stale_with_why_never_dropped(local_run, tmp_path):
+    plan, out, _ = local_run
+    shutil.copytree(out, tmp_path / "out")
+    unit_id = "tiny-llama/a+b.original.1d.1shot.n30/eval"
+    records = (tmp_path / "out" / "units").rglob("unit.json")
+    path = next(p for p in records if json.loads(p.read_text())["id"] == unit_id)
+    record = json.loads(path.read_text())
+    del record["result"]["base_accuracy"]  # as written by an af1 whose eval result had other fields
+    path.write_text(json.dumps(record))
+    tables = study_tables(Store(tmp_path / "out"), expand(load_plan(plan)))
+    row = next(r for r in tables["units"] if r["id"] == unit_id)
+    assert row["state"] == "stale" and "does not fit" in row["error"]
+
+
 def test_ray_gives_the_same_results_as_local(local_run, tmp_path):
     plan, local_out, _ = local_run
     summary = run_study(load_plan(plan), tmp_path / "ray", ray=True, ray_init={"num_cpus": 2})

@@ -6,7 +6,8 @@
     found = af1.run("search", held, task, threshold=0.9, upstream={"sweep": {"max_transfer": 4}})
     found.claim, found.wait, found.transfer, found.faithfulness, found.faithfulness_ci  # claim: outcome and numbers
 
-Each result is the experiment's typed pydantic model (`af1.experiments.<module>.Result`); `.data()` is its JSON.
+Each result is the experiment's pydantic model (`af1.experiments.<module>.Result`); `.data()` is its JSON. Name the
+experiment by that class for a result the type checker knows: `af1.run(search.Result, held, task)`.
 The building blocks below it (`af1.methods`, `af1.executors`, `af1.interventions`, `af1.tasks`) are public too.
 """
 
@@ -14,11 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from af1.errors import Af1Error
 from af1.experiments import REGISTRY, NotApplicable, get
-from af1.experiments.base import Options
+from af1.experiments.base import EXPERIMENT_OF_RESULT, Options, Result
 from af1.experiments.session import Session
 from af1.models import LoadedModel, load_model
 from af1.results import provenance, write_json
@@ -50,8 +51,11 @@ def session(model: str | LoadedModel, means: str | Path | None = None) -> Sessio
     return Session.of(as_loaded(model), Path(means) if means is not None else None)
 
 
+R = TypeVar("R", bound=Result)
+
+
 def run(
-    name: str,
+    name: str | type[R],
     model: str | LoadedModel | Session,
     task: TaskSpec | None = None,
     out_dir: str | Path | None = None,
@@ -59,17 +63,18 @@ def run(
     upstream: Mapping[str, Mapping[str, Any] | Options] | None = None,
     options: Options | None = None,
     **given: Any,
-) -> Any:
+) -> R:
     """Run experiment `name` on a model (or a `session`) and task, and before it what it needs: its units are those
     of a one-model, one-task plan, so dependencies resolve as in a study. Its options are `options` (validated) or
     the `given` keywords, validated here once, before any work; they travel as that object to the unit that runs.
     `upstream` gives options of the experiments run first (and adds the ones it reads when present, e.g.
     {"search": {}} for heads). With out_dir, each one's JSON (with provenance) and figure are written there, and a
-    sweep resumes from there. Returns the typed result."""
+    sweep resumes from there. Returns the result, typed where `name` is the experiment's Result class."""
     from af1.study.plan import ModelEntry, expand
     from af1.study.units import run_unit, unit_inputs
 
-    experiment = get(name)
+    experiment = get(name if isinstance(name, str) else EXPERIMENT_OF_RESULT[name].name)
+    name = experiment.name
     if options is not None and given:
         raise Af1Error(f"{name}: give its options as an Options object or as keywords, not both")
     validated = {
@@ -96,5 +101,5 @@ def run(
             write_json(out / exp.file, {**results[unit.id], "provenance": provenance(lm.info, task=task_info)})
             exp.draw(last, out, unit_inputs(held, unit, deps, None))
         if unit.experiment == name:
-            return last
+            return cast(R, last)
     raise Af1Error(f"{name} did not run")  # expand always yields the asked experiment

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from af1.claims import Claim
 from af1.experiments import base
+from af1.experiments.search import config_of, measured_on
 from af1.methods import allforone
 from af1.report.markup import table_html
 from af1.stats import with_ci
@@ -57,9 +58,9 @@ class Alternatives(base.Experiment):
     config_from_search = True
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
-        config = base.config_of(inputs, options, inputs.resources.lm().adapter.n_layers)  # refused before any work
+        config = config_of(inputs, options, inputs.resources.lm().adapter.n_layers)  # refused before any work
         setup = inputs.resources.setup(inputs.spec)
-        on, where = base.measured_on(inputs, options, setup)
+        on, where = measured_on(inputs, options, setup)
         halves = {} if on is setup else {"confirmation": on}
         return Result.of(
             on.describe(),  # described as measured: n_solved is the problems every row is paired on

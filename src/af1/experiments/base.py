@@ -8,16 +8,13 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.table import Table
 
-from af1.claims import REJECTED, Claim, outcome_text
 from af1.errors import Af1Error
 from af1.experiments.helptext import command_help
-from af1.interventions.af1 import AF1Config
-from af1.methods import allforone
 from af1.methods.setup import Setup, SetupDescription
 from af1.models import LoadedModel
 from af1.report.markup import page
@@ -25,9 +22,7 @@ from af1.results import Part
 from af1.tasks.evaluation import Evaluated, TaskDescription
 from af1.tasks.spec import TaskSpec
 
-NO_CELL = "its search found no cell whose interval clears the constant-guess baseline"
-
-
+R = TypeVar("R", bound="Result")
 SEARCH = "search"  # the experiment whose result is a configuration (af1.experiments.search): what others run at
 
 
@@ -127,14 +122,14 @@ class Inputs:
             raise Af1Error("this experiment needs a task")
         return self.task
 
-    def every(self, name: str) -> list[Any]:
-        """The results of experiment `name` on every model of the plan (cross-model experiments)."""
-        return list(self.deps.get(name) or [])
+    def every(self, kind: type[R]) -> list[R]:
+        """The results of the experiment that writes `kind` on every model of the plan (cross-model experiments)."""
+        return list(self.deps.get(EXPERIMENT_OF_RESULT[kind].name) or [])  # type: ignore[arg-type]
 
-    def one(self, name: str) -> Any:
-        """The result of experiment `name` this unit reads (for a task experiment: on its own model and task),
-        or None when there is none."""
-        found = self.deps.get(name) or []
+    def one(self, kind: type[R]) -> R | None:
+        """The result of the experiment that writes `kind` that this unit reads (for a task experiment: on its own
+        model and task), or None when there is none."""
+        found = self.every(kind)
         return found[0] if found else None
 
 
@@ -165,88 +160,6 @@ class ConfigOptions(GatedOptions):
         return self
 
 
-class Searched(Protocol):
-    """What other experiments read of a search's result (`af1.experiments.search.Result`, which the type checker
-    holds to it): whether it chose a cell and whether its claim was confirmed, at which cell, its config, and the
-    split it chose on."""
-
-    model: str | None
-    n_layers: int
-    chosen: bool
-    found: bool
-    claim: Claim | None
-    threshold: float
-    config: dict[str, Any]
-    wait: int | None
-    transfer: int | None
-    best: allforone.search.Cell | None
-    selection_fraction: float
-    split_seed: int
-
-
-def searched(inputs: Inputs) -> Searched | None:
-    """The search result this unit reads (on its own model and task), or None when it reads none."""
-    return inputs.one(SEARCH)
-
-
-def every_search(inputs: Inputs) -> list[Searched]:
-    """The search results of every model of the plan (a cross-model experiment's sources)."""
-    return inputs.every(SEARCH)
-
-
-def searched_config(search: Searched) -> AF1Config | None:
-    """The AF1 config a search settled on: the cell it chose, else its best eligible cell; None when no cell
-    is eligible (a finding: the units that read it say so)."""
-    if search.chosen:
-        wait, transfer = search.wait, search.transfer
-    elif search.best is not None:
-        wait, transfer = search.best["wait"], search.best["transfer"]
-    else:
-        return None
-    return AF1Config(**{**(search.config or {}), "wait": wait, "transfer": transfer})
-
-
-def check_found(inputs: Inputs, options: Options) -> None:
-    """The unit does not apply when it is asked only where the search chose a cell and its confirmation split
-    does not reject it, and that is not so."""
-    if getattr(options, "require_found", False):
-        search = searched(inputs)
-        if search is None:
-            return
-        asked = "asked only where the search chose a cell its confirmation does not reject (require_found)"
-        if not search.chosen:
-            raise NotApplicable(f"no cell reaches faithfulness {search.threshold} on the selection split; {asked}")
-        if search.claim is not None and search.claim["outcome"] == REJECTED:
-            raise NotApplicable(f"{outcome_text(search.claim)}; {asked}")
-
-
-def config_of(inputs: Inputs, options: ConfigOptions, n_layers: int) -> AF1Config:
-    """The configuration an experiment runs at: the options' fixed one, else the search's."""
-    if options.wait is not None:
-        config = AF1Config(wait=options.wait, transfer=options.transfer or 0, seed=inputs.spec.seed)
-    else:
-        search = searched(inputs)
-        if search is None:
-            raise Af1Error("no configuration to run at: give wait and transfer, or run the search first")
-        config = searched_config(search)
-        if config is None:  # a finding of the search, not a mistake of the caller
-            raise NotApplicable(f"no configuration to run at: {NO_CELL} (or give wait and transfer)")
-    config.check(n_layers)
-    return config
-
-
-def measured_on(inputs: Inputs, options: ConfigOptions, setup: Setup) -> tuple[Setup, str]:
-    """Where a config is measured: all solved problems for a fixed config, the search's confirmation split for the
-    search's own config (never the problems that chose it)."""
-    if options.wait is not None:
-        return setup, "the solved problems"
-    search = searched(inputs)
-    if search is None:
-        raise Af1Error("no configuration to run at: give wait and transfer, or run the search first")
-    on = allforone.search.confirmation(setup, search.selection_fraction, search.split_seed)
-    return on, "the search's confirmation split"
-
-
 @dataclass
 class Finished:
     """A finished unit as a study's report sees it: where it ran, its result and the results it read."""
@@ -257,8 +170,8 @@ class Finished:
     deps: dict[str, list[Any]]
     description: str | None = None  # a bundled model's exact weights
 
-    def one(self, name: str) -> Any:
-        found = self.deps.get(name) or []
+    def one(self, kind: type[R]) -> R | None:
+        found = self.deps.get(EXPERIMENT_OF_RESULT[kind].name) or []
         return found[0] if found else None
 
 

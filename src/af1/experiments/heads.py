@@ -15,6 +15,7 @@ from typing_extensions import TypedDict  # pydantic reads TypedDicts from here b
 
 from af1.errors import Af1Error
 from af1.experiments import base
+from af1.experiments.search import searched, searched_config
 from af1.methods import allforone, heads
 from af1.report import interactive
 from af1.report.markup import claims_html, claims_lines, figure_html, table_html
@@ -112,7 +113,7 @@ class Heads(base.Experiment):
         second = None
         if spec.file is None and options.rank_both:
             second = "a" if kind in (None, "operator") else "operator"
-        search = base.searched(inputs)
+        search = searched(inputs)
         split, split_from = (options.selection, options.split_seed), heads.ranking.OWN_SPLIT
         if search is not None:  # the search's split: the heads are chosen on its selection half only
             split, split_from = (search.selection_fraction, search.split_seed), "the search's split"
@@ -128,7 +129,7 @@ class Heads(base.Experiment):
             kind=kind,
         )
         study = heads.study.study(lm, spec, settings, second_kind=second, compare_specs=others, done=done)
-        config = base.searched_config(search) if search is not None else None  # None: no search, or no cell
+        config = searched_config(search) if search is not None else None  # None: no search, or no cell
         kept = solved(done.task, done.base)
         sel, conf = heads.ranking.problem_split(len(kept), split)  # heads chosen on the first, tested on the second
         sets = {"solved": kept, "selection": kept.subset(sel), "confirmation": kept.subset(conf)}

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from af1.claims import Claim
 from af1.experiments import base
+from af1.experiments.search import NO_CELL, config_of, searched, searched_config
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
 from af1.report import interactive
@@ -48,18 +49,18 @@ class Necessity(base.Experiment):
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         n_layers = inputs.resources.lm().adapter.n_layers
-        fixed = base.config_of(inputs, options, n_layers) if options.wait is not None else None  # before any work
+        fixed = config_of(inputs, options, n_layers) if options.wait is not None else None  # before any work
         setup = inputs.resources.setup(inputs.spec)
-        search = base.searched(inputs)
+        search = searched(inputs)
         found: AF1Config | None = None
         found_on = None
         note = None
         if fixed is not None:
             found = fixed
         elif search is not None:
-            found = base.searched_config(search)
+            found = searched_config(search)
             if found is None:  # the unmodified model's windows still say where the last token reads
-                note = f"the transfer window is not moved: {base.NO_CELL}"
+                note = f"the transfer window is not moved: {NO_CELL}"
             else:
                 found_on = allforone.search.confirmation(setup, search.selection_fraction, search.split_seed)
         threshold = search.threshold if search is not None else 0.9

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from af1.errors import Af1Error
 from af1.experiments import base
+from af1.experiments.search import config_of, searched
 from af1.methods import allforone
 from af1.report import interactive
 from af1.report.markup import claims_html, claims_lines, figure_html
@@ -45,13 +46,13 @@ class Prune(base.Experiment):
     figure = "pruning.png"
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
-        config = base.config_of(inputs, options, inputs.resources.lm().adapter.n_layers)  # refused before any work
+        config = config_of(inputs, options, inputs.resources.lm().adapter.n_layers)  # refused before any work
         setup = inputs.resources.setup(inputs.spec)
         selection, seed = options.selection, options.split_seed
         if options.wait is None:  # the search's split, so its confirmation half stays unseen
             if config.transfer == 0:
                 raise base.NotApplicable("the search's config has no transfer layers, so no heads to prune")
-            search = base.searched(inputs)
+            search = searched(inputs)
             if search is None:  # config_of found the search's config, so this cannot happen: never a silent split
                 raise Af1Error("the search's split is not available")
             selection, seed = search.selection_fraction, search.split_seed

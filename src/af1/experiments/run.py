@@ -10,6 +10,7 @@ from pydantic import Field
 from rich.table import Table
 
 from af1.experiments import base
+from af1.experiments.search import config_of, measured_on
 from af1.interventions.af1 import Ablation
 from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
@@ -36,10 +37,10 @@ class Run(base.Experiment):
     config_from_search = True
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
-        config = base.config_of(inputs, options, inputs.resources.lm().adapter.n_layers)  # refused before any work
+        config = config_of(inputs, options, inputs.resources.lm().adapter.n_layers)  # refused before any work
         setup = inputs.resources.setup(inputs.spec)
         config = config.model_copy(update={"ablation": options.ablation, "abp": options.abp})
-        on, where = base.measured_on(inputs, options, setup)
+        on, where = measured_on(inputs, options, setup)
         # described as measured: on the search's confirmation split, n_solved is that split's n
         return Result.of(
             on.describe(),

@@ -11,9 +11,12 @@ from typing import Any
 from pydantic import Field, field_validator
 from rich.table import Table
 
-from af1.claims import outcome_text
-from af1.experiments import base
+from af1.claims import REJECTED, outcome_text
+from af1.errors import Af1Error
+from af1.experiments import base, sweep
+from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
+from af1.methods.setup import Setup
 from af1.report import interactive
 from af1.report.markup import (
     figure_html,
@@ -70,10 +73,12 @@ class Search(base.Experiment):
         return ("sweep",)
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
-        sweep = inputs.one("sweep")
+        grid = inputs.one(sweep.Result)
+        if grid is None:
+            raise Af1Error("the search reads a sweep: run it first")
         found = allforone.search.search(
-            sweep,
-            n_layers=sweep.n_layers,
+            grid,
+            n_layers=grid.n_layers,
             threshold=options.threshold,
             selection=options.selection,
             seed=options.split_seed,
@@ -81,27 +86,29 @@ class Search(base.Experiment):
         return Result.of(
             found,
             model=inputs.model_name,
-            n_layers=sweep.n_layers,
-            scoring=sweep.scoring,
-            config=sweep.config,
-            layouts=sweep.layouts,
+            n_layers=grid.n_layers,
+            scoring=grid.scoring,
+            config=grid.config,
+            layouts=grid.layouts,
         )
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         """The sweep again, with this threshold's confident cells, its frontier and its choice."""
         from af1.report import figures  # matplotlib: only when drawing
 
-        return figures.sweep_heatmap(inputs.one("sweep").data(), out_dir / "search.png", result.data())
+        grid = inputs.one(sweep.Result)
+        assert grid is not None, "a search reads its sweep"
+        return figures.sweep_heatmap(grid.data(), out_dir / "search.png", result.data())
 
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
         return overview_of(finished)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         def grid() -> str:
-            sweep = result_beside(out_dir, "sweep")
-            if sweep is None:
+            cells = result_beside(out_dir, "sweep")
+            if cells is None:
                 return interactive.search_plot(result.data(), result.n_layers)
-            return interactive.sweep_grid(sweep, result.data())
+            return interactive.sweep_grid(cells, result.data())
 
         parts = ["<h2>The AF1 subgraph</h2>", figure_html(out_dir, "search.png", grid)]
         parts.append(f"<p><b>{html.escape(claim_line(result))}</b></p>")
@@ -161,18 +168,18 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
     """Across models and tasks: one verdict line each, and AF1 per model and task on the confirmation split."""
     verdicts, faith = [], []
     for f in finished:
-        result, sweep = f.result, f.one("sweep")
+        result, grid = f.result, f.one(sweep.Result)
         cell = result.data() if result.chosen else result.best or result.best_measured or {}
-        if sweep is not None:  # a plan of several tasks has a line per task: each says which
-            verdicts.append(f"{f.task}: {verdict(result, sweep, f.description)}")
+        if grid is not None:  # a plan of several tasks has a line per task: each says which
+            verdicts.append(f"{f.task}: {verdict(result, grid, f.description)}")
         faith.append(
             {
                 "model": f.model,
                 "task": f.task,
                 "n_layers": result.n_layers,
-                "base_accuracy": sweep.base_accuracy if sweep else None,
-                "base_accuracy_ci": sweep.base_accuracy_ci if sweep else None,
-                "n_solved": sweep.n_solved if sweep else None,
+                "base_accuracy": grid.base_accuracy if grid else None,
+                "base_accuracy_ci": grid.base_accuracy_ci if grid else None,
+                "n_solved": grid.n_solved if grid else None,
                 "threshold": result.threshold,
                 "found": result.found,
                 "chosen": result.chosen,
@@ -279,17 +286,85 @@ def stages_text(stages: dict[str, list[int]]) -> str:
     return f"waits in blocks {wait}, transfers in {transfer}, computes in {compute}"
 
 
-def verdict(search: Result, sweep: Any, description: str | None = None) -> str:
+def verdict(search: Result, grid: sweep.Result, description: str | None = None) -> str:
     """One line per model: the search's claim with its outcome and numbers, where the judged cell would wait,
     transfer and compute, and the base accuracy."""
     name = search.model or "model"
     if description:  # a bundled model: which weights exactly (quantisation included)
         name = f"{name} [{', '.join(description.split(', ')[:2])}]"
     base_text = (
-        f"base accuracy {with_ci(sweep.base_accuracy, sweep.base_accuracy_ci)} on {sweep.n} problems "
-        f"({sweep.n_solved} solved)"
+        f"base accuracy {with_ci(grid.base_accuracy, grid.base_accuracy_ci)} on {grid.n} problems "
+        f"({grid.n_solved} solved)"
     )
     parts = search.faithfulness_by_layout or (search.best or {}).get("faithfulness_by_layout")
     pooled = f"; pooled over token layouts ({layouts_text(parts)})" if parts else ""
     where = f"; there it {stages_text(search.stages)}" if search.chosen and search.stages else ""
     return f"{name} ({search.n_layers} layers): {claim_line(search)}{where}{pooled}; {base_text}."
+
+
+# What the experiments that run at the search's config read of it
+
+NO_CELL = "its search found no cell whose interval clears the constant-guess baseline"
+
+
+def searched(inputs: base.Inputs) -> Result | None:
+    """The search result this unit reads (on its own model and task), or None when it reads none."""
+    return inputs.one(Result)
+
+
+def every_search(inputs: base.Inputs) -> list[Result]:
+    """The search results of every model of the plan (a cross-model experiment's sources)."""
+    return inputs.every(Result)
+
+
+def searched_config(search: Result) -> AF1Config | None:
+    """The AF1 config a search settled on: the cell it chose, else its best eligible cell; None when no cell
+    is eligible (a finding: the units that read it say so)."""
+    if search.chosen:
+        wait, transfer = search.wait, search.transfer
+    elif search.best is not None:
+        wait, transfer = search.best["wait"], search.best["transfer"]
+    else:
+        return None
+    return AF1Config(**{**(search.config or {}), "wait": wait, "transfer": transfer})
+
+
+def check_found(inputs: base.Inputs, options: base.Options) -> None:
+    """The unit does not apply when it is asked only where the search chose a cell and its confirmation split
+    does not reject it, and that is not so."""
+    if getattr(options, "require_found", False):
+        search = searched(inputs)
+        if search is None:
+            return
+        asked = "asked only where the search chose a cell its confirmation does not reject (require_found)"
+        if not search.chosen:
+            raise base.NotApplicable(f"no cell reaches faithfulness {search.threshold} on the selection split; {asked}")
+        if search.claim is not None and search.claim["outcome"] == REJECTED:
+            raise base.NotApplicable(f"{outcome_text(search.claim)}; {asked}")
+
+
+def config_of(inputs: base.Inputs, options: base.ConfigOptions, n_layers: int) -> AF1Config:
+    """The configuration an experiment runs at: the options' fixed one, else the search's."""
+    if options.wait is not None:
+        config = AF1Config(wait=options.wait, transfer=options.transfer or 0, seed=inputs.spec.seed)
+    else:
+        search = searched(inputs)
+        if search is None:
+            raise Af1Error("no configuration to run at: give wait and transfer, or run the search first")
+        config = searched_config(search)
+        if config is None:  # a finding of the search, not a mistake of the caller
+            raise base.NotApplicable(f"no configuration to run at: {NO_CELL} (or give wait and transfer)")
+    config.check(n_layers)
+    return config
+
+
+def measured_on(inputs: base.Inputs, options: base.ConfigOptions, setup: Setup) -> tuple[Setup, str]:
+    """Where a config is measured: all solved problems for a fixed config, the search's confirmation split for the
+    search's own config (never the problems that chose it)."""
+    if options.wait is not None:
+        return setup, "the solved problems"
+    search = searched(inputs)
+    if search is None:
+        raise Af1Error("no configuration to run at: give wait and transfer, or run the search first")
+    on = allforone.search.confirmation(setup, search.selection_fraction, search.split_seed)
+    return on, "the search's confirmation split"

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from af1.errors import Af1Error
 from af1.experiments import base
+from af1.experiments.search import config_of, measured_on, searched
 from af1.methods import allforone
 from af1.report.markup import claims_html, claims_lines, table_html
 from af1.stats import with_ci
@@ -47,7 +48,7 @@ class Styles(base.Experiment):
         if spec.file is not None:
             raise base.NotApplicable("input styles are the built-in arithmetic tasks' (a task file has its own form)")
         lm = inputs.resources.lm()
-        config = base.config_of(inputs, options, lm.adapter.n_layers)
+        config = config_of(inputs, options, lm.adapter.n_layers)
         operations = tuple(options.operations or [spec.operation])
         own = None  # the task's own cell reuses the setup the other experiments share
         if spec.style in options.styles and spec.operation in operations:
@@ -56,8 +57,8 @@ class Styles(base.Experiment):
             except Af1Error:  # a cell the model solves nothing of is a row with its error
                 setup = None
             if setup is not None:  # at the search's config: on its confirmation half, beside its number
-                own = (setup, *base.measured_on(inputs, options, setup))
-        search = base.searched(inputs)
+                own = (setup, *measured_on(inputs, options, setup))
+        search = searched(inputs)
         threshold = search.threshold if search is not None else 0.9
         table = allforone.styles.styles_table(
             lm, config, spec, options.styles, operations, own=own, threshold=threshold

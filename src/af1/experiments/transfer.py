@@ -11,6 +11,7 @@ from typing import Any
 from rich.table import Table
 
 from af1.experiments import base
+from af1.experiments.search import NO_CELL, every_search, searched_config
 from af1.methods import allforone
 from af1.report.markup import table_html
 from af1.stats import with_ci
@@ -112,18 +113,18 @@ class Transfer(base.Experiment):
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         setup = inputs.resources.setup(inputs.spec)
-        searches = base.every_search(inputs)
+        searches = every_search(inputs)
         mine = next((s for s in searches if s.model == inputs.model_name), None)
-        own = base.searched_config(mine) if mine is not None else None
+        own = searched_config(mine) if mine is not None else None
         on, where = setup, "solved problems"
         if own is not None and mine is not None:  # where this model's own config is fair: not chosen there
             on = allforone.search.confirmation(setup, mine.selection_fraction, mine.split_seed)
             where = "the confirmation split of its own search"
         rows, without = [], {}
         for search in searches:
-            config = base.searched_config(search)
+            config = searched_config(search)
             if config is None:
-                without[search.model] = base.NO_CELL
+                without[search.model] = NO_CELL
                 continue
             row = allforone.transfer.transfer_config(on, config, search.n_layers, own=own)
             row["source"].update(

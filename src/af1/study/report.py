@@ -24,11 +24,18 @@ def _label(unit: Unit) -> str:
 
 
 def _typed(unit_id: str, result: dict[str, Any]) -> Any:
-    """A stored result as its experiment's typed result; None for a record this version cannot read."""
-    try:
-        return REGISTRY[unit_id.rsplit("/", 1)[1]].Result.model_validate(result)
-    except Exception:
-        return None
+    """A stored result as its experiment's typed result (`Store.done` gives only results that fit)."""
+    return REGISTRY[unit_id.rsplit("/", 1)[1]].Result.model_validate(result)
+
+
+def _state(unit: Unit, record: dict[str, Any], done: bool) -> tuple[str, str | None]:
+    """A unit's state in the report, and why where it did not finish: a record of other inputs, or a result this
+    af1 cannot read, is stale (the next run of the study runs it again), never shown as done."""
+    if record.get("key", unit.key) != unit.key:
+        return "stale", "its inputs changed since it ran"
+    if record.get("state") == "done" and not done:
+        return "stale", f"its result does not fit this af1's {unit.experiment} result: the next run redoes it"
+    return record.get("state", "missing"), record.get("error") or record.get("reason")
 
 
 def _estimates(store: Store) -> dict[str, float]:
@@ -53,25 +60,26 @@ def collect(store: Store, units: list[Unit]) -> tuple[dict[str, Any], list[str]]
     finished: dict[str, list[Finished]] = {}
     for unit in units:
         rec = records[unit.id]
+        state, why = _state(unit, rec, unit.id in done)
         rows.append(
             {
                 **unit.describe(),
-                "state": rec.get("state", "missing") if rec.get("key", unit.key) == unit.key else "stale",
+                "state": state,
                 "seconds": rec.get("seconds"),
                 "estimated_seconds": expected.get(unit.id),
                 "host": (rec.get("worker") or {}).get("host"),
                 "peak_rss_mb": (rec.get("worker") or {}).get("peak_rss_mb"),
                 "peak_rss_covers": (rec.get("worker") or {}).get("peak_rss_covers", "the process so far"),
-                "error": rec.get("error") or rec.get("reason"),
+                "error": why,
             }
         )
-        result = _typed(unit.id, done[unit.id]) if unit.id in done else None
-        if result is None:
+        if unit.id not in done:
             continue
+        result = _typed(unit.id, done[unit.id])
         deps: dict[str, list[Any]] = {}
         for dep in unit.deps:
-            if dep in done and (typed := _typed(dep, done[dep])) is not None:
-                deps.setdefault(dep.rsplit("/", 1)[1], []).append(typed)
+            if dep in done:
+                deps.setdefault(dep.rsplit("/", 1)[1], []).append(_typed(dep, done[dep]))
         model = (rec.get("provenance") or {}).get("model") or {}
         finished.setdefault(unit.experiment, []).append(
             Finished(unit.model.name or "", _label(unit), result, deps, model.get("description"))
@@ -112,8 +120,6 @@ def unit_sections(store: Store, units: list[Unit]) -> list[str]:
         parts = by_place.setdefault(where, [f"<h2>{html.escape(where)}</h2>"])
         result = _typed(unit.id, record["result"])
         try:
-            if result is None:
-                raise ValueError("a result this version of af1 cannot read")
             seen = warned.setdefault(where, set())
             new = [w for w in result.warnings if w not in seen]
             seen.update(new)

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from af1.experiments import REGISTRY, Inputs, NotApplicable
-from af1.experiments.base import NO_CELL, Resources, check_found
+from af1.experiments.base import Resources
+from af1.experiments.search import NO_CELL, check_found
 from af1.experiments.session import Session, one_line
 from af1.models import load_model
 from af1.progress import peak_memory
