@@ -14,7 +14,7 @@ from af1.claims import Claim
 from af1.experiments import base
 from af1.experiments.search import config_of, measured_on
 from af1.methods import allforone
-from af1.report.markup import table_html
+from af1.report.markup import Tab
 from af1.stats import with_ci
 from af1.tasks.evaluation import ProblemInputs
 
@@ -69,6 +69,12 @@ class Alternatives(base.Experiment):
             inputs=allforone.faithfulness.setup_inputs(setup, **halves),
         )
 
+    def tables(self, result: Result) -> list[Tab]:
+        return [
+            Tab(["ablation at L_wait (ABP af1)", *HEADER], rows(result.ablations_detail, "ablation", result.claims)),
+            Tab(["ABP variant (CAMA)", *HEADER], rows(result.abp_variants_detail, "ABP", result.claims)),
+        ]
+
     def section(self, result: Result, out_dir: Path) -> list[str]:
         family = result.claims[0]["family"] if result.claims else ""
         return [
@@ -76,18 +82,8 @@ class Alternatives(base.Experiment):
             f"<p>On {result.n_solved} problems ({result.measured_on}); each alternative is paired against the "
             f"configured intervention on the same problems, the tests adjusted together ({html.escape(str(family))})."
             "</p>",
-            table_html(
-                ["ablation at L_wait (ABP af1)", *HEADER], rows(result.ablations_detail, "ablation", result.claims)
-            ),
-            table_html(["ABP variant (CAMA)", *HEADER], rows(result.abp_variants_detail, "ABP", result.claims)),
+            *(t.html() for t in self.tables(result)),  # each row holds its claim's outcome
         ]
 
     def show(self, result: Result) -> list[Table | str]:
-        table = Table("intervention", *HEADER)
-        for kind, label, detail in (
-            ("ablation", "ablation {} + ABP af1", result.ablations_detail),
-            ("ABP", "CAMA + ABP {}", result.abp_variants_detail),
-        ):
-            for name, *cells in rows(detail, kind, result.claims):
-                table.add_row(label.format(name), *cells)
-        return [table]
+        return [t.rich() for t in self.tables(result)]

@@ -17,7 +17,7 @@ from af1.errors import Af1Error
 from af1.experiments.helptext import command_help
 from af1.methods.setup import Setup, SetupDescription
 from af1.models import LoadedModel
-from af1.report.markup import page
+from af1.report.markup import Tab, claims_html, claims_lines, page
 from af1.results import Part
 from af1.tasks.evaluation import Evaluated, TaskDescription
 from af1.tasks.spec import TaskSpec
@@ -224,13 +224,18 @@ class Experiment:
         """Its figure in out_dir (None when it has none)."""
         return None
 
-    def section(self, result: Any, out_dir: Path) -> list[str]:
-        """Its part of the HTML report: headings, paragraphs, tables, figures from out_dir."""
+    def tables(self, result: Any) -> list[Tab]:
+        """Its tables, declared once: `section` shows them in the report, `show` on the terminal, each followed
+        by the result's claims."""
         return []
 
+    def section(self, result: Any, out_dir: Path) -> list[str]:
+        """Its part of the HTML report: headings, paragraphs and figures from out_dir around its tables."""
+        return [*(t.html() for t in self.tables(result)), claims_html(getattr(result, "claims", None))]
+
     def show(self, result: Any) -> list[Table | str]:
-        """What the command line prints: tables and lines."""
-        return []
+        """What the command line prints: its tables and claims, and lines."""
+        return [*(t.rich() for t in self.tables(result) if t.rows), *claims_lines(getattr(result, "claims", None))]
 
     def overview(self, finished: list[Finished]) -> tuple[dict[str, Any], list[str]]:
         """Across a study's finished units of this experiment (every model and task): data for report.json and

@@ -7,11 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field
-from rich.table import Table
 
 from af1.experiments import base
 from af1.methods import allforone
-from af1.report.markup import claims_html, claims_lines, table_html
+from af1.report.markup import Tab
 from af1.stats import with_ci
 from af1.tasks.evaluation import ProblemInputs
 
@@ -49,24 +48,17 @@ class Components(base.Experiment):
             inputs=allforone.faithfulness.setup_inputs(setup),
         )
 
+    def tables(self, result: Result) -> list[Tab]:
+        r = result
+        rows = [
+            [w, with_ci(v, r.cama_only_ci.get(w)), with_ci(r.abp_only[w], r.abp_only_ci.get(w))]
+            for w, v in r.cama_only.items()
+        ]
+        return [Tab(["L_wait", "CAMA alone [95 % CI]", "ABP alone [95 % CI]"], rows)]
+
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [
             "<h2>CAMA alone and ABP alone</h2><p>CAMA alone: the ablation at L_wait with no attention mask. "
             f"ABP alone: no ablation, the mask from L_wait+1 with {result.transfer} peek layers.</p>",
-            table_html(
-                ["L_wait", "CAMA alone [95 % CI]", "ABP alone [95 % CI]"],
-                [
-                    [w, with_ci(v, result.cama_only_ci.get(w)), with_ci(result.abp_only[w], result.abp_only_ci.get(w))]
-                    for w, v in result.cama_only.items()
-                ],
-            ),
-            claims_html(result.claims),
+            *super().section(result, out_dir),
         ]
-
-    def show(self, result: Result) -> list[Table | str]:
-        table = Table("L_wait", "CAMA alone [95 % CI]", "ABP alone [95 % CI]")
-        for w, v in result.cama_only.items():
-            table.add_row(
-                str(w), with_ci(v, result.cama_only_ci[w]), with_ci(result.abp_only[w], result.abp_only_ci[w])
-            )
-        return [table, *claims_lines(result.claims)]

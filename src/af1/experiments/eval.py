@@ -8,10 +8,8 @@ import html
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 from af1.experiments import base
-from af1.report.markup import layout_html, layout_table, table_html
+from af1.report.markup import Tab, layout_tab
 from af1.stats import Paired, baseline_warning, mcnemar_exact, with_ci
 from af1.tasks.evaluation import decoder, problem_rows
 from af1.tasks.task import ProblemRow, TaskShape
@@ -62,26 +60,19 @@ class Eval(base.Experiment):
             problems=problem_rows(task, scores, decoder(lm.tokenizer)),
         )
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def tables(self, result: Result) -> list[Tab]:
+        r = result
+        rate = with_ci(r.base_accuracy, r.base_accuracy_ci)
         return [
-            f"<h2>Base accuracy on <code>{html.escape(result.task)}</code></h2>",
-            table_html(
+            Tab(
                 ["task", "style", "shots", "scoring", "n", "solved", "base accuracy [95 % CI]", "constant guess"],
-                [
-                    [
-                        result.task,
-                        result.style,
-                        result.shots,
-                        result.scoring,
-                        result.n,
-                        result.n_solved,
-                        with_ci(result.base_accuracy, result.base_accuracy_ci),
-                        result.base_accuracy_baseline,
-                    ]
-                ],
+                [[r.task, r.style, r.shots, r.scoring, r.n, r.n_solved, rate, r.base_accuracy_baseline]],
             ),
-            layout_html("Base accuracy", result.base_accuracy_by_layout, result.task_layout["layouts"]),
+            layout_tab("Base accuracy", result.base_accuracy_by_layout, result.task_layout["layouts"]),
         ]
+
+    def section(self, result: Result, out_dir: Path) -> list[str]:
+        return [f"<h2>Base accuracy on <code>{html.escape(result.task)}</code></h2>", *super().section(result, out_dir)]
 
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
         """Per task, every two models' base accuracy paired on the same problems (exact McNemar)."""
@@ -103,20 +94,6 @@ class Eval(base.Experiment):
                         f"{test['p_value']:.2g}.</p>"
                     )
         return {"base_accuracy_paired": pairs}, (["<h2>Base accuracy, paired</h2>", *parts] if parts else [])
-
-    def show(self, result: Result) -> list[Table | str]:
-        table = Table("task", "style", "shots", "scoring", "n", "base accuracy [95 % CI]", "constant guess", "solved")
-        table.add_row(
-            result.task,
-            result.style,
-            str(result.shots),
-            result.scoring,
-            str(result.n),
-            with_ci(result.base_accuracy, result.base_accuracy_ci),
-            f"{result.base_accuracy_baseline:.3f}",
-            str(result.n_solved),
-        )
-        return [table, *layout_table(result.base_accuracy_by_layout, result.task_layout["layouts"])]
 
 
 def paired(a: Result, b: Result) -> Paired | None:

@@ -14,7 +14,7 @@ from rich.table import Table
 from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import finetune, heads, positional
-from af1.report.markup import claims_html, claims_lines, table_html
+from af1.report.markup import Tab, claims_html, claims_lines
 from af1.tasks.evaluation import Evaluated, ProblemInputs, evaluate, evaluated, solved
 from af1.tasks.task import build_task
 
@@ -145,10 +145,7 @@ class Finetune(base.Experiment):
             f"{result.arithmetic_baseline}); every answer token trained and scored; text measure on "
             f"{result.text_corpus}. Mean ± std over seeds (random heads: over "
             f"{result.random_heads.get('draws', 1)} seeded draws of heads, none of the chosen ones).</p>",
-            table_html(
-                ["variant", "lr", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters"],
-                [row(result.data(), v) for v in VARIANTS],
-            ),
+            *(t.html() for t in self.tables(result)),
             *(
                 f"<p class='note'>{v}: the chosen learning rate {result.data()[v]['lr']} is the grid's edge "
                 f"({min(result.lr_grid)} to {max(result.lr_grid)}): a wider grid may do better.</p>"
@@ -158,13 +155,18 @@ class Finetune(base.Experiment):
             claims_html(result.claims),
         ]
 
+    def tables(self, result: Result) -> list[Tab]:
+        headers = ["variant", "lr", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters"]
+        return [Tab(headers, [row(result.data(), v) for v in VARIANTS])]
+
     def show(self, result: Result) -> list[Table | str]:
-        table = Table("variant", "lr", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters")
-        for name in VARIANTS:
-            table.add_row(*map(str, row(result.data(), name)))
         edges = [v for v in VARIANTS[1:] if result.data()[v].get("lr_at_edge")]
         edge = [f"learning rate at the grid's edge for {', '.join(edges)}: a wider grid may do better"] if edges else []
-        return [table, *edge, *claims_lines(result.claims, "claims (one family, Holm)")]
+        return [
+            *(t.rich() for t in self.tables(result)),
+            *edge,
+            *claims_lines(result.claims, "claims (one family, Holm)"),
+        ]
 
 
 def row(data: dict[str, Any], name: str) -> list[Any]:
@@ -177,7 +179,7 @@ def row(data: dict[str, Any], name: str) -> list[Any]:
 
     return [
         name,
-        r.get("lr", "-"),
+        "-" if r.get("lr") is None else f"{r['lr']:g}",
         cell("arithmetic_accuracy", ".3f"),
         cell("perplexity", ".2f"),
         cell("next_token_accuracy", ".3f"),

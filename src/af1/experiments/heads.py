@@ -18,7 +18,7 @@ from af1.experiments import base
 from af1.experiments.search import searched, searched_config
 from af1.methods import allforone, heads
 from af1.report import interactive
-from af1.report.markup import claims_html, claims_lines, figure_html, table_html
+from af1.report.markup import Tab, claims_html, claims_lines, figure_html, table_html
 from af1.stats import with_ci
 from af1.tasks.builtin import FILE_STYLE
 from af1.tasks.evaluation import ProblemInputs, solved
@@ -218,23 +218,7 @@ class Heads(base.Experiment):
             f"({result.key_head_share:.1%}) pass {result.threshold:.0%} by the {result.metric} metric on the selection "
             f"part; {len(result.confirmed_key_heads)} of them are confirmed on the confirmation part "
             f"({' '.join(f'{h[0]}.{h[1]}' for h in result.confirmed_key_heads) or 'none'}).</p>",
-            table_html(
-                [
-                    "knockout (mean ablation, leave-one-out)",
-                    f"accuracy ({ko['scoring']} answer) on {ko['n']} confirmation problems (constant guess "
-                    f"{ko['accuracy_baseline']:.2f})",
-                ],
-                [
-                    [f"top {ko['k']} heads", with_ci(ko["accuracy_top_k"], ko["accuracy_top_k_ci"])],
-                    [
-                        f"{ko['k']} random heads of the same layers and key/value groups "
-                        f"({len(ko['accuracy_random_k'])} draws: mean ± std; {ko['top_rank_among_random']} leave "
-                        "as few right as the top set or fewer)",
-                        f"{ko['accuracy_random_k_mean']:.3f} ± {ko['accuracy_random_k_std']:.3f}",
-                    ],
-                    ["none", ko["base_accuracy"]],
-                ],
-            ),
+            knockout_tab(ko).html(),
             claims_html(result.claims),
         ]
         second = result.second_counterfactual
@@ -355,15 +339,6 @@ class Heads(base.Experiment):
             "key heads confirmed (confirmation part)",
             " ".join(f"{h[0]}.{h[1]}" for h in result.confirmed_key_heads) or "none",
         )
-        table.add_row(
-            f"accuracy ({ko['scoring']} answer), top {ko['k']} heads mean-ablated (n {ko['n']}, constant guess "
-            f"{ko['accuracy_baseline']:.2f})",
-            with_ci(ko["accuracy_top_k"], ko["accuracy_top_k_ci"]),
-        )
-        table.add_row(
-            f"accuracy, {ko['k']} random heads of the same layers and key/value groups (mean ± std)",
-            f"{ko['accuracy_random_k_mean']:.3f} ± {ko['accuracy_random_k_std']:.3f}",
-        )
         split = result.split
         table.add_row(
             "heads chosen on / tested on", f"{split.get('n_selection')} / {split.get('n_confirmation')} solved problems"
@@ -375,4 +350,21 @@ class Heads(base.Experiment):
                 f"top heads with the {second['counterfactual_kind']} counterfactual (path patching only)",
                 " ".join(f"{h[0]}.{h[1]}" for h in second["top_heads"]),
             )
-        return [table, *claims_lines(result.claims, "claims (one family, Holm)")]
+        return [table, knockout_tab(ko).rich(), *claims_lines(result.claims, "claims (one family, Holm)")]
+
+
+def knockout_tab(ko: heads.knockouts.Knockout) -> Tab:
+    """The top heads knocked out against matched random sets, on the confirmation problems."""
+    scored = f"accuracy ({ko['scoring']} answer) on {ko['n']} confirmation problems"
+    random = (
+        f"{ko['k']} random heads of the same layers and key/value groups ({len(ko['accuracy_random_k'])} draws: "
+        f"mean ± std; {ko['top_rank_among_random']} leave as few right as the top set or fewer)"
+    )
+    return Tab(
+        ["knockout (mean ablation, leave-one-out)", f"{scored} (constant guess {ko['accuracy_baseline']:.2f})"],
+        [
+            [f"top {ko['k']} heads", with_ci(ko["accuracy_top_k"], ko["accuracy_top_k_ci"])],
+            [random, f"{ko['accuracy_random_k_mean']:.3f} ± {ko['accuracy_random_k_std']:.3f}"],
+            ["none", ko["base_accuracy"]],
+        ],
+    )

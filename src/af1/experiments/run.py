@@ -7,14 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field
-from rich.table import Table
 
 from af1.experiments import base
 from af1.experiments.search import config_of, measured_on
 from af1.interventions.af1 import Ablation
 from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
-from af1.report.markup import layout_html, layout_table, stages_table, table_html
+from af1.report.markup import Tab, layout_tab, stages_tab
 from af1.stats import with_ci
 
 
@@ -48,39 +47,42 @@ class Run(base.Experiment):
             measured_on=where,
         )
 
+    def tables(self, result: Result) -> list[Tab]:
+        r = result
+        executor = r.executor + (f" ({r.fallback_reason})" if r.fallback_reason else "")
+        rate = with_ci(r.faithfulness, r.faithfulness_ci)
+        return [
+            Tab(
+                [
+                    "wait",
+                    "transfer",
+                    "ablation",
+                    "ABP",
+                    "solved",
+                    "faithfulness [95 % CI]",
+                    "constant guess",
+                    "executor",
+                ],
+                [
+                    [
+                        r.wait,
+                        r.transfer,
+                        r.config.ablation,
+                        r.config.abp,
+                        r.n_solved,
+                        rate,
+                        r.faithfulness_baseline,
+                        executor,
+                    ]
+                ],
+            ),
+            layout_tab("Faithfulness", r.faithfulness_by_layout, r.layouts),
+            stages_tab(r.stages),
+        ]
+
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [
             f"<h2>AF1 at L_wait = {result.wait}, L_transfer = {result.transfer}</h2><p>On {result.n_solved} "
             f"problems ({result.measured_on}).</p>",
-            table_html(
-                ["ablation", "ABP", "solved", "faithfulness [95 % CI]", "constant guess", "executor"],
-                [
-                    [
-                        result.config.ablation,
-                        result.config.abp,
-                        result.n_solved,
-                        with_ci(result.faithfulness, result.faithfulness_ci),
-                        result.faithfulness_baseline,
-                        result.executor,
-                    ]
-                ],
-            ),
-            layout_html("Faithfulness", result.faithfulness_by_layout, result.layouts),
-            stages_table(result.stages),
+            *super().section(result, out_dir),
         ]
-
-    def show(self, result: Result) -> list[Table | str]:
-        table = Table(
-            "wait", "transfer", "ablation", "abp", "solved", "faithfulness [95 % CI]", "constant guess", "executor"
-        )
-        table.add_row(
-            str(result.wait),
-            str(result.transfer),
-            result.config.ablation,
-            result.config.abp,
-            str(result.n_solved),
-            with_ci(result.faithfulness, result.faithfulness_ci),
-            f"{result.faithfulness_baseline:.3f}",
-            result.executor + (f" ({result.fallback_reason})" if result.fallback_reason else ""),
-        )
-        return [table, *layout_table(result.faithfulness_by_layout, result.layouts)]

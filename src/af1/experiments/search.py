@@ -18,15 +18,7 @@ from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
 from af1.methods.setup import Setup
 from af1.report import interactive
-from af1.report.markup import (
-    figure_html,
-    layout_html,
-    layout_table,
-    layouts_text,
-    result_beside,
-    stages_table,
-    table_html,
-)
+from af1.report.markup import Tab, figure_html, layout_tab, layouts_text, result_beside, stages_tab, table_html
 from af1.stats import with_ci
 from af1.tasks.task import LayoutRow
 
@@ -113,33 +105,30 @@ class Search(base.Experiment):
         parts = ["<h2>The AF1 subgraph</h2>", figure_html(out_dir, "search.png", grid)]
         parts.append(f"<p><b>{html.escape(claim_line(result))}</b></p>")
         if result.chosen:
-            parts.append(
-                f"<p>Chosen on {result.n_selection} solved problems (the largest L_wait, then the smallest "
-                f"L_transfer, with faithfulness &ge; {result.threshold}, a compute stage, and an interval above "
-                f"the constant guess; selection {result.faithfulness_selection or float('nan'):.3f}): "
-                f"<b>L_wait = {result.wait}, L_transfer = {result.transfer}</b>, judged on the other "
-                f"{result.n_confirmation}: faithfulness <b>{with_ci(result.faithfulness, result.faithfulness_ci)}"
-                f"</b> (constant guess {result.faithfulness_baseline or float('nan'):.3f}).</p>"
-            )
-            parts.append(layout_html("Confirmation faithfulness", result.faithfulness_by_layout, result.layouts))
-            parts.append(stages_table(result.stages or {}))
-        return parts
+            parts.append(f"<p>{html.escape(chosen_line(result))}</p>")
+        return [*parts, *(t.html() for t in self.tables(result))]
+
+    def tables(self, result: Result) -> list[Tab]:
+        if not result.chosen:
+            return []
+        by_layout = layout_tab("Confirmation faithfulness", result.faithfulness_by_layout, result.layouts)
+        return [stages_tab(result.stages), by_layout]
 
     def show(self, result: Result) -> list[Table | str]:
-        if not result.chosen:
-            return [claim_line(result)]
-        table = Table("stage", "layers")
-        for stage, layers in (result.stages or {}).items():
-            table.add_row(stage, f"{layers[0]}..{layers[-1]}" if layers else "none")
-        return [
-            claim_line(result),
-            f"L_wait = {result.wait}, L_transfer = {result.transfer}: chosen on {result.n_selection} problems "
-            f"({result.faithfulness_selection:.3f}), judged on {result.n_confirmation} others: faithfulness "
-            f"{with_ci(result.faithfulness, result.faithfulness_ci)}, "
-            f"constant guess {result.faithfulness_baseline:.3f}",
-            table,
-            *layout_table(result.faithfulness_by_layout, result.layouts),
-        ]
+        lines = [claim_line(result), *([chosen_line(result)] if result.chosen else [])]
+        return [*lines, *(t.rich() for t in self.tables(result) if t.rows)]
+
+
+def chosen_line(result: Result) -> str:
+    """The chosen cell: how it was chosen, on how many problems, and its faithfulness on the others."""
+    return (
+        f"Chosen on {result.n_selection} solved problems (the largest L_wait, then the smallest L_transfer, with "
+        f"faithfulness >= {result.threshold}, a compute stage, and an interval above the constant guess; selection "
+        f"{result.faithfulness_selection or float('nan'):.3f}): L_wait = {result.wait}, L_transfer = "
+        f"{result.transfer}, judged on the other {result.n_confirmation}: faithfulness "
+        f"{with_ci(result.faithfulness, result.faithfulness_ci)} (constant guess "
+        f"{result.faithfulness_baseline or float('nan'):.3f})."
+    )
 
 
 def claim_line(result: Result) -> str:

@@ -6,15 +6,15 @@ not choose it); every other row is another task, measured on all its solved prob
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, model_validator
-from rich.table import Table
 
 from af1.errors import Af1Error
 from af1.experiments import base
 from af1.experiments.search import config_of, measured_on, searched
 from af1.methods import allforone
-from af1.report.markup import claims_html, claims_lines, table_html
+from af1.report.markup import Tab
 from af1.stats import with_ci
 from af1.tasks.builtin import STYLES
 
@@ -65,50 +65,27 @@ class Styles(base.Experiment):
         )
         return Result.of(table)
 
+    def tables(self, result: Result) -> list[Tab]:
+        headers = ["style", "operation", "n", "base accuracy [95 % CI]", "solved", "AF1 faithfulness [95 % CI]"]
+        headers += ["constant guess", "faithfulness measured on (n)"]
+        return [Tab(headers, [row(r) for r in result.rows])]
+
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [
             f"<h2>Input styles (Table 4) at L_wait = {result.wait}, L_transfer = {result.transfer}</h2>",
-            table_html(
-                [
-                    "style",
-                    "operation",
-                    "n",
-                    "base accuracy",
-                    "solved",
-                    "AF1 faithfulness",
-                    "constant guess",
-                    "faithfulness measured on (n)",
-                ],
-                [
-                    [
-                        r["style"],
-                        r["operation"],
-                        r.get("n", ""),
-                        with_ci(r["base_accuracy"], r.get("base_accuracy_ci"))
-                        if "base_accuracy" in r
-                        else r.get("error", ""),
-                        r.get("n_solved", ""),
-                        with_ci(r.get("faithfulness"), r.get("faithfulness_ci")),
-                        r.get("faithfulness_baseline", ""),
-                        f"{r['measured_on']} ({r.get('faithfulness_n')})" if "measured_on" in r else "",
-                    ]
-                    for r in result.rows
-                ],
-            ),
-            claims_html(result.claims),
+            *super().section(result, out_dir),
         ]
 
-    def show(self, result: Result) -> list[Table | str]:
-        table = Table("style", "operation", "n", "base accuracy [95 % CI]", "faithfulness [95 % CI]", "on (n)")
-        for r in result.rows:
-            table.add_row(
-                r["style"],
-                r["operation"],
-                str(r.get("n", "")),
-                with_ci(r.get("base_accuracy"), r.get("base_accuracy_ci"))
-                if "base_accuracy" in r
-                else r.get("error", ""),
-                with_ci(r.get("faithfulness"), r.get("faithfulness_ci")),
-                f"{r['measured_on']} ({r.get('faithfulness_n')})" if "measured_on" in r else "",
-            )
-        return [table, *claims_lines(result.claims)]
+
+def row(r: allforone.styles.StyleRow) -> list[Any]:
+    """One style and operation: its base accuracy (or why it has none) and its faithfulness, with where measured."""
+    return [
+        r["style"],
+        r["operation"],
+        r.get("n"),
+        with_ci(r["base_accuracy"], r.get("base_accuracy_ci")) if "base_accuracy" in r else r.get("error", ""),
+        r.get("n_solved"),
+        with_ci(r.get("faithfulness"), r.get("faithfulness_ci")),
+        r.get("faithfulness_baseline"),
+        f"{r['measured_on']} ({r.get('faithfulness_n')})" if "measured_on" in r else "",
+    ]

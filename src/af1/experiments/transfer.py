@@ -8,12 +8,10 @@ import html
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 from af1.experiments import base
 from af1.experiments.search import NO_CELL, every_search, searched_config
 from af1.methods import allforone
-from af1.report.markup import table_html
+from af1.report.markup import Tab, table_html
 from af1.stats import with_ci
 from af1.tasks.evaluation import ProblemInputs
 
@@ -145,43 +143,28 @@ class Transfer(base.Experiment):
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
         return overview_of(finished)
 
+    def tables(self, result: Result) -> list[Tab]:
+        headers = ["config of", "L_wait / L_transfer", "same layers", "same relative depth", "constant guess"]
+        headers.append("own, and whether each differs from it (Holm over this table)")
+        rows = [
+            [
+                r["source"].get("model"),
+                f"{r['source']['wait']} / {r['source']['transfer']}"
+                + ("" if r["source"].get("chosen", True) else " (best)"),
+                f"{r['absolute']['wait']} / {r['absolute']['transfer']}: "
+                + with_ci(r["absolute"]["faithfulness"], r["absolute"]["faithfulness_ci"]),
+                f"{r['relative']['wait']} / {r['relative']['transfer']}: "
+                + with_ci(r["relative"]["faithfulness"], r["relative"]["faithfulness_ci"]),
+                r["absolute"]["faithfulness_baseline"],
+                own_text(r),
+            ]
+            for r in result.rows
+        ]
+        return [Tab(headers, rows + [[m, "no config", "", "", "", ""] for m in result.sources_without_config])]
+
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [
             f"<h2>Other models' configs on {html.escape(result.target)}</h2><p>On {result.n_measured} problems "
             f"({result.measured_on}).</p>",
-            table_html(
-                [
-                    "config of",
-                    "L_wait / L_transfer",
-                    "same layers",
-                    "same relative depth",
-                    "constant guess",
-                    "own, and whether each differs from it (Holm over this table)",
-                ],
-                [
-                    [
-                        r["source"].get("model"),
-                        f"{r['source']['wait']} / {r['source']['transfer']}"
-                        + ("" if r["source"].get("chosen", True) else " (best)"),
-                        f"{r['absolute']['wait']} / {r['absolute']['transfer']}: "
-                        + with_ci(r["absolute"]["faithfulness"], r["absolute"]["faithfulness_ci"]),
-                        f"{r['relative']['wait']} / {r['relative']['transfer']}: "
-                        + with_ci(r["relative"]["faithfulness"], r["relative"]["faithfulness_ci"]),
-                        r["absolute"]["faithfulness_baseline"],
-                        own_text(r),
-                    ]
-                    for r in result.rows
-                ]
-                + [[m, "no config", "", "", "", ""] for m in result.sources_without_config],
-            ),
+            *super().section(result, out_dir),
         ]
-
-    def show(self, result: Result) -> list[Table | str]:
-        table = Table("config of", "same layers", "same relative depth")
-        for r in result.rows:
-            table.add_row(
-                str(r["source"].get("model")),
-                with_ci(r["absolute"]["faithfulness"], r["absolute"]["faithfulness_ci"]),
-                with_ci(r["relative"]["faithfulness"], r["relative"]["faithfulness_ci"]),
-            )
-        return [table]

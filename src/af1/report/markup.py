@@ -7,6 +7,7 @@ import html
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,23 +39,47 @@ def image_html(d: Path, name: str) -> str:
     return f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
 
 
-def fmt_cell(v: Any) -> str:
+def cell_text(v: Any) -> str:
+    """A table cell as text, the same in the report and on the terminal: a float to 3 places, None empty."""
     if isinstance(v, float):
         return f"{v:.3f}"
-    return html.escape(str(v))
+    return "" if v is None else str(v)
 
 
 def table_html(headers: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{fmt_cell(c)}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell_text(c))}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def stages_table(stages: dict[str, list[int]]) -> str:
+@dataclass(frozen=True)
+class Tab:
+    """One table of a result, declared once: its report section shows it as HTML, the terminal as a rich table
+    (an experiment's `tables`)."""
+
+    headers: list[str]
+    rows: list[list[Any]]
+    title: str = ""
+
+    def html(self) -> str:
+        if not self.rows:
+            return ""
+        return (f"<p>{html.escape(self.title)}:</p>" if self.title else "") + table_html(self.headers, self.rows)
+
+    def rich(self) -> Table:
+        table = Table(*self.headers, title=self.title or None)
+        for row in self.rows:
+            table.add_row(*map(cell_text, row))
+        return table
+
+
+def stages_tab(stages: dict[str, list[int]] | None) -> Tab:
+    """AF1's stages: which layers wait, transfer and compute."""
+
     def span(layers: list[int]) -> str:
         return f"{layers[0]}..{layers[-1]}" if layers else "none"
 
-    return table_html(["stage", "layers"], [[k, span(v)] for k, v in stages.items()])
+    return Tab(["stage", "layers"], [[k, span(v)] for k, v in (stages or {}).items()])
 
 
 def load_json(d: Path, name: str) -> dict[str, Any] | None:
@@ -110,26 +135,11 @@ def layout_rows(by_layout: Rows | None, layouts: Rows | None) -> list[list[Any]]
     return rows
 
 
-def layout_html(what: str, by_layout: Rows | None, layouts: Rows | None) -> str:
-    """The per-layout table under a pooled rate, with a line saying what is pooled; nothing for one layout."""
+def layout_tab(what: str, by_layout: Rows | None, layouts: Rows | None) -> Tab:
+    """The per-layout table under a pooled rate, titled with what is pooled; no rows for a task of one layout."""
     rows = layout_rows(by_layout, layouts)
-    if not rows:
-        return ""
-    return (
-        f"<p>{html.escape(what)}, pooled over {len(rows)} token layouts (each measured with its own CAMA means "
-        "and interventions):</p>" + table_html(LAYOUT_HEADERS, rows)
-    )
-
-
-def layout_table(by_layout: Rows | None, layouts: Rows | None) -> list[Table]:
-    """The same per-layout rows for a terminal: one table, or none for a task of one layout."""
-    rows = layout_rows(by_layout, layouts)
-    if not rows:
-        return []
-    table = Table(*LAYOUT_HEADERS, title="per token layout (pooled above)")
-    for row in rows:
-        table.add_row(*(str(c) for c in row))
-    return [table]
+    title = f"{what} per token layout, pooled above ({len(rows)} layouts, each with its own CAMA means and interventions)"
+    return Tab(LAYOUT_HEADERS, rows, title)
 
 
 def layouts_text(by_layout: Rows | None) -> str:
