@@ -23,6 +23,7 @@ SEARCH = {"search": {"threshold": 0.5}}
 RUNS: dict[str, dict[str, Any]] = {
     "components": {"waits": [0, 1], "transfer": 1},
     "necessity": {"windows": [1]},
+    "probes": {"folds": 3},
     "alternatives": {},
     "prune": {"wait": 0, "transfer": 1},
     "styles": {"styles": ["original", "verbal"]},
@@ -95,7 +96,9 @@ def test_one_problem_of_each_experiment_reruns_from_its_json_alone(written, name
         sel, conf = inputs["sets"]["selection"], inputs["sets"]["confirmation"]
         assert (len(sel), len(conf)) == (data["n_selection"], data["n_confirmation"])
         assert sorted(sel + conf) == solved and not set(sel) & set(conf)
-    elif name in ("alternatives", "transfer", "heads", "styles") or (name == "necessity" and search["chosen"]):
+    elif name in ("alternatives", "transfer", "heads", "styles") or (
+        name in ("necessity", "probes") and search["chosen"]
+    ):
         assert len(inputs["sets"]["confirmation"]) == search["n_confirmation"]  # measured on the search's other half
         assert set(inputs["sets"]["confirmation"]) <= set(solved)
 

@@ -511,7 +511,7 @@ def demo(
         typer.Option(
             "--full",
             help="also CAMA and ABP alone, alternatives, pruning, the operator ranking, other tasks' heads, input "
-            "styles and position+meaning",
+            "styles, probes of the last token and position+meaning",
         ),
     ] = False,
     dtype: DtypeOpt = "float32",

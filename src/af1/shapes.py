@@ -18,7 +18,9 @@ LEGEND: dict[str, str] = {
     "J": "key-value heads of attention",
     "K": "key positions of attention",
     "L": "decoder layers",
+    "M": "a probe's label columns: the true labels, then permutations of them",
     "N": "windows of natural text (positional study)",
+    "O": "a probe's outputs: the features it regresses (a value, or its points on circles)",
     "P": "problems of a task",
     "Q": "query positions of attention",
     "R": "readout rows: the correct answer token and the clean run's best wrong token",
@@ -28,6 +30,7 @@ LEGEND: dict[str, str] = {
     "V": "vocabulary",
     "W": "L_wait values (-1 .. L-1)",
     "X": "L_transfer values (0 .. L)",
+    "Y": "the values a probe's target takes",
     "Z": "senders: the heads and MLPs whose output is patched",
     "d": "head dimension",
 }

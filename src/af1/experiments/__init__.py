@@ -25,6 +25,7 @@ BUILTIN = (
     "run",
     "components",
     "necessity",
+    "probes",
     "alternatives",
     "prune",
     "styles",

@@ -668,3 +668,78 @@ def page_script() -> str:
 def sortable(fragment: str) -> str:
     """An HTML fragment whose tables sort by a click on a header (in the interactive report)."""
     return fragment.replace("<table>", f'<table class="{SORTABLE_CLASS}">') if enabled() else fragment
+
+
+# --- probes: what the last token holds, block by block ------------------------------------------------------------
+
+STAGE_COLOURS = {"wait": "#bbbbbb", "transfer": "#f0a030", "compute": "#50a050"}
+PALETTE = ("#1f77b4", "#d62728", "#9467bd", "#e377c2", "#8c564b", "#17becf", "#bcbd22")
+
+
+def probes_plot(result: dict[str, Any]) -> str:
+    """Held-out probe accuracy after every block, per target, on the unmodified model (left) and under AF1 (right),
+    with AF1's stages shaded on both; the Fourier probe drawn, the linear one a click away in the legend."""
+    panels = [(result["unmodified"], "x", "y")]
+    if result.get("under_af1"):
+        panels.append((result["under_af1"], "x2", "y2"))
+    data = []
+    for curves, xaxis, yaxis in panels:
+        for c in curves:
+            blocks = list(range(len(c["accuracy"])))
+            hover = [
+                f"{c['target']} ({c['kind']} probe) after block {i}<br>accuracy {with_ci(a, ci)}, n {c['n']}<br>"
+                f"most common label {fmt(c['majority'])}, shuffled labels {fmt(s)}<br>"
+                f"{'above chance' if r else 'not above chance'}"
+                for i, (a, ci, s, r) in enumerate(
+                    zip(c["accuracy"], c["accuracy_ci"], c["shuffled"], c["above_chance"], strict=True)
+                )
+            ]
+            group = f"{c['target']}, {c['kind']}"  # one legend entry toggles the probe in both panels
+            colour = PALETTE[list(result["targets"]).index(c["target"]) % len(PALETTE)]
+            style = {
+                "legendgroup": group,
+                "showlegend": xaxis == "x",
+                "line": {"color": colour, "dash": "solid" if c["kind"] == "fourier" else "dot"},
+                "marker": {"color": colour},
+                **({} if c["kind"] == "fourier" else {"visible": "legendonly"}),
+            }
+            data.append(curve(blocks, c["accuracy"], c["accuracy_ci"], group, hover, xaxis=xaxis, yaxis=yaxis, **style))
+    shapes = []
+    if result.get("wait") is not None:
+        n_layers = len(result["unmodified"][0]["accuracy"]) if result["unmodified"] else 0
+        w, t = result["wait"], result["transfer"]
+        spans = {"wait": (-0.5, w + 0.5), "transfer": (w + 0.5, w + t + 0.5), "compute": (w + t + 0.5, n_layers - 0.5)}
+        for _, xaxis, _ in panels:
+            for stage, (x0, x1) in spans.items():
+                if x1 > x0:
+                    shapes.append(
+                        {
+                            "type": "rect",
+                            "xref": xaxis,
+                            "yref": f"{xaxis.replace('x', 'y')} domain",
+                            "x0": x0,
+                            "x1": x1,
+                            "y0": 0,
+                            "y1": 1,
+                            "fillcolor": STAGE_COLOURS[stage],
+                            "opacity": 0.12,
+                            "line": {"width": 0},
+                            "layer": "below",
+                        }
+                    )
+    two = len(panels) == 2
+    layout: dict[str, Any] = {
+        "xaxis": {"title": {"text": "after block (unmodified)"}, "domain": [0, 0.47] if two else [0, 1]},
+        "yaxis": {"title": {"text": "held-out accuracy"}, "range": [-0.02, 1.02]},
+        "title": {
+            "text": "what the last token holds (shaded: AF1's wait, transfer and compute blocks)",
+            "font": {"size": 13},
+        },
+        "shapes": shapes,
+        "height": 420,
+    }
+    if two:
+        af1 = f"after block (under AF1: L_wait {result['wait']}, L_transfer {result['transfer']})"
+        layout["xaxis2"] = {"title": {"text": af1}, "domain": [0.53, 1], "anchor": "y2"}
+        layout["yaxis2"] = {"range": [-0.02, 1.02], "anchor": "x2"}
+    return plot_html(data, layout)

@@ -138,7 +138,8 @@ def layout_rows(by_layout: Rows | None, layouts: Rows | None) -> list[list[Any]]
 def layout_tab(what: str, by_layout: Rows | None, layouts: Rows | None) -> Tab:
     """The per-layout table under a pooled rate, titled with what is pooled; no rows for a task of one layout."""
     rows = layout_rows(by_layout, layouts)
-    title = f"{what} per token layout, pooled above ({len(rows)} layouts, each with its own CAMA means and interventions)"
+    each = f"{len(rows)} layouts, each with its own CAMA means and interventions"
+    title = f"{what} per token layout, pooled above ({each})"
     return Tab(LAYOUT_HEADERS, rows, title)
 
 

@@ -36,6 +36,7 @@ SLOWDOWN: dict[str, float] = {
     "run": 1.2,  # not in either demo: taken from the faithfulness runs of alternatives
     "components": 1.17,
     "necessity": 1.4,
+    "probes": 1.5,  # not in the focused demo: a guess, not fitted (its ridge fits and permutations are left out)
     "alternatives": 1.2,
     "prune": 1.5,
     "styles": 2.4,
@@ -151,6 +152,8 @@ def unit_work(
         moved = (L - found.transfer - max(found.wait, 0)) * faith if found.transfer else 0
         capture = solved * task.step_tokens() * L
         return capture + solved * task.steps * passes + moved, solved * task.steps * sets, 0.0
+    if experiment == "probes":  # the last token's states after every block, unmodified and under AF1
+        return 2 * half * task.step_tokens() * L + clean, 2 * half, 0.0
     if experiment == "alternatives":
         shared = 10 * half * task.step_tokens() * after + 5 * half * task.step_tokens() * (found.wait + 1)
         return shared + 4 * faith + clean, 14 * half * task.steps, 0.0

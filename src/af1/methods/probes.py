@@ -1,0 +1,319 @@
+"""Probes of the last token's state, block by block: after which block each operand, the answer and its digits can
+be read off it linearly, on the unmodified model and under an AF1 configuration (docs/methods.md, Probes).
+
+Shapes (af1.shapes): P problems, L blocks, D the model's width, O a probe's outputs, M label columns, Y values."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+
+import torch
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
+from af1.claims import Claim, adjust, paired_greater, tested
+from af1.interventions.af1 import AF1Config, af1_intervention
+from af1.interventions.sites import record, residual
+from af1.methods.setup import Setup
+from af1.models.forward import forward_last
+from af1.results import Part
+from af1.stats import wilson
+from af1.tasks.evaluation import batches
+from af1.tasks.task import Task
+
+PERIODS = (2, 5, 10, 100)  # the Fourier probe reads cos and sin of 2 pi value / T for each period T
+ALPHAS = tuple(10.0**k for k in range(-2, 6))  # ridge penalties: each fold picks one per output by leave-one-out
+KINDS = ("fourier", "linear")
+MIN_PROBLEMS = 10  # fewer problems than this cannot be cross-validated in folds worth reading
+PERMUTATIONS = 999  # a claim's null: the whole probe (folds, penalties, decoding) rerun on permuted labels
+
+
+class Curve(TypedDict):
+    """One probe of one target, block by block: held-out accuracy (every problem predicted once, by the fold that
+    did not train on it) with its 95 % interval, the same probe trained on shuffled labels, and the most common
+    label's share (the best a constant guess scores). Descriptive: the claims test their blocks by permutation."""
+
+    target: str
+    kind: str
+    n: int
+    accuracy: list[float]
+    accuracy_ci: list[list[float]]
+    shuffled: list[float]
+    majority: float
+    above_chance: list[bool]  # where the interval's lower end clears both the majority share and the shuffled probe
+
+
+class Probes(Part):
+    """The probes' part: each target's curves on the unmodified model and, where a configuration is given, under
+    AF1; the claims about where under AF1 the operands and the answer become readable."""
+
+    n_probed: int
+    folds: int
+    periods: list[int]
+    permutations: int
+    targets: list[str]
+    unmodified: list[Curve]
+    under_af1: list[Curve] = []
+    wait: int | None = None
+    transfer: int | None = None
+    claims: list[Claim] = []
+
+
+def labels(task: Task) -> dict[str, list[int]]:
+    """Integer targets of every problem: each operand (a, b, ...), the answer, and its digits where it has several
+    (units first); a target whose values are not all integers (a task file's words) is left out."""
+    out: dict[str, list[int]] = {}
+    problems = task.problems
+    for i, name in enumerate("abcdefg"[: len(problems[0].operands)] if problems else ""):
+        values = [_integer(p.operands[i]) for p in problems]
+        if all(v is not None for v in values):
+            out[name] = [int(v) for v in values if v is not None]
+    answers = [_integer(p.answer) for p in problems]
+    if problems and all(a is not None for a in answers):
+        out["answer"] = [int(a) for a in answers if a is not None]
+        places = len(str(max(abs(a) for a in out["answer"])))
+        for place in range(places if places > 1 else 0):
+            out[f"answer digit {place + 1}"] = [abs(a) // 10**place % 10 for a in out["answer"]]
+    return {name: values for name, values in out.items() if len(set(values)) > 1}  # a constant says nothing
+
+
+def _integer(value: object) -> int | None:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None
+
+
+@torch.no_grad()
+def last_token_states(setup: Setup, config: AF1Config | None, batch_size: int = 32) -> torch.Tensor:
+    """The residual state at the last prompt position after every block [P, L, D] (float64, CPU), rows as
+    `setup.kept`'s, on the unmodified model or under AF1 (the reference executor's hooks, with each step's means)."""
+    adapter, kept = setup.adapter, setup.kept
+    states_PLD = torch.zeros(len(kept), adapter.n_layers, adapter.model.config.hidden_size, dtype=torch.float64)
+    sites = [residual(layer) for layer in range(adapter.n_layers)]
+    for step in setup.steps:
+        if step.kept.step not in (None, 0) or step.kept.index_P is None:
+            continue  # the prompt alone: the state that predicts the answer's first token
+        ids = step.kept.input_ids_PT
+        for sl in batches(len(ids), batch_size):
+            batch = ids[sl].to(adapter.device)
+            edits = (
+                af1_intervention(adapter, step.kept, config, step.means, batch)
+                if config is not None
+                else contextlib.nullcontext()
+            )
+            with edits, record(adapter, sites, last_only=True) as cache:
+                forward_last(adapter.model, batch)
+            rows = step.kept.index_P[sl]
+            states_PLD[rows] = torch.stack([cache[s].double().cpu() for s in sites], 1)
+    return states_PLD
+
+
+def fourier_features(values: torch.Tensor, periods: Sequence[int]) -> torch.Tensor:
+    """Each value on a circle per period: cos and sin of 2 pi v / T in a last axis of outputs (sin left out for
+    T = 2, where it is 0)."""
+    out = []
+    for t in periods:
+        angle = 2 * math.pi * values.double() / t
+        out += [torch.cos(angle)] + ([torch.sin(angle)] if t != 2 else [])
+    return torch.stack(out, -1)
+
+
+def features(labels: torch.Tensor, kind: str, periods: Sequence[int]) -> torch.Tensor:
+    """What a probe regresses for labels [...]: the value itself (linear) or its circles (Fourier) [..., O]."""
+    return labels.double()[..., None] if kind == "linear" else fourier_features(labels, periods)
+
+
+def ridge_predict(
+    train_PD: torch.Tensor, targets_PO: torch.Tensor, test_PD: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ridge regression on standardized features, each output's penalty chosen among ALPHAS by its exact
+    leave-one-out error on the training rows: the test rows' predictions [P, O] and each output's leave-one-out mean
+    squared error at its penalty [O] (how far to trust it when decoding)."""
+    mean, std = train_PD.mean(0), train_PD.std(0).clamp_min(1e-8)
+    x = (train_PD - mean) / std
+    y_mean = targets_PO.mean(0)
+    y = targets_PO - y_mean
+    u, s, vh = torch.linalg.svd(x, full_matrices=False)
+    uty = u.T @ y
+    best_O = torch.zeros(y.shape[1], dtype=torch.long)
+    loo_O = torch.full((y.shape[1],), math.inf, dtype=y.dtype)
+    for i, alpha in enumerate(ALPHAS):
+        shrink = s**2 / (s**2 + alpha)
+        leverage = (u**2 @ shrink + 1 / len(x)).clamp_max(1 - 1e-9)  # the intercept's share included
+        loo = ((y - u @ (shrink[:, None] * uty)) / (1 - leverage)[:, None]).pow(2).mean(0)
+        better = loo < loo_O
+        best_O[better], loo_O[better] = i, loo[better]
+    alphas_O = torch.tensor(ALPHAS, dtype=x.dtype)[best_O]
+    weights_DO = vh.T @ ((s[:, None] / (s[:, None] ** 2 + alphas_O[None])) * uty)
+    return ((test_PD - mean) / std) @ weights_DO + y_mean, loo_O
+
+
+def held_out(
+    states_PD: torch.Tensor, labels_PM: torch.Tensor, folds: list[torch.Tensor], kind: str, periods: Sequence[int]
+) -> torch.Tensor:
+    """Every problem's decoded label for each column of labels (the true ones, permutations of them), by the fold
+    that did not train on it [P, M]: the label among all values whose features lie nearest the prediction, each
+    output weighted by its leave-one-out error (an output the state cannot predict counts for little)."""
+    values_Y = labels_PM[:, 0].unique()
+    features_YO = features(values_Y, kind, periods)
+    decoded = torch.empty_like(labels_PM)
+    for k, test in enumerate(folds):
+        train = torch.cat([f for j, f in enumerate(folds) if j != k])
+        target_PMO = features(labels_PM[train], kind, periods)
+        n, m, o = target_PMO.shape
+        predicted, error = ridge_predict(states_PD[train], target_PMO.reshape(n, m * o), states_PD[test])
+        predicted_PMO, weight_MO = predicted.reshape(-1, m, o), 1 / error.reshape(m, o).clamp_min(1e-12)
+        distance_PMY = ((predicted_PMO[:, :, None] - features_YO) ** 2 * weight_MO[:, None]).sum(-1)
+        decoded[test] = values_Y[distance_PMY.argmin(-1)]
+    return decoded
+
+
+def split_folds(n: int, folds: int, seed: int) -> list[torch.Tensor]:
+    """A seeded partition of n problems into `folds` parts of nearly equal size."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return [part for part in order.chunk(folds) if len(part)]
+
+
+def permuted(label_P: torch.Tensor, count: int, seed: int) -> torch.Tensor:
+    """The labels, then `count` seeded permutations of them across the problems [P, 1 + count]."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([label_P, *(label_P[torch.randperm(len(label_P), generator=g)] for _ in range(count))], 1)
+
+
+def first_above_chance(curve: Curve, start: int = 0) -> int | None:
+    """The first block from `start` whose state the probe reads above chance (descriptive), None where none is."""
+    return next((i for i, above in enumerate(curve["above_chance"]) if above and i >= start), None)
+
+
+def curves(
+    states_PLD: torch.Tensor, targets: dict[str, list[int]], folds: int, seed: int, periods: Sequence[int]
+) -> tuple[list[Curve], dict[tuple[str, str], torch.Tensor]]:
+    """Every target's probes block by block, and each probe's right/wrong per problem and block [P, L]."""
+    parts = split_folds(len(states_PLD), folds, seed)
+    made, right = [], {}
+    for name, values in targets.items():
+        label = torch.tensor(values)
+        labels = permuted(label, 1, seed)  # the true labels and one shuffle of them: the control curve
+        majority = float(label.unique(return_counts=True)[1].max()) / len(label)
+        for kind in KINDS:
+            got = [held_out(states_PLD[:, layer], labels, parts, kind, periods) for layer in range(states_PLD.shape[1])]
+            right[name, kind] = torch.stack([d[:, 0] == label for d in got], 1)
+            n = len(label)
+            k = right[name, kind].sum(0).tolist()
+            shuffled = [float((d[:, 1] == label).double().mean()) for d in got]
+            ci = [list(wilson(x, n)) for x in k]
+            made.append(
+                Curve(
+                    target=name,
+                    kind=kind,
+                    n=n,
+                    accuracy=[x / n for x in k],
+                    accuracy_ci=ci,
+                    shuffled=shuffled,
+                    majority=majority,
+                    above_chance=[c[0] > max(majority, s) for c, s in zip(ci, shuffled, strict=True)],
+                )
+            )
+    return made, right
+
+
+def readable_claim(
+    states_PD: torch.Tensor, label_P: torch.Tensor, folds: int, seed: int, kind: str, statement: str, where: str
+) -> Claim:
+    """'This state holds the target': the probe's held-out accuracy against PERMUTATIONS permutations of the labels,
+    each probed the same way (same folds, penalties chosen again, decoded again); one-sided, the observed accuracy
+    counted among them (so p is at least 1 / (PERMUTATIONS + 1)). Its baseline: the most common label's share."""
+    labels = permuted(label_P, PERMUTATIONS, seed + 1)
+    decoded = held_out(states_PD, labels, split_folds(len(label_P), folds, seed), kind, PERIODS)
+    accuracy = (decoded == labels).double().mean(0)
+    p = float((accuracy[1:] >= accuracy[0] - 1e-12).sum() + 1) / (PERMUTATIONS + 1)
+    k, n = int((decoded[:, 0] == label_P).sum()), len(label_P)
+    rule = f"one-sided permutation test of the held-out accuracy ({PERMUTATIONS} label permutations, probed alike)"
+    majority = float(label_P.unique(return_counts=True)[1].max()) / n
+    subject = statement.split(" can ")[0]
+    return tested("probe_readable", statement, rule, where, n, k / n, wilson(k, n), p, "greater", majority, subject)
+
+
+def spoken(target: str) -> str:
+    """A target in words: 'operand a', 'the answer', "the answer's units digit"."""
+    if len(target) == 1:
+        return f"operand {target}"
+    place = int(target.removeprefix("answer digit ") or 0) if target != "answer" else 0
+    return (
+        "the answer" if not place else f"the answer's {({1: 'units', 2: 'tens'}).get(place, f'10^{place - 1}')} digit"
+    )
+
+
+def computed_target(targets: Sequence[str]) -> str | None:
+    """The target that shows the answer computed: its units digit where answers have several (a sum's value is a
+    linear function of its operands', so a probe reads it wherever they are; its value modulo 10 is not), else the
+    answer itself."""
+    return next((t for t in ("answer digit 1", "answer") if t in targets), None)
+
+
+def stage_claims(
+    states_PLD: torch.Tensor,
+    targets: dict[str, list[int]],
+    right: dict[tuple[str, str], torch.Tensor],
+    config: AF1Config,
+    folds: int,
+    seed: int,
+    measured_on: str,
+) -> list[Claim]:
+    """What AF1's stages say the probes should find, by each probe (a number may sit on a line or on circles): every
+    operand readable after the transfer layers; the computed target (`computed_target`) readable after the last
+    block, and read better there than after the transfer layers (the compute stage computes it). One family, Holm."""
+    last = states_PLD.shape[1] - 1
+    after = min(config.wait + config.transfer, last)
+    where = f"under AF1 (L_wait {config.wait}, L_transfer {config.transfer}), {measured_on}"
+    result = computed_target(list(targets))
+    tested_at = [*((t, after) for t in targets if len(t) == 1), *([(result, last)] if result else [])]
+    claims = []
+    for kind in KINDS:
+        for name, block in tested_at:
+            statement = f"{spoken(name)} can be read off the last token after block {block} ({kind} probe)"
+            label = torch.tensor(targets[name])
+            claims.append(readable_claim(states_PLD[:, block], label, folds, seed, kind, statement, where))
+        if result is not None and after < last:
+            read = right[result, kind].double()
+            statement = (
+                f"{spoken(result)} is read better after block {last} than after block {after}, the last transfer "
+                f"block ({kind} probe): the compute stage computes it"
+            )
+            claims.append(
+                paired_greater(
+                    "probe_computed", statement, read[:, last].tolist(), read[:, after].tolist(), where, result
+                )
+            )
+    return adjust(claims, "probes under AF1")
+
+
+def probes(setup: Setup, config: AF1Config | None, *, folds: int, seed: int, measured_on: str) -> Probes:
+    """The probes on the setup's kept problems: unmodified, and under AF1 where a configuration is given."""
+    targets = labels(setup.kept)
+    n = len(setup.kept)
+    if n < max(MIN_PROBLEMS, 2 * folds):
+        raise ValueError(
+            f"{n} problems are too few to probe in {folds} folds (at least {max(MIN_PROBLEMS, 2 * folds)})"
+        )
+    if not targets:
+        raise ValueError("no target to probe: the task's operands and answer are not integers, or never vary")
+    unmodified, _ = curves(last_token_states(setup, None), targets, folds, seed, PERIODS)
+    found = Probes(
+        n_probed=n,
+        folds=folds,
+        periods=list(PERIODS),
+        permutations=PERMUTATIONS,
+        targets=list(targets),
+        unmodified=unmodified,
+    )
+    if config is None:
+        return found
+    states = last_token_states(setup, config)
+    under, right = curves(states, targets, folds, seed, PERIODS)
+    claims = stage_claims(states, targets, right, config, folds, seed, measured_on)
+    return found.model_copy(
+        update={"under_af1": under, "wait": config.wait, "transfer": config.transfer, "claims": claims}
+    )
