@@ -71,23 +71,18 @@ class Probes(base.Experiment):
 
     def tables(self, result: Result) -> list[Tab]:
         under = {(c["target"], c["kind"]): c for c in result.under_af1}
+        alone = {(c["target"], c["kind"]): c for c in result.no_transfer}
+
+        def at(curve: probes.Curve | None, block: int) -> str | None:
+            return with_ci(curve["accuracy"][block], curve["accuracy_ci"][block]) if curve else None
+
         rows = []
         for c in result.unmodified:
-            af1 = under.get((c["target"], c["kind"]))
-            rows.append(
-                [
-                    c["target"],
-                    c["kind"],
-                    probes.first_above_chance(c),
-                    probes.first_above_chance(af1, (result.wait or 0) + 1) if af1 else None,
-                    with_ci(c["accuracy"][-1], c["accuracy_ci"][-1]),
-                    with_ci(af1["accuracy"][-1], af1["accuracy_ci"][-1]) if af1 else None,
-                    c["majority"],
-                ]
-            )
-        after = f"under AF1, after block {result.wait}" if result.wait is not None else "under AF1"
-        headers = ["target", "probe", "first block read above chance", after, "accuracy after the last block"]
-        return [Tab([*headers, "under AF1", "most common label"], rows)]
+            key, last = (c["target"], c["kind"]), len(c["accuracy"]) - 1
+            read = [at(c, last), at(under.get(key), last), at(alone.get(key), last)]
+            rows.append([*key, probes.first_above_chance(c), *read, c["majority"]])
+        headers = ["target", "probe", "first block read above chance", "after the last block"]
+        return [Tab([*headers, "under AF1", "with no transfer layers (control)", "most common label"], rows)]
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         config = f"L_wait {result.wait}, L_transfer {result.transfer}" if result.wait is not None else None
@@ -98,10 +93,14 @@ class Probes(base.Experiment):
             f"a probe that did not train on it. The Fourier probe reads each value on circles of periods "
             f"{', '.join(map(str, result.periods))}; the linear one reads the value itself. The curves are "
             "descriptive (a block is read <i>above chance</i> where its accuracy's 95 % interval lies above both "
-            "the most common label's share and the same probe trained on shuffled labels); the claims below test "
-            f"their blocks against {result.permutations} label permutations, each probed alike"
-            + (f", under AF1 at {config}" if config else f"; {html.escape(result.no_config or '')}")
-            + ".</p>",
+            "the most common label's share and the same probe trained on shuffled labels). "
+            + (
+                f"Under AF1 at {config} the claims compare, problem by problem, with the matched control: the same "
+                "CAMA and no transfer layers, whose last token keeps only the leave-one-out trace of its own state."
+                if config
+                else html.escape(result.no_config or "")
+            )
+            + "</p>",
             figure_html(out_dir, "probes.png", lambda: interactive.probes_plot(result.data())),
             *(f"<p>{html.escape(line)}</p>" for line in reading(result)),
             *super().section(result, out_dir),
@@ -112,36 +111,37 @@ class Probes(base.Experiment):
 
 
 def reading(result: Result) -> list[str]:
-    """Where under AF1 each operand and the computed target (`probes.computed_target`) are first read above chance
-    (by either probe) after the CAMA block, said against AF1's stages; and what a probe reads at the CAMA block."""
+    """Each operand after the last transfer block and the computed target (`probes.computed_target`) after the last
+    block, under AF1 beside its control with no transfer layers (Fourier probe); and what the CAMA block holds.
+    Numbers only: the claims decide."""
     if result.wait is None or result.transfer is None:
         return []
-    wait, last_transfer = result.wait, result.wait + result.transfer
+    last = len(result.unmodified[0]["accuracy"]) - 1 if result.unmodified else 0
+    after = min(result.wait + result.transfer, last)
     computed = probes.computed_target(result.targets)
-    first: dict[str, int | None] = {}
-    at_cama: set[str] = set()
-    for c in result.under_af1:
-        if len(c["target"]) == 1 or c["target"] == computed:
-            at, known = probes.first_above_chance(c, wait + 1), first.get(c["target"])
-            first[c["target"]] = at if known is None else known if at is None else min(at, known)
-            if 0 <= wait < len(c["above_chance"]) and c["above_chance"][wait]:
-                at_cama.add(probes.spoken(c["target"]))
+    fourier = probes.KINDS[0]
+    under = {c["target"]: c for c in result.under_af1 if c["kind"] == fourier}
+    alone = {c["target"]: c for c in result.no_transfer if c["kind"] == fourier}
+
+    def at(curve: probes.Curve | None, block: int) -> str:
+        return with_ci(curve["accuracy"][block], curve["accuracy_ci"][block]) if curve else "-"
+
     lines = []
-    for target, block in first.items():
-        what, operand = probes.spoken(target), len(target) == 1
-        if block is None:
-            lines.append(f"Under AF1 {what} is never read above chance after block {wait}.")
-        elif block <= last_transfer:
-            verdict = "as AF1's stages say" if operand else "before the compute stage begins"
-            lines.append(
-                f"Under AF1 {what} is first read above chance after block {block}, a transfer block: {verdict}."
-            )
-        else:
-            verdict = "only after the transfer layers" if operand else "in the compute stage, as AF1 says"
-            lines.append(f"Under AF1 {what} is first read above chance after block {block}, {verdict}.")
-    if at_cama:
+    for target in [*(t for t in result.targets if len(t) == 1), *([computed] if computed else [])]:
+        block = after if len(target) == 1 else last
+        line = (
+            f"{probes.spoken(target).capitalize()} after block {block} (Fourier probe): {at(under.get(target), block)}"
+        )
+        line += f" under AF1, {at(alone.get(target), block)} with no transfer layers"
+        if target == computed and after < last:
+            line += f"; under AF1 after block {after}, the last transfer block: {at(under.get(target), after)}"
+        lines.append(line + ".")
+    if result.means_from["leave_one_out"].startswith("each"):  # the probed problems are inside the means
+        n = result.means_from["n_problems"]
         lines.append(
-            f"At the CAMA block ({wait}) itself the probes read {', '.join(sorted(at_cama))}: each problem's mean "
-            "leaves its own state out, so 1/(n - 1) of that state stays in it, a trace a standardizing probe reads."
+            f"At the CAMA block ({result.wait}) each probed problem's state is the mean of the other {n - 1} problems' "
+            f"there, (sum - own) / {n - 1}: an affine function of its own, so a standardizing probe reads what the "
+            "unmodified block holds. That trace stays in the residual stream; the control keeps it and drops the "
+            "transfer layers."
         )
     return lines

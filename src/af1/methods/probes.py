@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, adjust, paired_greater, tested
+from af1.claims import Claim, adjust, paired_greater
 from af1.interventions.af1 import AF1Config, af1_intervention
 from af1.interventions.sites import record, residual
 from af1.methods.setup import Setup
@@ -26,13 +26,12 @@ PERIODS = (2, 5, 10, 100)  # the Fourier probe reads cos and sin of 2 pi value /
 ALPHAS = tuple(10.0**k for k in range(-2, 6))  # ridge penalties: each fold picks one per output by leave-one-out
 KINDS = ("fourier", "linear")
 MIN_PROBLEMS = 10  # fewer problems than this cannot be cross-validated in folds worth reading
-PERMUTATIONS = 999  # a claim's null: the whole probe (folds, penalties, decoding) rerun on permuted labels
 
 
 class Curve(TypedDict):
     """One probe of one target, block by block: held-out accuracy (every problem predicted once, by the fold that
     did not train on it) with its 95 % interval, the same probe trained on shuffled labels, and the most common
-    label's share (the best a constant guess scores). Descriptive: the claims test their blocks by permutation."""
+    label's share (the best a constant guess scores). Descriptive: the claims compare conditions problem by problem."""
 
     target: str
     kind: str
@@ -46,15 +45,16 @@ class Curve(TypedDict):
 
 class Probes(Part):
     """The probes' part: each target's curves on the unmodified model and, where a configuration is given, under
-    AF1; the claims about where under AF1 the operands and the answer become readable."""
+    AF1 and under its matched control (no transfer layers); the claims about where under AF1 the operands arrive
+    and the answer is computed."""
 
     n_probed: int
     folds: int
     periods: list[int]
-    permutations: int
     targets: list[str]
     unmodified: list[Curve]
     under_af1: list[Curve] = []
+    no_transfer: list[Curve] = []  # the same CAMA with no transfer layers: what its leave-one-out trace alone holds
     wait: int | None = None
     transfer: int | None = None
     claims: list[Claim] = []
@@ -176,10 +176,11 @@ def split_folds(n: int, folds: int, seed: int) -> list[torch.Tensor]:
     return [part for part in order.chunk(folds) if len(part)]
 
 
-def permuted(label_P: torch.Tensor, count: int, seed: int) -> torch.Tensor:
-    """The labels, then `count` seeded permutations of them across the problems [P, 1 + count]."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.stack([label_P, *(label_P[torch.randperm(len(label_P), generator=g)] for _ in range(count))], 1)
+def with_shuffle(label_P: torch.Tensor, seed: int) -> torch.Tensor:
+    """The labels beside a seeded shuffle of them across the problems [P, 2]: the shuffled probe's labels."""
+    return torch.stack(
+        [label_P, label_P[torch.randperm(len(label_P), generator=torch.Generator().manual_seed(seed))]], 1
+    )
 
 
 def first_above_chance(curve: Curve, start: int = 0) -> int | None:
@@ -195,7 +196,7 @@ def curves(
     made, right = [], {}
     for name, values in targets.items():
         label = torch.tensor(values)
-        labels = permuted(label, 1, seed)  # the true labels and one shuffle of them: the control curve
+        labels = with_shuffle(label, seed)
         majority = float(label.unique(return_counts=True)[1].max()) / len(label)
         for kind in KINDS:
             got = [held_out(states_PLD[:, layer], labels, parts, kind, periods) for layer in range(states_PLD.shape[1])]
@@ -219,23 +220,6 @@ def curves(
     return made, right
 
 
-def readable_claim(
-    states_PD: torch.Tensor, label_P: torch.Tensor, folds: int, seed: int, kind: str, statement: str, where: str
-) -> Claim:
-    """'This state holds the target': the probe's held-out accuracy against PERMUTATIONS permutations of the labels,
-    each probed the same way (same folds, penalties chosen again, decoded again); one-sided, the observed accuracy
-    counted among them (so p is at least 1 / (PERMUTATIONS + 1)). Its baseline: the most common label's share."""
-    labels = permuted(label_P, PERMUTATIONS, seed + 1)
-    decoded = held_out(states_PD, labels, split_folds(len(label_P), folds, seed), kind, PERIODS)
-    accuracy = (decoded == labels).double().mean(0)
-    p = float((accuracy[1:] >= accuracy[0] - 1e-12).sum() + 1) / (PERMUTATIONS + 1)
-    k, n = int((decoded[:, 0] == label_P).sum()), len(label_P)
-    rule = f"one-sided permutation test of the held-out accuracy ({PERMUTATIONS} label permutations, probed alike)"
-    majority = float(label_P.unique(return_counts=True)[1].max()) / n
-    subject = statement.split(" can ")[0]
-    return tested("probe_readable", statement, rule, where, n, k / n, wilson(k, n), p, "greater", majority, subject)
-
-
 def spoken(target: str) -> str:
     """A target in words: 'operand a', 'the answer', "the answer's units digit"."""
     if len(target) == 1:
@@ -254,33 +238,37 @@ def computed_target(targets: Sequence[str]) -> str | None:
 
 
 def stage_claims(
-    states_PLD: torch.Tensor,
-    targets: dict[str, list[int]],
+    targets: list[str],
     right: dict[tuple[str, str], torch.Tensor],
+    control: dict[tuple[str, str], torch.Tensor] | None,
     config: AF1Config,
-    folds: int,
-    seed: int,
     measured_on: str,
 ) -> list[Claim]:
-    """What AF1's stages say the probes should find, by each probe (a number may sit on a line or on circles): every
-    operand readable after the transfer layers; the computed target (`computed_target`) readable after the last
-    block, and read better there than after the transfer layers (the compute stage computes it). One family, Holm."""
-    last = states_PLD.shape[1] - 1
-    after = min(config.wait + config.transfer, last)
+    """What AF1's stages say the probes should find, per probe (a number may sit on a line or on circles), each a
+    paired permutation test over problems. Against the matched control, the same CAMA with no transfer layers
+    (whose last token keeps only the leave-one-out trace of its own state): every operand read better after the
+    last transfer block, the computed target (`computed_target`) read better after the last block. And the computed
+    target read better after the last block than after the last transfer block. One family, Holm. Problems that
+    share a training fold share its probe, so their outcomes are not independent: the p-values are approximate."""
+    last = next(iter(right.values())).shape[1] - 1
+    after = max(config.peek_layers(), default=config.wait)
     where = f"under AF1 (L_wait {config.wait}, L_transfer {config.transfer}), {measured_on}"
-    result = computed_target(list(targets))
-    tested_at = [*((t, after) for t in targets if len(t) == 1), *([(result, last)] if result else [])]
+    result = computed_target(targets)
     claims = []
     for kind in KINDS:
-        for name, block in tested_at:
-            statement = f"{spoken(name)} can be read off the last token after block {block} ({kind} probe)"
-            label = torch.tensor(targets[name])
-            claims.append(readable_claim(states_PLD[:, block], label, folds, seed, kind, statement, where))
+        if control is not None:
+            for name, block in [*((t, after) for t in targets if len(t) == 1), *([(result, last)] if result else [])]:
+                statement = (
+                    f"{spoken(name)} is read better after block {block} under AF1 than with no transfer layers (the "
+                    f"same CAMA, its trace alone; {kind} probe)"
+                )
+                a, b = right[name, kind][:, block].double(), control[name, kind][:, block].double()
+                claims.append(paired_greater("probe_transferred", statement, a.tolist(), b.tolist(), where, name))
         if result is not None and after < last:
             read = right[result, kind].double()
             statement = (
                 f"{spoken(result)} is read better after block {last} than after block {after}, the last transfer "
-                f"block ({kind} probe): the compute stage computes it"
+                f"block ({kind} probe)"
             )
             claims.append(
                 paired_greater(
@@ -291,7 +279,8 @@ def stage_claims(
 
 
 def probes(setup: Setup, config: AF1Config | None, *, folds: int, seed: int, measured_on: str) -> Probes:
-    """The probes on the setup's kept problems: unmodified, and under AF1 where a configuration is given."""
+    """The probes on the setup's kept problems: unmodified, and where a configuration is given under AF1 and under
+    its matched control (the same CAMA, no transfer layers)."""
     targets = labels(setup.kept)
     n = len(setup.kept)
     if n < max(MIN_PROBLEMS, 2 * folds):
@@ -301,19 +290,14 @@ def probes(setup: Setup, config: AF1Config | None, *, folds: int, seed: int, mea
     if not targets:
         raise ValueError("no target to probe: the task's operands and answer are not integers, or never vary")
     unmodified, _ = curves(last_token_states(setup, None), targets, folds, seed, PERIODS)
-    found = Probes(
-        n_probed=n,
-        folds=folds,
-        periods=list(PERIODS),
-        permutations=PERMUTATIONS,
-        targets=list(targets),
-        unmodified=unmodified,
-    )
+    found = Probes(n_probed=n, folds=folds, periods=list(PERIODS), targets=list(targets), unmodified=unmodified)
     if config is None:
         return found
-    states = last_token_states(setup, config)
-    under, right = curves(states, targets, folds, seed, PERIODS)
-    claims = stage_claims(states, targets, right, config, folds, seed, measured_on)
-    return found.model_copy(
-        update={"under_af1": under, "wait": config.wait, "transfer": config.transfer, "claims": claims}
-    )
+    under, right = curves(last_token_states(setup, config), targets, folds, seed, PERIODS)
+    control, control_right = [], None
+    if config.transfer > 0:
+        alone = config.model_copy(update={"transfer": 0})
+        control, control_right = curves(last_token_states(setup, alone), targets, folds, seed, PERIODS)
+    claims = stage_claims(list(targets), right, control_right, config, measured_on)
+    update = {"under_af1": under, "no_transfer": control, "wait": config.wait, "transfer": config.transfer}
+    return found.model_copy(update={**update, "claims": claims})

@@ -677,18 +677,22 @@ PALETTE = ("#1f77b4", "#d62728", "#9467bd", "#e377c2", "#8c564b", "#17becf", "#b
 
 
 def probes_plot(result: dict[str, Any]) -> str:
-    """Held-out probe accuracy after every block, per target, on the unmodified model (left) and under AF1 (right),
-    with AF1's stages shaded on both; the Fourier probe drawn, the linear one a click away in the legend."""
-    panels = [(result["unmodified"], "x", "y")]
+    """Held-out probe accuracy after every block, per target, on the unmodified model (left) and under AF1 (right,
+    beside it thin: the control with no transfer layers), AF1's stages shaded on both; the Fourier probe drawn, the
+    linear one a click away in the legend."""
+    panels = [(result["unmodified"], "x", "y", "")]
     if result.get("under_af1"):
-        panels.append((result["under_af1"], "x2", "y2"))
+        panels += [
+            (result["under_af1"], "x2", "y2", ""),
+            (result.get("no_transfer") or [], "x2", "y2", ", no transfer"),
+        ]
     data = []
-    for curves, xaxis, yaxis in panels:
+    for curves, xaxis, yaxis, control in panels:
         for c in curves:
             blocks = list(range(len(c["accuracy"])))
             hover = [
-                f"{c['target']} ({c['kind']} probe) after block {i}<br>accuracy {with_ci(a, ci)}, n {c['n']}<br>"
-                f"most common label {fmt(c['majority'])}, shuffled labels {fmt(s)}<br>"
+                f"{c['target']} ({c['kind']} probe{control}) after block {i}<br>accuracy {with_ci(a, ci)}, "
+                f"n {c['n']}<br>most common label {fmt(c['majority'])}, shuffled labels {fmt(s)}<br>"
                 f"{'above chance' if r else 'not above chance'}"
                 for i, (a, ci, s, r) in enumerate(
                     zip(c["accuracy"], c["accuracy_ci"], c["shuffled"], c["above_chance"], strict=True)
@@ -699,17 +703,33 @@ def probes_plot(result: dict[str, Any]) -> str:
             style = {
                 "legendgroup": group,
                 "showlegend": xaxis == "x",
-                "line": {"color": colour, "dash": "solid" if c["kind"] == "fourier" else "dot"},
-                "marker": {"color": colour},
+                "line": {
+                    "color": colour,
+                    "dash": "solid" if c["kind"] == "fourier" else "dot",
+                    "width": 1 if control else 2,
+                },
+                "marker": {"color": colour, "size": 3 if control else 6},
+                "opacity": 0.5 if control else 1,
                 **({} if c["kind"] == "fourier" else {"visible": "legendonly"}),
             }
-            data.append(curve(blocks, c["accuracy"], c["accuracy_ci"], group, hover, xaxis=xaxis, yaxis=yaxis, **style))
+            data.append(
+                curve(
+                    blocks,
+                    c["accuracy"],
+                    None if control else c["accuracy_ci"],
+                    group + control,
+                    hover,
+                    xaxis=xaxis,
+                    yaxis=yaxis,
+                    **style,
+                )
+            )
     shapes = []
     if result.get("wait") is not None:
         n_layers = len(result["unmodified"][0]["accuracy"]) if result["unmodified"] else 0
         w, t = result["wait"], result["transfer"]
         spans = {"wait": (-0.5, w + 0.5), "transfer": (w + 0.5, w + t + 0.5), "compute": (w + t + 0.5, n_layers - 0.5)}
-        for _, xaxis, _ in panels:
+        for xaxis in dict.fromkeys(p[1] for p in panels):
             for stage, (x0, x1) in spans.items():
                 if x1 > x0:
                     shapes.append(
@@ -727,7 +747,7 @@ def probes_plot(result: dict[str, Any]) -> str:
                             "layer": "below",
                         }
                     )
-    two = len(panels) == 2
+    two = len(panels) > 1
     layout: dict[str, Any] = {
         "xaxis": {"title": {"text": "after block (unmodified)"}, "domain": [0, 0.47] if two else [0, 1]},
         "yaxis": {"title": {"text": "held-out accuracy"}, "range": [-0.02, 1.02]},
