@@ -752,7 +752,8 @@ def probes_plot(result: dict[str, Any]) -> str:
         "xaxis": {"title": {"text": "after block (unmodified)"}, "domain": [0, 0.47] if two else [0, 1]},
         "yaxis": {"title": {"text": "held-out accuracy"}, "range": [-0.02, 1.02]},
         "title": {
-            "text": "what the last token holds (shaded: AF1's wait, transfer and compute blocks)",
+            "text": "what the last token holds (shaded: AF1's wait, transfer and compute blocks; right, thin: the same "
+            "CAMA with no transfer layers)",
             "font": {"size": 13},
         },
         "shapes": shapes,
