@@ -1,5 +1,5 @@
 """Probes of the last token's state, block by block: after which block each operand, the answer and its digits can
-be read off it linearly, on the unmodified model and under an AF1 configuration (docs/methods.md, Probes).
+be read off it linearly, on the unmodified model and under an AF1 configuration (docs/methods.md §4).
 
 Shapes (af1.shapes): P problems, L blocks, D the model's width, O a probe's outputs, M label columns, Y values."""
 
@@ -92,6 +92,7 @@ def last_token_states(setup: Setup, config: AF1Config | None, batch_size: int = 
     adapter, kept = setup.adapter, setup.kept
     states_PLD = torch.zeros(len(kept), adapter.n_layers, adapter.model.config.hidden_size, dtype=torch.float64)
     sites = [residual(layer) for layer in range(adapter.n_layers)]
+    filled = torch.zeros(len(kept), dtype=torch.bool)
     for step in setup.steps:
         if step.kept.step not in (None, 0) or step.kept.index_P is None:
             continue  # the prompt alone: the state that predicts the answer's first token
@@ -107,6 +108,8 @@ def last_token_states(setup: Setup, config: AF1Config | None, batch_size: int = 
                 forward_last(adapter.model, batch)
             rows = step.kept.index_P[sl]
             states_PLD[rows] = torch.stack([cache[s].double().cpu() for s in sites], 1)
+            filled[rows] = True
+    assert bool(filled.all()), "every problem's prompt is the first step of one token layout"
     return states_PLD
 
 
