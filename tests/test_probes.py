@@ -138,3 +138,11 @@ def test_the_probes_section_and_terminal_show_the_same_table(probed):
     assert "What the last token holds" in page and "first block read above chance" in page and "af1-plot" in page
     shown = experiment.show(result)
     assert shown and any(isinstance(s, str) and s.startswith("Operand a after block 2") for s in shown)
+
+
+def test_too_few_problems_to_probe_is_a_one_line_error(probed):
+    from af1.errors import Af1Error
+
+    setup = probed[2].setup(TaskSpec(operation="a+b", shots=1, n=8))
+    with pytest.raises(Af1Error, match="too few to probe in 5 folds"):
+        probes.probes(setup, None, folds=5, seed=0, measured_on="the solved problems")

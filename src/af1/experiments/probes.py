@@ -96,7 +96,7 @@ class Probes(base.Experiment):
             "the most common label's share and the same probe trained on shuffled labels). "
             + (
                 f"Under AF1 at {config} the claims compare, problem by problem, with the matched control: the same "
-                "CAMA and no transfer layers, whose last token keeps only the leave-one-out trace of its own state."
+                "CAMA and no transfer layers."
                 if config
                 else html.escape(result.no_config or "")
             )

@@ -13,6 +13,7 @@ import torch
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.claims import Claim, adjust, paired_greater
+from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config, af1_intervention
 from af1.interventions.sites import record, residual
 from af1.methods.setup import Setup
@@ -287,11 +288,9 @@ def probes(setup: Setup, config: AF1Config | None, *, folds: int, seed: int, mea
     targets = labels(setup.kept)
     n = len(setup.kept)
     if n < max(MIN_PROBLEMS, 2 * folds):
-        raise ValueError(
-            f"{n} problems are too few to probe in {folds} folds (at least {max(MIN_PROBLEMS, 2 * folds)})"
-        )
+        raise Af1Error(f"{n} problems are too few to probe in {folds} folds (at least {max(MIN_PROBLEMS, 2 * folds)})")
     if not targets:
-        raise ValueError("no target to probe: the task's operands and answer are not integers, or never vary")
+        raise Af1Error("no target to probe: the task's operands and answer are not integers, or never vary")
     unmodified, _ = curves(last_token_states(setup, None), targets, folds, seed, PERIODS)
     found = Probes(n_probed=n, folds=folds, periods=list(PERIODS), targets=list(targets), unmodified=unmodified)
     if config is None:
