@@ -1,5 +1,5 @@
 """Probes of the last token: a planted linear or circular feature is found where it is planted and nowhere else,
-noise is never called readable, and the experiment runs end to end on a tiny model."""
+the claims stay silent where AF1 and its control hold the same, and the experiment runs end to end on a tiny model."""
 
 from __future__ import annotations
 
@@ -137,7 +137,10 @@ def test_the_probes_section_and_terminal_show_the_same_table(probed):
     page = "".join(experiment.section(result, out))
     assert "What the last token holds" in page and "first block read above chance" in page and "af1-plot" in page
     shown = experiment.show(result)
-    assert shown and any(isinstance(s, str) and s.startswith("Operand a after block 2") for s in shown)
+    assert any(isinstance(s, str) and s.startswith("Operand a after block 2") for s in shown)
+    (tab,) = experiment.tables(result)
+    terminal = next(s for s in shown if not isinstance(s, str))
+    assert [c.header for c in terminal.columns] == tab.headers and all(h in page for h in tab.headers)
 
 
 def test_too_few_problems_to_probe_is_a_one_line_error(probed):
