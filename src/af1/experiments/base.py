@@ -124,13 +124,17 @@ class Inputs:
 
     def every(self, kind: type[R]) -> list[R]:
         """The results of the experiment that writes `kind` on every model of the plan (cross-model experiments)."""
-        return list(self.deps.get(EXPERIMENT_OF_RESULT[kind].name) or [])  # type: ignore[arg-type]
+        return written_by(self.deps, kind)
 
     def one(self, kind: type[R]) -> R | None:
         """The result of the experiment that writes `kind` that this unit reads (for a task experiment: on its own
         model and task), or None when there is none."""
-        found = self.every(kind)
-        return found[0] if found else None
+        return next(iter(written_by(self.deps, kind)), None)
+
+
+def written_by(deps: dict[str, list[Any]], kind: type[R]) -> list[R]:
+    """The results among `deps` (by experiment name) of the experiment that writes `kind`."""
+    return list(deps.get(EXPERIMENT_OF_RESULT[kind].name) or [])
 
 
 class GatedOptions(Options):
@@ -171,8 +175,7 @@ class Finished:
     description: str | None = None  # a bundled model's exact weights
 
     def one(self, kind: type[R]) -> R | None:
-        found = self.deps.get(EXPERIMENT_OF_RESULT[kind].name) or []
-        return found[0] if found else None
+        return next(iter(written_by(self.deps, kind)), None)
 
 
 AnyOptions = Options

@@ -14,7 +14,7 @@ from pydantic import Field
 from rich.table import Table
 
 from af1.experiments import base
-from af1.experiments.search import NO_CELL, config_of, searched, searched_config
+from af1.experiments.search import NO_CELL, config_of, measured_on, searched, searched_config
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, probes
 from af1.report import interactive
@@ -48,17 +48,13 @@ class Probes(base.Experiment):
         n_layers = inputs.resources.lm().adapter.n_layers
         config: AF1Config | None = config_of(inputs, options, n_layers) if options.wait is not None else None
         setup = inputs.resources.setup(inputs.spec)
-        on, where, note = setup, "the solved problems", None
-        search = searched(inputs)
+        search, note = searched(inputs), None
         if config is None and search is None:
             note = "no AF1 configuration: give wait and transfer, or run the search first"
         elif config is None and search is not None:
             config = searched_config(search)
-            if config is None:
-                note = f"no AF1 configuration: {NO_CELL}"
-            else:
-                on = allforone.search.confirmation(setup, search.selection_fraction, search.split_seed)
-                where = "the search's confirmation split"
+            note = None if config is not None else f"no AF1 configuration: {NO_CELL}"
+        on, where = measured_on(inputs, options, setup) if config is not None else (setup, "the solved problems")
         found = probes.probes(on, config, folds=options.folds, seed=options.fold_seed, measured_on=where)
         halves = {} if on is setup else {"confirmation": on}
         return Result.of(

@@ -301,6 +301,14 @@ def searched(inputs: base.Inputs) -> Result | None:
     return inputs.one(Result)
 
 
+def the_search(inputs: base.Inputs) -> Result:
+    """The search result a unit at the search's config reads; a one-line error where the plan ran none."""
+    search = searched(inputs)
+    if search is None:
+        raise Af1Error("no configuration to run at: give wait and transfer, or run the search first")
+    return search
+
+
 def every_search(inputs: base.Inputs) -> list[Result]:
     """The search results of every model of the plan (a cross-model experiment's sources)."""
     return inputs.every(Result)
@@ -337,10 +345,7 @@ def config_of(inputs: base.Inputs, options: base.ConfigOptions, n_layers: int) -
     if options.wait is not None:
         config = AF1Config(wait=options.wait, transfer=options.transfer or 0, seed=inputs.spec.seed)
     else:
-        search = searched(inputs)
-        if search is None:
-            raise Af1Error("no configuration to run at: give wait and transfer, or run the search first")
-        config = searched_config(search)
+        config = searched_config(the_search(inputs))
         if config is None:  # a finding of the search, not a mistake of the caller
             raise base.NotApplicable(f"no configuration to run at: {NO_CELL} (or give wait and transfer)")
     config.check(n_layers)
@@ -352,8 +357,6 @@ def measured_on(inputs: base.Inputs, options: base.ConfigOptions, setup: Setup) 
     search's own config (never the problems that chose it)."""
     if options.wait is not None:
         return setup, "the solved problems"
-    search = searched(inputs)
-    if search is None:
-        raise Af1Error("no configuration to run at: give wait and transfer, or run the search first")
+    search = the_search(inputs)
     on = allforone.search.confirmation(setup, search.selection_fraction, search.split_seed)
     return on, "the search's confirmation split"

@@ -155,22 +155,29 @@ def ridge_predict(
 
 
 def held_out(
-    states_PD: torch.Tensor, labels_PM: torch.Tensor, folds: list[torch.Tensor], kind: str, periods: Sequence[int]
-) -> torch.Tensor:
-    """Every problem's decoded label for each column of labels (the true ones, permutations of them), by the fold
-    that did not train on it [P, M]: the label among all values whose features lie nearest the prediction, each
-    output weighted by its leave-one-out error (an output the state cannot predict counts for little)."""
-    values_Y = labels_PM[:, 0].unique()
-    features_YO = features(values_Y, kind, periods)
-    decoded = torch.empty_like(labels_PM)
+    states_PD: torch.Tensor, probes: list[tuple[torch.Tensor, str]], folds: list[torch.Tensor], periods: Sequence[int]
+) -> list[torch.Tensor]:
+    """For each probe (labels [P, M]: the true ones, permutations of them; and its kind), every problem's decoded
+    label by the fold that did not train on it [P, M]: the label among all values whose features lie nearest the
+    prediction, each output weighted by its leave-one-out error (an output the state cannot predict counts for
+    little). One ridge fit per fold serves every probe (its outputs side by side, each with its own penalty)."""
+    values = [labels_PM[:, 0].unique() for labels_PM, _ in probes]
+    decoded = [torch.empty_like(labels_PM) for labels_PM, _ in probes]
     for k, test in enumerate(folds):
         train = torch.cat([f for j, f in enumerate(folds) if j != k])
-        target_PMO = features(labels_PM[train], kind, periods)
-        n, m, o = target_PMO.shape
-        predicted, error = ridge_predict(states_PD[train], target_PMO.reshape(n, m * o), states_PD[test])
-        predicted_PMO, weight_MO = predicted.reshape(-1, m, o), 1 / error.reshape(m, o).clamp_min(1e-12)
-        distance_PMY = ((predicted_PMO[:, :, None] - features_YO) ** 2 * weight_MO[:, None]).sum(-1)
-        decoded[test] = values_Y[distance_PMY.argmin(-1)]
+        targets = [features(labels_PM[train], kind, periods) for labels_PM, kind in probes]
+        flat = torch.cat([t.reshape(len(train), -1) for t in targets], 1)
+        predicted, error = ridge_predict(states_PD[train], flat, states_PD[test])
+        start = 0
+        for (_, kind), target_PMO, values_Y, out in zip(probes, targets, values, decoded, strict=True):
+            _, m, o = target_PMO.shape
+            cols = slice(start, start + m * o)
+            start += m * o
+            predicted_PMO = predicted[:, cols].reshape(-1, m, o)
+            weight_MO = 1 / error[cols].reshape(m, o).clamp_min(1e-12)
+            features_YO = features(values_Y, kind, periods)
+            distance_PMY = ((predicted_PMO[:, :, None] - features_YO) ** 2 * weight_MO[:, None]).sum(-1)
+            out[test] = values_Y[distance_PMY.argmin(-1)]
     return decoded
 
 
@@ -197,30 +204,31 @@ def curves(
 ) -> tuple[list[Curve], dict[tuple[str, str], torch.Tensor]]:
     """Every target's probes block by block, and each probe's right/wrong per problem and block [P, L]."""
     parts = split_folds(len(states_PLD), folds, seed)
+    labels = {name: torch.tensor(values) for name, values in targets.items()}
+    probed = [(name, kind) for name in targets for kind in KINDS]
+    columns = [(with_shuffle(labels[name], seed), kind) for name, kind in probed]  # true labels, one shuffle
+    by_layer = [held_out(states_PLD[:, layer], columns, parts, periods) for layer in range(states_PLD.shape[1])]
     made, right = [], {}
-    for name, values in targets.items():
-        label = torch.tensor(values)
-        labels = with_shuffle(label, seed)
+    for i, (name, kind) in enumerate(probed):
+        label, got = labels[name], [layer[i] for layer in by_layer]
         majority = float(label.unique(return_counts=True)[1].max()) / len(label)
-        for kind in KINDS:
-            got = [held_out(states_PLD[:, layer], labels, parts, kind, periods) for layer in range(states_PLD.shape[1])]
-            right[name, kind] = torch.stack([d[:, 0] == label for d in got], 1)
-            n = len(label)
-            k = right[name, kind].sum(0).tolist()
-            shuffled = [float((d[:, 1] == label).double().mean()) for d in got]
-            ci = [list(wilson(x, n)) for x in k]
-            made.append(
-                Curve(
-                    target=name,
-                    kind=kind,
-                    n=n,
-                    accuracy=[x / n for x in k],
-                    accuracy_ci=ci,
-                    shuffled=shuffled,
-                    majority=majority,
-                    above_chance=[c[0] > max(majority, s) for c, s in zip(ci, shuffled, strict=True)],
-                )
+        right[name, kind] = torch.stack([d[:, 0] == label for d in got], 1)
+        n = len(label)
+        k = right[name, kind].sum(0).tolist()
+        shuffled = [float((d[:, 1] == label).double().mean()) for d in got]
+        ci = [list(wilson(x, n)) for x in k]
+        made.append(
+            Curve(
+                target=name,
+                kind=kind,
+                n=n,
+                accuracy=[x / n for x in k],
+                accuracy_ci=ci,
+                shuffled=shuffled,
+                majority=majority,
+                above_chance=[c[0] > max(majority, s) for c, s in zip(ci, shuffled, strict=True)],
             )
+        )
     return made, right
 
 
