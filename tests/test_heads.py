@@ -81,8 +81,7 @@ def brute_force_correct_logits(adapter, task, cf, path, sender):
     """The correct answer's last logit per problem with one sender patched, by full forwards and hooks: wang
     freezes every head at its clean output (all positions) and lets MLPs recompute; total lets everything
     recompute. sender: (layer, head) or (layer, "mlp")."""
-    from af1.interventions.heads import replace_heads
-    from af1.interventions.sites import edit_outputs, mlp_output, record
+    from af1.interventions.sites import edit_sites, mlp_output, record
     from af1.models.forward import forward_last
 
     L, d = adapter.n_layers, adapter.head_dim
@@ -112,7 +111,7 @@ def brute_force_correct_logits(adapter, task, cf, path, sender):
 
     frozen = range(L) if path == "wang" else ([layer] if which != "mlp" else [])
     mlp_edit = {mlp_output(layer): mlp_at} if which == "mlp" else {}
-    with replace_heads(adapter, {k: heads_at(k) for k in frozen}), edit_outputs(adapter, mlp_edit):
+    with edit_sites(adapter, {**{head_inputs(k): heads_at(k) for k in frozen}, **mlp_edit}):
         logits = forward_last(adapter.model, task.input_ids_PT)
     return logits.gather(1, task.answer_ids_P[:, None])[:, 0]
 

@@ -15,6 +15,7 @@ LEGEND: dict[str, str] = {
     "F": "flattened (layer, head, window) fits of the positional study",
     "G": "query heads that share one key-value head (grouped-query attention)",
     "H": "attention heads (query heads; key-value heads where a comment says so)",
+    "I": "MLP neurons: the input of the MLP's output projection",
     "J": "key-value heads of attention",
     "K": "key positions of attention",
     "L": "decoder layers",

@@ -31,6 +31,12 @@ class Options(base.GatedOptions):
         description="wang: other heads frozen, MLPs recompute; direct: the sender's direct path only; total: "
         "everything downstream recomputes",
     )
+    rank: Literal["exact", "attribution"] = Field(
+        default="exact",
+        description="how heads are chosen on the selection part: exact path patching by `path`, or attribution "
+        "patching (its first-order estimate of 'total': one forward and backward, far cheaper on large models); "
+        "the confirmation part's knock-outs and key-head claims stay exact",
+    )
     metric: Literal["relative", "logit_diff"] = Field(
         default="relative",
         description="key heads by the relative change of the correct logit, or by the change of (correct - top "
@@ -127,6 +133,7 @@ class Heads(base.Experiment):
             split=split,
             split_from=split_from,
             kind=kind,
+            ranked_by=options.rank,
         )
         study = heads.study.study(lm, spec, settings, second_kind=second, compare_specs=others, done=done)
         config = searched_config(search) if search is not None else None  # None: no search, or no cell

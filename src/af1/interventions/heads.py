@@ -1,38 +1,19 @@
-"""Head-level interventions: rewrite the concatenated head outputs entering o_proj, and their means over a task."""
+"""Head-level interventions: the concatenated head outputs entering o_proj summed over a task (what a head is
+mean-ablated to), and random heads matched to chosen ones."""
 
 from __future__ import annotations
 
-import contextlib
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-from torch import nn
 
 from af1.errors import Af1Error
-from af1.interventions.hooks import hooks_removed_after
 from af1.interventions.sites import head_inputs, record
 from af1.models.adapter import ModelAdapter
 from af1.models.forward import forward_last, suffix_start
 from af1.tasks.evaluation import batches
 from af1.tasks.task import Task
-
-HeadEdit = Callable[[torch.Tensor], torch.Tensor]  # z [B, T, E] -> z [B, T, E]
-
-
-def replace_heads(adapter: ModelAdapter, per_layer: dict[int, HeadEdit]) -> contextlib.AbstractContextManager[None]:
-    """per_layer[l](z [B, T, E]) -> z: rewrite the concatenated head outputs of block l before o_proj."""
-
-    def rewrite(fn: HeadEdit) -> Callable[[nn.Module, tuple[Any, ...]], tuple[Any, ...]]:
-        return lambda _m, args: (fn(args[0]), *args[1:])
-
-    for layer in per_layer:
-        adapter.check_layer(layer)
-    return hooks_removed_after(
-        adapter.o_proj(layer).register_forward_pre_hook(rewrite(fn)) for layer, fn in per_layer.items()
-    )
 
 
 @dataclass

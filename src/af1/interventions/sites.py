@@ -5,8 +5,8 @@
     cache[residual(3)]  # [B, D]: the output of block 3 at the last position
 
 Sites: `residual(l)` the output of decoder block l ([B, T, D], h[l] in docs/methods.md); `head_inputs(l)` the
-concatenated head outputs entering o_proj ([B, T, E]); `mlp_output(l)` the MLP's output ([B, T, D]);
-`FINAL` the input of the final norm ([B, T, D]).
+concatenated head outputs entering o_proj ([B, T, E]); `neurons(l)` the MLP's neurons, the input of its output
+projection ([B, T, I]); `mlp_output(l)` the MLP's output ([B, T, D]); `FINAL` the input of the final norm ([B, T, D]).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from af1.models.adapter import ModelAdapter
 
 @dataclass(frozen=True)
 class Site:
-    kind: str  # residual | head_inputs | mlp_output | final
+    kind: str  # one of KINDS
     layer: int | None = None
 
 
@@ -35,6 +35,11 @@ def residual(layer: int) -> Site:
 
 def head_inputs(layer: int) -> Site:
     return Site("head_inputs", layer)
+
+
+def neurons(layer: int) -> Site:
+    """The MLP's neurons: the input of its output projection (after the activation, and the gate where it has one)."""
+    return Site("neurons", layer)
 
 
 def mlp_output(layer: int) -> Site:
@@ -54,7 +59,8 @@ def output_hidden(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
-KINDS = ("residual", "head_inputs", "attention_output", "mlp_output", "final")
+KINDS = ("residual", "head_inputs", "neurons", "attention_output", "mlp_output", "final")
+INPUTS = {"head_inputs", "neurons"}  # sites read before their module runs (a pre-hook): the others are outputs
 
 
 def _check(adapter: ModelAdapter, site: Site) -> None:
@@ -78,13 +84,23 @@ def _register(adapter: ModelAdapter, site: Site, put: Callable[[torch.Tensor], N
     assert site.layer is not None
     if site.kind == "residual":
         return adapter.layers[site.layer].register_forward_hook(after)
-    if site.kind == "head_inputs":
-        return adapter.o_proj(site.layer).register_forward_pre_hook(before)
-    if site.kind == "mlp_output":
-        return adapter.mlp(site.layer).register_forward_hook(after)
-    if site.kind == "attention_output":
-        return adapter.attention(site.layer).register_forward_hook(after)
-    raise ValueError(f"unknown site {site.kind}")
+    if site.kind in INPUTS:
+        return _module(adapter, site).register_forward_pre_hook(before)
+    return _module(adapter, site).register_forward_hook(after)
+
+
+def _module(adapter: ModelAdapter, site: Site) -> nn.Module:
+    """The module whose input (head_inputs, neurons) or output (attention_output, mlp_output) the site is."""
+    assert site.layer is not None
+    parts = {
+        "head_inputs": adapter.o_proj,
+        "neurons": adapter.down_proj,
+        "attention_output": adapter.attention,
+        "mlp_output": adapter.mlp,
+    }
+    if site.kind not in parts:
+        raise ValueError(f"the site {site.kind} is not a module's input or output")
+    return parts[site.kind](site.layer)
 
 
 Reduce = Callable[[torch.Tensor | None, torch.Tensor], torch.Tensor]  # (kept so far or None, new value) -> kept
@@ -114,28 +130,26 @@ def record(
         yield cache
 
 
-Edit = Callable[[torch.Tensor], torch.Tensor]  # a module's hidden output [B, T, D] -> its replacement
+Edit = Callable[[torch.Tensor], torch.Tensor]  # a site's value [B, T, ...] -> its replacement
 
 
-def edit_outputs(adapter: ModelAdapter, edits: dict[Site, Edit]) -> contextlib.AbstractContextManager[None]:
-    """Rewrite the outputs of attention and MLP modules during the block (site kinds attention_output and
-    mlp_output); the rest of a tuple output passes through."""
+def edit_sites(adapter: ModelAdapter, edits: dict[Site, Edit]) -> contextlib.AbstractContextManager[None]:
+    """Rewrite sites during the block: a module's input (head_inputs, neurons) before it runs, or its output
+    (attention_output, mlp_output; the rest of a tuple output passes through)."""
 
-    def hook(fn: Edit) -> Callable[[nn.Module, tuple[Any, ...], Any], Any]:
-        def after(_m: nn.Module, _args: tuple[Any, ...], output: Any) -> Any:
-            if isinstance(output, tuple):
-                return (fn(output[0]), *output[1:])
-            return fn(output)
+    def before(fn: Edit) -> Callable[[nn.Module, tuple[Any, ...]], tuple[Any, ...]]:
+        return lambda _m, args: (fn(args[0]), *args[1:])
 
-        return after
+    def after(fn: Edit) -> Callable[[nn.Module, tuple[Any, ...], Any], Any]:
+        return lambda _m, _args, output: (fn(output[0]), *output[1:]) if isinstance(output, tuple) else fn(output)
 
     for site in edits:
         _check(adapter, site)
-        if site.kind not in ("attention_output", "mlp_output"):
-            raise ValueError(f"edit_outputs edits attention_output and mlp_output sites, not {site.kind}")
-    modules = {"attention_output": adapter.attention, "mlp_output": adapter.mlp}
+        _module(adapter, site)  # residual and final are recorded, never edited here
     return hooks_removed_after(
-        modules[site.kind](site.layer).register_forward_hook(hook(fn))  # type: ignore[arg-type]
+        _module(adapter, site).register_forward_pre_hook(before(fn))
+        if site.kind in INPUTS
+        else _module(adapter, site).register_forward_hook(after(fn))
         for site, fn in edits.items()
     )
 

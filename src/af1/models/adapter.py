@@ -199,6 +199,15 @@ class ModelAdapter:
     def mlp(self, layer: int) -> nn.Module:
         return getattr(self.layers[layer], self.family.mlp)
 
+    def down_proj(self, layer: int) -> nn.Module:
+        return getattr(self.mlp(layer), self.family.down_proj)
+
+    @property
+    def n_neurons(self) -> int:
+        """Neurons per MLP: the input width of its output projection (GPT-2's Conv1D keeps weight [in, out])."""
+        weight = weight_of(self.down_proj(0))
+        return int(weight.shape[0] if self.family.conv1d else weight.shape[1])
+
     def check_layer(self, layer: int, what: str = "layer", allow_minus_one: bool = False) -> None:
         low = -1 if allow_minus_one else 0
         if not low <= layer < self.n_layers:

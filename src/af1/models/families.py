@@ -17,6 +17,7 @@ class Family:
     attention: str  # attribute of a decoder layer
     o_proj: str  # attribute of the attention module
     mlp: str  # attribute of a decoder layer
+    down_proj: str = "down_proj"  # attribute of the MLP: its output projection, whose input is the neurons
     layer_returns_tuple: bool = False
     uses_attention_interface: bool = True  # False: masks go through a pre-hook (GPT-J)
     rotary: str | None = "plain"  # plain | partial (first dims only) | interleaved | per-layer (local/global); None
@@ -59,6 +60,7 @@ FAMILIES: tuple[Family, ...] = (
         "attn",
         "c_proj",
         "mlp",
+        down_proj="c_proj",
         rotary=None,
         fused_qkv=True,
         conv1d=True,
@@ -72,6 +74,7 @@ FAMILIES: tuple[Family, ...] = (
         "attention",
         "dense",
         "mlp",
+        down_proj="dense_4h_to_h",
         rotary="partial",
         fused_qkv=True,
     ),
@@ -84,6 +87,7 @@ FAMILIES: tuple[Family, ...] = (
         "attn",
         "out_proj",
         "mlp",
+        down_proj="fc_out",
         layer_returns_tuple=True,
         uses_attention_interface=False,
         rotary="interleaved",

@@ -462,6 +462,103 @@ def pruning_plot(result: dict[str, Any]) -> str:
     return plot_html([curve(list(range(len(values))), values, cis, "faithfulness", hover)], layout)
 
 
+def neurons_plot(result: dict[str, Any]) -> str:
+    """Faithfulness under AF1 on the confirmation part as the top k neurons of the compute layers are mean-ablated
+    (with intervals), beside each random set of k from the same layers (points) and their mean; k on a log axis;
+    AF1's own faithfulness and half of it as lines, the constant guess dotted."""
+    sizes, n, baseline = result["sizes"], result["n_confirmation"], result["faithfulness_baseline"]
+    hover = [
+        f"top {k}<br>" + rate_text(v, ci, n, baseline)
+        for k, v, ci in zip(sizes, result["top_faithfulness"], result["top_faithfulness_ci"], strict=True)
+    ]
+    randoms = result["random_faithfulness"]
+    mean = [sum(r) / len(r) for r in randoms]
+    points = {
+        "type": "scatter",
+        "mode": "markers",
+        "name": "random sets of k (same layers)",
+        "x": [k for k, r in zip(sizes, randoms, strict=True) for _ in r],
+        "y": [v for r in randoms for v in r],
+        "marker": {"color": "grey", "size": 5, "opacity": 0.5},
+        "hovertemplate": "random set of %{x}: %{y:.3f}<extra></extra>",
+    }
+    random_mean = curve(
+        sizes,
+        mean,
+        None,
+        "random sets, mean",
+        [f"{k} random: mean {fmt(m)}" for k, m in zip(sizes, mean, strict=True)],
+        line={"color": "grey", "dash": "dash"},
+    )
+    full = result["faithfulness"]
+    level = [
+        {"type": "line", "xref": "x domain", "x0": 0, "x1": 1, "y0": y, "y1": y, "line": {"dash": dash, "color": c}}
+        for y, dash, c in ((full, "solid", "green"), (full / 2, "dash", "orange"))
+    ]
+    layout = {
+        "xaxis": {"title": {"text": "neurons mean-ablated at the last token (k)"}, "type": "log"},
+        "yaxis": {"title": {"text": "faithfulness under AF1 (confirmation part)"}, "range": [-0.02, 1.02]},
+        "shapes": [*guess_line(baseline), *level],
+        "annotations": [
+            *guess_note(baseline),
+            *(
+                {
+                    "xref": "x domain",
+                    "x": 1,
+                    "y": y,
+                    "text": text,
+                    "showarrow": False,
+                    "yanchor": "bottom",
+                    "xanchor": "right",
+                }
+                for y, text in ((full, "AF1, nothing ablated"), (full / 2, "half of it"))
+            ),
+        ],
+        "height": 380,
+    }
+    top = curve(sizes, result["top_faithfulness"], result["top_faithfulness_ci"], "top k by attribution", hover)
+    return plot_html([top, random_mean, points], layout)
+
+
+def attribution_plot(result: dict[str, Any]) -> str:
+    """Each head's exact effect (x) against its attribution estimate (y), the diagonal where they agree; hover names
+    the head."""
+    exact, estimate = clean(result["exact_layer_head"]), clean(result["estimate_layer_head"])
+    pairs = [
+        (x, y, f"head {layer}.{h}<br>exact {fmt(x)}<br>estimate {fmt(y)}")
+        for layer, (xs, ys) in enumerate(zip(exact, estimate, strict=True))
+        for h, (x, y) in enumerate(zip(xs, ys, strict=True))
+        if x is not None and y is not None
+    ]
+    values = [v for x, y, _ in pairs for v in (x, y)] or [0.0]
+    low, high = min(values), max(values)
+    a = result["agreement"]
+    points = {
+        "type": "scatter",
+        "mode": "markers",
+        "name": "heads",
+        "x": [x for x, _, _ in pairs],
+        "y": [y for _, y, _ in pairs],
+        "text": [t for _, _, t in pairs],
+        "hovertemplate": "%{text}<extra></extra>",
+        "marker": {"size": 5, "opacity": 0.6},
+    }
+    layout = {
+        "xaxis": {"title": {"text": f"exact effect (path '{result['exact_path']}'), relative change of the logit"}},
+        "yaxis": {"title": {"text": "attribution estimate"}},
+        "title": {
+            "text": f"Spearman's rho {a['spearman']:.3f} [{a['spearman_ci'][0]:.3f}, {a['spearman_ci'][1]:.3f}], "
+            f"{a['n_heads']} heads, n {a['n']}",
+            "font": {"size": 13},
+        },
+        "shapes": [
+            {"type": "line", "x0": low, "y0": low, "x1": high, "y1": high, "line": {"dash": "dot", "color": "grey"}}
+        ],
+        "height": 400,
+    }
+    return plot_html([points], layout)
+
+
 # --- heads ------------------------------------------------------------------------------------------------------
 
 

@@ -9,8 +9,8 @@ from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.claims import Claim, paired_greater
-from af1.interventions.heads import HeadSums, head_sums, matched_draws, replace_heads
-from af1.interventions.sites import Site, head_inputs, record
+from af1.interventions.heads import HeadSums, head_sums, matched_draws
+from af1.interventions.sites import Site, edit_sites, head_inputs, record
 from af1.methods.heads.ranking import Settings
 from af1.models.adapter import ModelAdapter
 from af1.models.forward import forward_last, suffix_start
@@ -53,7 +53,7 @@ def knocked_step(
 
             edits = {layer: _ablation(adapter, layer, sets, loo[layer]) for layer in layers}
             knocked = {layer for heads in sets for layer, _ in heads}
-            with replace_heads(adapter, {layer: edit for layer, edit in edits.items() if layer in knocked}):
+            with edit_sites(adapter, {head_inputs(layer): edit for layer, edit in edits.items() if layer in knocked}):
                 logits = forward_last(adapter.model, ids.repeat(len(sets), 1), step.context_len)
             for s in range(len(sets)):
                 parts[chunk.start + s].append(Scores.from_logits(logits[s * B : (s + 1) * B], step.answer_ids_P[sl]))

@@ -22,6 +22,9 @@ Three definitions of what else changes (`PATHS`):
   too); one clean and one counterfactual forward serve every sender;
 - total (activation patching): everything downstream recomputes, attention included; the last token
   attends to the clean keys/values of the earlier positions, so again one last-token pass per layer.
+
+Path `attribution` is not exact: it estimates 'total' to first order (`attribution`), from one forward
+and backward of the clean prompts and one forward of the counterfactual ones, whatever the number of layers.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from af1.interventions.attention import LayerPlan, attention_plans
 from af1.interventions.sites import (
     FINAL,
     attention_output,
-    edit_outputs,
+    edit_sites,
     fixed_attention,
     head_inputs,
     mlp_output,
@@ -47,6 +50,7 @@ from af1.interventions.sites import (
     residual,
 )
 from af1.methods.counterfactuals import Counterfactual, counterfactual
+from af1.methods.heads.attribution import ESTIMATE, attribution_step
 from af1.methods.heads.capture import (
     AnswerRows,
     EffectSums,
@@ -103,7 +107,7 @@ class PooledPathPatching(PathPatching):
     layouts_not_patched: NotRequired[list[LayoutNotPatched]]
 
 
-PATHS = ("wang", "direct", "total")
+PATHS = ("wang", "direct", "total")  # exact; ESTIMATE ("attribution") is path patching's first-order estimate
 
 
 def path_patching(
@@ -116,12 +120,12 @@ def path_patching(
     layers: Sequence[int] | None = None,
 ) -> PathPatching:
     """The effect of every head and MLP (of `layers`, else every layer) on the last-position logits, by one of
-    `PATHS`, over every teacher-forced answer step (first-token scoring: the first; `SCORED` says how they are
-    averaged): per sender the mean relative change of the correct logit and the mean change of (correct - clean top
+    `PATHS` (or estimated: `ESTIMATE`), over every teacher-forced answer step (first-token scoring: the first;
+    `SCORED` says how they are averaged): per sender the mean relative change of the correct logit and the mean change of (correct - clean top
     wrong), each problem's too, with the clean logit difference they are measured against. `task` is of one token
     layout."""
-    if path not in PATHS:
-        raise Af1Error(f"unknown path '{path}': one of {', '.join(PATHS)}")
+    if path not in (*PATHS, ESTIMATE):
+        raise Af1Error(f"unknown path '{path}': one of {', '.join((*PATHS, ESTIMATE))}")
     if path == "direct":
         check_direct_paths(adapter)
     if path == "total" and (reason := adapter.no_attention_interface()) is not None:
@@ -134,6 +138,8 @@ def path_patching(
         step_cf = cf.at_step(step)
         if path == "direct":
             sums = direct_path_patching(adapter, step, step_cf, batch_size, weight, layers)
+        elif path == ESTIMATE:
+            sums = attribution_step(adapter, step, step_cf, batch_size // 2, weight, layers)
         else:
             sums = downstream_path_patching(adapter, step, step_cf, path == "total", batch_size, weight, layers)
         total.add_rows(step.rows_in_parent, sums)
@@ -215,7 +221,7 @@ def downstream_path_patching(
                     prefix = (kv.keys[later][problem_of_row], kv.values[later][problem_of_row])
                     plans[later] = LayerPlan(prefix_kv=prefix, replace_mask=True)
             h = start_BD.repeat(Z, 1)[:, None]
-            with edit_outputs(adapter, edits), fixed_attention(adapter, fixed), attention_plans(adapter, plans):
+            with edit_sites(adapter, edits), fixed_attention(adapter, fixed), attention_plans(adapter, plans):
                 h = adapter.run_layers(h, inputs, layer)
             logits = unembed.logits(adapter, h[:, -1].reshape(Z, B, -1))
             w = weight_P[sl].to(logits.device)

@@ -12,6 +12,7 @@ from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
+from af1.methods.heads.attribution import ESTIMATE
 from af1.methods.heads.capture import SCORED, Effects, ProblemEffects
 from af1.methods.heads.patching import PooledPathPatching, layout_path_patching
 from af1.models.adapter import ModelAdapter
@@ -231,7 +232,9 @@ def choose_heads(lm: LoadedModel, done: Evaluated, k: int, path: str = "wang", m
 class Settings:
     """How the study ranks and tests heads: path patching by `path` with the counterfactual `kind` (None: the
     task's default), key heads by `metric` below `threshold`, the top `k` knocked out against `draws` matched
-    random sets, all chosen on the selection part of `split` (fraction, seed; `split_from` says whose split)."""
+    random sets, all chosen on the selection part of `split` (fraction, seed; `split_from` says whose split). With
+    `ranked_by` "attribution" the heads are chosen by the first-order estimate of path patching ('total'); the
+    claims on the confirmation part stay exact (knock-outs, and path patching by `path` of the key heads)."""
 
     threshold: float
     k: int
@@ -241,6 +244,8 @@ class Settings:
     split: tuple[float, int]
     split_from: str
     kind: str | None  # None: the task's default counterfactual
+    ranked_by: str = "exact"  # or "attribution"
 
     def rank(self, lm: LoadedModel, on: Task, kind: str | None) -> Ranked:
-        return ranked(lm.adapter, on, lm.tokenizer, self.path, self.metric, self.k, kind)
+        path = ESTIMATE if self.ranked_by == ESTIMATE else self.path
+        return ranked(lm.adapter, on, lm.tokenizer, path, self.metric, self.k, kind)

@@ -193,7 +193,9 @@ def split_record(s: Settings, n_selection: int, n_confirmation: int) -> Split:
             "split_seed": s.split[1],
             "n_selection": n_selection,
             "n_confirmation": n_confirmation,
-            "heads_chosen_on": "the selection part (path patching)",
+            "heads_chosen_on": "the selection part ("
+            + ("attribution patching, an estimate" if s.ranked_by == "attribution" else "path patching")
+            + ")",
             "tested_on": "the confirmation part (knock-outs, attention of the top heads)",
         }
     )

@@ -1,0 +1,110 @@
+"""neurons: which MLP neurons of the compute layers the last token computes the answer with, under AF1.
+
+Every neuron of the layers after the transfer window is attributed at the last token on the selection part (its
+mean-ablation's first-order effect on the answer's log-probability); the top k are then mean-ablated exactly on the
+confirmation part, for k from 1 up, against random neurons of the same layers. Under the search's config the parts
+are its split."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from pydantic import Field
+from rich.table import Table
+
+from af1.experiments import base
+from af1.experiments.search import config_of, searched
+from af1.methods import allforone, neurons
+from af1.report import interactive
+from af1.report.markup import Tab, figure_html
+from af1.stats import split_indices, with_ci
+from af1.tasks.evaluation import ProblemInputs
+
+OWN_SPLIT = "the confirmation part of a seeded split of the solved problems"
+
+
+class Options(base.ConfigOptions):
+    draws: int = Field(default=5, ge=1, description="random sets of k neurons drawn from the same layers, per k")
+    largest: int = Field(default=1024, ge=1, description="the largest set knocked out (sizes 1, 2, 4, ... up to it)")
+    selection: float = Field(
+        default=0.5, gt=0, lt=1, description="share of solved problems the neurons are ranked on (without a search)"
+    )
+    split_seed: int = Field(default=0, description="seed of that split (without a search; else the search's)")
+
+
+class Result(base.SetupFields, neurons.Neurons):
+    """The neurons' part (`neurons.Neurons`), where it was measured, and the exact inputs of both parts."""
+
+    measured_on: str
+    inputs: ProblemInputs | None = None  # sets: solved, selection, confirmation
+
+
+class Neurons(base.Experiment):
+    name = "neurons"
+    Options = Options
+    Result = Result
+    config_from_search = True
+
+    def run(self, inputs: base.Inputs, options: Options) -> Result:
+        config = config_of(inputs, options, inputs.resources.lm().adapter.n_layers)
+        setup = inputs.resources.setup(inputs.spec)
+        search = searched(inputs) if options.wait is None else None
+        split, where = (options.selection, options.split_seed), OWN_SPLIT
+        if search is not None:
+            split, where = (search.selection_fraction, search.split_seed), "the search's confirmation split"
+        sel, conf = split_indices(len(setup.kept), *split)
+        selection, confirmation = setup.on(sel), setup.on(conf)
+        found = neurons.study(
+            selection, confirmation, config, draws=options.draws, largest=options.largest, measured_on=where
+        )
+        return Result.of(
+            confirmation.describe(),
+            found,
+            measured_on=where,
+            inputs=allforone.faithfulness.setup_inputs(setup, selection=selection, confirmation=confirmation),
+        )
+
+    def tables(self, result: Result) -> list[Tab]:
+        rows = []
+        for k, top, ci, randoms in zip(
+            result.sizes, result.top_faithfulness, result.top_faithfulness_ci, result.random_faithfulness, strict=True
+        ):
+            mean = sum(randoms) / len(randoms)
+            rows.append([k, with_ci(top, ci), mean, min(randoms), max(randoms)])
+        headers = ["k", "faithfulness, top k ablated [95 % CI]", "random sets of k: mean", "lowest", "highest"]
+        top = [[n["layer"], n["neuron"], n["attribution"]] for n in result.top[:10]]
+        return [
+            Tab(headers, rows),
+            Tab(["layer", "neuron", "attribution (selection part)"], top, title="The top 10 neurons"),
+        ]
+
+    def section(self, result: Result, out_dir: Path) -> list[str]:
+        return [
+            "<h2>Neurons of the compute stage</h2>",
+            f"<p>Under AF1 at L_wait {result.wait}, L_transfer {result.transfer}, the last token computes alone in "
+            f"layers {', '.join(map(str, result.compute_layers))} ({result.neurons_per_layer} neurons each). Ranked "
+            f"on {result.n_selection} problems of the selection part by attribution: {html.escape(result.attribution)}"
+            f". Knocked out on {result.n_confirmation} problems ({html.escape(result.measured_on)}) with means "
+            f"from the selection part, beside random sets of the same size and layers.</p>",
+            *(f"<p>{html.escape(line)}</p>" for line in reading(result)),
+            figure_html(out_dir, "neurons.png", lambda: interactive.neurons_plot(result.data())),
+            *super().section(result, out_dir),
+        ]
+
+    def show(self, result: Result) -> list[Table | str]:
+        return [*reading(result), *super().show(result)]
+
+
+def reading(result: Result) -> list[str]:
+    """AF1's faithfulness, and how many neurons it takes to lose half of it: the top ones and random ones."""
+
+    def half(k: int | None) -> str:
+        return f"{k}" if k is not None else f"none of the sizes up to {result.sizes[-1]}"
+
+    return [
+        f"Under AF1 alone: faithfulness {with_ci(result.faithfulness, result.faithfulness_ci)} on "
+        f"{result.n_confirmation} problems (constant guess {result.faithfulness_baseline:.3f}). Half of it is lost "
+        f"with the top {half(result.half_faithfulness_top)} neurons; with random neurons of the same layers "
+        f"(the mean over {len(result.random_faithfulness[0])} draws): {half(result.half_faithfulness_random)}."
+    ]

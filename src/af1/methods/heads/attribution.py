@@ -1,0 +1,145 @@
+"""Attribution patching (docs/methods.md §2): each component's effect estimated to first order, the change of its
+value at the last position times the gradient of what is scored there, from one forward and backward of the clean
+prompts and one forward of the counterfactual ones (Nanda 2023; Syed et al. 2023). Its exact counterpart is path
+patching's 'total' (activation patching at the last position: everything downstream recomputes, as the gradient
+sees it); `compare` measures both on the same problems and reports how well the estimate ranks.
+
+Shapes (af1.shapes): P problems, B a batch, L layers, H heads, d head dimension, E heads x d, D width."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from scipy import stats as scipy_stats
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
+from af1.interventions.sites import Site, edit_sites, head_inputs, mlp_output, record
+from af1.methods.counterfactuals import Counterfactual
+from af1.methods.heads.capture import EffectSums
+from af1.models.adapter import ModelAdapter
+from af1.models.forward import forward_last
+from af1.tasks.evaluation import batches
+from af1.tasks.task import Task
+
+ESTIMATE = "attribution"  # the path name path patching's results carry when the effects are these estimates
+
+
+@contextlib.contextmanager
+def last_position_leaves(
+    adapter: ModelAdapter, sites: Sequence[Site]
+) -> Iterator[tuple[dict[Site, torch.Tensor], dict[Site, torch.Tensor]]]:
+    """Gradients enabled, and each site's value at the last position given an added zero that requires grad: yields
+    (each site's last-position value [B, ...], detached; its zero). The gradient with respect to the zero is the
+    gradient with respect to the site there, through every later path (detaching the site would cut the paths
+    through later attention)."""
+    values: dict[Site, torch.Tensor] = {}
+    zeros: dict[Site, torch.Tensor] = {}
+
+    def leaf(site: Site):
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            zero = torch.zeros_like(x[:, -1]).requires_grad_()
+            values[site], zeros[site] = x[:, -1].detach().clone(), zero
+            return torch.cat([x[:, :-1], (x[:, -1] + zero)[:, None]], 1)
+
+        return fn
+
+    with torch.enable_grad(), edit_sites(adapter, {site: leaf(site) for site in sites}):
+        yield values, zeros
+
+
+def attribution_step(
+    adapter: ModelAdapter,
+    task: Task,
+    cf: Counterfactual,
+    batch_size: int = 16,
+    weight_P: torch.Tensor | None = None,
+    layers: Sequence[int] | None = None,
+) -> EffectSums:
+    """Attribution patching of every head and MLP (of `layers`, else every layer) on one answer step, as
+    `downstream_path_patching` measures them exactly: per problem (rows weighted by weight_P) the estimated relative
+    change of the correct logit, (gradient of the correct logit) . (counterfactual - clean value) / |clean logit|,
+    and the estimated change of (correct - clean top wrong)."""
+    L, H, d = adapter.n_layers, adapter.n_heads, adapter.head_dim
+    P = len(task)
+    sums = EffectSums.zeros(P, L, H, layers)
+    patched = sorted(layers) if layers is not None else list(range(L))
+    weight_P = torch.ones(P) if weight_P is None else weight_P
+    sites = [s for layer in patched for s in (head_inputs(layer), mlp_output(layer))]
+    for sl in batches(P, batch_size):
+        with torch.no_grad(), record(adapter, sites, last_only=True) as corrupt:
+            forward_last(adapter.model, cf.input_ids_PT[sl], task.context_len)
+        with last_position_leaves(adapter, sites) as (clean, zeros):
+            logits_BV = forward_last(adapter.model, task.input_ids_PT[sl], task.context_len)
+            answer_B = task.answer_ids_P[sl]
+            wrong_BV = logits_BV.detach().clone()
+            wrong_BV[torch.arange(len(answer_B)), answer_B] = -math.inf
+            correct_B = logits_BV.gather(1, answer_B[:, None])[:, 0]
+            wrong_B = logits_BV.gather(1, wrong_BV.argmax(-1, keepdim=True))[:, 0]
+            leaves = [zeros[s] for s in sites]
+            grad_correct = torch.autograd.grad(correct_B.sum(), leaves, retain_graph=True)
+            grad_diff = torch.autograd.grad((correct_B - wrong_B).sum(), leaves)
+        w_B = weight_P[sl]
+        scale_B = w_B / correct_B.detach().abs().clamp(min=1e-6)
+        for i, site in enumerate(sites):
+            change = (corrupt[site] - clean[site]).float()
+            g_c, g_d = grad_correct[i].float(), grad_diff[i].float()
+            assert site.layer is not None
+            if site.kind == "head_inputs":
+                by_head_c = (g_c * change).view(-1, H, d).sum(-1)  # [B, H]
+                by_head_d = (g_d * change).view(-1, H, d).sum(-1)
+                sums.rel_PLH[sl, site.layer] = by_head_c * scale_B[:, None]
+                sums.diff_PLH[sl, site.layer] = by_head_d * w_B[:, None]
+            else:
+                sums.rel_L[site.layer] += float(((g_c * change).sum(-1) * scale_B).sum())
+                sums.diff_L[site.layer] += float(((g_d * change).sum(-1) * w_B).sum())
+        sums.clean_diff += float(((correct_B - wrong_B).detach() * w_B).sum())
+    return sums
+
+
+class RankAgreement(TypedDict):
+    """How well one ranking of heads (the estimate) agrees with another (the exact effects) on the same problems:
+    Spearman's rho over every head with its 95 % bootstrap interval over problems, and the share of the exact top k
+    among the estimate's top k."""
+
+    n: int
+    n_heads: int
+    spearman: float
+    spearman_ci: list[float]
+    k: int
+    top_k_shared: float
+
+
+RESAMPLES = 1000  # bootstrap resamples of the problems for rho's interval
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    return float(scipy_stats.spearmanr(x, y)[0])  # pyright: ignore[reportArgumentType]  # (statistic, p-value)
+
+
+def agreement(estimate_PZ: torch.Tensor, exact_PZ: torch.Tensor, k: int, seed: int = 0) -> RankAgreement:
+    """Spearman's rho between the two rankings of Z components (their means over P problems; NaN columns, layers
+    not measured, left out), its percentile bootstrap interval resampling problems, and the top-k overlap (most
+    negative first: the components that support the answer)."""
+    keep = ~(estimate_PZ.isnan().any(0) | exact_PZ.isnan().any(0))
+    a, b = estimate_PZ[:, keep].double().numpy(), exact_PZ[:, keep].double().numpy()
+    rho = _spearman(a.mean(0), b.mean(0))
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(RESAMPLES):
+        rows = rng.integers(0, len(a), len(a))
+        draws.append(_spearman(a[rows].mean(0), b[rows].mean(0)))
+    low, high = np.nanpercentile(draws, [2.5, 97.5])
+    k = min(k, int(keep.sum()))
+    top_a, top_b = set(np.argsort(a.mean(0))[:k].tolist()), set(np.argsort(b.mean(0))[:k].tolist())
+    return RankAgreement(
+        n=len(a),
+        n_heads=int(keep.sum()),
+        spearman=rho,
+        spearman_ci=[float(low), float(high)],
+        k=k,
+        top_k_shared=len(top_a & top_b) / k if k else 1.0,
+    )

@@ -1,0 +1,247 @@
+"""Neurons of the compute stage (docs/methods.md §4): under an AF1 configuration, every MLP neuron of the compute
+layers at the last token, attributed on the selection part, then knocked out exactly on the confirmation part
+against random neurons of the same layers, set by set from 1 neuron up.
+
+Shapes (af1.shapes): P problems, B a batch, L layers (here the compute layers), I neurons of an MLP."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from pydantic import ConfigDict, with_config
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
+from af1.claims import Claim, adjust, paired_greater
+from af1.errors import Af1Error
+from af1.executors.protocol import af1_logits
+from af1.interventions.af1 import AF1Config, af1_intervention
+from af1.interventions.sites import edit_sites, neurons
+from af1.methods.allforone.faithfulness import faithfulness
+from af1.methods.heads.attribution import last_position_leaves
+from af1.methods.setup import Setup
+from af1.models.forward import forward_last
+from af1.progress import progress
+from af1.results import Part
+from af1.tasks.evaluation import Scores, batches
+
+SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # knocked-out set sizes, each tested against random sets
+FAMILY = "neurons of the compute stage"
+ATTRIBUTION = (
+    "per neuron, the first-order estimate of mean-ablating it at the last token under AF1: (its mean on the selection "
+    "part - its activation) x the gradient of the log-probability of the correct token, summed over every answer "
+    "step (the whole answer's log-probability), then averaged over the selection part's problems; most negative "
+    "first (removing it costs the answer most)"
+)
+MEANS = (
+    "each neuron's mean activation at the last token under AF1 over the selection part's problems, per answer step "
+    "and token layout: no knocked-out problem (confirmation part) is inside the mean it takes"
+)
+
+
+Means = dict[Any, dict[int, torch.Tensor]]  # per answer step and layout (part_key), per layer: the mean activations [I]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Neuron(TypedDict):
+    """One neuron and its attribution (mean over the selection part, log-probability units)."""
+
+    layer: int
+    neuron: int
+    attribution: float
+
+
+class Neurons(Part):
+    """The neurons' part: what was ranked and how, the top neurons, AF1's faithfulness on the confirmation part
+    alone and with the top k neurons mean-ablated beside `draws` random sets of k from the same layers (k in
+    `sizes`), how many it takes to lose half of the faithfulness, and the claims."""
+
+    wait: int
+    transfer: int
+    compute_layers: list[int]
+    neurons_per_layer: int
+    attribution: str
+    means: str
+    n_selection: int
+    n_confirmation: int
+    top: list[Neuron]  # the first 64 by attribution
+    faithfulness: float
+    faithfulness_ci: list[float]
+    faithfulness_baseline: float
+    sizes: list[int]
+    top_faithfulness: list[float]
+    top_faithfulness_ci: list[list[float]]
+    random_faithfulness: list[list[float]]  # per size, one per draw
+    random_drawn_from: str
+    half_faithfulness_top: int | None  # the smallest size whose top set leaves at most half of AF1's faithfulness
+    half_faithfulness_random: int | None  # the same for the mean of the random sets
+    pieces_without_means: int  # (problem, step) pieces of the confirmation part whose step the selection lacks
+    claims: list[Claim]
+
+
+def compute_layers(config: AF1Config, n_layers: int) -> list[int]:
+    """The layers after the transfer window (or after wait, with none): where the last token computes alone."""
+    return config.stages(n_layers)["compute"]
+
+
+def attribution_and_means(
+    setup: Setup, config: AF1Config, layers: Sequence[int], batch_size: int = 8
+) -> tuple[torch.Tensor, Means]:
+    """On the setup's problems under AF1 (the reference executor's hooks, with each step's CAMA means): every
+    neuron's attribution [L, I] (`ATTRIBUTION`) and each step's mean activations (float64)."""
+    if config.ablation == "resample":
+        raise Af1Error("the neurons study runs under the cama, mean or zero ablation (resample draws donors per run)")
+    adapter = setup.adapter
+    sites = [neurons(layer) for layer in layers]
+    estimate_LI = torch.zeros(len(layers), adapter.n_neurons, dtype=torch.float64)
+    means: Means = {}
+    for step in progress(setup.steps, desc="neuron attribution"):
+        sum_LI, grad_LI, act_grad_LI = (torch.zeros_like(estimate_LI) for _ in range(3))
+        ids, answer = step.kept.input_ids_PT, step.kept.answer_ids_P
+        for sl in batches(len(ids), batch_size):
+            batch = ids[sl].to(adapter.device)
+            with (
+                last_position_leaves(adapter, sites) as (acts, zeros),
+                af1_intervention(adapter, step.kept, config, step.means, batch),
+            ):
+                logp = forward_last(adapter.model, batch).log_softmax(-1).gather(1, answer[sl][:, None])
+                grads = torch.autograd.grad(logp.sum(), [zeros[s] for s in sites])
+            for i, site in enumerate(sites):
+                a, g = acts[site].double().cpu(), grads[i].double().cpu()
+                sum_LI[i] += a.sum(0)
+                grad_LI[i] += g.sum(0)
+                act_grad_LI[i] += (a * g).sum(0)
+        mean_LI = sum_LI / len(ids)
+        estimate_LI += mean_LI * grad_LI - act_grad_LI  # the sum over problems of (mean - a) g
+        means[step.kept.part_key] = dict(zip(layers, mean_LI, strict=True))
+    return estimate_LI / len(setup.kept), means
+
+
+def ranked(estimate_LI: torch.Tensor, layers: Sequence[int]) -> list[Neuron]:
+    """Every neuron, most negative attribution first."""
+    order = estimate_LI.flatten().argsort().tolist()
+    width = estimate_LI.shape[1]
+    return [
+        Neuron(layer=layers[i // width], neuron=i % width, attribution=float(estimate_LI.flatten()[i])) for i in order
+    ]
+
+
+def matched_random(top: list[Neuron], width: int, draws: int, seed: int = 0) -> list[list[tuple[int, int]]]:
+    """Per draw, one random neuron for each top neuron, of the same layer and never a top one (of the largest set):
+    draw d's set of size k is its first k (nested, as the top sets are)."""
+    chosen = {(n["layer"], n["neuron"]) for n in top}
+    out = []
+    for d in range(draws):
+        rng = random.Random(seed + d)
+        pools: dict[int, list[int]] = {}
+        drawn = []
+        for n in top:
+            if n["layer"] not in pools:
+                pools[n["layer"]] = [j for j in range(width) if (n["layer"], j) not in chosen]
+                rng.shuffle(pools[n["layer"]])
+            if not pools[n["layer"]]:
+                raise Af1Error(f"layer {n['layer']} has no neuron left to draw: use a smaller largest set")
+            drawn.append((n["layer"], pools[n["layer"]].pop()))
+        out.append(drawn)
+    return out
+
+
+def knocked_out(
+    setup: Setup, config: AF1Config, chosen: list[tuple[int, int]], means: Means, reference: bool = False
+) -> Scores:
+    """AF1's scores on the setup's problems with the chosen (layer, neuron)s set to their mean at the last token, by
+    the executor AF1 picks (or the reference one): the edit is the neurons' value, the input of the MLP's output
+    projection, at the last position, which every executor runs through."""
+    layers = sorted({layer for layer, _ in chosen})
+    rows = {layer: [j for m, j in chosen if m == layer] for layer in layers}
+    logits = []
+    for step in setup.steps:
+        mean = means.get(step.kept.part_key)  # a step the selection part lacks keeps its own (counted)
+        edits = {}
+        if mean is not None:
+            for layer in layers:
+                index = torch.tensor(rows[layer])
+                edits[neurons(layer)] = _set_last(index, mean[layer][index])
+        with edit_sites(setup.adapter, edits):
+            logits.append(af1_logits(step, config, reference))
+    return Scores.from_steps(setup.kept, logits)
+
+
+def _set_last(index: torch.Tensor, value: torch.Tensor):
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        x[:, -1, index.to(x.device)] = value.to(x.device, x.dtype)
+        return x
+
+    return fn
+
+
+def half_size(sizes: Sequence[int], rates: Sequence[float], full: float) -> int | None:
+    """The smallest size whose faithfulness is at most half of `full` (None: none is)."""
+    return next((k for k, r in zip(sizes, rates, strict=True) if r <= full / 2), None)
+
+
+def study(
+    selection: Setup, confirmation: Setup, config: AF1Config, *, draws: int, largest: int, measured_on: str
+) -> Neurons:
+    """Rank the compute layers' neurons on `selection`, knock out the top k and `draws` matched random sets of k on
+    `confirmation` for each k of SIZES up to `largest`, and claim, per k, that the top set leaves fewer problems right
+    than the random ones (paired permutation test over problems, one Holm family)."""
+    adapter = selection.adapter
+    layers = compute_layers(config, adapter.n_layers)
+    if not layers:
+        raise Af1Error(f"AF1 at L_wait {config.wait}, L_transfer {config.transfer} leaves no compute layer")
+    width = adapter.n_neurons
+    sizes = [k for k in SIZES if k <= min(largest, len(layers) * width // 2)]
+    estimate_LI, means = attribution_and_means(selection, config, layers)
+    order = ranked(estimate_LI, layers)
+    top = order[: sizes[-1]]
+    alone = faithfulness(confirmation, config)  # warms the executor's tables before any neuron is edited
+    full = alone.rate(confirmation.kept)
+    randoms = matched_random(top, width, draws)
+    top_scores, random_scores = [], []
+    for k in progress(sizes, desc=f"neuron knock-outs (top and {draws} random sets per size)"):
+        top_scores.append(knocked_out(confirmation, config, [(n["layer"], n["neuron"]) for n in top[:k]], means))
+        random_scores.append([knocked_out(confirmation, config, drawn[:k], means) for drawn in randoms])
+    kept = confirmation.kept
+    top_rates = [s.rate(kept) for s in top_scores]
+    random_rates = [[s.rate(kept)["value"] for s in per] for per in random_scores]
+    claims = [
+        paired_greater(
+            "neurons_vs_random",
+            f"mean-ablating the top {k} neurons of the compute layers leaves fewer problems right under AF1 than "
+            f"{draws} random sets of {k} from the same layers",
+            torch.stack([s.correct_P.float() for s in per]).mean(0).tolist(),
+            t.correct_P.float().tolist(),
+            measured_on,
+            subject=str(k),
+        )
+        for k, t, per in zip(sizes, top_scores, random_scores, strict=True)
+    ]
+    missing = sum(len(s.kept) for s in confirmation.steps if s.kept.part_key not in means)
+    return Neurons(
+        wait=config.wait,
+        transfer=config.transfer,
+        compute_layers=layers,
+        neurons_per_layer=width,
+        attribution=ATTRIBUTION,
+        means=MEANS,
+        n_selection=len(selection.kept),
+        n_confirmation=len(kept),
+        top=order[:64],
+        faithfulness=full["value"],
+        faithfulness_ci=full["ci"],
+        faithfulness_baseline=full["baseline"],
+        sizes=sizes,
+        top_faithfulness=[r["value"] for r in top_rates],
+        top_faithfulness_ci=[r["ci"] for r in top_rates],
+        random_faithfulness=random_rates,
+        random_drawn_from="for each top neuron, a neuron of the same layer drawn at random (seeded) among those not "
+        f"in the top {sizes[-1]}; draw d's set of k is its first k",
+        half_faithfulness_top=half_size(sizes, [r["value"] for r in top_rates], full["value"]),
+        half_faithfulness_random=half_size(sizes, [sum(r) / len(r) for r in random_rates], full["value"]),
+        pieces_without_means=missing,
+        claims=adjust(claims, FAMILY),
+    )

@@ -1,0 +1,139 @@
+"""Neurons of the compute stage: a neuron planted to carry the answer is ranked first and its knock-out is
+confirmed against random neurons of its layer; the neurons experiment through the registry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import af1.api
+from af1.errors import Af1Error
+from af1.experiments.neurons import Result
+from af1.interventions.af1 import AF1Config
+from af1.methods import neurons as study_neurons
+from af1.models import ModelAdapter
+from af1.stats import split_indices
+from af1.tasks.spec import TaskSpec
+
+from conftest import tiny_config
+
+PLANTED = 77  # the neuron of the last layer that carries the answer
+TASK = """name: parity
+template: "Is {n} even?"
+slots:
+  n: {values: [%s]}
+answer:
+  table: {%s}
+scoring: first
+shots: 1
+"""
+
+
+def parity_spec(tmp_path) -> TaskSpec:
+    numbers = range(10, 62)  # two digits each: one token layout
+    table = ", ".join(f'"{n}": "{" yes" if n % 2 == 0 else " no"}"' for n in numbers)
+    path = tmp_path / "parity.yaml"
+    path.write_text(TASK % (", ".join(f'"{n}"' for n in numbers), table))
+    return TaskSpec(file=str(path), n=50)
+
+
+def planted_model(spec: TaskSpec, tokenizer):
+    """A tiny random llama whose answer runs through one neuron of its last layer: the neuron's gate reads a constant
+    and its up projection the parity (both fitted by least squares on the last token's MLP input, plainly and under
+    AF1(0, 1)), its output is one direction, and the unembedding reads ' yes' and ' no' from that direction alone."""
+    from transformers import AutoModelForCausalLM
+
+    from af1.executors.reference import reference_logits
+    from af1.interventions.means import compute_means
+    from af1.tasks.means_sample import distribution_task
+    from af1.tasks.task import build_task
+
+    config = tiny_config("llama")
+    config.hidden_size, config.intermediate_size, config.tie_word_embeddings = 128, 256, False
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    model.eval().requires_grad_(False)
+    adapter = ModelAdapter(model)
+    task = build_task(spec, tokenizer)
+    means = compute_means(adapter, distribution_task(spec, tokenizer, task))
+    mlp = model.model.layers[-1].mlp
+    rows = []
+    handle = mlp.register_forward_pre_hook(lambda _m, args: rows.append(args[0][:, -1]))
+    try:
+        model(input_ids=task.input_ids_PT)
+        reference_logits(adapter, task, AF1Config(wait=0, transfer=1), means)
+    finally:
+        handle.remove()
+    x = torch.cat(rows).double()
+    sign = (
+        torch.tensor([1.0 if str(a).strip() == "yes" else -1.0 for a in (p.answer for p in task.problems)])
+        .double()
+        .repeat(2)
+    )
+    mlp.gate_proj.weight[PLANTED] = (torch.linalg.pinv(x) @ torch.full_like(sign, 4.0)).float()
+    mlp.up_proj.weight[PLANTED] = (torch.linalg.pinv(x) @ sign).float()
+    direction = torch.nn.functional.normalize(torch.randn(128), dim=0)
+    mlp.down_proj.weight[:, PLANTED] = direction
+    yes, no = (tokenizer.encode(w, add_special_tokens=False)[0] for w in (" yes", " no"))
+    model.lm_head.weight.zero_()
+    model.lm_head.weight[yes], model.lm_head.weight[no] = (
+        direction / 2,
+        -direction / 2,
+    )  # log-probabilities not saturated
+    return model
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("neurons")
+    spec = parity_spec(root)
+    planted_model(spec, tokenizer).save_pretrained(root / "m")
+    tokenizer.save_pretrained(root / "m")
+    return af1.api.session(af1.api.load_model(str(root / "m"))), spec, root
+
+
+def test_a_neuron_planted_to_carry_the_answer_is_ranked_first_and_confirmed_against_random_ones(planted):
+    held, spec, _ = planted
+    setup = held.setup(spec)
+    assert len(setup.kept) == 50, "the planted neuron answers every problem"
+    sel, conf = split_indices(len(setup.kept), 0.5, 0)
+    found = study_neurons.study(
+        setup.on(sel), setup.on(conf), AF1Config(wait=0, transfer=1), draws=5, largest=4, measured_on="planted"
+    )
+    assert found.compute_layers == [2] and found.sizes == [1, 2, 4]
+    assert (found.top[0]["layer"], found.top[0]["neuron"]) == (2, PLANTED)
+    assert found.faithfulness == 1.0 and found.half_faithfulness_top == 1
+    assert found.top_faithfulness[0] <= 0.6  # the answer's sign is gone: about a coin's
+    assert min(found.random_faithfulness[0]) >= 0.9  # any other neuron of the layer barely matters
+    assert found.half_faithfulness_random is None
+    first = found.claims[0]
+    assert first["subject"] == "1" and first["outcome"] == "confirmed"
+    assert all(c["family"] == f"{study_neurons.FAMILY}: 3 tests, Holm" for c in found.claims)
+
+
+def test_no_neuron_knocked_out_is_af1_itself_and_the_fast_path_equals_the_hooks(planted):
+    held, spec, _ = planted
+    setup = held.setup(spec)
+    config = AF1Config(wait=0, transfer=1)
+    _, means = study_neurons.attribution_and_means(setup, config, [2])
+    plain = study_neurons.faithfulness(setup, config)
+    none = study_neurons.knocked_out(setup, config, [], means)
+    assert torch.equal(none.correct_P, plain.correct_P) and torch.equal(none.p_correct_P, plain.p_correct_P)
+    chosen = [(2, PLANTED), (2, 3), (2, 200)]
+    fast = study_neurons.knocked_out(setup, config, chosen, means)
+    hooks = study_neurons.knocked_out(setup, config, chosen, means, reference=True)
+    assert torch.allclose(fast.p_correct_P, hooks.p_correct_P, atol=1e-5)
+    assert torch.equal(fast.correct_P, hooks.correct_P) and not torch.equal(fast.correct_P, plain.correct_P)
+
+
+def test_the_neurons_experiment_writes_what_it_measured(planted):
+    held, spec, root = planted
+    result = af1.api.run(Result, held, spec, out_dir=root / "out", wait=0, transfer=1, largest=2, draws=3)
+    written = json.loads((root / "out" / "neurons.json").read_text())
+    assert written["top"][0] == json.loads(json.dumps(result.data()["top"][0]))
+    assert result.measured_on == "the confirmation part of a seeded split of the solved problems"
+    assert result.n_selection + result.n_confirmation == 50 and result.inputs is not None
+    with pytest.raises(Af1Error, match="no compute layer"):
+        af1.api.run(Result, held, spec, out_dir=root / "none", wait=0, transfer=2)
