@@ -121,9 +121,9 @@ def path_patching(
 ) -> PathPatching:
     """The effect of every head and MLP (of `layers`, else every layer) on the last-position logits, by one of
     `PATHS` (or estimated: `ESTIMATE`), over every teacher-forced answer step (first-token scoring: the first;
-    `SCORED` says how they are averaged): per sender the mean relative change of the correct logit and the mean change of (correct - clean top
-    wrong), each problem's too, with the clean logit difference they are measured against. `task` is of one token
-    layout."""
+    `SCORED` says how they are averaged): per sender the mean relative change of the correct logit and the mean
+    change of (correct - clean top wrong), each problem's too, with the clean logit difference they are measured
+    against. `task` is of one token layout."""
     if path not in (*PATHS, ESTIMATE):
         raise Af1Error(f"unknown path '{path}': one of {', '.join((*PATHS, ESTIMATE))}")
     if path == "direct":
