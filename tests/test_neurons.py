@@ -137,3 +137,33 @@ def test_the_neurons_experiment_writes_what_it_measured(planted):
     assert result.n_selection + result.n_confirmation == 50 and result.inputs is not None
     with pytest.raises(Af1Error, match="no compute layer"):
         af1.api.run(Result, held, spec, out_dir=root / "none", wait=0, transfer=2)
+
+
+def test_eta_squared_is_the_share_the_groups_explain_and_a_pattern_of_the_units_digit_is_tagged_with_it():
+    import numpy as np
+
+    result = np.repeat(np.arange(19), 5)
+    units = np.sin(result % 10)[None] + 0.01 * np.random.default_rng(0).normal(size=(1, len(result)))
+    assert study_neurons.eta_squared(units, result % 10)[0] > 0.99
+    assert study_neurons.eta_squared(np.ones((1, len(result))), result)[0] == 0  # no variance: nothing explained
+    noise = np.random.default_rng(1).normal(size=(200, len(result)))
+    by_chance = study_neurons.eta_squared(noise, result % 10)
+    assert 0.05 < float(np.median(by_chance)) < 0.15  # about (groups - 1) / (n - 1) = 9 / 94
+
+
+def test_the_top_neurons_patterns_over_the_operands(tokenizer, tmp_path):
+    from conftest import fitted_tiny_model
+
+    spec = TaskSpec(operation="a+b", shots=1, n=40)
+    fitted_tiny_model("llama", [spec], tokenizer).save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    held = af1.api.session(af1.api.load_model(str(tmp_path / "m")))
+    setup = held.setup(spec)
+    chosen = [study_neurons.Neuron(layer=2, neuron=j, attribution=0.0) for j in (3, 5)]
+    made = study_neurons.patterns(setup, AF1Config(wait=0, transfer=1), chosen)
+    assert [(p["layer"], p["neuron"]) for p in made] == [(2, 3), (2, 5)]
+    first = made[0]
+    assert len(first["activation"]) == len(first["operands"]) == len(setup.kept)
+    assert set(first["explained"]) == set(study_neurons.GROUPINGS) == set(first["explained_by_chance"])
+    assert all(first["explained"][g] > first["explained_by_chance"][g] for g in first["tags"])
+    assert [o[0] + o[1] for o in first["operands"]] == [int(p.answer) for p in setup.kept.problems]

@@ -511,7 +511,8 @@ def demo(
         typer.Option(
             "--full",
             help="also CAMA and ABP alone, alternatives, pruning, the operator ranking, other tasks' heads, input "
-            "styles, probes of the last token and position+meaning",
+            "styles, probes of the last token, the compute stage's neurons, attribution patching and "
+            "position+meaning",
         ),
     ] = False,
     dtype: DtypeOpt = "float32",
@@ -535,7 +536,7 @@ def demo(
         device_map,
     )
     if show_plan:
-        out.print(builtin.plan_yaml(plan), markup=False, highlight=False)
+        out.print(builtin.plan_yaml(plan), markup=False, highlight=False, soft_wrap=True)  # a file as written
         return
     if estimate:
         show_estimate(plan, out_dir)

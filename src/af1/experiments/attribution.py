@@ -99,9 +99,31 @@ class Attribution(base.Experiment):
             f"measured exactly (path '{result.exact_path}': everything downstream recomputes). The estimate took "
             f"{result.estimate_seconds:.1f} s, the exact one {result.exact_seconds:.1f} s ({speed:.1f} times as long)."
             " The interval of rho resamples the problems.</p>",
+            f"<p>{html.escape(strongest(result))}</p>",
             figure_html(out_dir, "attribution.png", lambda: interactive.attribution_plot(result.data())),
             *super().section(result, out_dir),
         ]
+
+
+def strongest(result: Result, k: int = 3) -> str:
+    """The exact ranking's top k heads with their estimates and ranks by the estimate: where a first-order estimate
+    misses a strong (saturating) head, it shows here."""
+    exact = {
+        (layer, h): v for layer, row in enumerate(result.exact_layer_head) for h, v in enumerate(row) if v is not None
+    }
+    estimate = {
+        (layer, h): v
+        for layer, row in enumerate(result.estimate_layer_head)
+        for h, v in enumerate(row)
+        if v is not None
+    }
+    by_estimate = {head: i + 1 for i, head in enumerate(sorted(estimate, key=lambda head: estimate[head]))}
+    parts = [
+        f"{layer}.{h} ({exact[layer, h]:+.4f}; estimated {estimate[layer, h]:+.4f}, rank {by_estimate[layer, h]} of "
+        f"{len(estimate)} by the estimate)"
+        for layer, h in sorted(exact, key=lambda head: exact[head])[:k]
+    ]
+    return f"The {k} heads with the strongest exact effect: " + ", ".join(parts) + "."
 
 
 def _listed(effect_LH: torch.Tensor) -> list[list[float | None]]:

@@ -17,7 +17,7 @@ from af1.experiments import base
 from af1.experiments.search import config_of, searched
 from af1.methods import allforone, neurons
 from af1.report import interactive
-from af1.report.markup import Tab, figure_html
+from af1.report.markup import Tab, figure_html, table_html
 from af1.stats import split_indices, with_ci
 from af1.tasks.evaluation import ProblemInputs
 
@@ -58,6 +58,7 @@ class Neurons(base.Experiment):
         found = neurons.study(
             selection, confirmation, config, draws=options.draws, largest=options.largest, measured_on=where
         )
+        found.patterns = neurons.patterns(setup, config, found.top[: neurons.PATTERNS], seed=inputs.spec.seed)
         return Result.of(
             confirmation.describe(),
             found,
@@ -90,10 +91,34 @@ class Neurons(base.Experiment):
             *(f"<p>{html.escape(line)}</p>" for line in reading(result)),
             figure_html(out_dir, "neurons.png", lambda: interactive.neurons_plot(result.data())),
             *super().section(result, out_dir),
+            *patterns_html(result),
         ]
 
     def show(self, result: Result) -> list[Table | str]:
         return [*reading(result), *super().show(result)]
+
+
+def patterns_html(result: Result) -> list[str]:
+    """The top neurons' activation over the operands, and how much of it each grouping explains against chance."""
+    if not result.patterns:
+        return []
+    rows = [
+        [
+            f"{p['layer']}.{p['neuron']}",
+            *(f"{p['explained'][g]:.2f} ({p['explained_by_chance'][g]:.2f})" for g in neurons.GROUPINGS),
+            ", ".join(p["tags"]) or "-",
+        ]
+        for p in result.patterns
+    ]
+    return [
+        f"<h3>What the top {len(result.patterns)} neurons respond to</h3><p>Each one's activation at the last "
+        f"prompt token under AF1 on every solved problem, over the operands. Below, the share of its variance that "
+        f"each grouping's means explain (eta squared), beside the 95th percentile of that share with the activations "
+        f"shuffled across problems ({neurons.SHUFFLES:,} shuffles); a neuron is tagged with the groupings above it. "
+        "Descriptive and uncorrected: a first sketch of the heuristics, not a claim.</p>",
+        interactive.neuron_patterns_plot(result.data()) if interactive.enabled() else "",
+        table_html(["neuron", *(f"{g} (chance)" for g in neurons.GROUPINGS), "tags"], rows),
+    ]
 
 
 def reading(result: Result) -> list[str]:

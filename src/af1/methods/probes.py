@@ -15,7 +15,7 @@ from typing_extensions import TypedDict  # pydantic reads TypedDicts from here b
 from af1.claims import Claim, adjust, paired_greater
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config, af1_intervention
-from af1.interventions.sites import record, residual
+from af1.interventions.sites import Site, record, residual
 from af1.methods.setup import Setup
 from af1.models.forward import forward_last
 from af1.results import Part
@@ -87,12 +87,13 @@ def _integer(value: object) -> int | None:
 
 
 @torch.no_grad()
-def last_token_states(setup: Setup, config: AF1Config | None, batch_size: int = 32) -> torch.Tensor:
-    """The residual state at the last prompt position after every block [P, L, D] (float64, CPU), rows as
-    `setup.kept`'s, on the unmodified model or under AF1 (the reference executor's hooks, with each step's means)."""
+def last_token_values(
+    setup: Setup, config: AF1Config | None, sites: Sequence[Site], batch_size: int = 32
+) -> dict[Site, torch.Tensor]:
+    """Each site's value at the last prompt position ([P, ...], float64, CPU), rows as `setup.kept`'s, on the
+    unmodified model or under AF1 (the reference executor's hooks, with each step's means)."""
     adapter, kept = setup.adapter, setup.kept
-    states_PLD = torch.zeros(len(kept), adapter.n_layers, adapter.model.config.hidden_size, dtype=torch.float64)
-    sites = [residual(layer) for layer in range(adapter.n_layers)]
+    out: dict[Site, torch.Tensor] = {}
     filled = torch.zeros(len(kept), dtype=torch.bool)
     for step in setup.steps:
         if step.kept.step not in (None, 0) or step.kept.index_P is None:
@@ -108,10 +109,20 @@ def last_token_states(setup: Setup, config: AF1Config | None, batch_size: int = 
             with edits, record(adapter, sites, last_only=True) as cache:
                 forward_last(adapter.model, batch)
             rows = step.kept.index_P[sl]
-            states_PLD[rows] = torch.stack([cache[s].double().cpu() for s in sites], 1)
+            for site in sites:
+                if site not in out:
+                    out[site] = torch.zeros(len(kept), *cache[site].shape[1:], dtype=torch.float64)
+                out[site][rows] = cache[site].double().cpu()
             filled[rows] = True
     assert bool(filled.all()), "every problem's prompt is the first step of one token layout"
-    return states_PLD
+    return out
+
+
+def last_token_states(setup: Setup, config: AF1Config | None) -> torch.Tensor:
+    """The residual state at the last prompt position after every block [P, L, D] (`last_token_values`)."""
+    sites = [residual(layer) for layer in range(setup.adapter.n_layers)]
+    values = last_token_values(setup, config, sites)
+    return torch.stack([values[s] for s in sites], 1)
 
 
 def fourier_features(values: torch.Tensor, periods: Sequence[int]) -> torch.Tensor:

@@ -559,6 +559,52 @@ def attribution_plot(result: dict[str, Any]) -> str:
     return plot_html([points], layout)
 
 
+def neuron_patterns_plot(result: dict[str, Any]) -> str:
+    """Each top neuron's activation at the last prompt token under AF1 over the (a, b) grid of solved problems, one
+    small heatmap each (blank: a problem not solved, or not in the task), titled with what its pattern follows."""
+    patterns = result.get("patterns") or []
+    cols = 3
+    rows = -(-len(patterns) // cols)
+    data, layout = [], {"height": 300 * rows + 40, "annotations": [], "margin": {"t": 30}}
+    for i, p in enumerate(patterns):
+        a_values = sorted({o[0] for o in p["operands"]})
+        b_values = sorted({o[1] for o in p["operands"]})
+        cell = {(o[0], o[1]): v for o, v in zip(p["operands"], p["activation"], strict=True)}
+        z = [[cell.get((a, b)) for a in a_values] for b in b_values]
+        k = "" if i == 0 else str(i + 1)
+        r, c = divmod(i, cols)
+        x0, top = c / cols + 0.02, 1 - (r + 0.1) / rows  # each row: its title, the map, then room for "a"
+        layout[f"xaxis{k}"] = {"domain": [x0, x0 + 1 / cols - 0.06], "anchor": f"y{k}", "title": {"text": "a"}}
+        layout[f"yaxis{k}"] = {"domain": [top - 0.62 / rows, top], "anchor": f"x{k}", "title": {"text": "b"}}
+        tags = ", ".join(p["tags"]) or "no grouping above chance"
+        layout["annotations"].append(
+            {
+                "text": f"{p['layer']}.{p['neuron']}: {tags}",
+                "xref": f"x{k} domain",
+                "yref": f"y{k} domain",
+                "x": 0.5,
+                "y": 1.12,
+                "showarrow": False,
+                "font": {"size": 11},
+            }
+        )
+        data.append(
+            {
+                "type": "heatmap",
+                "x": a_values,
+                "y": b_values,
+                "z": z,
+                "xaxis": f"x{k}",
+                "yaxis": f"y{k}",
+                "colorscale": "RdBu",
+                "zmid": 0,
+                "showscale": False,
+                "hovertemplate": f"neuron {p['layer']}.{p['neuron']}<br>a %{{x}}, b %{{y}}: %{{z:.3f}}<extra></extra>",
+            }
+        )
+    return plot_html(data, layout)
+
+
 # --- heads ------------------------------------------------------------------------------------------------------
 
 

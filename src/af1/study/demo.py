@@ -20,7 +20,8 @@ GATED = {"require_found": True}  # the analyses of a subgraph run where the sear
 OPERAND_HEADS = {"counterfactual": "a"}  # heads ranked, knocked out and set against AF1 by the first operand
 FULL_ADDS = (
     "CAMA and ABP alone, alternatives, head pruning, the operator's ranking beside the operand's, the heads of two "
-    "other tasks, input styles, probes of the last token and the position+meaning study"
+    "other tasks, input styles, probes of the last token, the neurons of the compute stage, attribution patching "
+    "against exact path patching and the position+meaning study"
 )
 FOCUSED = (
     "The focused demo: on each model the evaluation, the (L_wait, L_transfer) grid and the search, and each model's "
@@ -58,6 +59,8 @@ def demo_plan(
             styles={**GATED, "operations": ["a+b", "a-b"]},
             heads={**GATED, **OPERAND_HEADS, "compare": ["a-b", "a+b+c"]},  # the operator ranked beside it
             probes={},
+            neurons=dict(GATED),
+            attribution=dict(OPERAND_HEADS),
             positional={},
         )
     names: list[str] = []
