@@ -149,5 +149,5 @@ def test_heads_ranked_by_attribution_are_judged_exactly_on_the_confirmation_part
         "wang",
     )[0]
     for claim in keys:  # the confirmation's numbers are exact path patching's (wang), not the estimate's
-        layer, h = map(int, claim["subject"].split("."))
+        layer, h = map(int, str(claim["subject"]).split("."))
         assert claim["estimate"] == pytest.approx(float(exact["relative_logit_change_layer_head"][layer, h]))
