@@ -34,8 +34,9 @@ class Options(base.GatedOptions):
     rank: Literal["exact", "attribution"] = Field(
         default="exact",
         description="how heads are chosen on the selection part: exact path patching by `path`, or attribution "
-        "patching (its first-order estimate of 'total': one forward and backward, far cheaper on large models); "
-        "the confirmation part's knock-outs and key-head claims stay exact",
+        "patching (its first-order estimate of 'total': one forward and backward, cheaper the larger the model); "
+        "the confirmation part's knock-outs and key-head claims stay exact. An estimate can miss a saturating head "
+        "(SmolLM2's strongest ranks last): `af1 attribution` compares both",
     )
     metric: Literal["relative", "logit_diff"] = Field(
         default="relative",
