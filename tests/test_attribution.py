@@ -87,7 +87,7 @@ def test_rank_agreement_is_one_for_the_same_ranking_and_silent_for_unrelated_one
     g = torch.Generator().manual_seed(0)
     effect_PZ = torch.randn(40, 60, generator=g) + torch.linspace(-2, 1, 60)
     same = agreement(effect_PZ, effect_PZ * 3, k=10)
-    assert same["spearman"] == pytest.approx(1.0) and same["top_k_shared"] == 1.0 and same["n_heads"] == 60
+    assert same["spearman"] == pytest.approx(1.0) and same["top_k_shared"] == 1.0 and same["n_ranked"] == 60
     covered = 0
     for seed in range(20):
         a = torch.randn(40, 60, generator=torch.Generator().manual_seed(seed))
@@ -97,7 +97,7 @@ def test_rank_agreement_is_one_for_the_same_ranking_and_silent_for_unrelated_one
     assert covered >= 17  # about 95 % of intervals cover the true rho of 0
     with_nan = effect_PZ.clone()
     with_nan[:, :20] = float("nan")  # layers not measured are left out
-    assert agreement(with_nan, effect_PZ, k=10)["n_heads"] == 40
+    assert agreement(with_nan, effect_PZ, k=10)["n_ranked"] == 40
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_the_attribution_experiment_compares_both_rankings_on_the_same_problems(
     session, root = held
     result = af1.api.run(Result, session, SPEC, out_dir=root / "out", k=5)
     a = result.agreement
-    assert a["n"] == result.n_patched == result.n_solved and a["n_heads"] == 12 and a["k"] == 5
+    assert a["n"] == result.n_patched == result.n_solved and a["n_ranked"] == 12 and a["k"] == 5
     assert -1 <= a["spearman_ci"][0] <= a["spearman"] <= a["spearman_ci"][1] <= 1
     assert a["spearman"] > 0.5  # a small random model is nearly linear in one head's output
     assert result.estimate_seconds > 0 and result.exact_seconds > 0

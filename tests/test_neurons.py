@@ -12,6 +12,7 @@ import af1.api
 from af1.errors import Af1Error
 from af1.experiments.neurons import Result
 from af1.interventions.af1 import AF1Config
+from af1.methods import heuristics
 from af1.methods import neurons as study_neurons
 from af1.models import ModelAdapter
 from af1.stats import split_indices
@@ -108,6 +109,8 @@ def test_a_neuron_planted_to_carry_the_answer_is_ranked_first_and_confirmed_agai
     assert found.top_faithfulness[0] <= 0.6  # the answer's sign is gone: about a coin's
     assert min(found.random_faithfulness[0]) >= 0.9  # any other neuron of the layer barely matters
     assert found.half_faithfulness_random is None
+    assert found.verified["n"] == 25 and found.verified["n_ranked"] == 2 * study_neurons.VERIFIED
+    assert found.verified["spearman_ci"][0] > 0  # the estimate ranks the exact single-neuron knock-outs
     first = found.claims[0]
     assert first["subject"] == "1" and first["outcome"] == "confirmed"
     assert all(c["family"] == f"{study_neurons.FAMILY}: 3 tests, Holm" for c in found.claims)
@@ -144,10 +147,10 @@ def test_eta_squared_is_the_share_the_groups_explain_and_a_pattern_of_the_units_
 
     result = np.repeat(np.arange(19), 5)
     units = np.sin(result % 10)[None] + 0.01 * np.random.default_rng(0).normal(size=(1, len(result)))
-    assert study_neurons.eta_squared(units, result % 10)[0] > 0.99
-    assert study_neurons.eta_squared(np.ones((1, len(result))), result)[0] == 0  # no variance: nothing explained
+    assert heuristics.eta_squared(units, result % 10)[0] > 0.99
+    assert heuristics.eta_squared(np.ones((1, len(result))), result)[0] == 0  # no variance: nothing explained
     noise = np.random.default_rng(1).normal(size=(200, len(result)))
-    by_chance = study_neurons.eta_squared(noise, result % 10)
+    by_chance = heuristics.eta_squared(noise, result % 10)
     assert 0.05 < float(np.median(by_chance)) < 0.15  # about (groups - 1) / (n - 1) = 9 / 94
 
 
@@ -159,11 +162,11 @@ def test_the_top_neurons_patterns_over_the_operands(tokenizer, tmp_path):
     tokenizer.save_pretrained(tmp_path / "m")
     held = af1.api.session(af1.api.load_model(str(tmp_path / "m")))
     setup = held.setup(spec)
-    chosen = [study_neurons.Neuron(layer=2, neuron=j, attribution=0.0) for j in (3, 5)]
-    made = study_neurons.patterns(setup, AF1Config(wait=0, transfer=1), chosen)
+    chosen = [(2, 3), (2, 5)]
+    made = heuristics.patterns(setup, AF1Config(wait=0, transfer=1), chosen)
     assert [(p["layer"], p["neuron"]) for p in made] == [(2, 3), (2, 5)]
     first = made[0]
     assert len(first["activation"]) == len(first["operands"]) == len(setup.kept)
-    assert set(first["explained"]) == set(study_neurons.GROUPINGS) == set(first["explained_by_chance"])
+    assert set(first["explained"]) == set(heuristics.GROUPINGS) == set(first["explained_by_chance"])
     assert all(first["explained"][g] > first["explained_by_chance"][g] for g in first["tags"])
     assert [o[0] + o[1] for o in first["operands"]] == [int(p.answer) for p in setup.kept.problems]

@@ -85,7 +85,7 @@ class Attribution(base.Experiment):
         return [
             Tab(
                 ["heads", "problems", "Spearman's rho [95 % CI]", f"top {a['k']} shared", "estimate (s)", "exact (s)"],
-                [[a["n_heads"], a["n"], rho, a["top_k_shared"], result.estimate_seconds, result.exact_seconds]],
+                [[a["n_ranked"], a["n"], rho, a["top_k_shared"], result.estimate_seconds, result.exact_seconds]],
             )
         ]
 

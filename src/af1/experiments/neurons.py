@@ -15,7 +15,7 @@ from rich.table import Table
 
 from af1.experiments import base
 from af1.experiments.search import config_of, searched
-from af1.methods import allforone, neurons
+from af1.methods import allforone, heuristics, neurons
 from af1.report import interactive
 from af1.report.markup import Tab, figure_html, table_html
 from af1.stats import split_indices, with_ci
@@ -58,7 +58,8 @@ class Neurons(base.Experiment):
         found = neurons.study(
             selection, confirmation, config, draws=options.draws, largest=options.largest, measured_on=where
         )
-        found.patterns = neurons.patterns(setup, config, found.top[: neurons.PATTERNS], seed=inputs.spec.seed)
+        chosen = [(n["layer"], n["neuron"]) for n in found.top[: heuristics.PATTERNS]]
+        found.patterns = heuristics.patterns(setup, config, chosen, seed=inputs.spec.seed)
         return Result.of(
             confirmation.describe(),
             found,
@@ -105,7 +106,7 @@ def patterns_html(result: Result) -> list[str]:
     rows = [
         [
             f"{p['layer']}.{p['neuron']}",
-            *(f"{p['explained'][g]:.2f} ({p['explained_by_chance'][g]:.2f})" for g in neurons.GROUPINGS),
+            *(f"{p['explained'][g]:.2f} ({p['explained_by_chance'][g]:.2f})" for g in heuristics.GROUPINGS),
             ", ".join(p["tags"]) or "-",
         ]
         for p in result.patterns
@@ -114,10 +115,10 @@ def patterns_html(result: Result) -> list[str]:
         f"<h3>What the top {len(result.patterns)} neurons respond to</h3><p>Each one's activation at the last "
         f"prompt token under AF1 on every solved problem, over the operands. Below, the share of its variance that "
         f"each grouping's means explain (eta squared), beside the 95th percentile of that share with the activations "
-        f"shuffled across problems ({neurons.SHUFFLES:,} shuffles); a neuron is tagged with the groupings above it. "
+        f"shuffled across problems ({heuristics.SHUFFLES:,} shuffles); a neuron is tagged with the groupings above it. "
         "Descriptive and uncorrected: a first sketch of the heuristics, not a claim.</p>",
         interactive.neuron_patterns_plot(result.data()) if interactive.enabled() else "",
-        table_html(["neuron", *(f"{g} (chance)" for g in neurons.GROUPINGS), "tags"], rows),
+        table_html(["neuron", *(f"{g} (chance)" for g in heuristics.GROUPINGS), "tags"], rows),
     ]
 
 
@@ -127,9 +128,18 @@ def reading(result: Result) -> list[str]:
     def half(k: int | None) -> str:
         return f"{k}" if k is not None else f"none of the sizes up to {result.sizes[-1]}"
 
+    v = result.verified
+    checked = (
+        f"The attribution checked on the selection part: its top {neurons.VERIFIED} neurons and "
+        f"{v['n_ranked'] - neurons.VERIFIED} random others of the same layers each mean-ablated alone, exactly; "
+        f"Spearman's rho between the estimated and the exact change of the answer's log-probability "
+        f"{v['spearman']:.3f} [{v['spearman_ci'][0]:.3f}, {v['spearman_ci'][1]:.3f}] over these {v['n_ranked']} "
+        f"neurons (n {v['n']}), {v['top_k_shared']:.0%} of the exact top {v['k']} in the estimate's."
+    )
     return [
         f"Under AF1 alone: faithfulness {with_ci(result.faithfulness, result.faithfulness_ci)} on "
         f"{result.n_confirmation} problems (constant guess {result.faithfulness_baseline:.3f}). Half of it is lost "
         f"with the top {half(result.half_faithfulness_top)} neurons; with random neurons of the same layers "
-        f"(the mean over {len(result.random_faithfulness[0])} draws): {half(result.half_faithfulness_random)}."
+        f"(the mean over {len(result.random_faithfulness[0])} draws): {half(result.half_faithfulness_random)}.",
+        checked,
     ]

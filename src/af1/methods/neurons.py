@@ -1,4 +1,4 @@
-"""Neurons of the compute stage (docs/methods.md §4): under an AF1 configuration, every MLP neuron of the compute
+"""Neurons of the compute stage (docs/methods.md §5): under an AF1 configuration, every MLP neuron of the compute
 layers at the last token, attributed on the selection part, then knocked out exactly on the confirmation part
 against random neurons of the same layers, set by set from 1 neuron up.
 
@@ -10,7 +10,6 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
@@ -21,8 +20,8 @@ from af1.executors.protocol import af1_logits
 from af1.interventions.af1 import AF1Config, af1_intervention
 from af1.interventions.sites import edit_sites, neurons
 from af1.methods.allforone.faithfulness import faithfulness
-from af1.methods.heads.attribution import last_position_leaves
-from af1.methods.probes import labels, last_token_values
+from af1.methods.heads.attribution import RankAgreement, agreement, last_position_leaves
+from af1.methods.heuristics import Pattern
 from af1.methods.setup import Setup
 from af1.models.forward import forward_last
 from af1.progress import progress
@@ -55,27 +54,6 @@ class Neuron(TypedDict):
     attribution: float
 
 
-GROUPINGS = ("result", "result mod 10", "operand a", "operand b")  # what a heuristic neuron may respond to
-SHUFFLES = 1000  # of the activations across problems: the share each grouping explains by chance
-PATTERNS = 6  # top neurons whose activation over the operands is shown
-
-
-@with_config(ConfigDict(extra="forbid"))
-class Pattern(TypedDict):
-    """One top neuron's activation at the last prompt token under AF1 on every solved problem, with its operands;
-    per grouping (`GROUPINGS`) the share of its variance the groups' means explain (eta squared) and the 95th
-    percentile of that share with the activations shuffled across problems; `tags`: the groupings above it, most
-    explained first (descriptive, uncorrected: a heuristic's first sketch, in the spirit of Nikankin et al.)."""
-
-    layer: int
-    neuron: int
-    operands: list[list[int]]
-    activation: list[float]
-    explained: dict[str, float]
-    explained_by_chance: dict[str, float]
-    tags: list[str]
-
-
 class Neurons(Part):
     """The neurons' part: what was ranked and how, the top neurons, AF1's faithfulness on the confirmation part
     alone and with the top k neurons mean-ablated beside `draws` random sets of k from the same layers (k in
@@ -102,6 +80,7 @@ class Neurons(Part):
     half_faithfulness_random: int | None  # the same for the mean of the random sets
     pieces_without_means: int  # (problem, step) pieces of the confirmation part whose step the selection lacks
     claims: list[Claim]
+    verified: RankAgreement  # the estimate against exact single-neuron knock-outs (`verified`)
     patterns: list[Pattern] = []  # the top neurons' activations over the operands (two integer operands only)
 
 
@@ -114,16 +93,20 @@ def attribution_and_means(
     setup: Setup, config: AF1Config, layers: Sequence[int], batch_size: int = 8
 ) -> tuple[torch.Tensor, Means]:
     """On the setup's problems under AF1 (the reference executor's hooks, with each step's CAMA means): every
-    neuron's attribution [L, I] (`ATTRIBUTION`) and each step's mean activations (float64)."""
+    problem's attribution of every neuron [P, L, I] (`ATTRIBUTION`, before the mean over problems; float32) and each
+    step's mean activations (float64)."""
     if config.ablation == "resample":
         raise Af1Error("the neurons study runs under the cama, mean or zero ablation (resample draws donors per run)")
     adapter = setup.adapter
     sites = [neurons(layer) for layer in layers]
-    estimate_LI = torch.zeros(len(layers), adapter.n_neurons, dtype=torch.float64)
+    estimate_PLI = torch.zeros(len(setup.kept), len(layers), adapter.n_neurons)
     means: Means = {}
     for step in progress(setup.steps, desc="neuron attribution"):
-        sum_LI, grad_LI, act_grad_LI = (torch.zeros_like(estimate_LI) for _ in range(3))
         ids, answer = step.kept.input_ids_PT, step.kept.answer_ids_P
+        act_PLI, grad_PLI = (
+            torch.zeros(len(ids), *estimate_PLI.shape[1:]),
+            torch.zeros(len(ids), *estimate_PLI.shape[1:]),
+        )
         for sl in batches(len(ids), batch_size):
             batch = ids[sl].to(adapter.device)
             with (
@@ -132,15 +115,12 @@ def attribution_and_means(
             ):
                 logp = forward_last(adapter.model, batch).log_softmax(-1).gather(1, answer[sl][:, None])
                 grads = torch.autograd.grad(logp.sum(), [zeros[s] for s in sites])
-            for i, site in enumerate(sites):
-                a, g = acts[site].double().cpu(), grads[i].double().cpu()
-                sum_LI[i] += a.sum(0)
-                grad_LI[i] += g.sum(0)
-                act_grad_LI[i] += (a * g).sum(0)
-        mean_LI = sum_LI / len(ids)
-        estimate_LI += mean_LI * grad_LI - act_grad_LI  # the sum over problems of (mean - a) g
+            act_PLI[sl] = torch.stack([acts[s].float().cpu() for s in sites], 1)
+            grad_PLI[sl] = torch.stack([g.float().cpu() for g in grads], 1)
+        mean_LI = act_PLI.double().mean(0)
+        estimate_PLI[step.kept.rows_in_parent] += (mean_LI.float() - act_PLI) * grad_PLI
         means[step.kept.part_key] = dict(zip(layers, mean_LI, strict=True))
-    return estimate_LI / len(setup.kept), means
+    return estimate_PLI, means
 
 
 def ranked(estimate_LI: torch.Tensor, layers: Sequence[int]) -> list[Neuron]:
@@ -202,45 +182,35 @@ def _set_last(index: torch.Tensor, value: torch.Tensor):
     return fn
 
 
-def patterns(setup: Setup, config: AF1Config, chosen: Sequence[Neuron], seed: int = 0) -> list[Pattern]:
-    """`Pattern` of each chosen neuron on the setup's problems; none where the task's problems are not two varying
-    integer operands with an integer answer."""
-    targets = labels(setup.kept)
-    if not {"a", "b", "answer"} <= set(targets) or "c" in targets:
-        return []
-    a, b, result = (np.asarray(targets[k]) for k in ("a", "b", "answer"))
-    groups = {"result": result, "result mod 10": result % 10, "operand a": a, "operand b": b}
-    sites = sorted({neurons(n["layer"]) for n in chosen}, key=lambda site: site.layer or 0)
-    values = last_token_values(setup, config, sites)
-    rng = np.random.default_rng(seed)
-    out = []
-    for n in chosen:
-        x = values[neurons(n["layer"])][:, n["neuron"]].numpy()
-        shuffled = np.stack([rng.permutation(x) for _ in range(SHUFFLES)])
-        explained = {g: float(eta_squared(x[None], keys)[0]) for g, keys in groups.items()}
-        chance = {g: float(np.percentile(eta_squared(shuffled, keys), 95)) for g, keys in groups.items()}
-        out.append(
-            Pattern(
-                layer=n["layer"],
-                neuron=n["neuron"],
-                operands=[[int(i), int(j)] for i, j in zip(a, b, strict=True)],
-                activation=x.tolist(),
-                explained=explained,
-                explained_by_chance=chance,
-                tags=sorted((g for g in GROUPINGS if explained[g] > chance[g]), key=lambda g: -explained[g]),
-            )
-        )
-    return out
+VERIFIED = 32  # top neurons, and as many random ones of the same layers, knocked out one by one on the selection part
 
 
-def eta_squared(x_SP: np.ndarray, keys_P: np.ndarray) -> np.ndarray:
-    """Per row of values over problems, the share of its variance that its groups' means (by key) explain [S]."""
-    _, group_P = np.unique(keys_P, return_inverse=True)
-    counts = np.bincount(group_P)
-    means = np.stack([np.bincount(group_P, weights=row) / counts for row in x_SP])
-    centred = x_SP - x_SP.mean(1, keepdims=True)
-    between = ((means[:, group_P] - x_SP.mean(1, keepdims=True)) ** 2).sum(1)
-    return between / np.maximum((centred**2).sum(1), 1e-30)
+def verified(
+    selection: Setup,
+    config: AF1Config,
+    estimate_PLI: torch.Tensor,
+    layers: Sequence[int],
+    order: list[Neuron],
+    means: Means,
+) -> RankAgreement:
+    """The attribution's ranking checked exactly on the problems it was made on: the top VERIFIED neurons and
+    VERIFIED random others of the same layers (seeded) each mean-ablated alone under AF1, per problem the change of
+    the whole answer's log-probability (what the estimate estimates), and the rank agreement of the two over these
+    neurons (the top ones and random ones: rho is helped by how far apart the two groups sit)."""
+    top = [(n["layer"], n["neuron"]) for n in order[:VERIFIED]]
+    rest = [(n["layer"], n["neuron"]) for n in order[VERIFIED:]]
+    chosen = top + random.Random(0).sample(rest, min(VERIFIED, len(rest)))
+    row = {layer: i for i, layer in enumerate(layers)}
+    estimate_PZ = torch.stack([estimate_PLI[:, row[layer], j] for layer, j in chosen], 1)
+    base_P = faithfulness(selection, config).p_correct_P.double().clamp_min(1e-300).log()
+    exact_PZ = torch.stack(
+        [
+            knocked_out(selection, config, [neuron], means).p_correct_P.double().clamp_min(1e-300).log() - base_P
+            for neuron in progress(chosen, desc="neurons knocked out one by one (the estimate checked)")
+        ],
+        1,
+    )
+    return agreement(estimate_PZ, exact_PZ, k=10)
 
 
 def half_size(sizes: Sequence[int], rates: Sequence[float], full: float) -> int | None:
@@ -260,10 +230,11 @@ def study(
         raise Af1Error(f"AF1 at L_wait {config.wait}, L_transfer {config.transfer} leaves no compute layer")
     width = adapter.n_neurons
     sizes = [k for k in SIZES if k <= min(largest, len(layers) * width // 2)]
-    estimate_LI, means = attribution_and_means(selection, config, layers)
-    order = ranked(estimate_LI, layers)
+    estimate_PLI, means = attribution_and_means(selection, config, layers)
+    order = ranked(estimate_PLI.double().mean(0), layers)
     top = order[: sizes[-1]]
     alone = faithfulness(confirmation, config)  # warms the executor's tables before any neuron is edited
+    check = verified(selection, config, estimate_PLI, layers, order, means)
     full = alone.rate(confirmation.kept)
     randoms = matched_random(top, width, draws)
     top_scores, random_scores = [], []
@@ -308,5 +279,6 @@ def study(
         half_faithfulness_top=half_size(sizes, [r["value"] for r in top_rates], full["value"]),
         half_faithfulness_random=half_size(sizes, [sum(r) / len(r) for r in random_rates], full["value"]),
         pieces_without_means=missing,
+        verified=check,
         claims=adjust(claims, FAMILY),
     )

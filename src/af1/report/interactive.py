@@ -548,7 +548,7 @@ def attribution_plot(result: dict[str, Any]) -> str:
         "yaxis": {"title": {"text": "attribution estimate"}},
         "title": {
             "text": f"Spearman's rho {a['spearman']:.3f} [{a['spearman_ci'][0]:.3f}, {a['spearman_ci'][1]:.3f}], "
-            f"{a['n_heads']} heads, n {a['n']}",
+            f"{a['n_ranked']} heads, n {a['n']}",
             "font": {"size": 13},
         },
         "shapes": [

@@ -157,7 +157,7 @@ def unit_work(
     if experiment == "probes":  # the last token's states after every block, unmodified and under AF1
         return 2 * half * task.step_tokens() * L + clean, 2 * half, 0.0
     if experiment == "neurons":  # a forward and backward on the selection half, then knock-out sets' faithfulness
-        sets = (1 + opts["draws"]) * (1 + math.log2(max(opts["largest"], 1)))
+        sets = (1 + opts["draws"]) * (1 + math.log2(max(opts["largest"], 1))) + 64  # and 64 neurons one by one
         return 3 * half * task.step_tokens() * L + sets * faith + clean, sets * half * task.steps, 0.0
     if experiment == "attribution":  # the estimate (clean forward and backward, counterfactual forward), then 'total'
         estimate = 4 * solved * task.step_tokens() * L

@@ -101,12 +101,12 @@ def attribution_step(
 
 
 class RankAgreement(TypedDict):
-    """How well one ranking of heads (the estimate) agrees with another (the exact effects) on the same problems:
-    Spearman's rho over every head with its 95 % bootstrap interval over problems, and the share of the exact top k
-    among the estimate's top k."""
+    """How well one ranking of components (heads, neurons: the estimate) agrees with another (the exact effects) on
+    the same problems: Spearman's rho over the components with its 95 % bootstrap interval over problems, and the
+    share of the exact top k among the estimate's top k."""
 
     n: int
-    n_heads: int
+    n_ranked: int
     spearman: float
     spearman_ci: list[float]
     k: int
@@ -137,7 +137,7 @@ def agreement(estimate_PZ: torch.Tensor, exact_PZ: torch.Tensor, k: int, seed: i
     top_a, top_b = set(np.argsort(a.mean(0))[:k].tolist()), set(np.argsort(b.mean(0))[:k].tolist())
     return RankAgreement(
         n=len(a),
-        n_heads=int(keep.sum()),
+        n_ranked=int(keep.sum()),
         spearman=rho,
         spearman_ci=[float(low), float(high)],
         k=k,
