@@ -135,6 +135,7 @@ def test_the_neurons_experiment_writes_what_it_measured(planted):
     held, spec, root = planted
     result = af1.api.run(Result, held, spec, out_dir=root / "out", wait=0, transfer=1, largest=2, draws=3)
     written = json.loads((root / "out" / "neurons.json").read_text())
+    assert (root / "out" / "neurons.png").read_bytes()[:4] == b"\x89PNG"  # the static report's figure
     assert written["top"][0] == json.loads(json.dumps(result.data()["top"][0]))
     assert result.measured_on == "the confirmation part of a seeded split of the solved problems"
     assert result.n_selection + result.n_confirmation == 50 and result.inputs is not None
@@ -170,3 +171,22 @@ def test_the_top_neurons_patterns_over_the_operands(tokenizer, tmp_path):
     assert set(first["explained"]) == set(heuristics.GROUPINGS) == set(first["explained_by_chance"])
     assert all(first["explained"][g] > first["explained_by_chance"][g] for g in first["tags"])
     assert [o[0] + o[1] for o in first["operands"]] == [int(p.answer) for p in setup.kept.problems]
+
+
+def test_random_neurons_match_the_top_ones_layer_by_layer_and_never_repeat_or_take_a_top_one():
+    top = [study_neurons.Neuron(layer=layer, neuron=j, attribution=-1.0) for layer, j in [(3, 0), (3, 1), (5, 3)]]
+    seen = set()
+    for seed in range(50):
+        drawn = study_neurons.matched_random(top, width=4, seed=seed)
+        assert [layer for layer, _ in drawn] == [3, 3, 5]
+        assert len(set(drawn)) == 3 and not set(drawn) & {(3, 0), (3, 1), (5, 3)}
+        seen |= set(drawn)
+    assert seen == {(3, 2), (3, 3), (5, 0), (5, 1), (5, 2)}  # every other neuron of those layers, in time
+    with pytest.raises(Af1Error, match="no neuron left"):
+        study_neurons.matched_random(top, width=2, seed=0)
+
+
+def test_half_of_the_faithfulness_is_none_where_af1_does_no_better_than_a_constant_guess():
+    assert study_neurons.half_size([1, 2, 4], [0.9, 0.5, 0.3], 0.9, 0.1) == 4
+    assert study_neurons.half_size([1, 2, 4], [0.9, 0.45, 0.3], 0.9, 0.1) == 2
+    assert study_neurons.half_size([1, 2, 4], [0.0, 0.0, 0.0], 0.0, 0.0) is None

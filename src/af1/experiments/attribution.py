@@ -49,6 +49,7 @@ class Attribution(base.Experiment):
     name = "attribution"
     Options = Options
     Result = Result
+    figure = "attribution.png"
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         lm, spec = inputs.resources.lm(), inputs.spec
@@ -78,6 +79,11 @@ class Attribution(base.Experiment):
             exact_seconds=exact_s,
             inputs=ProblemInputs.of(setup.task, setup.base, solved=kept),
         )
+
+    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
+        from af1.report import figures  # matplotlib: only when drawing
+
+        return figures.attribution_plot(result.data(), out_dir / "attribution.png")
 
     def tables(self, result: Result) -> list[Tab]:
         a = result.agreement

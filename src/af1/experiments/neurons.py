@@ -44,6 +44,7 @@ class Neurons(base.Experiment):
     name = "neurons"
     Options = Options
     Result = Result
+    figure = "neurons.png"
     config_from_search = True
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
@@ -66,6 +67,11 @@ class Neurons(base.Experiment):
             measured_on=where,
             inputs=allforone.faithfulness.setup_inputs(setup, selection=selection, confirmation=confirmation),
         )
+
+    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
+        from af1.report import figures  # matplotlib: only when drawing
+
+        return figures.neurons_plot(result.data(), out_dir / "neurons.png")
 
     def tables(self, result: Result) -> list[Tab]:
         rows = []
@@ -139,7 +145,14 @@ def reading(result: Result) -> list[str]:
     return [
         f"Under AF1 alone: faithfulness {with_ci(result.faithfulness, result.faithfulness_ci)} on "
         f"{result.n_confirmation} problems (constant guess {result.faithfulness_baseline:.3f}). Half of it is lost "
-        f"with the top {half(result.half_faithfulness_top)} neurons; with random neurons of the same layers "
-        f"(the mean over {len(result.random_faithfulness[0])} draws): {half(result.half_faithfulness_random)}.",
+        f"with the top {half(result.half_faithfulness_top)} neurons (by the interval's upper end: "
+        f"{half(result.half_faithfulness_top_interval)}); with random neurons of the same layers (the mean over "
+        f"{len(result.random_faithfulness[0])} draws): {half(result.half_faithfulness_random)}."
+        + (
+            f" {result.pieces_without_means} (problem, answer step) pieces had no step of the selection part to "
+            "take means from and kept their own activations."
+            if result.pieces_without_means
+            else ""
+        ),
         checked,
     ]

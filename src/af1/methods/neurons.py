@@ -77,6 +77,7 @@ class Neurons(Part):
     random_faithfulness: list[list[float]]  # per size, one per draw
     random_drawn_from: str
     half_faithfulness_top: int | None  # the smallest size whose top set leaves at most half of AF1's faithfulness
+    half_faithfulness_top_interval: int | None  # the same by the upper end of its 95 % interval
     half_faithfulness_random: int | None  # the same for the mean of the random sets
     pieces_without_means: int  # (problem, step) pieces of the confirmation part whose step the selection lacks
     claims: list[Claim]
@@ -132,24 +133,20 @@ def ranked(estimate_LI: torch.Tensor, layers: Sequence[int]) -> list[Neuron]:
     ]
 
 
-def matched_random(top: list[Neuron], width: int, draws: int, seed: int = 0) -> list[list[tuple[int, int]]]:
-    """Per draw, one random neuron for each top neuron, of the same layer and never a top one (of the largest set):
-    draw d's set of size k is its first k (nested, as the top sets are)."""
-    chosen = {(n["layer"], n["neuron"]) for n in top}
-    out = []
-    for d in range(draws):
-        rng = random.Random(seed + d)
-        pools: dict[int, list[int]] = {}
-        drawn = []
-        for n in top:
-            if n["layer"] not in pools:
-                pools[n["layer"]] = [j for j in range(width) if (n["layer"], j) not in chosen]
-                rng.shuffle(pools[n["layer"]])
-            if not pools[n["layer"]]:
-                raise Af1Error(f"layer {n['layer']} has no neuron left to draw: use a smaller largest set")
-            drawn.append((n["layer"], pools[n["layer"]].pop()))
-        out.append(drawn)
-    return out
+def matched_random(top: list[Neuron], width: int, seed: int) -> list[tuple[int, int]]:
+    """One random neuron for each of the `top` neurons, of the same layer, never one of them nor one drawn already
+    (seeded): a random set of len(top) from the same layers, each layer as often as in the top set."""
+    rng = random.Random(seed)
+    taken = {(n["layer"], n["neuron"]) for n in top}
+    drawn = []
+    for n in top:
+        free = [j for j in range(width) if (n["layer"], j) not in taken]
+        if not free:
+            raise Af1Error(f"layer {n['layer']} has no neuron left to draw: use a smaller largest set")
+        pick = (n["layer"], rng.choice(free))
+        taken.add(pick)
+        drawn.append(pick)
+    return drawn
 
 
 def knocked_out(
@@ -202,10 +199,10 @@ def verified(
     chosen = top + random.Random(0).sample(rest, min(VERIFIED, len(rest)))
     row = {layer: i for i, layer in enumerate(layers)}
     estimate_PZ = torch.stack([estimate_PLI[:, row[layer], j] for layer, j in chosen], 1)
-    base_P = faithfulness(selection, config).p_correct_P.double().clamp_min(1e-300).log()
+    base_P = _log_p(faithfulness(selection, config))
     exact_PZ = torch.stack(
         [
-            knocked_out(selection, config, [neuron], means).p_correct_P.double().clamp_min(1e-300).log() - base_P
+            _log_p(knocked_out(selection, config, [neuron], means)) - base_P
             for neuron in progress(chosen, desc="neurons knocked out one by one (the estimate checked)")
         ],
         1,
@@ -213,8 +210,17 @@ def verified(
     return agreement(estimate_PZ, exact_PZ, k=10)
 
 
-def half_size(sizes: Sequence[int], rates: Sequence[float], full: float) -> int | None:
-    """The smallest size whose faithfulness is at most half of `full` (None: none is)."""
+def _log_p(scores: Scores) -> torch.Tensor:
+    """The whole answer's log-probability per problem, float64 (a float32 probability rounds to 1 near certainty)."""
+    assert scores.log_p_correct_P is not None, "knock-outs score logits, not greedy tokens"
+    return scores.log_p_correct_P.double()
+
+
+def half_size(sizes: Sequence[int], rates: Sequence[float], full: float, baseline: float) -> int | None:
+    """The smallest size whose faithfulness (a point, or an interval's upper end) is at most half of `full`; None
+    where none is, or where AF1 alone does no better than the constant guess (nothing to lose)."""
+    if full <= baseline:
+        return None
     return next((k for k, r in zip(sizes, rates, strict=True) if r <= full / 2), None)
 
 
@@ -236,11 +242,11 @@ def study(
     alone = faithfulness(confirmation, config)  # warms the executor's tables before any neuron is edited
     check = verified(selection, config, estimate_PLI, layers, order, means)
     full = alone.rate(confirmation.kept)
-    randoms = matched_random(top, width, draws)
     top_scores, random_scores = [], []
     for k in progress(sizes, desc=f"neuron knock-outs (top and {draws} random sets per size)"):
         top_scores.append(knocked_out(confirmation, config, [(n["layer"], n["neuron"]) for n in top[:k]], means))
-        random_scores.append([knocked_out(confirmation, config, drawn[:k], means) for drawn in randoms])
+        drawn = [matched_random(top[:k], width, seed=1000 * k + d) for d in range(draws)]
+        random_scores.append([knocked_out(confirmation, config, chosen, means) for chosen in drawn])
     kept = confirmation.kept
     top_rates = [s.rate(kept) for s in top_scores]
     random_rates = [[s.rate(kept)["value"] for s in per] for per in random_scores]
@@ -257,6 +263,7 @@ def study(
         for k, t, per in zip(sizes, top_scores, random_scores, strict=True)
     ]
     missing = sum(len(s.kept) for s in confirmation.steps if s.kept.part_key not in means)
+    full_and_guess = (full["value"], full["baseline"])
     return Neurons(
         wait=config.wait,
         transfer=config.transfer,
@@ -274,10 +281,11 @@ def study(
         top_faithfulness=[r["value"] for r in top_rates],
         top_faithfulness_ci=[r["ci"] for r in top_rates],
         random_faithfulness=random_rates,
-        random_drawn_from="for each top neuron, a neuron of the same layer drawn at random (seeded) among those not "
-        f"in the top {sizes[-1]}; draw d's set of k is its first k",
-        half_faithfulness_top=half_size(sizes, [r["value"] for r in top_rates], full["value"]),
-        half_faithfulness_random=half_size(sizes, [sum(r) / len(r) for r in random_rates], full["value"]),
+        random_drawn_from="per size k and draw, for each of the top k neurons one of the same layer drawn at random "
+        "(seeded) among those not in the top k and not drawn already",
+        half_faithfulness_top=half_size(sizes, [r["value"] for r in top_rates], *full_and_guess),
+        half_faithfulness_top_interval=half_size(sizes, [r["ci"][1] for r in top_rates], *full_and_guess),
+        half_faithfulness_random=half_size(sizes, [sum(r) / len(r) for r in random_rates], *full_and_guess),
         pieces_without_means=missing,
         verified=check,
         claims=adjust(claims, FAMILY),

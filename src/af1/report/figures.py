@@ -180,3 +180,47 @@ def heads_figures(result: dict[str, Any], path: Path) -> Path:
         axes[2].barh(range(len(lens)), lens)
     axes[2].set_title("MLP output through the final norm . answer unembedding")
     return _save(fig, path)
+
+
+def neurons_plot(result: Mapping[str, Any], path: Path) -> Path:
+    """Faithfulness under AF1 as the top k neurons are mean-ablated, with intervals, beside each random set of k."""
+    sizes, top, ci = result["sizes"], result["top_faithfulness"], np.asarray(result["top_faithfulness_ci"])
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.errorbar(
+        sizes,
+        top,
+        yerr=[np.subtract(top, ci[:, 0]), ci[:, 1] - np.asarray(top)],
+        marker="o",
+        ms=3,
+        capsize=2,
+        label="top k by attribution",
+    )
+    for k, draws in zip(sizes, result["random_faithfulness"], strict=True):
+        ax.scatter([k] * len(draws), draws, color="grey", s=8, alpha=0.5)
+    ax.scatter([], [], color="grey", s=8, label="random sets of k (same layers)")
+    ax.axhline(result["faithfulness"], color="green", lw=1, label="AF1, nothing ablated")
+    ax.axhline(result["faithfulness"] / 2, color="orange", ls="--", lw=1, label="half of it")
+    ax.axhline(result["faithfulness_baseline"], color="grey", ls=":", lw=1, label="constant guess")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("neurons mean-ablated at the last token (k)")
+    ax.set_ylabel("faithfulness (confirmation part)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def attribution_plot(result: Mapping[str, Any], path: Path) -> Path:
+    """Each head's exact effect against its attribution estimate, the diagonal where they agree."""
+    exact = np.asarray(result["exact_layer_head"], dtype=float).ravel()
+    estimate = np.asarray(result["estimate_layer_head"], dtype=float).ravel()
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    ax.scatter(exact, estimate, s=8, alpha=0.6)
+    low, high = np.nanmin([exact, estimate]), np.nanmax([exact, estimate])
+    ax.plot([low, high], [low, high], color="grey", ls=":")
+    a = result["agreement"]
+    ax.set_title(
+        f"Spearman's rho {a['spearman']:.3f} [{a['spearman_ci'][0]:.3f}, {a['spearman_ci'][1]:.3f}]", fontsize=9
+    )
+    ax.set_xlabel(f"exact effect (path '{result['exact_path']}')")
+    ax.set_ylabel("attribution estimate")
+    return _save(fig, path)

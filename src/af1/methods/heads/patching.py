@@ -139,7 +139,7 @@ def path_patching(
         if path == "direct":
             sums = direct_path_patching(adapter, step, step_cf, batch_size, weight, layers)
         elif path == ESTIMATE:
-            sums = attribution_step(adapter, step, step_cf, batch_size // 2, weight, layers)
+            sums = attribution_step(adapter, step, step_cf, max(1, batch_size // 2), weight, layers)
         else:
             sums = downstream_path_patching(adapter, step, step_cf, path == "total", batch_size, weight, layers)
         total.add_rows(step.rows_in_parent, sums)
