@@ -18,7 +18,7 @@ from af1.models import ModelAdapter
 from af1.stats import split_indices
 from af1.tasks.spec import TaskSpec
 
-from conftest import tiny_config
+from conftest import TINY_FAMILIES, tiny_config, tiny_model
 
 PLANTED = 77  # the neuron of the last layer that carries the answer
 TASK = """name: parity
@@ -190,3 +190,29 @@ def test_half_of_the_faithfulness_is_none_where_af1_does_no_better_than_a_consta
     assert study_neurons.half_size([1, 2, 4], [0.9, 0.5, 0.3], 0.9, 0.1) == 4
     assert study_neurons.half_size([1, 2, 4], [0.9, 0.45, 0.3], 0.9, 0.1) == 2
     assert study_neurons.half_size([1, 2, 4], [0.0, 0.0, 0.0], 0.0, 0.0) is None
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_the_neurons_site_is_the_input_of_the_mlps_output_projection_on_every_family(family):
+    """Moving one neuron by 1 at the last position moves the MLP's output there by exactly that neuron's column of
+    the output projection, and nowhere else."""
+    from af1.interventions.sites import edit_sites, mlp_output, neurons, record
+    from af1.models.adapter import weight_of
+
+    adapter = ModelAdapter(tiny_model(family))
+    ids = torch.tensor([[5, 17, 230, 9, 41]])
+    with record(adapter, [neurons(1), mlp_output(1)]) as clean:
+        adapter.model(input_ids=ids)
+    assert clean[neurons(1)].shape == (1, 5, adapter.n_neurons)
+
+    def bump(x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        x[:, -1, 3] += 1.0
+        return x
+
+    with edit_sites(adapter, {neurons(1): bump}), record(adapter, [mlp_output(1)]) as edited:
+        adapter.model(input_ids=ids)
+    weight = weight_of(adapter.down_proj(1))
+    column = weight[3] if adapter.family.conv1d else weight[:, 3]
+    moved = edited[mlp_output(1)] - clean[mlp_output(1)]
+    assert torch.allclose(moved[0, -1], column, atol=1e-5) and moved[0, :-1].abs().max() == 0
