@@ -29,6 +29,7 @@ answer:
   table: {%s}
 scoring: first
 shots: 1
+counterfactual: {slot: n}
 """
 
 
@@ -141,6 +142,15 @@ def test_the_neurons_experiment_writes_what_it_measured(planted):
     assert result.n_selection + result.n_confirmation == 50 and result.inputs is not None
     with pytest.raises(Af1Error, match="no compute layer"):
         af1.api.run(Result, held, spec, out_dir=root / "none", wait=0, transfer=2)
+
+
+def test_attribution_runs_on_a_task_file_with_words_for_answers(planted):
+    from af1.experiments.attribution import Result as Attributed
+
+    held, spec, root = planted
+    result = af1.api.run(Attributed, held, spec, out_dir=root / "attribution", k=3)
+    assert result.counterfactual_kind == "slot n" and result.n_patched == 50 == result.agreement["n"]
+    assert result.agreement["n_ranked"] == 12  # 3 layers x 4 heads
 
 
 def test_eta_squared_is_the_share_the_groups_explain_and_a_pattern_of_the_units_digit_is_tagged_with_it():
