@@ -40,6 +40,7 @@ class Probes(base.Experiment):
     name = "probes"
     Options = Options
     Result = Result
+    figure = "probes.png"
 
     def uses(self) -> tuple[str, ...]:
         return (base.SEARCH,)
@@ -64,6 +65,11 @@ class Probes(base.Experiment):
             no_config=note,
             inputs=allforone.faithfulness.setup_inputs(setup, **halves),
         )
+
+    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
+        from af1.report import figures  # matplotlib: only when drawing
+
+        return figures.probes_plot(result.data(), out_dir / "probes.png")
 
     def tables(self, result: Result) -> list[Tab]:
         under = {(c["target"], c["kind"]): c for c in result.under_af1}

@@ -224,3 +224,28 @@ def attribution_plot(result: Mapping[str, Any], path: Path) -> Path:
     ax.set_xlabel(f"exact effect (path '{result['exact_path']}')")
     ax.set_ylabel("attribution estimate")
     return _save(fig, path)
+
+
+def probes_plot(result: Mapping[str, Any], path: Path) -> Path:
+    """Held-out accuracy of the Fourier probes after every block, unmodified (left) and under AF1 (right, with the
+    control with no transfer layers dotted), AF1's transfer blocks shaded."""
+    panels = [("unmodified", result["unmodified"], [])]
+    if result.get("under_af1"):
+        panels.append(("under AF1", result["under_af1"], result.get("no_transfer") or []))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, (title, curves, control) in zip(axes[0], panels, strict=True):
+        for i, c in enumerate(x for x in curves if x["kind"] == "fourier"):
+            colour = f"C{i}"
+            ax.plot(range(len(c["accuracy"])), c["accuracy"], color=colour, marker="o", ms=2, label=c["target"])
+            for d in control:
+                if d["kind"] == "fourier" and d["target"] == c["target"]:
+                    ax.plot(range(len(d["accuracy"])), d["accuracy"], color=colour, ls=":", lw=1)
+        if result.get("wait") is not None:
+            w, t = result["wait"], result["transfer"]
+            ax.axvspan(w + 0.5, w + t + 0.5, color="orange", alpha=0.15)
+        ax.set_title(f"{title} (Fourier probes; dotted: no transfer layers)" if control else title, fontsize=9)
+        ax.set_xlabel("after block")
+        ax.set_ylim(-0.02, 1.02)
+    axes[0, 0].set_ylabel("held-out accuracy")
+    axes[0, 0].legend(fontsize=7)
+    return _save(fig, path)
