@@ -118,9 +118,8 @@ def cli_on_smollm2(smollm2, monkeypatch):
     return smollm2
 
 
-def fitted_tiny_model(family: str, specs: list, tokenizer, n_layers: int = 3, seed: int = 0, plant=None):
-    """A tiny random model whose unembedding is fitted by least squares to answer the given tasks' problems
-    (after `plant(model)`, where given, changed its weights: a mechanism the fit then relies on).
+def fitted_tiny_model(family: str, specs: list, tokenizer, n_layers: int = 3, seed: int = 0):
+    """A tiny random model whose unembedding is fitted by least squares to answer the given tasks' problems.
 
     Its features are random but it solves every fitted problem, every answer token (each scoring step's
     last state is fitted to that step's target), both plainly and under AF1(wait 0, transfer 1) with the
@@ -154,8 +153,6 @@ def fitted_tiny_model(family: str, specs: list, tokenizer, n_layers: int = 3, se
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
     model.eval().requires_grad_(False)
     assert not config.tie_word_embeddings, "the fit rewrites the unembedding"
-    if plant is not None:
-        plant(model)
     adapter = ModelAdapter(model)
     means = [compute_means(adapter, dist) for _, dist in pairs]
     captured: list[torch.Tensor] = []

@@ -69,21 +69,15 @@ def planted_model(spec: TaskSpec, tokenizer):
     finally:
         handle.remove()
     x = torch.cat(rows).double()
-    sign = (
-        torch.tensor([1.0 if str(a).strip() == "yes" else -1.0 for a in (p.answer for p in task.problems)])
-        .double()
-        .repeat(2)
-    )
+    yes_P = [str(p.answer).strip() == "yes" for p in task.problems]
+    sign = torch.tensor([1.0 if y else -1.0 for y in yes_P], dtype=torch.float64).repeat(2)  # plain rows, AF1 rows
     mlp.gate_proj.weight[PLANTED] = (torch.linalg.pinv(x) @ torch.full_like(sign, 4.0)).float()
     mlp.up_proj.weight[PLANTED] = (torch.linalg.pinv(x) @ sign).float()
     direction = torch.nn.functional.normalize(torch.randn(128), dim=0)
     mlp.down_proj.weight[:, PLANTED] = direction
     yes, no = (tokenizer.encode(w, add_special_tokens=False)[0] for w in (" yes", " no"))
-    model.lm_head.weight.zero_()
-    model.lm_head.weight[yes], model.lm_head.weight[no] = (
-        direction / 2,
-        -direction / 2,
-    )  # log-probabilities not saturated
+    model.lm_head.weight.zero_()  # ' yes' and ' no' read the direction alone, not so steeply that log p saturates
+    model.lm_head.weight[yes], model.lm_head.weight[no] = direction / 2, -direction / 2
     return model
 
 
