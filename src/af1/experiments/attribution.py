@@ -10,7 +10,6 @@ import html
 import time
 from pathlib import Path
 
-import torch
 from pydantic import Field
 
 from af1.experiments import base
@@ -73,8 +72,8 @@ class Attribution(base.Experiment):
             counterfactual_kind=cf.kind,
             exact_path=EXACT,
             agreement=found,
-            estimate_layer_head=_listed(estimate["relative_logit_change_layer_head"]),
-            exact_layer_head=_listed(exact["relative_logit_change_layer_head"]),
+            estimate_layer_head=estimate["relative_logit_change_layer_head"].tolist(),
+            exact_layer_head=exact["relative_logit_change_layer_head"].tolist(),
             estimate_seconds=estimate_s,
             exact_seconds=exact_s,
             inputs=ProblemInputs.of(setup.task, setup.base, solved=kept),
@@ -130,7 +129,3 @@ def strongest(result: Result, k: int = 3) -> str:
         for layer, h in sorted(exact, key=lambda head: exact[head])[:k]
     ]
     return f"The {k} heads with the strongest exact effect: " + ", ".join(parts) + "."
-
-
-def _listed(effect_LH: torch.Tensor) -> list[list[float | None]]:
-    return [[None if v != v else float(v) for v in row] for row in effect_LH.tolist()]
