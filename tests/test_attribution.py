@@ -152,3 +152,16 @@ def test_heads_ranked_by_attribution_are_judged_exactly_on_the_confirmation_part
     for claim in keys:  # the confirmation's numbers are exact path patching's (wang), not the estimate's
         layer, h = map(int, str(claim["subject"]).split("."))
         assert claim["estimate"] == pytest.approx(float(exact["relative_logit_change_layer_head"][layer, h]))
+
+
+def test_attribution_on_a_family_without_the_attention_interface_is_a_one_line_error(tmp_path, tokenizer):
+    import af1.api
+    from af1 import Af1Error
+    from af1.experiments.attribution import Result
+
+    tiny_model("gptj").save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    held = af1.api.session(af1.api.load_model(str(tmp_path / "m")))
+    with pytest.raises(Af1Error, match="path 'total', needs transformers' attention interface"):
+        af1.api.run(Result, held, SPEC, out_dir=tmp_path / "out")
+    assert not (tmp_path / "out" / "attribution.json").exists()  # nothing half-written

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import heads
 from af1.methods.heads.attribution import ESTIMATE, RankAgreement, agreement
@@ -52,6 +53,8 @@ class Attribution(base.Experiment):
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         lm, spec = inputs.resources.lm(), inputs.spec
+        if (reason := lm.adapter.no_attention_interface()) is not None:
+            raise Af1Error(f"the exact counterpart, path '{EXACT}', needs transformers' attention interface ({reason})")
         setup = inputs.resources.setup(spec)  # refuses a task the model solves no problem of
         kept = setup.kept
         measured = {}
