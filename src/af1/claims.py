@@ -100,12 +100,11 @@ def rate_below(
     measured_on: str,
     baseline: float | None,
     subject: str | None = None,
-    reject: bool = False,
 ) -> Claim:
     """'The rate is below `threshold`', decided by a one-sided exact binomial test (scipy's binomtest) against the
-    threshold, adjusted with its family (`adjust`); its interval is the 95 % Wilson one. With `reject`, rejected
-    where that interval lies wholly at or above the threshold."""
-    return _rate_tested(kind, statement, correct, threshold, measured_on, baseline, subject, "less", reject)
+    threshold, adjusted with its family (`adjust`); rejected where the 95 % Wilson interval lies wholly at or above
+    the threshold."""
+    return _rate_tested(kind, statement, correct, threshold, measured_on, baseline, subject, "less")
 
 
 def rate_above(
@@ -120,7 +119,7 @@ def rate_above(
     """'The rate is at least `threshold`' as one test of a family: a one-sided exact binomial test (scipy's
     binomtest) against the threshold, adjusted with its family (`adjust`); rejected where the 95 % Wilson interval's
     upper end is below the threshold (as `rate_reaches`)."""
-    return _rate_tested(kind, statement, correct, threshold, measured_on, baseline, subject, "greater", True)
+    return _rate_tested(kind, statement, correct, threshold, measured_on, baseline, subject, "greater")
 
 
 def _rate_tested(
@@ -132,20 +131,17 @@ def _rate_tested(
     baseline: float | None,
     subject: str | None,
     alternative: Literal["less", "greater"],
-    reject: bool,
 ) -> Claim:
-    """A rate against a threshold by a one-sided exact binomial test; with `reject`, rejected where its Wilson
-    interval lies wholly on the other side of the threshold."""
+    """A rate against a threshold by a one-sided exact binomial test, rejected where its Wilson interval lies wholly
+    on the other side of the threshold."""
     k, n, value, ci = _counted(correct)
     p = float(scipy_stats.binomtest(k, n, threshold, alternative=alternative).pvalue) if n else 1.0
-    rule = f"one-sided exact binomial test of the rate against {threshold}"
-    if reject:
-        rule += "; rejected where the 95 % Wilson interval's " + (
-            "upper end is below it" if alternative == "greater" else "lower end is at or above it"
-        )
+    rule = f"one-sided exact binomial test of the rate against {threshold}; rejected where the 95 % Wilson " + (
+        "interval's upper end is below it" if alternative == "greater" else "interval's lower end is at or above it"
+    )
     claim = tested(kind, statement, rule, measured_on, n, value, ci, p, alternative, baseline, subject)
     against = ci[1] < threshold if alternative == "greater" else ci[0] >= threshold
-    if reject and n and against:
+    if n and against:
         claim = Claim(**{**claim, "outcome": REJECTED, "n_to_decide": None})
     return claim
 

@@ -153,6 +153,5 @@ def pruned_claims(n_pruned: int, keep: float, full: Scores, pruned: Scores) -> l
             margin,
             f"the confirmation split ({len(full.correct_P)} solved problems)",
             None,
-            reject=True,
         )
     ]
