@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -118,13 +119,22 @@ def cli_on_smollm2(smollm2, monkeypatch):
     return smollm2
 
 
-def fitted_tiny_model(family: str, specs: list, tokenizer, n_layers: int = 3, seed: int = 0):
+def fitted_tiny_model(
+    family: str,
+    specs: list,
+    tokenizer,
+    n_layers: int = 3,
+    seed: int = 0,
+    plant: Callable[[Any, list[int]], None] | None = None,
+    min_hidden: int = 64,
+):
     """A tiny random model whose unembedding is fitted by least squares to answer the given tasks' problems.
 
     Its features are random but it solves every fitted problem, every answer token (each scoring step's
     last state is fitted to that step's target), both plainly and under AF1(wait 0, transfer 1) with the
     means of the task distribution; so a study has an AF1 subgraph to find, and other interventions move the
-    features, so faithfulness is not trivially 1.
+    features, so faithfulness is not trivially 1. `plant(model, token_ids)` edits the random weights before the
+    fit (token_ids: every token the tasks' prompts hold); `min_hidden` is the least hidden size.
     """
     from transformers import AutoModelForCausalLM
 
@@ -145,7 +155,7 @@ def fitted_tiny_model(family: str, specs: list, tokenizer, n_layers: int = 3, se
         dist = {part.part_key: part for part in distribution_task(spec, tokenizer, task).steps()}
         pairs += [(part, dist[part.part_key]) for part in task.steps()]
     rows = 2 * sum(len(s) for s, _ in pairs)
-    config.hidden_size = max(config.hidden_size, 64 * -(-rows // 64))  # room for an exact fit
+    config.hidden_size = max(config.hidden_size, min_hidden, 64 * -(-rows // 64))  # room for an exact fit
     config.intermediate_size = 2 * config.hidden_size
     torch.manual_seed(seed)
     config.tie_word_embeddings = False  # the fit rewrites the unembedding, never the embedding
@@ -153,6 +163,10 @@ def fitted_tiny_model(family: str, specs: list, tokenizer, n_layers: int = 3, se
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
     model.eval().requires_grad_(False)
     assert not config.tie_word_embeddings, "the fit rewrites the unembedding"
+    if plant is not None:
+        plant(
+            model, sorted({int(t) for s, d in pairs for ids in (s.input_ids_PT, d.input_ids_PT) for t in ids.view(-1)})
+        )
     adapter = ModelAdapter(model)
     means = [compute_means(adapter, dist) for _, dist in pairs]
     captured: list[torch.Tensor] = []
