@@ -53,6 +53,21 @@ def test_af1_help_lists_every_command_without_importing_torch():
     assert all(any(f" {name} " in line for line in listing) for name in [*REGISTRY, "study", "demo"])
 
 
+def test_an_experiments_help_imports_no_transformers():
+    """`af1 run --help` builds the command from the registry (torch comes with it) but loads no model machinery:
+    transformers is imported when a model is loaded or a plan first runs."""
+    script = (
+        "import sys\n"
+        "from af1.cli import app\n"
+        "try:\n    app(['run', '--help'], standalone_mode=False)\n"
+        "except SystemExit:\n    pass\n"
+        "print(sorted({'transformers', 'af1.experiments.base'} & set(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    *help_text, imported = done.stdout.strip().splitlines()
+    assert imported == "['af1.experiments.base']" and any("--wait" in line for line in help_text)
+
+
 def test_the_registry_lists_what_an_experiment_reads_before_it():
     """Plans run a model's units in registry order, so what an experiment needs or uses comes earlier."""
     order = list(REGISTRY)

@@ -11,15 +11,13 @@ forward pre-hook on their attention module.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
 
 from af1.errors import Af1Error
 from af1.models.adapter import ModelAdapter
@@ -74,6 +72,8 @@ def _eager_kernel(module: Any) -> Callable[..., Any]:
 
 
 def _planned_attention(kernel: str) -> Callable[..., Any]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     def attention(module, query, key, value, attention_mask, **kwargs):
         base = sdpa_attention_forward if kernel == "sdpa" else _eager_kernel(module)
         plan: LayerPlan | None = getattr(module, "_af1_plan", None)
@@ -128,9 +128,16 @@ def one_query_attention(
     return out.reshape(B, 1, H, d).to(dtype), None
 
 
-for _kernel in BASE_KERNELS:
-    AttentionInterface.register(PREFIX + _kernel, _planned_attention(_kernel))
-    ALL_MASK_ATTENTION_FUNCTIONS.register(PREFIX + _kernel, sdpa_mask if _kernel == "sdpa" else eager_mask)
+@functools.cache
+def _register_kernels() -> None:
+    """Registers af1's planned kernels with transformers once, on the first plan (importing transformers' attention
+    machinery costs about 2 s, which `af1 <command> --help` need not pay)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
+
+    for kernel in BASE_KERNELS:
+        AttentionInterface.register(PREFIX + kernel, _planned_attention(kernel))
+        ALL_MASK_ATTENTION_FUNCTIONS.register(PREFIX + kernel, sdpa_mask if kernel == "sdpa" else eager_mask)
 
 
 class _PrefixCache:
@@ -171,6 +178,7 @@ def attention_plans(adapter: ModelAdapter, plans: dict[int, LayerPlan]) -> Itera
     """Apply per-layer plans for the duration of the block; restore the model afterwards. Nested blocks
     compose: an inner plan replaces an outer one on the same layer, and the outer one is back on exit."""
     kernel = check_maskable(adapter)
+    _register_kernels()
     for layer in plans:
         adapter.check_layer(layer)
     model = adapter.model

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import DynamicCache
 
 from af1.models.adapter import input_device
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import DynamicCache, PreTrainedModel
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs")
 MAX_CONTEXTS = 8  # contexts kept per model (one per task layout in a run; a study has a handful)
@@ -43,6 +42,8 @@ class Context:
 
     def cache(self, model: PreTrainedModel, batch: int) -> DynamicCache:
         """A fresh cache of `batch` rows holding the context (the forward appends the suffix to its own copy)."""
+        from transformers import DynamicCache
+
         cache = DynamicCache(config=model.config)
         for i, (k, v) in enumerate(self.layers):
             cache.update(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), i)
