@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from af1.experiments.necessity import necessary_html
 from af1.methods import allforone, heads
 from af1.methods.setup import prepare
 from af1.models import LoadedModel, ModelAdapter
@@ -97,9 +98,11 @@ def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer
         assert set(outcomes) <= {f"{layer}.{h}" for layer, h in PLANTED} | {None}, seed
         made["key heads"] += sorted(map(tuple, result.confirmed_key_heads)) == PLANTED
         made["top vs random"] += outcomes[None] == "confirmed"
-        windows = {
-            c["subject"]: c["outcome"] for c in allforone.necessity.necessity(prepare(lm, SPEC), windows=(1,)).claims
-        }
+        claims = allforone.necessity.necessity(prepare(lm, SPEC), windows=(1,)).claims
+        windows = {c["subject"]: c["outcome"] for c in claims}
+        if windows["layer 1"] == "confirmed" and windows["layer 0"] == windows["layer 2"] == "rejected":
+            summary = "1 of 3 confirmed, 2 rejected (faithfulness stays above the threshold), 0 not confirmed"
+            assert summary in necessary_html(claims), seed
         made["layer 1 necessary"] += windows["layer 1"] == "confirmed"
         made["layers 0, 2 not"] += windows["layer 0"] == windows["layer 2"] == "rejected"
     assert all(count >= 0.8 * SEEDS for count in made.values()), made

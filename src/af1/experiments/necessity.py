@@ -115,9 +115,11 @@ def necessary_html(claims: list[Claim]) -> str:
     if not claims:
         return ""
     shown = [c for c in claims if c["outcome"] == "confirmed"]
+    rejected = sum(c["outcome"] == "rejected" for c in claims)
     head = (
         f"<p>Each window tested: 'blocking it leaves faithfulness below the threshold' ({claims[0]['family']}). "
-        f"{len(shown)} of {len(claims)} confirmed"
-        + (": these windows are necessary.</p>" if shown else "; no window is shown to be necessary.</p>")
+        f"{len(shown)} of {len(claims)} confirmed, {rejected} rejected (faithfulness stays above the threshold), "
+        f"{len(claims) - len(shown) - rejected} not confirmed"
+        + (": the confirmed windows are necessary.</p>" if shown else "; no window is shown to be necessary.</p>")
     )
     return head + (claims_html(shown) if shown else "")
