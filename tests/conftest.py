@@ -119,6 +119,19 @@ def cli_on_smollm2(smollm2, monkeypatch):
     return smollm2
 
 
+def only_heads_write(model, heads: list[tuple[int, int]]) -> None:
+    """Zeroes every attention head's columns of a llama-like model's output projection except those of `heads`
+    ((layer, head) pairs): no other head writes to the residual stream."""
+    d = model.config.head_dim
+    with torch.no_grad():
+        for index, layer in enumerate(model.model.layers):
+            o_DK = layer.self_attn.o_proj.weight
+            kept = {h: o_DK[:, h * d : (h + 1) * d].clone() for layer_, h in heads if layer_ == index}
+            o_DK.zero_()
+            for h, columns in kept.items():
+                o_DK[:, h * d : (h + 1) * d] = columns
+
+
 def fitted_tiny_model(
     family: str,
     specs: list,

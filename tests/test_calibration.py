@@ -14,7 +14,7 @@ from af1.models import LoadedModel, ModelAdapter
 from af1.tasks.spec import TaskSpec
 from af1.tasks.task import build_task
 
-from conftest import fitted_tiny_model
+from conftest import fitted_tiny_model, only_heads_write
 
 SPEC = TaskSpec(operation="a+b", n=60)  # sums of two digits, no worked example: the only digits are the operands
 PLANTED = [(1, 0), (1, 2)]  # one head of each key/value group of layer 1
@@ -33,12 +33,7 @@ def plant_heads(tokenizer):
         config = model.config
         d = config.head_dim
         group = config.num_attention_heads // config.num_key_value_heads
-        for index, layer in enumerate(model.model.layers):
-            o_DK = layer.self_attn.o_proj.weight
-            kept = {h: o_DK[:, h * d : (h + 1) * d].clone() for layer_, h in PLANTED if layer_ == index}
-            o_DK.zero_()
-            for h, columns in kept.items():
-                o_DK[:, h * d : (h + 1) * d] = columns
+        only_heads_write(model, PLANTED)
         normed: list[torch.Tensor] = []
         block = model.model.layers[1]
         hook = block.input_layernorm.register_forward_hook(lambda _m, _a, out: normed.append(out[:, 0]))

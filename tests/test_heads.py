@@ -13,7 +13,7 @@ from af1.tasks.evaluation import last_logits
 from af1.tasks.spec import TaskSpec
 from af1.tasks.task import build_task
 
-from conftest import tiny_model
+from conftest import only_heads_write, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -179,14 +179,10 @@ def test_gptj_has_no_total_path(task):
 def one_head_writes():
     """A tiny llama in which only head (1, 2) writes to the residual stream and no MLP does."""
     model = tiny_model("llama")
-    d = model.config.head_dim
     with torch.no_grad():
-        for i, layer in enumerate(model.model.layers):
+        for layer in model.model.layers:
             layer.mlp.down_proj.weight.zero_()
-            keep = layer.self_attn.o_proj.weight[:, 2 * d : 3 * d].clone()
-            layer.self_attn.o_proj.weight.zero_()
-            if i == 1:
-                layer.self_attn.o_proj.weight[:, 2 * d : 3 * d] = keep
+    only_heads_write(model, [(1, 2)])
     return model
 
 
