@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -117,7 +119,7 @@ def test_the_search_confirms_a_planted_subgraph():
 
 def test_holm_and_benjamini_hochberg():
     assert claims.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
-    family = [claims.tested("k", "s", "r", "m", 30, 0.1, [0.0, 0.2], p, "two-sided") for p in (0.01, 0.02, 0.04)]
+    family = [claims.tested("k", "s", "r", "m", 30, 0.1, [0.0, 0.2], p, "two-sided", 0.0) for p in (0.01, 0.02, 0.04)]
     holm = claims.adjust(family, "f")
     assert [c["p_adjusted"] for c in holm] == pytest.approx([0.03, 0.04, 0.04])
     assert [c["outcome"] for c in holm] == ["confirmed"] * 3
@@ -125,7 +127,7 @@ def test_holm_and_benjamini_hochberg():
     bh = claims.adjust(family, "f", method="bh")
     assert [c["p_adjusted"] for c in bh] == pytest.approx([0.03, 0.03, 0.04])
     assert holm[0]["family"] == "f: 3 tests, Holm"
-    alone = claims.adjust([*family, claims.tested("k", "s", "r", "m", 30, 0.1, [0.0, 0.2], 0.2, "two-sided")], "f")
+    alone = claims.adjust([*family, claims.tested("k", "s", "r", "m", 30, 0.1, [0.0, 0.2], 0.2, "two-sided", 0.0)], "f")
     assert alone[2]["outcome"] == "not confirmed" and alone[2]["n_to_decide"] is not None
 
 
@@ -194,3 +196,22 @@ def test_a_key_head_needs_more_than_one_problem_and_a_one_sided_test_its_half_le
     assert flat["p_value"] == 0.5**8 and flat["outcome"] == "confirmed" and flat["alpha"] == 0.025
     wrong_way = claims.paired_greater("k", "s", [0.0] * 20, [1.0] * 10 + [0.0] * 10, "c")
     assert wrong_way["outcome"] == "not confirmed" and wrong_way["n_to_decide"] is None
+
+
+def test_a_rate_tested_against_a_threshold_names_the_n_that_decides_it_against_that_threshold():
+    """The n to decide a rate claim is measured from its threshold, on whichever side the rate lies: its test's side
+    (confirmed, the family's adjustment carried over) or its interval's (rejected), never from the constant guess."""
+    away = claims.rate_above("style", "s", [True] * 43 + [False] * 6, 0.9, "c", 0.1)  # 0.878 [0.76, 0.94]
+    assert away["outcome"] == "not confirmed" and away["n_to_decide"] == claims.n_to_decide_rate(43 / 49, 0.9)
+    assert away["n_to_decide"] is not None and away["n_to_decide"] > 600  # about 690: not 50
+    near = claims.rate_below("window", "s", [True] * 45 + [False] * 4, 0.9, "c", 0.1)  # 0.918 [0.81, 0.97]
+    assert near["n_to_decide"] == claims.n_to_decide_rate(45 / 49, 0.9)
+    towards = claims.rate_below("window", "s", [True] * 40 + [False] * 9, 0.9, "c", 0.5)  # 0.816, p 0.04
+    n = towards["n_to_decide"]
+    assert towards["outcome"] == "not confirmed" and n is not None and 60 < n < 120
+    low, high = towards["ci"]
+    assert low is not None and high is not None and n == math.ceil(49 * ((high - low) / 2 / (0.9 - 40 / 49)) ** 2)
+    family = claims.adjust([towards, near, away], "f")
+    assert family[1]["n_to_decide"] == near["n_to_decide"] and family[2]["n_to_decide"] == away["n_to_decide"]
+    adjusted_n = family[0]["n_to_decide"]
+    assert adjusted_n is not None and adjusted_n > n  # a family of three asks more of it

@@ -21,6 +21,7 @@ Alternative = Literal["greater", "less", "two-sided"]
 CONFIRMED: Outcome = "confirmed"
 NOT_CONFIRMED: Outcome = "not confirmed"
 REJECTED: Outcome = "rejected"
+Z95 = 1.959963984540054  # the normal quantile of a 95 % interval
 MAX_N = 100_000  # beyond this an observed rate that sits on its threshold is called undecidable
 
 
@@ -29,7 +30,8 @@ class Claim(TypedDict):
     """One claim and how it was decided: what it says, the rule (stated before the data), where it was measured,
     n, the estimate with its 95 % interval and the baseline it is read against, the test's raw p and the p adjusted
     over its family (None where no test is involved), the outcome, and for a claim not confirmed the n at which
-    the observed estimate would decide it (None where it cannot: it sits on the line)."""
+    the observed estimate would decide it (None where it cannot: it sits on the line, or points where no rule of
+    the claim's decides)."""
 
     kind: str
     subject: str | None  # what it is about where a result holds several of a kind: a head "16.11", a variant
@@ -40,6 +42,7 @@ class Claim(TypedDict):
     estimate: float | None  # None: read back from a NaN (no problem, one window)
     ci: list[float | None]
     baseline: float | None
+    null: float  # what the rule sets the estimate against: the threshold, 0 for a difference, the other estimate
     p_value: float | None
     p_adjusted: float | None
     alternative: Alternative | None  # the test's direction; None: a rule on intervals alone
@@ -85,6 +88,7 @@ def rate_reaches(
         value,
         [low, high],
         baseline,
+        threshold,
         outcome,
         subject,
     )
@@ -139,10 +143,12 @@ def _rate_tested(
     rule = f"one-sided exact binomial test of the rate against {threshold}; rejected where the 95 % Wilson " + (
         "interval's upper end is below it" if alternative == "greater" else "interval's lower end is at or above it"
     )
-    claim = tested(kind, statement, rule, measured_on, n, value, ci, p, alternative, baseline, subject)
+    claim = tested(kind, statement, rule, measured_on, n, value, ci, p, alternative, threshold, baseline, subject)
     against = ci[1] < threshold if alternative == "greater" else ci[0] >= threshold
     if n and against:
-        claim = Claim(**{**claim, "outcome": REJECTED, "n_to_decide": None})
+        return Claim(**{**claim, "outcome": REJECTED, "n_to_decide": None})
+    if claim["outcome"] == NOT_CONFIRMED and not _towards(claim):  # only the interval can reject it
+        claim["n_to_decide"] = n_to_decide_rate(value, threshold)
     return claim
 
 
@@ -161,6 +167,7 @@ def interval_claim(
     estimate: float,
     ci: list[float],
     baseline: float | None,
+    null: float,
     outcome: Outcome,
     subject: str | None = None,
 ) -> Claim:
@@ -175,6 +182,7 @@ def interval_claim(
         estimate=estimate,
         ci=list(ci),
         baseline=baseline,
+        null=null,
         p_value=None,
         p_adjusted=None,
         alternative=None,
@@ -203,12 +211,13 @@ def tested(
     ci: Sequence[float],
     p_value: float,
     alternative: Alternative,
+    null: float,
     baseline: float | None = None,
     subject: str | None = None,
 ) -> Claim:
-    """A claim decided by a test: confirmed where its p (adjusted over its family, once `adjust` has run) is below
-    ALPHA (one-sided: ALPHA / 2, the level its 95 % interval shows), otherwise not confirmed, with about the n at
-    which the observed effect would reach it."""
+    """A claim decided by a test against `null`: confirmed where its p (adjusted over its family, once `adjust` has
+    run) is below ALPHA (one-sided: ALPHA / 2, the level its 95 % interval shows), otherwise not confirmed, with
+    about the n at which the observed effect would reach it."""
     alpha = ALPHA if alternative == "two-sided" else ALPHA / 2
     claim = Claim(
         kind=kind,
@@ -220,6 +229,7 @@ def tested(
         estimate=estimate,
         ci=list(ci),
         baseline=baseline,
+        null=null,
         p_value=p_value,
         p_adjusted=p_value,
         alternative=alternative,
@@ -232,38 +242,46 @@ def tested(
 
 
 def decided(claim: Claim) -> Claim:
-    """The outcome of a tested claim from its adjusted p; where not confirmed, the n the observed effect needs."""
+    """The outcome of a tested claim from its adjusted p; where not confirmed, the n the observed effect needs. An
+    effect pointing away from the claim no test can confirm: the n its maker set (its rejection rule's) stays."""
     p = claim["p_adjusted"]
     confirmed = p is not None and p < (claim["alpha"] or ALPHA)
     out = Claim(**{**claim, "outcome": CONFIRMED if confirmed else NOT_CONFIRMED, "n_to_decide": None})
     if not confirmed:
-        out["n_to_decide"] = n_for_effect(claim)
+        out["n_to_decide"] = n_for_effect(claim) if _towards(claim) else claim["n_to_decide"]
     return out
 
 
-def n_for_effect(claim: Claim, other_half: float = 0.0) -> int | None:
-    """About the n at which an effect of the observed size, against its null (`baseline`, or 0), would reach the
-    level its family's adjustment asks of it (the p's multiplier carried over), its spread shrinking as 1/sqrt(n):
-    None where the effect is nil or points away from the claim. `other_half`: the half-width of an interval it is
-    compared with, which shrinks too."""
-    low, high = (math.nan if v is None else v for v in claim["ci"])
-    null = claim["baseline"] or 0.0
-    distance = math.nan if claim["estimate"] is None else claim["estimate"] - null
-    alternative = claim["alternative"] or "greater"
-    if not all(map(math.isfinite, (low, high, distance))) or distance == 0 or claim["n"] == 0:
-        return None
-    if (alternative == "greater" and distance < 0) or (alternative == "less" and distance > 0):
-        return None
-    se = ((high - low) / 2 + other_half) / 1.959963984540054
-    if se <= 0:
-        return None
+def _towards(claim: Claim) -> bool:
+    """Whether the estimate lies on the claim's side of its null (a two-sided claim: off it)."""
+    estimate = claim["estimate"]
+    if estimate is None or not math.isfinite(estimate) or estimate == claim["null"]:
+        return False
+    return claim["alternative"] in ("two-sided", None) or (estimate > claim["null"]) == (
+        claim["alternative"] == "greater"
+    )
+
+
+def n_for_effect(claim: Claim) -> int | None:
+    """About the n at which an effect of the observed size, against its null, would reach the level its family's
+    adjustment asks of it (the p's multiplier carried over)."""
     p, adjusted = claim["p_value"], claim["p_adjusted"]
     times = adjusted / p if p and adjusted and p > 0 else 1.0  # how much its family's adjustment raised its p
     level = (claim["alpha"] or ALPHA) / times
-    z = float(scipy_stats.norm.isf(level / 2 if alternative == "two-sided" else level))
-    if claim["alternative"] is None:  # a rule on 95 % intervals: they part where the gap passes both half-widths
-        z = 1.959963984540054
-    return max(claim["n"] + 1, math.ceil(claim["n"] * (z * se / abs(distance)) ** 2))
+    z = float(scipy_stats.norm.isf(level / 2 if claim["alternative"] == "two-sided" else level))
+    return n_to_part(claim, z)
+
+
+def n_to_part(claim: Claim, z: float = Z95, other_half: float = 0.0) -> int | None:
+    """About the n at which the claim's interval, its half-width (plus `other_half`, that of an interval it is
+    compared with) shrinking as 1/sqrt(n), would lie `z` standard errors clear of its null; None where the
+    estimate sits on the null."""
+    low, high = (math.nan if v is None else v for v in claim["ci"])
+    distance = math.nan if claim["estimate"] is None else abs(claim["estimate"] - claim["null"])
+    se = ((high - low) / 2 + other_half) / Z95
+    if not all(map(math.isfinite, (se, distance))) or distance == 0 or se <= 0 or claim["n"] == 0:
+        return None
+    return max(claim["n"] + 1, math.ceil(claim["n"] * (z * se / distance) ** 2))
 
 
 RESAMPLES = 9999  # permutation tests: the smallest p is 1 / 10,000
@@ -319,17 +337,15 @@ def mean_below(
         mean_interval(x.tolist(), seed),
         p,
         "less",
+        threshold,
         baseline=threshold,
         subject=subject,
     )
-    return with_rejection(claim)
-
-
-def with_rejection(claim: Claim) -> Claim:
-    """A 'below the baseline' claim whose interval lies wholly at or above its baseline is rejected."""
     low = claim["ci"][0]
-    if claim["baseline"] is not None and low is not None and low >= claim["baseline"]:
+    if low is not None and low >= threshold:
         return Claim(**{**claim, "outcome": REJECTED, "n_to_decide": None})
+    if claim["outcome"] == NOT_CONFIRMED and not _towards(claim):  # only the interval can reject it
+        claim["n_to_decide"] = n_to_part(claim)
     return claim
 
 
@@ -374,6 +390,7 @@ def paired_greater(
         mean_interval(d.tolist(), seed),
         p,
         alternative,
+        0.0,
         baseline=0.0,
         subject=subject,
     )
@@ -402,6 +419,7 @@ def paired_differs(
         mean_interval([float(x) - float(y) for x, y in zip(first_P, second_P, strict=True)]),
         test["p_value"],
         "two-sided",
+        0.0,
         baseline=0.0,
         subject=subject,
     )
@@ -433,10 +451,11 @@ def interval_above(
         estimate,
         [low, high],
         other,
+        other,
         outcome,
     )
     if outcome == NOT_CONFIRMED:  # both intervals shrink with n: about when they part
-        claim["n_to_decide"] = n_for_effect(claim, other_half=(other_high - other_low) / 2)
+        claim["n_to_decide"] = n_to_part(claim, other_half=(other_high - other_low) / 2)
     return claim
 
 
