@@ -54,8 +54,18 @@ def task(request, tokenizer):
 
 @pytest.fixture(scope="module", params=TINY_FAMILIES)
 def tiny(request, task):
-    model = tiny_model(request.param)
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter(tiny_model(request.param))
+    return adapter, compute_means(adapter, task, batch_size=5)
+
+
+# the families the fast executor runs: gptj has no attention interface, and the fast executor refuses it
+# (`test_executor_choice_names_why_it_is_not_faster`)
+FAST_FAMILIES = [family for family in TINY_FAMILIES if family != "gptj"]
+
+
+@pytest.fixture(scope="module", params=FAST_FAMILIES)
+def fast_tiny(request, task):
+    adapter = ModelAdapter(tiny_model(request.param))
     return adapter, compute_means(adapter, task, batch_size=5)
 
 
@@ -121,14 +131,17 @@ def test_a_token_the_means_never_saw_gets_the_token_agnostic_mean(tiny, task, ab
     never = means.counts(task.input_ids_PT) == 0
     assert torch.equal(got[never], agnostic[never]) and bool(means.fallbacks(task.input_ids_PT, 0)[never].all())
     config = AF1Config(wait=0, transfer=1, ablation=ablation)
+    if supports(adapter, task, config) is not None:  # the fast executor refuses it: nothing faster to compare
+        assert adapter.family.name == "gptj"
+        return
     assert (
         reference_logits(adapter, task, config, means) - fast_logits(adapter, task, config, means)
     ).abs().max() <= TOL
 
 
 @pytest.mark.parametrize("ablation", ["cama", "mean"])
-def test_fast_equals_reference_without_leave_one_out(tiny, task, ablation):
-    adapter, means = tiny
+def test_fast_equals_reference_without_leave_one_out(fast_tiny, task, ablation):
+    adapter, means = fast_tiny
     config = AF1Config(wait=0, transfer=1, ablation=ablation)
     ref = reference_logits(adapter, task, config, outside(means))
     assert (ref - fast_logits(adapter, task, config, outside(means))).abs().max() <= TOL
@@ -160,8 +173,8 @@ def test_cama_changes_logits_of_a_real_distribution(tiny, task):
     ("wait", "transfer", "pruned"),
     [(-1, 0, []), (-1, 3, []), (0, 1, []), (0, 2, [(1, 0), (2, 3)]), (1, 0, []), (1, 1, [(2, 1)]), (2, 0, [])],
 )
-def test_fast_equals_reference(tiny, task, wait, transfer, pruned):
-    adapter, means = tiny
+def test_fast_equals_reference(fast_tiny, task, wait, transfer, pruned):
+    adapter, means = fast_tiny
     config = AF1Config(wait=wait, transfer=transfer, pruned_heads=pruned)
     ref = reference_logits(adapter, task, config, means)
     fast = fast_logits(adapter, task, config, means)
@@ -169,24 +182,24 @@ def test_fast_equals_reference(tiny, task, wait, transfer, pruned):
 
 
 @pytest.mark.parametrize("ablation", ["mean", "zero"])
-def test_fast_equals_reference_for_other_ablations(tiny, task, ablation):
-    adapter, means = tiny
+def test_fast_equals_reference_for_other_ablations(fast_tiny, task, ablation):
+    adapter, means = fast_tiny
     config = AF1Config(wait=0, transfer=1, ablation=ablation)
     assert (
         reference_logits(adapter, task, config, means) - fast_logits(adapter, task, config, means)
     ).abs().max() <= TOL
 
 
-def test_fast_moved_window_equals_reference(tiny, task):
-    adapter, means = tiny
+def test_fast_moved_window_equals_reference(fast_tiny, task):
+    adapter, means = fast_tiny
     config = AF1Config(wait=-1, transfer=1, transfer_start=1)
     assert (
         reference_logits(adapter, task, config, means) - fast_logits(adapter, task, config, means)
     ).abs().max() <= TOL
 
 
-def test_fast_sweep_equals_single_runs(tiny, task):
-    adapter, means = tiny
+def test_fast_sweep_equals_single_runs(fast_tiny, task):
+    adapter, means = fast_tiny
     for wait in (-1, 0, 1):
         ks = list(range(adapter.n_layers - wait))
         swept = fast_sweep_wait(adapter, task, AF1Config(wait=wait), means, ks, batch_size=5)
@@ -305,15 +318,27 @@ def test_a_bad_memory_budget_is_a_one_line_error(monkeypatch):
 
 
 def test_executor_choice_names_why_it_is_not_faster(task):
-    from af1.executors.protocol import choose_executor
+    from af1.executors.protocol import pick, recorded
+
+    def choice(adapter, config, reference=False):
+        return recorded([pick(adapter, task, config, reference)])
 
     llama = ModelAdapter(tiny_model("llama"))
-    assert choose_executor(llama, task, AF1Config(wait=0, transfer=1))["executor"] == "fast"
-    how = choose_executor(llama, task, AF1Config(wait=0, transfer=1, abp="sink"))
+    assert choice(llama, AF1Config(wait=0, transfer=1)) == {"executor": "fast", "fallback_reason": None}
+    how = choice(llama, AF1Config(wait=0, transfer=1, abp="sink"))
     assert how["executor"] == "shared-context" and "ABP variant" in (how["fallback_reason"] or "")
-    how = choose_executor(ModelAdapter(tiny_model("gptj")), task, AF1Config(wait=0, transfer=1))
+    gptj = ModelAdapter(tiny_model("gptj"))
+    how = choice(gptj, AF1Config(wait=0, transfer=1))
     assert how["executor"] == "reference" and "attention interface" in (how["fallback_reason"] or "")
-    assert choose_executor(llama, task, AF1Config(), reference=True)["executor"] == "reference"
+    with pytest.raises(ValueError, match="attention interface"):  # chosen once: the executor never falls back itself
+        fast_logits(gptj, task, AF1Config(wait=0, transfer=1), None)
+    with pytest.raises(ValueError, match="attention interface"):
+        fast_sweep_wait(gptj, task, AF1Config(wait=0), None, [0, 1])
+    with pytest.raises(Af1Error, match="out of range"):  # the door to the executors checks the config
+        pick(llama, task, AF1Config(wait=9))
+    assert choice(llama, AF1Config(), reference=True)["executor"] == "reference"
+    both = recorded([pick(llama, task, AF1Config(wait=0, transfer=1)), pick(gptj, task, AF1Config(wait=0, transfer=1))])
+    assert both["executor"] == "mixed" and "attention interface" in (both["fallback_reason"] or "")
 
 
 def test_zero_output_variant_zeroes_what_abp_would_mask(task):

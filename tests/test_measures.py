@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from af1 import Af1Error, ModelAdapter
-from af1.executors.protocol import af1_logits
+from af1.executors.protocol import af1_logits, recorded
 from af1.executors.reference import reference_logits
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
-from af1.methods.setup import low_count_positions, make_setup, prepare, setup_executor
+from af1.methods.setup import executors, low_count_positions, make_setup, prepare
 from af1.models import LoadedModel
 from af1.results import to_json
 from af1.study.report import build_report
@@ -67,9 +67,9 @@ def test_sweep_fills_the_grid_and_resumes(tiny_setup, tmp_path, monkeypatch):
     assert full.executor == "fast" and set(full.cell_executors.values()) == {"fast"}
     assert full.targets == tiny_setup.kept.targets()
     assert full.kept_problems[0]["input_ids"] == tiny_setup.kept.input_ids_PT[0].tolist()
-    asked = setup_executor(tiny_setup, config, reference=True)
+    asked = recorded(executors(tiny_setup, config, reference=True))
     assert asked == {"executor": "reference", "fallback_reason": "asked for (reference)"}
-    resample = setup_executor(tiny_setup, config.model_copy(update={"ablation": "resample"}))
+    resample = recorded(executors(tiny_setup, config.model_copy(update={"ablation": "resample"})))
     assert resample["executor"] == "shared-context" and "token-local" in (resample["fallback_reason"] or "")
     calls.clear()  # a capped sweep resumed from the full grid's state returns its own cells only, computing none
     capped = allforone.sweep.sweep(tiny_setup, max_transfer=1, state_path=state)

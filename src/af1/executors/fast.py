@@ -318,9 +318,9 @@ def fast_logits(
     kv: TokenLocalKV | None = None,
 ) -> torch.Tensor:
     """Last-position logits [P, V] under AF1, equal to `reference_logits` up to float rounding."""
-    config.check(adapter.n_layers, adapter.n_heads)
-    if supports(adapter, task, config) is not None:
-        return reference_logits(adapter, task, config, means)
+    reason = supports(adapter, task, config)
+    if reason is not None:
+        raise ValueError(f"fast executor unsupported: {reason}")
     kv = kv or token_local_kv(adapter, task, config, means)
     peek, pruned = set(config.peek_layers()), config.pruned_by_layer()
     layers = range(config.wait + 1, adapter.n_layers)
@@ -355,9 +355,9 @@ def fast_sweep_wait(
     off it run as one batch per layer (a wavefront), so each layer is one call for all lengths.
     """
     wanted = sorted(transfers)
-    if supports(adapter, task, config) is not None:
-        out = {k: reference_logits(adapter, task, config.model_copy(update={"transfer": k}), means) for k in wanted}
-        return {k: v.argmax(-1) for k, v in out.items()} if greedy else out
+    reason = supports(adapter, task, config)
+    if reason is not None:
+        raise ValueError(f"fast executor unsupported: {reason}")
     kv = kv or token_local_kv(adapter, task, config, means, ctx)
     L, w = adapter.n_layers, config.wait
     result: dict[int, list[torch.Tensor]] = {k: [] for k in wanted}

@@ -8,6 +8,7 @@ the faster ones are recorded with the result (`fallback_reason`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -94,7 +95,8 @@ REFERENCE: Executor = EXECUTORS[-1]
 
 def pick(adapter: ModelAdapter, task: Task, config: AF1Config, reference: bool = False) -> tuple[Executor, str | None]:
     """The first executor of EXECUTORS that supports the case (the reference one when asked), and why the faster
-    ones do not (None when the first one runs it)."""
+    ones do not (None when the first one runs it). The one door to the executors: the config is checked here."""
+    config.check(adapter.n_layers, adapter.n_heads)
     if reference:
         return REFERENCE, "asked for (reference)"
     reasons: list[str] = []
@@ -106,10 +108,14 @@ def pick(adapter: ModelAdapter, task: Task, config: AF1Config, reference: bool =
     raise AssertionError("the reference executor supports every case")
 
 
-def choose_executor(adapter: ModelAdapter, task: Task, config: AF1Config, reference: bool = False) -> ExecutorChoice:
-    """`pick` as a result records it: the executor's name and why the faster ones could not (None)."""
-    executor, reason = pick(adapter, task, config, reference)
-    return ExecutorChoice(executor=executor.name, fallback_reason=reason)
+def recorded(picked: Sequence[tuple[Executor, str | None]]) -> ExecutorChoice:
+    """What a result records of the executors `pick` chose for its steps: their name ("mixed" where the steps
+    differ) and why the faster ones could not run them (None where the fast one ran all)."""
+    names = {executor.name for executor, _ in picked}
+    reasons = dict.fromkeys(reason for _, reason in picked if reason)
+    return ExecutorChoice(
+        executor=names.pop() if len(names) == 1 else "mixed", fallback_reason="; ".join(reasons) or None
+    )
 
 
 def af1_logits(step: StepSetup, config: AF1Config, reference: bool = False) -> torch.Tensor:

@@ -28,7 +28,6 @@ def reference_logits(
 
     The resample ablation takes each problem's states from a donor of `donors` (the task distribution;
     the task itself when none is given)."""
-    config.check(adapter.n_layers, adapter.n_heads)
     ids = task.input_ids_PT
     P = len(ids)
     resample = config.ablation == "resample" and config.wait >= 0

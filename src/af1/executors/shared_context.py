@@ -119,7 +119,6 @@ def shared_context_logits(
     (`clean_suffix_states`), each problem resumes from the unmodified run at the first block the config changes
     (a resample's donors run to `wait` per batch: only the drawn ones, never the whole distribution); `clean_rows`
     says where the task's problems are in `clean` when it holds more of them."""
-    config.check(adapter.n_layers, adapter.n_heads)
     reason = supports_shared(adapter, task)
     if reason is not None:
         raise ValueError(f"shared context unsupported: {reason}")

@@ -11,7 +11,7 @@ from pydantic import ConfigDict, Field, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
-from af1.executors.protocol import choose_executor
+from af1.executors.protocol import Executor, pick
 from af1.executors.step import StepSetup
 from af1.interventions.af1 import AF1Config
 from af1.interventions.attention import check_maskable
@@ -32,7 +32,6 @@ from af1.stats import (
 )
 from af1.tasks.evaluation import (
     Evaluated,
-    ExecutorChoice,
     Scores,
     TaskDescription,
     evaluated,
@@ -296,10 +295,6 @@ def means_from_file(
     return out
 
 
-def setup_executor(setup: Setup, config: AF1Config, reference: bool = False) -> ExecutorChoice:
-    """Which executor runs a config on a setup (on each of its steps), and why when it is not the fast one."""
-    chosen = [choose_executor(s.adapter, s.kept, config, reference) for s in setup.steps]
-    if all(c == chosen[0] for c in chosen):
-        return chosen[0]
-    reasons = dict.fromkeys(c["fallback_reason"] for c in chosen if c["fallback_reason"])
-    return ExecutorChoice(executor="mixed", fallback_reason="; ".join(reasons))
+def executors(setup: Setup, config: AF1Config, reference: bool = False) -> list[tuple[Executor, str | None]]:
+    """The executor of each step for a config, picked once (`recorded` says what a result keeps of them)."""
+    return [pick(step.adapter, step.kept, config, reference) for step in setup.steps]

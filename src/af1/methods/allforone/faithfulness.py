@@ -5,9 +5,9 @@ from __future__ import annotations
 from pydantic import ConfigDict, with_config
 from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.executors.protocol import af1_logits
+from af1.executors.protocol import recorded
 from af1.interventions.af1 import AF1Config
-from af1.methods.setup import Setup, setup_executor
+from af1.methods.setup import Setup, executors
 from af1.results import Part
 from af1.stats import LayoutRate
 from af1.tasks.evaluation import ProblemInputs, Scores, decoder
@@ -16,8 +16,10 @@ from af1.tasks.task import ProblemRow
 
 def faithfulness(setup: Setup, config: AF1Config, reference: bool = False) -> Scores:
     """Scores of the solved problems under AF1, every answer step under the same intervention."""
-    scores = Scores.from_steps(setup.kept, [af1_logits(step, config, reference) for step in setup.steps])
-    scores.executor = setup_executor(setup, config, reference)
+    chosen = executors(setup, config, reference)
+    logits = [executor.logits(step, config) for step, (executor, _) in zip(setup.steps, chosen, strict=True)]
+    scores = Scores.from_steps(setup.kept, logits)
+    scores.executor = recorded(chosen)
     return scores
 
 
@@ -98,7 +100,6 @@ class AtConfig(Part):
 
 def run_result(setup: Setup, config: AF1Config, reference: bool = False) -> AtConfig:
     """One AF1 evaluation with every problem listed."""
-    config.check(setup.adapter.n_layers, setup.adapter.n_heads)
     scores = faithfulness(setup, config, reference)
     return AtConfig(
         wait=config.wait,

@@ -9,9 +9,9 @@ import torch
 from pydantic import ConfigDict, with_config
 
 from af1.executors.fast import fast_sweep_wait, grid
-from af1.executors.protocol import af1_logits, choose_executor
+from af1.executors.protocol import recorded
 from af1.interventions.af1 import AF1Config
-from af1.methods.setup import Setup, setup_executor
+from af1.methods.setup import Setup, executors
 from af1.progress import note, progress
 from af1.results import Part, read_json, write_json
 from af1.stats import constant_baseline, rate
@@ -93,13 +93,12 @@ def sweep(
         if not todo:
             continue
         config = base_config.model_copy(update={"wait": w, "transfer": 0})
-        how = setup_executor(setup, config, reference)
+        chosen = executors(setup, config, reference)
+        how = recorded(chosen)
         per_step = []
-        for step in setup.steps:
-            if choose_executor(step.adapter, step.kept, config, reference)["executor"] != "fast":
-                per_step.append(
-                    {k: af1_logits(step, config.model_copy(update={"transfer": k}), reference) for k in todo}
-                )
+        for step, (executor, _) in zip(setup.steps, chosen, strict=True):
+            if executor.name != "fast":
+                per_step.append({k: executor.logits(step, config.model_copy(update={"transfer": k})) for k in todo})
             else:
                 per_step.append(
                     fast_sweep_wait(
@@ -120,7 +119,7 @@ def sweep(
         r = rate(unbits(value["correct"]), targets, layouts)
         faith_WX[w + 1, k], (low_WX[w + 1, k], high_WX[w + 1, k]) = r["value"], r["ci"]
     fallbacks = sorted({r for v in done.values() if v["executor"] != "fast" and (r := v["fallback_reason"])})
-    executors = {v["executor"] for v in done.values()}
+    ran = {v["executor"] for v in done.values()}
     return Grid(
         config=base_config.model_dump(),
         waits=list(range(-1, L)),
@@ -133,7 +132,7 @@ def sweep(
         cells={cell: v["correct"] for cell, v in done.items()},
         cell_executors={cell: v["executor"] for cell, v in done.items()},
         cell_fallback_reasons={cell: r for cell, v in done.items() if (r := v["fallback_reason"])},
-        executor=executors.pop() if len(executors) == 1 else "mixed",
+        executor=ran.pop() if len(ran) == 1 else "mixed",
         fallback_reasons=fallbacks,
         n_cells=len(cells),
         kept_problems=setup.kept.rows(),
