@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
+from scipy.stats import norm
 
 from af1 import claims
 from af1.methods import allforone
@@ -208,10 +207,10 @@ def test_a_rate_tested_against_a_threshold_names_the_n_that_decides_it_against_t
     assert near["n_to_decide"] == claims.n_to_decide_rate(45 / 49, 0.9)
     towards = claims.rate_below("window", "s", [True] * 40 + [False] * 9, 0.9, "c", 0.5)  # 0.816, p 0.04
     n = towards["n_to_decide"]
-    assert towards["outcome"] == "not confirmed" and n is not None and 60 < n < 120
-    low, high = towards["ci"]
-    assert low is not None and high is not None and n == math.ceil(49 * ((high - low) / 2 / (0.9 - 40 / 49)) ** 2)
+    assert towards["outcome"] == "not confirmed" and n == claims.n_to_decide_rate(40 / 49, 0.9)
+    assert n is not None and n > 49  # where its Wilson interval, as the search's claim reads it, excludes 0.9
     family = claims.adjust([towards, near, away], "f")
     assert family[1]["n_to_decide"] == near["n_to_decide"] and family[2]["n_to_decide"] == away["n_to_decide"]
-    adjusted_n = family[0]["n_to_decide"]
-    assert adjusted_n is not None and adjusted_n > n  # a family of three asks more of it
+    adjusted_n = family[0]["n_to_decide"]  # a family of three asks the level 0.025 / 3 of it
+    assert adjusted_n == claims.n_to_decide_rate(40 / 49, 0.9, float(norm.isf(0.025 / 3)))
+    assert adjusted_n is not None and adjusted_n > n

@@ -13,7 +13,7 @@ from pydantic import ConfigDict, with_config
 from scipy import stats as scipy_stats
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.stats import mcnemar_exact, wilson, with_ci
+from af1.stats import Z95, mcnemar_exact, wilson, with_ci
 
 ALPHA = 0.05
 Outcome = Literal["confirmed", "not confirmed", "rejected"]
@@ -21,8 +21,8 @@ Alternative = Literal["greater", "less", "two-sided"]
 CONFIRMED: Outcome = "confirmed"
 NOT_CONFIRMED: Outcome = "not confirmed"
 REJECTED: Outcome = "rejected"
-Z95 = 1.959963984540054  # the normal quantile of a 95 % interval
 MAX_N = 100_000  # beyond this an observed rate that sits on its threshold is called undecidable
+RATE_TEST = "one-sided exact binomial test of the rate against"  # how `_rate_tested` claims' rules begin
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -42,7 +42,8 @@ class Claim(TypedDict):
     estimate: float | None  # None: read back from a NaN (no problem, one window)
     ci: list[float | None]
     baseline: float | None
-    null: float  # what the rule sets the estimate against: the threshold, 0 for a difference, the other estimate
+    null: float | None  # what the rule sets the estimate against: the threshold, 0 for a difference, the other
+    # estimate (None: read back from a NaN)
     p_value: float | None
     p_adjusted: float | None
     alternative: Alternative | None  # the test's direction; None: a rule on intervals alone
@@ -52,14 +53,14 @@ class Claim(TypedDict):
     n_to_decide: int | None
 
 
-def n_to_decide_rate(rate: float, threshold: float) -> int | None:
-    """The smallest n at which a Wilson interval around the observed `rate` (held fixed) excludes `threshold`: the
-    interval only narrows as n grows, so every larger n decides too (None: the rate is the threshold, or no n up to
-    MAX_N does)."""
+def n_to_decide_rate(rate: float, threshold: float, z: float = Z95) -> int | None:
+    """The smallest n at which a Wilson interval (95 %, or at `z`) around the observed `rate` (held fixed) excludes
+    `threshold`, the score test's answer: the interval only narrows as n grows, so every larger n decides too (None:
+    the rate is the threshold, or no n up to MAX_N does)."""
     if not math.isfinite(rate) or rate == threshold:
         return None
     for n in range(1, MAX_N + 1):
-        low, high = wilson(rate * n, n)
+        low, high = wilson(rate * n, n, z)
         if low >= threshold or high < threshold:
             return n
     return None
@@ -140,7 +141,7 @@ def _rate_tested(
     on the other side of the threshold."""
     k, n, value, ci = _counted(correct)
     p = float(scipy_stats.binomtest(k, n, threshold, alternative=alternative).pvalue) if n else 1.0
-    rule = f"one-sided exact binomial test of the rate against {threshold}; rejected where the 95 % Wilson " + (
+    rule = f"{RATE_TEST} {threshold}; rejected where the 95 % Wilson " + (
         "interval's upper end is below it" if alternative == "greater" else "interval's lower end is at or above it"
     )
     claim = tested(kind, statement, rule, measured_on, n, value, ci, p, alternative, threshold, baseline, subject)
@@ -254,21 +255,22 @@ def decided(claim: Claim) -> Claim:
 
 def _towards(claim: Claim) -> bool:
     """Whether the estimate lies on the claim's side of its null (a two-sided claim: off it)."""
-    estimate = claim["estimate"]
-    if estimate is None or not math.isfinite(estimate) or estimate == claim["null"]:
+    estimate, null = claim["estimate"], claim["null"]
+    if estimate is None or null is None or not math.isfinite(estimate) or not math.isfinite(null) or estimate == null:
         return False
-    return claim["alternative"] in ("two-sided", None) or (estimate > claim["null"]) == (
-        claim["alternative"] == "greater"
-    )
+    return claim["alternative"] in ("two-sided", None) or (estimate > null) == (claim["alternative"] == "greater")
 
 
 def n_for_effect(claim: Claim) -> int | None:
     """About the n at which an effect of the observed size, against its null, would reach the level its family's
-    adjustment asks of it (the p's multiplier carried over)."""
+    adjustment asks of it (the p's multiplier carried over): for a rate, where the score test at that level decides
+    (its spread is the null's); otherwise where the effect's interval would clear the null."""
     p, adjusted = claim["p_value"], claim["p_adjusted"]
     times = adjusted / p if p and adjusted and p > 0 else 1.0  # how much its family's adjustment raised its p
     level = (claim["alpha"] or ALPHA) / times
     z = float(scipy_stats.norm.isf(level / 2 if claim["alternative"] == "two-sided" else level))
+    if claim["rule"].startswith(RATE_TEST) and claim["estimate"] is not None and claim["null"] is not None:
+        return n_to_decide_rate(claim["estimate"], claim["null"], z)
     return n_to_part(claim, z)
 
 
@@ -277,7 +279,8 @@ def n_to_part(claim: Claim, z: float = Z95, other_half: float = 0.0) -> int | No
     compared with) shrinking as 1/sqrt(n), would lie `z` standard errors clear of its null; None where the
     estimate sits on the null."""
     low, high = (math.nan if v is None else v for v in claim["ci"])
-    distance = math.nan if claim["estimate"] is None else abs(claim["estimate"] - claim["null"])
+    estimate, null = claim["estimate"], claim["null"]
+    distance = math.nan if estimate is None or null is None else abs(estimate - null)
     se = ((high - low) / 2 + other_half) / Z95
     if not all(map(math.isfinite, (se, distance))) or distance == 0 or se <= 0 or claim["n"] == 0:
         return None
@@ -437,7 +440,7 @@ def interval_above(
 ) -> Claim:
     """'This estimate is above the other', decided by their 95 % intervals: confirmed where this one's lies wholly
     above the other's, rejected where it lies wholly below, otherwise not confirmed (with about the n at which the
-    two would part, where this one is the higher)."""
+    two would part, on either side)."""
     low, high = (float("nan") if v is None else float(v) for v in ci)
     other_low, other_high = (float("nan") if v is None else float(v) for v in other_ci)
     outcome = CONFIRMED if low > other_high else REJECTED if high < other_low else NOT_CONFIRMED

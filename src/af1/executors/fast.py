@@ -10,7 +10,8 @@ work themselves: the prefix keys/values enter through the attention plan.
 
 Supported: ablations cama, mean, zero (and none with wait = -1), ABP variant af1 with any
 transfer window and pruned transfer heads, families that route attention through
-transformers' interface. Everything else falls back to the reference path.
+transformers' interface. Everything else it refuses (`supports` says why), and `af1.executors.protocol.pick` runs it on
+another executor.
 """
 
 from __future__ import annotations
