@@ -193,6 +193,9 @@ def test_a_key_head_needs_more_than_one_problem_and_a_one_sided_test_its_half_le
     assert claims.mean_below("key_head", "s", [-0.9], -0.05, "c")["outcome"] != "confirmed"
     flat = claims.mean_below("key_head", "s", [-0.5] * 8, -0.05, "c")  # no spread: a sign test, 1 / 256
     assert flat["p_value"] == 0.5**8 and flat["outcome"] == "confirmed" and flat["alpha"] == 0.025
+    short = claims.mean_below("key_head", "s", [-0.5] * 5, -0.05, "c")  # 1 / 32 > 0.025: one more problem decides
+    assert short["outcome"] == "not confirmed" and short["n_to_decide"] == 6
+    assert [c["n_to_decide"] for c in claims.adjust([short] * 3, "f")] == [7] * 3  # 0.5 ** 7 < 0.025 / 3
     wrong_way = claims.paired_greater("k", "s", [0.0] * 20, [1.0] * 10 + [0.0] * 10, "c")
     assert wrong_way["outcome"] == "not confirmed" and wrong_way["n_to_decide"] is None
 

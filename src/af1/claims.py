@@ -277,13 +277,16 @@ def n_for_effect(claim: Claim) -> int | None:
 def n_to_part(claim: Claim, z: float = Z95, other_half: float = 0.0) -> int | None:
     """About the n at which the claim's interval, its half-width (plus `other_half`, that of an interval it is
     compared with) shrinking as 1/sqrt(n), would lie `z` standard errors clear of its null; None where the
-    estimate sits on the null."""
+    estimate sits on the null. Values that do not spread all point one way: the sign test's p, 0.5 ** n one-sided,
+    reaches the level that `z` stands for at n = log2(1 / level)."""
     low, high = (math.nan if v is None else v for v in claim["ci"])
     estimate, null = claim["estimate"], claim["null"]
     distance = math.nan if estimate is None or null is None else abs(estimate - null)
     se = ((high - low) / 2 + other_half) / Z95
-    if not all(map(math.isfinite, (se, distance))) or distance == 0 or se <= 0 or claim["n"] == 0:
+    if not all(map(math.isfinite, (se, distance))) or distance == 0 or claim["n"] == 0:
         return None
+    if se == 0:
+        return max(claim["n"] + 1, math.ceil(-math.log2(float(scipy_stats.norm.sf(z)))))
     return max(claim["n"] + 1, math.ceil(claim["n"] * (z * se / distance) ** 2))
 
 
