@@ -242,14 +242,15 @@ def tested(
     return decided(claim)
 
 
-def decided(claim: Claim) -> Claim:
-    """The outcome of a tested claim from its adjusted p; where not confirmed, the n the observed effect needs. An
-    effect pointing away from the claim no test can confirm: the n its maker set (its rejection rule's) stays."""
+def decided(claim: Claim, times: float = 1.0) -> Claim:
+    """The outcome of a tested claim from its adjusted p; where not confirmed, the n the observed effect needs at the
+    level its family asks (ALPHA over `times`, the multiplier the adjustment puts on its p). An effect pointing away
+    from the claim no test can confirm: the n its maker set (its rejection rule's) stays."""
     p = claim["p_adjusted"]
     confirmed = p is not None and p < (claim["alpha"] or ALPHA)
     out = Claim(**{**claim, "outcome": CONFIRMED if confirmed else NOT_CONFIRMED, "n_to_decide": None})
     if not confirmed:
-        out["n_to_decide"] = n_for_effect(claim) if _towards(claim) else claim["n_to_decide"]
+        out["n_to_decide"] = n_for_effect(claim, times) if _towards(claim) else claim["n_to_decide"]
     return out
 
 
@@ -261,12 +262,10 @@ def _towards(claim: Claim) -> bool:
     return claim["alternative"] in ("two-sided", None) or (estimate > null) == (claim["alternative"] == "greater")
 
 
-def n_for_effect(claim: Claim) -> int | None:
-    """About the n at which an effect of the observed size, against its null, would reach the level its family's
-    adjustment asks of it (the p's multiplier carried over): for a rate, where the score test at that level decides
-    (its spread is the null's); otherwise where the effect's interval would clear the null."""
-    p, adjusted = claim["p_value"], claim["p_adjusted"]
-    times = adjusted / p if p and adjusted and p > 0 else 1.0  # how much its family's adjustment raised its p
+def n_for_effect(claim: Claim, times: float = 1.0) -> int | None:
+    """About the n at which an effect of the observed size, against its null, would reach the level ALPHA / `times`
+    (its family's multiplier): for a rate, where the score test at that level decides (its spread is the null's);
+    otherwise where the effect's interval would clear the null."""
     level = (claim["alpha"] or ALPHA) / times
     z = float(scipy_stats.norm.isf(level / 2 if claim["alternative"] == "two-sided" else level))
     if claim["rule"].startswith(RATE_TEST) and claim["estimate"] is not None and claim["null"] is not None:
@@ -486,10 +485,15 @@ def adjust(claims: list[Claim], family: str, method: Literal["holm", "bh"] = "ho
         adj = holm(raw)
     else:
         adj = [float(p) for p in scipy_stats.false_discovery_control(raw, method="bh")] if raw else []
-    name = f"{family}: {len(raw)} tests, {'Holm' if method == 'holm' else 'Benjamini-Hochberg'}"
+    m = len(raw)
+    rank = {i: r for r, i in enumerate(sorted(range(m), key=lambda j: raw[j]))}  # 0: the smallest p
+    own = [m - rank[j] if method == "holm" else m / (rank[j] + 1) for j in range(m)]  # each p's own multiplier
+    # what the adjustment asks of each p: its own multiplier, or more where a smaller p's carries over (ties)
+    times = [max(own[j], adj[j] / raw[j] if raw[j] > 0 and adj[j] < 1 else 0.0) for j in range(m)]
+    name = f"{family}: {m} tests, {'Holm' if method == 'holm' else 'Benjamini-Hochberg'}"
     out = list(claims)
-    for i, p in zip(tested_at, adj, strict=True):
-        again = decided(Claim(**{**claims[i], "p_adjusted": p, "family": name}))
+    for j, (i, p) in enumerate(zip(tested_at, adj, strict=True)):
+        again = decided(Claim(**{**claims[i], "p_adjusted": p, "family": name}), times[j])
         rejected = claims[i]["outcome"] == REJECTED  # rejection reads the interval alone, which adjusting leaves
         out[i] = Claim(**{**again, "outcome": REJECTED, "n_to_decide": None}) if rejected else again
     return out
