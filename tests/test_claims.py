@@ -131,7 +131,9 @@ def test_holm_and_benjamini_hochberg():
     weak = [claims.tested("k", "s", "r", "m", 30, 0.1, [0.0, 0.2], p, "two-sided", 0.0) for p in (0.4, 0.5, 0.6)]
     capped = claims.adjust(weak, "f")  # Holm caps each at 1: the n still carries each p's own multiplier, 3, 2, 1
     assert [c["p_adjusted"] for c in capped] == [1.0] * 3
-    assert [c["n_to_decide"] for c in capped] == [claims.n_for_effect(w, t) for w, t in zip(weak, (3, 2, 1))]
+    assert [c["n_to_decide"] for c in capped] == [
+        claims.n_for_effect(w, t) for w, t in zip(weak, (3, 2, 1), strict=True)
+    ]
     first, last = capped[0]["n_to_decide"], capped[2]["n_to_decide"]
     assert first is not None and last is not None and first > last == weak[2]["n_to_decide"]
 
