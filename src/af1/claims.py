@@ -490,7 +490,7 @@ def adjust(claims: list[Claim], family: str, method: Literal["holm", "bh"] = "ho
     own = [m - rank[j] if method == "holm" else m / (rank[j] + 1) for j in range(m)]  # each p's own multiplier
     # what the adjustment asks of each p: adjusted over raw (Holm's step-down or BH's step-up carried in), its own
     # multiplier where the adjusted p is capped at 1
-    times = [adj[j] / raw[j] if 0 < raw[j] and adj[j] < 1 else own[j] for j in range(m)]
+    times = [adj[j] / raw[j] if raw[j] > 0 and adj[j] < 1 else own[j] for j in range(m)]
     name = f"{family}: {m} tests, {'Holm' if method == 'holm' else 'Benjamini-Hochberg'}"
     out = list(claims)
     for j, (i, p) in enumerate(zip(tested_at, adj, strict=True)):
