@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from scipy import stats as scipy_stats
 
 from af1 import Af1Error, ModelAdapter
 from af1.methods import positional
@@ -209,8 +211,11 @@ def test_a_model_with_random_weights_is_not_called_learned(tokenizer):
     claims = {c["kind"]: c for c in held["claims"]}
     assert set(claims) == {"meaning_term", "learned", "word_order"}
     assert claims["learned"]["outcome"] != "confirmed"
-    low, high = held["r_random_init_ci"]
-    assert low is not None and high is not None and low <= (held["r_random_init_mean"] or 0) <= high
+    low, high = held["r_random_init_range"]  # where one more random model falls, not the seeds' mean
+    medians = np.array(held["r_random_init_medians"], dtype=float)
+    half = scipy_stats.t.ppf(0.975, 4) * medians.std(ddof=1) * (1 + 1 / 5) ** 0.5
+    assert low is not None and high is not None and (high - low) / 2 == pytest.approx(half)
+    assert low < min(medians) <= max(medians) < high and held["r_random_init_mean"] == pytest.approx(medians.mean())
     one = positional.study.study(
         adapter, tokenizer, positional.study.PositionalConfig(window=16, n_windows=1, n_queries=2)
     )

@@ -93,7 +93,8 @@ class Positional(base.Experiment):
                 f"position alone {with_ci(held['r_position_only_median'], held['r_position_only_median_ci'])}; the "
                 f"same tokens shuffled {with_ci(held['r_shuffled_median'], held['r_shuffled_median_ci'])}; random "
                 f"weights over {len(held['random_init_seeds'])} seeds "
-                f"{with_ci(held['r_random_init_mean'], held['r_random_init_ci'])}.</p>",
+                f"{with_ci(held['r_random_init_mean'], held['r_random_init_range'])} (where one such model falls: a "
+                "95 % prediction interval).</p>",
                 claims_html(held["claims"]),
             ]
         if result.dummy_distance_r2_median is not None:
@@ -140,7 +141,7 @@ class Positional(base.Experiment):
             return [table]
         table.add_row("held-out r (position + token meaning), median", with_ci(held["r_median"], held["r_median_ci"]))
         table.add_row(
-            f"held-out r, random weights ({len(held['random_init_seeds'])} seeds)",
-            with_ci(held["r_random_init_mean"], held["r_random_init_ci"]),
+            f"held-out r, random weights ({len(held['random_init_seeds'])} seeds; where one falls)",
+            with_ci(held["r_random_init_mean"], held["r_random_init_range"]),
         )
         return [table, *claims_lines(held["claims"], "claims (held-out windows)")]
