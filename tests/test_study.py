@@ -417,6 +417,22 @@ def test_a_stored_result_this_af1_would_not_write_is_run_again(local_run, tmp_pa
     assert results(out) == results(local_out)
 
 
+def test_a_unit_that_needs_no_model_describes_it_as_its_dependency_did(local_run, tmp_path):
+    """Run again alone, the search (it reads the sweep, never the model) records the model as the sweep that loaded
+    it did (source, path, type, layers): its provenance does not depend on what ran before it in the same process."""
+    plan, local_out, _ = local_run
+    out = tmp_path / "out"
+    shutil.copytree(local_out, out)
+    search = next(p for p in sorted((out / "units").rglob("unit.json")) if "/search/" in str(p))
+    search.unlink()
+    summary = run_study(load_plan(plan), out)
+    record = json.loads(search.read_text())
+    assert summary.ran == [record["id"]] and record["worker"]["model_loads"] == 0
+    sweep = json.loads((search.parent.parent / "sweep" / "unit.json").read_text())
+    assert record["provenance"]["model"] == sweep["provenance"]["model"]
+    assert sweep["provenance"]["model"]["source"] == "directory" and sweep["provenance"]["model"]["n_layers"] == 3
+
+
 def test_a_failing_unit_is_recorded_and_the_rest_complete(tiny_dirs, tmp_path, capsys):
     broken = "  - {spec: /nonexistent/model-dir, name: broken}\n"
     experiments = "experiments:\n  eval: {}\n  search: {threshold: 0.5}\n  transfer: {}\n"

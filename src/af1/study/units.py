@@ -71,7 +71,7 @@ class Worker(Session):
                 except Exception as exc:
                     outcome = {"state": "failed", "error": one_line(exc), "traceback": traceback.format_exc(limit=-8)}
         lm = self.loaded
-        info = lm.info if lm is not None else {"spec": self.entry.spec}
+        info = lm.info if lm is not None else described(self.entry.spec, deps)
         task = unit.task.described() if unit.task is not None else None
         return {
             "id": unit.id,
@@ -87,6 +87,16 @@ class Worker(Session):
             },
             "provenance": json.loads(to_json(provenance(info, task=task))),
         }
+
+
+def described(spec: str, deps: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    """The model as a unit that did not load it records it: as a dependency that loaded the same model described it
+    (its source, file or path, and hash where it has one), else by its spec alone."""
+    for dep in deps:
+        model = (dep.get("provenance") or {}).get("model") or {}
+        if model.get("spec") == spec and model.get("source"):
+            return model
+    return {"spec": spec}
 
 
 def unit_inputs(worker: Resources, unit: Unit, deps: dict[str, dict[str, Any]], state_dir: str | None) -> Inputs:
