@@ -59,11 +59,18 @@ def n_to_decide_rate(rate: float, threshold: float, z: float = Z95) -> int | Non
     the rate is the threshold, or no n up to MAX_N does)."""
     if not math.isfinite(rate) or rate == threshold:
         return None
-    for n in range(1, MAX_N + 1):
+
+    def decides(n: int) -> bool:
         low, high = wilson(rate * n, n, z)
-        if low >= threshold or high < threshold:
-            return n
-    return None
+        return low >= threshold or high < threshold
+
+    if not decides(MAX_N):
+        return None
+    below, above = 0, MAX_N  # bisection: never decided at `below`, decided at `above`
+    while above - below > 1:
+        middle = (below + above) // 2
+        below, above = (below, middle) if decides(middle) else (middle, above)
+    return above
 
 
 def rate_reaches(
