@@ -10,10 +10,12 @@ import torch
 
 from af1.experiments.necessity import necessary_html
 from af1.methods import allforone, heads, positional
+from af1.methods.positional.corpus import corpus_windows, load_corpus
+from af1.methods.positional.fit import capture_logits
 from af1.methods.setup import prepare
 from af1.models import LoadedModel, ModelAdapter
 from af1.tasks.spec import TaskSpec
-from af1.tasks.task import build_task
+from af1.tasks.task import build_task, document_start
 
 from conftest import fitted_tiny_model, only_heads_write, tiny_model
 
@@ -111,11 +113,12 @@ def test_a_random_weight_model_is_not_called_learned_nor_shaped_by_word_order_ov
     against the same tokens shuffled: each is confirmed in at most 1 of 40 seeds (measured: 0 of 40, and 0 of 40 for
     gpt2 and qwen2; read against the random seeds' mean instead, 'learned' was confirmed in 2 of 40 here)."""
     made = {"learned": 0, "word_order": 0}
+    start = document_start(tokenizer)
     for seed in range(2 * SEEDS):
         adapter = ModelAdapter(tiny_model("llama", seed=seed))
-        config = positional.study.PositionalConfig(window=16, n_windows=8, n_queries=2, seed=seed)
-        held = positional.study.study(adapter, tokenizer, config).heldout
-        assert held is not None
+        ids_NT = corpus_windows(adapter, tokenizer, load_corpus(None), 16, 8, start[0] if start else None)
+        shuffled_NT = positional.study.shuffled(ids_NT, 1 if start else 0, seed)
+        held = positional.study.heldout_study(adapter, ids_NT, shuffled_NT, capture_logits(adapter, ids_NT), seed)
         for claim in held["claims"]:
             if claim["kind"] in made:
                 made[claim["kind"]] += claim["outcome"] == "confirmed"

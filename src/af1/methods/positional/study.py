@@ -220,6 +220,12 @@ def heldout_study(
     )
 
 
+def shuffled(ids_NT: torch.Tensor, first: int, seed: int) -> torch.Tensor:
+    """Each window's tokens in a seeded random order, its first `first` (the document start) kept in place."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.cat([w[:first], w[first:][torch.randperm(len(w) - first, generator=g)]]) for w in ids_NT])
+
+
 def study(
     adapter: ModelAdapter,
     tokenizer: PreTrainedTokenizerBase,
@@ -238,11 +244,7 @@ def study(
         "random_init": window_fit(capture_logits(random_init_like(adapter, config.seed), ids)),
         "norm_matched": window_fit(capture_logits(random_init_like(adapter, config.seed, norm_matched=True), ids)),
     }
-    g = torch.Generator().manual_seed(config.seed)
-    first = 1 if start else 0  # the document start stays in place
-    shuffled_ids = torch.stack(
-        [torch.cat([w[:first], w[first:][torch.randperm(len(w) - first, generator=g)]]) for w in ids]
-    )
+    shuffled_ids = shuffled(ids, 1 if start else 0, config.seed)
     fits["shuffled"] = window_fit(capture_logits(adapter, shuffled_ids))
     heldout = heldout_study(adapter, ids, shuffled_ids, logits, config.seed) if len(ids) >= 2 else None
     one_window = ["one window: nothing to hold out, so the decomposition is not tested out of sample"]
