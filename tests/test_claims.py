@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy.stats import norm
@@ -225,3 +227,15 @@ def test_a_rate_tested_against_a_threshold_names_the_n_that_decides_it_against_t
     adjusted_n = family[0]["n_to_decide"]  # a family of three asks the level 0.025 / 3 of it
     assert adjusted_n == claims.n_to_decide_rate(40 / 49, 0.9, float(norm.isf(0.025 / 3)))
     assert adjusted_n is not None and adjusted_n > n
+
+
+def test_an_estimate_against_where_one_random_model_falls_names_the_n_that_clears_that_fixed_interval():
+    """'Learned': the trained model's interval shrinks with its windows, the random models' range does not. So the n
+    to decide is where this interval alone clears the other (on either side), and none where the estimate lies
+    inside the other's range."""
+    above = claims.interval_above("learned", "s", 0.3, [0.2, 0.4], 0.2, [0.14, 0.27], "w", 8)
+    inside = claims.interval_above("learned", "s", 0.25, [0.15, 0.35], 0.2, [0.14, 0.27], "w", 8)
+    below = claims.interval_above("learned", "s", 0.1, [0.05, 0.15], 0.2, [0.14, 0.27], "w", 8)
+    assert [c["outcome"] for c in (above, inside, below)] == ["not confirmed"] * 3
+    assert above["n_to_decide"] == math.ceil(8 * (0.1 / 0.03) ** 2) and inside["n_to_decide"] is None
+    assert below["n_to_decide"] == math.ceil(8 * (0.05 / 0.04) ** 2) and below["null"] == 0.2

@@ -280,15 +280,14 @@ def n_for_effect(claim: Claim, times: float = 1.0) -> int | None:
     return n_to_part(claim, z)
 
 
-def n_to_part(claim: Claim, z: float = Z95, other_half: float = 0.0) -> int | None:
-    """About the n at which the claim's interval, its half-width (plus `other_half`, that of an interval it is
-    compared with) shrinking as 1/sqrt(n), would lie `z` standard errors clear of its null; None where the
-    estimate sits on the null. Values that do not spread all point one way: the sign test's p, 0.5 ** n one-sided,
-    reaches the level that `z` stands for at n = log2(1 / level)."""
+def n_to_part(claim: Claim, z: float = Z95) -> int | None:
+    """About the n at which the claim's interval, its half-width shrinking as 1/sqrt(n), would lie `z` standard
+    errors clear of its null; None where the estimate sits on the null. Values that do not spread all point one
+    way: the sign test's p, 0.5 ** n one-sided, reaches the level that `z` stands for at n = log2(1 / level)."""
     low, high = (math.nan if v is None else v for v in claim["ci"])
     estimate, null = claim["estimate"], claim["null"]
     distance = math.nan if estimate is None or null is None else abs(estimate - null)
-    se = ((high - low) / 2 + other_half) / Z95
+    se = (high - low) / 2 / Z95
     if not all(map(math.isfinite, (se, distance))) or distance == 0 or claim["n"] == 0:
         return None
     if se == 0:
@@ -448,8 +447,9 @@ def interval_above(
     n: int,
 ) -> Claim:
     """'This estimate is above the other', decided by their 95 % intervals: confirmed where this one's lies wholly
-    above the other's, rejected where it lies wholly below, otherwise not confirmed (with about the n at which the
-    two would part, on either side)."""
+    above the other's, rejected where it lies wholly below, otherwise not confirmed, with about the n at which this
+    one's interval, shrinking as 1/sqrt(n), would clear the other's (held fixed: where one random model falls does
+    not narrow with this claim's n); none where the estimate lies inside the other interval."""
     low, high = (float("nan") if v is None else float(v) for v in ci)
     other_low, other_high = (float("nan") if v is None else float(v) for v in other_ci)
     outcome = CONFIRMED if low > other_high else REJECTED if high < other_low else NOT_CONFIRMED
@@ -466,8 +466,10 @@ def interval_above(
         other,
         outcome,
     )
-    if outcome == NOT_CONFIRMED:  # both intervals shrink with n: about when they part
-        claim["n_to_decide"] = n_to_part(claim, other_half=(other_high - other_low) / 2)
+    gap = estimate - other_high if estimate > other else other_low - estimate
+    half = (high - low) / 2
+    if outcome == NOT_CONFIRMED and n and gap > 0 and half > 0:
+        claim["n_to_decide"] = max(n + 1, math.ceil(n * (half / gap) ** 2))
     return claim
 
 

@@ -71,7 +71,7 @@ class Worker(Session):
                 except Exception as exc:
                     outcome = {"state": "failed", "error": one_line(exc), "traceback": traceback.format_exc(limit=-8)}
         lm = self.loaded
-        info = lm.info if lm is not None else described(self.entry.spec, deps)
+        info = lm.info if lm is not None else described(self.entry, deps)
         task = unit.task.described() if unit.task is not None else None
         return {
             "id": unit.id,
@@ -89,14 +89,14 @@ class Worker(Session):
         }
 
 
-def described(spec: str, deps: tuple[dict[str, Any], ...]) -> dict[str, Any]:
-    """The model as a unit that did not load it records it: as a dependency that loaded the same model described it
-    (its source, file or path, and hash where it has one), else by its spec alone."""
+def described(entry: ModelEntry, deps: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    """The model as a unit that did not load it records it: as a dependency of the same plan entry (its name, so
+    its dtype and attention too) that loaded it described it, else by its spec alone."""
     for dep in deps:
         model = (dep.get("provenance") or {}).get("model") or {}
-        if model.get("spec") == spec and model.get("source"):
+        if dep.get("id", "").startswith(f"{entry.name}/") and model.get("source"):
             return model
-    return {"spec": spec}
+    return {"spec": entry.spec}
 
 
 def unit_inputs(worker: Resources, unit: Unit, deps: dict[str, dict[str, Any]], state_dir: str | None) -> Inputs:
