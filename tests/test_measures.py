@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from af1 import Af1Error, ModelAdapter
-from af1.executors.protocol import af1_logits, recorded
+from af1.executors.protocol import REFERENCE, pick, recorded
 from af1.executors.reference import reference_logits
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
@@ -438,8 +438,9 @@ def test_smollm2_fast_equals_reference(smol_setup):
     for wait, transfer in [(-1, 4), (13, 5), (20, 3), (26, 1)]:
         config = AF1Config(wait=wait, transfer=transfer)
         for step in smol_setup.steps:
-            ref = af1_logits(step, config, reference=True)
-            fast = af1_logits(step, config)
+            fast_executor, why_not = pick(step.adapter, step.kept, config)
+            assert fast_executor.name == "fast", why_not
+            ref, fast = REFERENCE.logits(step, config), fast_executor.logits(step, config)
             assert (ref - fast).abs().max() <= 1e-4
             assert torch.equal(ref.argmax(-1), fast.argmax(-1))
     assert smol_setup.distribution.origin == "grid" and len(smol_setup.distribution) == 97

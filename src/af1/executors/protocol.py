@@ -116,8 +116,3 @@ def recorded(picked: Sequence[tuple[Executor, str | None]]) -> ExecutorChoice:
     return ExecutorChoice(
         executor=names.pop() if len(names) == 1 else "mixed", fallback_reason="; ".join(reasons) or None
     )
-
-
-def af1_logits(step: StepSetup, config: AF1Config, reference: bool = False) -> torch.Tensor:
-    """Logits of one step's kept problems under AF1, by the executor `pick` chooses."""
-    return pick(step.adapter, step.kept, config, reference)[0].logits(step, config)

@@ -16,13 +16,12 @@ from typing_extensions import TypedDict  # pydantic reads TypedDicts from here b
 
 from af1.claims import Claim, adjust, paired_greater
 from af1.errors import Af1Error
-from af1.executors.protocol import af1_logits
 from af1.interventions.af1 import AF1Config, af1_intervention
 from af1.interventions.sites import edit_sites, neurons
 from af1.methods.allforone.faithfulness import faithfulness
 from af1.methods.heads.attribution import RankAgreement, agreement, last_position_leaves
 from af1.methods.heuristics import Pattern
-from af1.methods.setup import Setup
+from af1.methods.setup import Setup, executors
 from af1.models.forward import forward_last
 from af1.progress import progress
 from af1.results import Part
@@ -157,8 +156,9 @@ def knocked_out(
     projection, at the last position, which every executor runs through."""
     layers = sorted({layer for layer, _ in chosen})
     rows = {layer: [j for m, j in chosen if m == layer] for layer in layers}
+    picked = executors(setup, config, reference)
     logits = []
-    for step in setup.steps:
+    for step, (executor, _) in zip(setup.steps, picked, strict=True):
         mean = means.get(step.kept.part_key)  # a step the selection part lacks keeps its own (counted)
         edits = {}
         if mean is not None:
@@ -166,7 +166,7 @@ def knocked_out(
                 index = torch.tensor(rows[layer])
                 edits[neurons(layer)] = _set_last(index, mean[layer][index])
         with edit_sites(setup.adapter, edits):
-            logits.append(af1_logits(step, config, reference))
+            logits.append(executor.logits(step, config))
     return Scores.from_steps(setup.kept, logits)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import ConfigDict, with_config
 from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.executors.protocol import recorded
+from af1.executors.protocol import Executor, recorded
 from af1.interventions.af1 import AF1Config
 from af1.methods.setup import Setup, executors
 from af1.results import Part
@@ -16,7 +16,11 @@ from af1.tasks.task import ProblemRow
 
 def faithfulness(setup: Setup, config: AF1Config, reference: bool = False) -> Scores:
     """Scores of the solved problems under AF1, every answer step under the same intervention."""
-    chosen = executors(setup, config, reference)
+    return scored(setup, config, executors(setup, config, reference))
+
+
+def scored(setup: Setup, config: AF1Config, chosen: list[tuple[Executor, str | None]]) -> Scores:
+    """Scores under AF1 by the executors already picked for the setup's steps (`executors`)."""
     logits = [executor.logits(step, config) for step, (executor, _) in zip(setup.steps, chosen, strict=True)]
     scores = Scores.from_steps(setup.kept, logits)
     scores.executor = recorded(chosen)

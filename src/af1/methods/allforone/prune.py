@@ -9,7 +9,7 @@ from af1.claims import Claim, rate_below
 from af1.errors import Af1Error
 from af1.executors.fast import fast_pruned_logits
 from af1.interventions.af1 import AF1Config
-from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness, setup_inputs
+from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness, scored, setup_inputs
 from af1.methods.setup import Setup, executors
 from af1.progress import progress
 from af1.results import Part
@@ -18,9 +18,11 @@ from af1.tasks.evaluation import ProblemInputs, Scores
 
 
 def pruned_scores(setup: Setup, config: AF1Config, head_sets: list[list[tuple[int, int]]]) -> list[Scores]:
-    """Scores under `config` with each set of transfer heads kept from peeking; the fast path runs all sets at once."""
-    if any(executor.name != "fast" for executor, _ in executors(setup, config)):
-        return [faithfulness(setup, config.model_copy(update={"pruned_heads": hs})) for hs in head_sets]
+    """Scores under `config` with each set of transfer heads kept from peeking; the fast path runs all sets at once.
+    The executors are picked once, for `config`: which of them supports a case does not depend on pruned heads."""
+    chosen = executors(setup, config)
+    if any(executor.name != "fast" for executor, _ in chosen):
+        return [scored(setup, config.model_copy(update={"pruned_heads": hs}), chosen) for hs in head_sets]
     per_step = [
         fast_pruned_logits(step.adapter, step.kept, config, step.local_kv(config), head_sets) for step in setup.steps
     ]
