@@ -15,12 +15,12 @@ RANK = {
     "api": 0,
     "study": 1,
     "experiments": 2,
-    "methods": 3,
-    "executors": 4,
-    "interventions": 5,
-    "tasks": 6,
-    "models": 7,
-    "report": 8,
+    "report": 3,  # reads the methods' parts
+    "methods": 4,
+    "executors": 5,
+    "interventions": 6,
+    "tasks": 7,
+    "models": 8,
 }
 LEAF = 9  # stats, claims, results, progress, errors, shapes, config_files
 

@@ -233,7 +233,7 @@ def test_necessity_without_a_found_af1_is_a_typed_result_that_draws_its_windows_
     nec = allforone.necessity.necessity(tiny_setup, windows=(1,), found=None)
     result = Result.of(tiny_setup.describe(), nec)
     assert result.shifted_transfer is None and result.n_solved == len(tiny_setup.kept)
-    assert figures.necessity_plot(result.data(), tmp_path / "n.png").stat().st_size > 0
+    assert figures.necessity_plot(result, tmp_path / "n.png").stat().st_size > 0
     with pytest.raises(ValueError, match="Extra inputs are not permitted"):  # every field a result writes is declared
         Result.model_validate({**result.data(), "undeclared": 1})
 
@@ -300,7 +300,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     )
     write_json(tmp_path / "alternatives.json", {**described, **alt.model_dump()})
     write_json(tmp_path / "prune.json", {**described, **pruning.model_dump()})  # each experiment's file is <name>.json
-    figures.pruning_plot(pruning.model_dump(), tmp_path / "pruning.png")
+    figures.pruning_plot(pruning, tmp_path / "pruning.png")
     html = build_report(tmp_path).read_text()
     assert "cannot show" not in html
     assert 'class="af1-plot"' in html and "Alternatives" in html and "Head pruning" in html  # interactive figures
@@ -390,11 +390,11 @@ def test_map_config_by_relative_depth():
 def test_heatmap_marks_the_cells_whose_interval_clears_the_threshold():
     from af1.report.figures import confident_cells
 
-    low = torch.full((5, 5), float("nan"))
-    low[0, 2], low[3, 1], low[2, 2] = 0.9375, 0.90625, 0.875  # L_wait -1 / transfer 2, 2 / 1, 1 / 2
-    assert confident_cells({"ci_low_wait_transfer": low}, 0.9) == [(-1, 2), (2, 1)]
-    assert confident_cells({"ci_low_wait_transfer": low}, 0.92) == [(-1, 2)]
-    assert confident_cells({}, 0.9) == []
+    low: list[list[float | None]] = [[None] * 5 for _ in range(5)]
+    low[0][2], low[3][1], low[2][2] = 0.9375, 0.90625, 0.875  # L_wait -1 / transfer 2, 2 / 1, 1 / 2
+    assert confident_cells(low, 0.9) == [(-1, 2), (2, 1)]
+    assert confident_cells(low, 0.92) == [(-1, 2)]
+    assert confident_cells([[None] * 5], 0.9) == []
 
 
 def test_a_near_constant_target_among_the_solved_problems_is_warned(tiny_setup):

@@ -178,6 +178,7 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
     html = (out / "report.html").read_text()
     assert "Transfer on" in html and "tiny-qwen2" in html and 'class="af1-plot"' in html
     assert "cannot show" not in html and html.count("<h3>Base accuracy") == 4  # every unit's section, eval's too
+    assert "No interactive figure" not in html  # every figure read its typed result
     assert "<img" in html  # positional's figure: a PNG in either report
     assert '<table class="sortable">' in html  # the cross-model tables sort by a header click
     assert "peak RSS" in html and all(r["peak_rss_mb"] > 0 for r in report["units"])  # each unit's process

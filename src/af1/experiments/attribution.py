@@ -85,7 +85,13 @@ class Attribution(base.Experiment):
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing
 
-        return figures.attribution_plot(result.data(), out_dir / "attribution.png")
+        return figures.attribution_plot(
+            result.exact_layer_head,
+            result.estimate_layer_head,
+            result.agreement,
+            result.exact_path,
+            out_dir / "attribution.png",
+        )
 
     def tables(self, result: Result) -> list[Tab]:
         a = result.agreement
@@ -108,7 +114,13 @@ class Attribution(base.Experiment):
             f"{result.estimate_seconds:.1f} s, the exact one {result.exact_seconds:.1f} s ({speed:.1f} times as long)."
             " The interval of rho resamples the problems.</p>",
             f"<p>{html.escape(strongest(result))}</p>",
-            figure_html(out_dir, "attribution.png", lambda: interactive.attribution_plot(result.data())),
+            figure_html(
+                out_dir,
+                "attribution.png",
+                lambda: interactive.attribution_plot(
+                    result.exact_layer_head, result.estimate_layer_head, result.agreement, result.exact_path
+                ),
+            ),
             *super().section(result, out_dir),
         ]
 

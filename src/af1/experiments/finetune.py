@@ -5,6 +5,7 @@ weights."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,6 @@ from af1.methods import finetune, heads, positional
 from af1.report.markup import Tab, claims_html, claims_lines
 from af1.tasks.evaluation import Evaluated, ProblemInputs, evaluate, evaluated, solved
 from af1.tasks.task import build_task
-
-VARIANTS = ("base", "precise", "random_heads", "full")
 
 
 class Options(base.Options):
@@ -147,20 +146,20 @@ class Finetune(base.Experiment):
             f"{result.random_heads.get('draws', 1)} seeded draws of heads, none of the chosen ones).</p>",
             *(t.html() for t in self.tables(result)),
             *(
-                f"<p class='note'>{v}: the chosen learning rate {result.data()[v]['lr']} is the grid's edge "
+                f"<p class='note'>{v}: the chosen learning rate {r['lr']} is the grid's edge "
                 f"({min(result.lr_grid)} to {max(result.lr_grid)}): a wider grid may do better.</p>"
-                for v in VARIANTS[1:]
-                if result.data()[v].get("lr_at_edge")
+                for v, r in variants(result).items()
+                if r.get("lr_at_edge")
             ),
             claims_html(result.claims),
         ]
 
     def tables(self, result: Result) -> list[Tab]:
         headers = ["variant", "lr", "arithmetic accuracy", "perplexity", "next-token accuracy", "trained parameters"]
-        return [Tab(headers, [row(result.data(), v) for v in VARIANTS])]
+        return [Tab(headers, [row(r, v) for v, r in variants(result).items()])]
 
     def show(self, result: Result) -> list[Table | str]:
-        edges = [v for v in VARIANTS[1:] if result.data()[v].get("lr_at_edge")]
+        edges = [v for v, r in variants(result).items() if r.get("lr_at_edge")]
         edge = [f"learning rate at the grid's edge for {', '.join(edges)}: a wider grid may do better"] if edges else []
         return [
             *(t.rich() for t in self.tables(result)),
@@ -169,9 +168,13 @@ class Finetune(base.Experiment):
         ]
 
 
-def row(data: dict[str, Any], name: str) -> list[Any]:
+def variants(result: Result) -> dict[str, Mapping[str, Any]]:
+    """The base model's measures and each tuned variant's, by name."""
+    return {"base": result.base, "precise": result.precise, "random_heads": result.random_heads, "full": result.full}
+
+
+def row(r: Mapping[str, Any], name: str) -> list[Any]:
     """One variant: its learning rate and each measure as mean ± std over seeds (the base model: one value)."""
-    r = data[name]
 
     def cell(key: str, fmt: str) -> str:
         spread = f" ± {r[key + '_std']:{fmt}}" if key + "_std" in r else ""

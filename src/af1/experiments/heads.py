@@ -207,21 +207,21 @@ class Heads(base.Experiment):
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing
 
-        return figures.heads_figures(result.data(), out_dir / "heads.png")
+        return figures.heads_figures(result, out_dir / "heads.png")
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         ko = result.knockout
         split = result.split
-        scored = result.data().get("path_patching_scoring") or {}
+        scored = result.path_patching_scoring
         parts = [
             "<h2>Which heads carry the answer</h2>",
             f"<p>{result.model} on <code>{html.escape(result.task)}</code> ({result.style}), counterfactual "
             f"{'slot' if result.style == FILE_STYLE else result.counterfactual_kind} "
             f"<code>{html.escape(result.counterfactual)}</code>, {result.n_solved} solved problems: heads chosen on "
-            f"{split.get('n_selection')} of them, tested on the other {split.get('n_confirmation')} "
-            f"({html.escape(str(split.get('from')))}). "
-            f"Path patching ({result.path}) scores {html.escape(str(scored.get('definition', '')))} (constant guess of "
-            f"what it scores {scored.get('constant_guess', float('nan')):.2f}). "
+            f"{split['n_selection']} of them, tested on the other {split['n_confirmation']} "
+            f"({html.escape(split['from'])}). "
+            f"Path patching ({result.path}) scores {html.escape(scored['definition'])} (constant guess of "
+            f"what it scores {scored['constant_guess']:.2f}). "
             f"{len(result.key_heads)} of {result.n_heads} heads "
             f"({result.key_head_share:.1%}) pass {result.threshold:.0%} by the {result.metric} metric on the selection "
             f"part; {len(result.confirmed_key_heads)} of them are confirmed on the confirmation part "
@@ -236,7 +236,7 @@ class Heads(base.Experiment):
             )
         elif second:
             parts.append(
-                f"<p>Top heads by each counterfactual, on the same {split.get('n_selection')} selection problems "
+                f"<p>Top heads by each counterfactual, on the same {split['n_selection']} selection problems "
                 f"(the second: path patching only). The key heads, knock-outs"
                 f"{' and the AF1 consistency table' if result.af1_consistency else ''} use the first. Top-"
                 f"{len(result.top_heads)} overlap {second['top_k_overlap']:.2f} (the second's top heads redrawn "
@@ -325,13 +325,12 @@ class Heads(base.Experiment):
             )
 
         def figures() -> str:
-            data = result.data()
             looks = (
-                interactive.attention_plot(data["attention_over_tokens"])
+                interactive.attention_plot(result.attention_over_tokens)
                 if result.attention_over_tokens
                 else "<p class='note'>No head was chosen, so there is no attention per token to show.</p>"
             )
-            return interactive.heads_map(data) + interactive.mlp_plot(data) + looks
+            return interactive.heads_map(result) + interactive.mlp_plot(result) + looks
 
         parts.append(figure_html(out_dir, "heads.png", figures))
         return parts
@@ -349,7 +348,7 @@ class Heads(base.Experiment):
         )
         split = result.split
         table.add_row(
-            "heads chosen on / tested on", f"{split.get('n_selection')} / {split.get('n_confirmation')} solved problems"
+            "heads chosen on / tested on", f"{split['n_selection']} / {split['n_confirmation']} solved problems"
         )
         table.add_row("top heads", " ".join(f"{h[0]}.{h[1]}" for h in result.top_heads))
         if result.second_counterfactual and "top_heads" in result.second_counterfactual:

@@ -78,7 +78,7 @@ class Necessity(base.Experiment):
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing
 
-        return figures.necessity_plot(result.data(), out_dir / "necessity.png")
+        return figures.necessity_plot(result, out_dir / "necessity.png")
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         worst = {w: min(v) for w, v in result.windows.items()}
@@ -86,7 +86,7 @@ class Necessity(base.Experiment):
             "<h2>Necessity</h2><p>In the unmodified model the last token is kept from reading every non-context "
             "position in one layer or a window of layers; right: inside the found AF1 the transfer window is moved "
             "later.</p>",
-            figure_html(out_dir, "necessity.png", lambda: interactive.necessity_plot(result.data())),
+            figure_html(out_dir, "necessity.png", lambda: interactive.necessity_plot(result, result.n_solved)),
             table_html(
                 ["window", "lowest faithfulness [95 % CI]", "at first layer"],
                 [

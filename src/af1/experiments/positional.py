@@ -65,10 +65,9 @@ class Positional(base.Experiment):
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing
 
-        return figures.positional_figures(result.data(), out_dir / "positional.png")
+        return figures.positional_figures(result, out_dir / "positional.png")
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
-        data = result.data()
         held = result.heldout
         parts = [
             "<h2>Attention logits: position + meaning</h2>",
@@ -114,9 +113,9 @@ class Positional(base.Experiment):
                         [b, s, m, t]
                         for b, (s, m, t) in enumerate(
                             zip(
-                                data["band_logit_variance_share"],
-                                data["band_key_energy_mean"],
-                                data["band_key_energy_token"],
+                                result.band_logit_variance_share or [],
+                                result.band_key_energy_mean or [],
+                                result.band_key_energy_token or [],
                                 strict=True,
                             )
                         )
@@ -127,10 +126,9 @@ class Positional(base.Experiment):
         return parts
 
     def show(self, result: Result) -> list[Table | str]:
-        data = result.data()
         table = Table("measure", "value")
         for key in SHOWN:
-            value = data.get(key)
+            value = getattr(result, key)
             table.add_row(key, "skipped" if value is None else f"{value:.3f}")
         for fraction, ppl in result.perplexity_vs_swap.items():
             table.add_row(

@@ -69,7 +69,7 @@ class Probes(base.Experiment):
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing
 
-        return figures.probes_plot(result.data(), out_dir / "probes.png")
+        return figures.probes_plot(result, out_dir / "probes.png")
 
     def tables(self, result: Result) -> list[Tab]:
         under = {(c["target"], c["kind"]): c for c in result.under_af1}
@@ -103,7 +103,7 @@ class Probes(base.Experiment):
                 else html.escape(result.no_config or "")
             )
             + "</p>",
-            figure_html(out_dir, "probes.png", lambda: interactive.probes_plot(result.data())),
+            figure_html(out_dir, "probes.png", lambda: interactive.probes_plot(result)),
             *(f"<p>{html.escape(line)}</p>" for line in reading(result)),
             *super().section(result, out_dir),
         ]

@@ -64,7 +64,7 @@ class Prune(base.Experiment):
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing
 
-        return figures.pruning_plot(result.data(), out_dir / "pruning.png")
+        return figures.pruning_plot(result, out_dir / "pruning.png")
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         confirmed = ""
@@ -82,7 +82,7 @@ class Prune(base.Experiment):
             f"falls below 95 % of the unpruned {result.faithfulness_full:.3f} on {result.n_selection} selection "
             f"problems (curve: {result.curve})."
             f"{confirmed}</p>",
-            figure_html(out_dir, "pruning.png", lambda: interactive.pruning_plot(result.data())),
+            figure_html(out_dir, "pruning.png", lambda: interactive.pruning_plot(result)),
             claims_html(result.claims),
         ]
 

@@ -90,17 +90,18 @@ class Search(base.Experiment):
 
         grid = inputs.one(sweep.Result)
         assert grid is not None, "a search reads its sweep"
-        return figures.sweep_heatmap(grid.data(), out_dir / "search.png", result.data())
+        return figures.sweep_heatmap(grid, grid, out_dir / "search.png", result)
 
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
         return overview_of(finished)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         def grid() -> str:
-            cells = result_beside(out_dir, "sweep")
-            if cells is None:
-                return interactive.search_plot(result.data(), result.n_layers)
-            return interactive.sweep_grid(cells, result.data())
+            beside = result_beside(out_dir, "sweep")
+            if beside is None:
+                return interactive.search_plot(result, result.n_layers)
+            grid = sweep.Result.model_validate(beside)
+            return interactive.sweep_grid(grid, grid, result)
 
         parts = ["<h2>The AF1 subgraph</h2>", figure_html(out_dir, "search.png", grid)]
         parts.append(f"<p><b>{html.escape(claim_line(result))}</b></p>")
@@ -158,7 +159,7 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
     verdicts, faith = [], []
     for f in finished:
         result, grid = f.result, f.one(sweep.Result)
-        cell = result.data() if result.chosen else result.best or result.best_measured or {}
+        cell = result.judged()
         if grid is not None:  # a plan of several tasks has a line per task: each says which
             verdicts.append(f"{f.task}: {verdict(result, grid, f.description)}")
         faith.append(
@@ -173,13 +174,15 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
                 "found": result.found,
                 "chosen": result.chosen,
                 "outcome": result.claim["outcome"] if result.claim else "no eligible cell",
-                "wait": cell.get("wait"),
-                "transfer": cell.get("transfer"),
-                "faithfulness": cell.get("faithfulness"),
-                "faithfulness_ci": cell.get("faithfulness_ci"),
+                "wait": cell and cell["wait"],
+                "transfer": cell and cell["transfer"],
+                "faithfulness": cell and cell["faithfulness"],
+                "faithfulness_ci": cell and cell["faithfulness_ci"],
                 "faithfulness_baseline": result.faithfulness_baseline,
                 "n_confirmation": result.n_confirmation,
-                "faithfulness_by_layout": cell.get("faithfulness_by_layout"),
+                "faithfulness_by_layout": result.faithfulness_by_layout
+                if result.chosen
+                else cell and cell.get("faithfulness_by_layout"),
             }
         )
     parts = []
@@ -231,10 +234,10 @@ def plain_words(result: Result) -> str:
     """The search's verdict in plain words, from its claim alone: what the judged cell says about the last token
     and whether the held-out problems can tell."""
     claim = result.claim
-    cell = result.data() if result.chosen else result.best or result.best_measured or {}
-    if claim is None or cell.get("wait") is None:
+    cell = result.judged()
+    if claim is None or cell is None:
         return "no cell of the grid leaves any block for the last token to compute in alone; nothing to judge."
-    wait, transfer = int(cell["wait"]), int(cell["transfer"])
+    wait, transfer = cell["wait"], cell["transfer"]
     blocks = f"block{'s' if transfer > 1 else ''} {wait + 1}{f'-{wait + transfer}' if transfer > 1 else ''}"
     story = (
         (f"through block {wait} nothing specific to the problem reaches the last token; " if wait >= 0 else "")

@@ -46,7 +46,7 @@ class Sweep(base.Experiment):
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing
 
-        return figures.sweep_heatmap(result.data(), out_dir / "sweep.png")
+        return figures.sweep_heatmap(result, result, out_dir / "sweep.png")
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [
@@ -64,7 +64,7 @@ class Sweep(base.Experiment):
                 else " Red triangles: cells whose whole 95 % interval lies at or above 0.9."
                 + (" Hover a cell for its numbers; click it for its problems." if interactive.enabled() else "")
                 + "</p>"
-                + figure_html(out_dir, "sweep.png", lambda: interactive.sweep_grid(result.data()))
+                + figure_html(out_dir, "sweep.png", lambda: interactive.sweep_grid(result, result))
             ),
         ]
 

@@ -15,9 +15,22 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from af1.stats import with_ci
+
+if TYPE_CHECKING:  # the parts the figures read; importing them would load torch before a figure is drawn
+    from af1.methods.allforone.necessity import Necessity
+    from af1.methods.allforone.prune import Pruning
+    from af1.methods.allforone.search import Cell, Found
+    from af1.methods.allforone.sweep import Grid
+    from af1.methods.heads.attention import TokenAttention
+    from af1.methods.heads.attribution import RankAgreement
+    from af1.methods.heads.study import HeadsStudy
+    from af1.methods.heuristics import Pattern
+    from af1.methods.neurons import Neurons
+    from af1.methods.probes import Probes
+    from af1.methods.setup import SetupDescription
 
 PLOT_CLASS = "af1-plot"
 SORTABLE_CLASS = "sortable"
@@ -99,29 +112,26 @@ def rate_text(value: Any, ci: Any, n: Any, baseline: Any) -> str:
 # --- the (L_wait, L_transfer) grid, the search's frontier and choice -----------------------------------------------
 
 
-def sweep_grid(sweep: dict[str, Any], found: dict[str, Any] | None = None) -> str:
+def sweep_grid(grid: Grid, setup: SetupDescription, found: Found | None = None) -> str:
     """Faithfulness over (L_wait rows, L_transfer columns), layer on the y-axis as the PNG draws it; hover gives each
     cell's rate, 95 % interval, n, constant guess and executor; a click lists the cell's problems and whether each is
     right under it. With `found` (a search), its frontier and its chosen (or best) cell on top."""
-    faith = clean(sweep["faithfulness_wait_transfer"])
-    low, high = clean(sweep.get("ci_low_wait_transfer")), clean(sweep.get("ci_high_wait_transfer"))
-    L = int(sweep["n_layers"])
+    faith = clean(grid.faithfulness_wait_transfer)
+    low, high = clean(grid.ci_low_wait_transfer), clean(grid.ci_high_wait_transfer)
+    L = setup.n_layers
     # the columns up to the largest L_transfer swept (a --max-transfer sweep leaves the rest empty)
     width = 1 + max((c for row in faith for c, v in enumerate(row) if v is not None), default=L)
-    faith = [row[:width] for row in faith]
-    low, high = [row[:width] for row in low or []], [row[:width] for row in high or []]
+    faith, low, high = ([row[:width] for row in rows] for rows in (faith, low, high))
     waits, transfers = list(range(-1, L)), list(range(width))
-    n = sweep.get("n_solved")
-    baseline = sweep.get("faithfulness_baseline")
-    executors = sweep.get("cell_executors") or {}
+    n, baseline = setup.n_solved, grid.faithfulness_baseline
     text = [
         [
             ""
             if faith[r][c] is None
             else f"L_wait {w}, L_transfer {k}<br>"
-            + rate_text(faith[r][c], [low[r][c], high[r][c]] if low and high else None, n, baseline)
-            + f"<br>executor {html.escape(str(executors.get(f'{w},{k}', sweep.get('executor'))))}"
-            + ("<br>click: its problems" if sweep.get("cells") else "")
+            + rate_text(faith[r][c], [low[r][c], high[r][c]], n, baseline)
+            + f"<br>executor {html.escape(grid.cell_executors.get(f'{w},{k}', grid.executor))}"
+            + ("<br>click: its problems" if grid.cells else "")
             for c, k in enumerate(transfers)
         ]
         for r, w in enumerate(waits)
@@ -144,28 +154,25 @@ def sweep_grid(sweep: dict[str, Any], found: dict[str, Any] | None = None) -> st
             "ygap": 1,
         }
     ]
-    threshold = (found or {}).get("threshold", 0.9)
-    if low:
-        marked = [
-            (w, k) for r, w in enumerate(waits) for c, k in enumerate(transfers) if (low[r][c] or -1) >= threshold
-        ]
-        if marked:
-            data.append(
-                {
-                    "type": "scatter",
-                    "mode": "markers",
-                    "name": f"95 % interval at or above {threshold}",
-                    "x": [k for _, k in marked],
-                    "y": [w + 0.3 for w, _ in marked],
-                    "marker": {"symbol": "triangle-up", "color": "red", "size": 6},
-                    "hoverinfo": "skip",
-                }
-            )
+    threshold = found.threshold if found else 0.9
+    marked = [(w, k) for r, w in enumerate(waits) for c, k in enumerate(transfers) if (low[r][c] or -1) >= threshold]
+    if marked:
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": f"95 % interval at or above {threshold}",
+                "x": [k for _, k in marked],
+                "y": [w + 0.3 for w, _ in marked],
+                "marker": {"symbol": "triangle-up", "color": "red", "size": 6},
+                "hoverinfo": "skip",
+            }
+        )
     if found:
         data += search_traces(found)
     title = (
-        f"AF1 faithfulness: {sweep.get('model')} {sweep.get('task')} ({sweep.get('style')}, "
-        f"{sweep.get('scoring', 'first')} answer), n={n}, constant guess {fmt(baseline)}"
+        f"AF1 faithfulness: {setup.model} {setup.task} ({setup.style}, {setup.scoring} answer), n={n}, "
+        f"constant guess {fmt(baseline)}"
     )
     layout = {
         "title": {"text": html.escape(title), "font": {"size": 13}},
@@ -184,70 +191,64 @@ def sweep_grid(sweep: dict[str, Any], found: dict[str, Any] | None = None) -> st
         "showlegend": True,  # a lone marker (a best cell, no frontier) is named too
         "shapes": chosen_shape(found) if found else [],
     }
-    return plot_html(data, layout, sweep_detail(sweep))
+    return plot_html(data, layout, sweep_detail(grid, faith, low, high))
 
 
-def sweep_detail(sweep: dict[str, Any]) -> dict[str, Any] | None:
+def sweep_detail(grid: Grid, faith: list[list[Any]], low: list[list[Any]], high: list[list[Any]]) -> dict[str, Any]:
     """What a click on a cell lists: each problem's input and answer, and the cell's correctness bits (one per solved
-    problem, in the order of `kept_problems`); None when the result holds no per-problem bits."""
-    cells, problems = sweep.get("cells"), sweep.get("kept_problems")
-    if not cells or not problems:
-        return None
-    low, high = clean(sweep.get("ci_low_wait_transfer")), clean(sweep.get("ci_high_wait_transfer"))
-    faith = clean(sweep["faithfulness_wait_transfer"])
+    problem, in the order of `kept_problems`)."""
     rates = {}
-    for cell in cells:
+    for cell in grid.cells:
         w, k = map(int, cell.split(","))
-        ci = [low[w + 1][k], high[w + 1][k]] if low and high else None
-        rates[cell] = {"value": faith[w + 1][k], "ci": ci}
+        rates[cell] = {"value": faith[w + 1][k], "ci": [low[w + 1][k], high[w + 1][k]]}
     return {
         "kind": "cells",
-        "cells": cells,
+        "cells": grid.cells,
         "rates": rates,
-        "baseline": sweep.get("faithfulness_baseline"),
-        "executors": sweep.get("cell_executors") or {},
-        "problems": [
-            {"input": p.get("input") or p.get("prompt") or "", "answer": p.get("answer_text", p.get("answer"))}
-            for p in problems
-        ],
+        "baseline": grid.faithfulness_baseline,
+        "executors": grid.cell_executors,
+        "problems": [{"input": p["input"], "answer": p["answer_text"]} for p in grid.kept_problems],
         "no_prediction": "the sweep stores only whether each problem is right under a cell, not what the model "
         "predicted there (af1 run --wait W --transfer K lists the predictions under that cell)",
     }
 
 
-def search_traces(found: dict[str, Any]) -> list[dict[str, Any]]:
+def search_traces(found: Found) -> list[dict[str, Any]]:
     """The search's frontier (per L_wait, the smallest L_transfer reaching the threshold on the selection split) and
     its chosen cell (or, when none passed, its best eligible cell), with both splits' rates in the hover."""
-    n_sel, n_conf = found.get("n_selection"), found.get("n_confirmation")
-    base_sel, base_conf = found.get("faithfulness_baseline_selection"), found.get("faithfulness_baseline")
 
-    def hover(cell: dict[str, Any], what: str) -> str:
+    def hover(cell: Cell, what: str) -> str:
         return (
             f"{what}: L_wait {cell['wait']}, L_transfer {cell['transfer']}<br>selection split: "
-            + rate_text(cell.get("faithfulness_selection"), cell.get("faithfulness_selection_ci"), n_sel, base_sel)
+            + rate_text(
+                cell["faithfulness_selection"],
+                cell["faithfulness_selection_ci"],
+                found.n_selection,
+                found.faithfulness_baseline_selection,
+            )
             + "<br>confirmation split: "
-            + rate_text(cell.get("faithfulness"), cell.get("faithfulness_ci"), n_conf, base_conf)
+            + rate_text(
+                cell["faithfulness"], cell["faithfulness_ci"], found.n_confirmation, found.faithfulness_baseline
+            )
         )
 
     traces: list[dict[str, Any]] = []
-    frontier = found.get("frontier") or []
-    if frontier:
+    if found.frontier:
         traces.append(
             {
                 "type": "scatter",
                 "mode": "lines+markers",
-                "name": f"frontier: smallest L_transfer reaching {found.get('threshold')} (selection split)",
-                "x": [f["transfer"] for f in frontier],
-                "y": [f["wait"] for f in frontier],
+                "name": f"frontier: smallest L_transfer reaching {found.threshold} (selection split)",
+                "x": [f["transfer"] for f in found.frontier],
+                "y": [f["wait"] for f in found.frontier],
                 "line": {"color": "orange", "width": 2},
                 "marker": {"size": 7},
-                "text": [hover(f, "frontier") for f in frontier],
+                "text": [hover(f, "frontier") for f in found.frontier],
                 "hovertemplate": "%{text}<extra></extra>",
             }
         )
-    chosen = found if found.get("chosen") else found.get("best")
-    if chosen and chosen.get("wait") is not None:
-        what = "chosen cell" if found.get("chosen") else f"best eligible cell (none reaches {found.get('threshold')})"
+    if (chosen := found.marked()) is not None:
+        what = "chosen cell" if found.chosen else f"best eligible cell (none reaches {found.threshold})"
         traces.append(
             {
                 "type": "scatter",
@@ -263,17 +264,16 @@ def search_traces(found: dict[str, Any]) -> list[dict[str, Any]]:
     return traces
 
 
-def chosen_shape(found: dict[str, Any]) -> list[dict[str, Any]]:
+def chosen_shape(found: Found) -> list[dict[str, Any]]:
     """The search's chosen cell outlined in red (its best eligible cell dashed, when none reached the threshold)."""
-    cell = found if found.get("chosen") else found.get("best")
-    if not cell or cell.get("wait") is None:
+    if (cell := found.marked()) is None:
         return []
     w, k = cell["wait"], cell["transfer"]
-    line = {"color": "red", "width": 3, **({} if found.get("chosen") else {"dash": "dash"})}
+    line = {"color": "red", "width": 3, **({} if found.chosen else {"dash": "dash"})}
     return [{"type": "rect", "x0": k - 0.5, "x1": k + 0.5, "y0": w - 0.5, "y1": w + 0.5, "line": line}]
 
 
-def search_plot(found: dict[str, Any], n_layers: int) -> str:
+def search_plot(found: Found, n_layers: int) -> str:
     """The frontier and the chosen cell on the grid's axes, for a search whose sweep is not at hand (nothing, when
     no cell reached the threshold and none is eligible: empty axes say nothing)."""
     traces = search_traces(found)
@@ -358,15 +358,15 @@ def guess_note(value: Any, xref: str = "x", yref: str = "y") -> list[dict[str, A
     ]
 
 
-def necessity_plot(result: dict[str, Any]) -> str:
+def necessity_plot(result: Necessity, n: int) -> str:
     """Faithfulness with the last token kept from reading the problem, per first blocked layer and window width; and,
     inside a found AF1, with the transfer window moved later. Every point: its interval, n and constant guess."""
-    n, baseline = result.get("n_solved"), result.get("faithfulness_baseline")
+    baseline = result.faithfulness_baseline
     data = []
-    for width, values in result["windows"].items():
-        cis = (result.get("windows_ci") or {}).get(width)
+    for width, values in result.windows.items():
+        cis = result.windows_ci[width]
         hover = [
-            f"blocked layers {i}..{i + int(width) - 1}<br>" + rate_text(v, cis[i] if cis else None, n, baseline)
+            f"blocked layers {i}..{i + int(width) - 1}<br>" + rate_text(v, cis[i], n, baseline)
             for i, v in enumerate(values)
         ]
         data.append(curve(list(range(len(values))), values, cis, f"{width} layer(s) from here", hover))
@@ -378,24 +378,19 @@ def necessity_plot(result: dict[str, Any]) -> str:
         "annotations": guess_note(baseline),
         "height": 380,
     }
-    shifted = result.get("shifted_transfer")
+    shifted = result.shifted_transfer
     if shifted:
         by = shifted["by_start"]
         hover = [
             f"transfer layers from {s['start']}<br>"
-            + rate_text(
-                s["faithfulness"],
-                s.get("faithfulness_ci"),
-                s.get("faithfulness_n", shifted.get("n")),
-                s.get("faithfulness_baseline"),
-            )
+            + rate_text(s["faithfulness"], s["faithfulness_ci"], s["faithfulness_n"], s["faithfulness_baseline"])
             for s in by
         ]
         data.append(
             curve(
                 [s["start"] for s in by],
                 [s["faithfulness"] for s in by],
-                [s.get("faithfulness_ci") for s in by],
+                [s["faithfulness_ci"] for s in by],
                 f"AF1 (wait {shifted['wait']}, transfer {shifted['transfer']}), window moved",
                 hover,
                 xaxis="x2",
@@ -406,30 +401,27 @@ def necessity_plot(result: dict[str, Any]) -> str:
             xaxis={**layout["xaxis"], "domain": [0, 0.55]},
             xaxis2={"title": {"text": "first transfer layer"}, "domain": [0.65, 1], "dtick": 1, "anchor": "y2"},
             yaxis2={"range": [-0.02, 1.02], "anchor": "x2"},
-            shapes=guess_line(baseline) + guess_line(by[0].get("faithfulness_baseline") if by else None, "x2", "y2"),
-            annotations=guess_note(baseline)
-            + guess_note(by[0].get("faithfulness_baseline") if by else None, "x2", "y2"),
+            shapes=guess_line(baseline) + guess_line(by[0]["faithfulness_baseline"] if by else None, "x2", "y2"),
+            annotations=guess_note(baseline) + guess_note(by[0]["faithfulness_baseline"] if by else None, "x2", "y2"),
         )
     return plot_html(data, layout)
 
 
-def pruning_plot(result: dict[str, Any]) -> str:
+def pruning_plot(result: Pruning) -> str:
     """Faithfulness on the selection split as transfer heads stop peeking one by one, with intervals, n and the
     constant guess; the line at 95 % of the unpruned."""
-    values = result["faithfulness_vs_pruned"]
-    cis = result.get("faithfulness_vs_pruned_ci")
-    n, baseline = result.get("n_selection"), result.get("faithfulness_selection_baseline")
-    order = result.get("prune_order") or []
+    values, cis, order = result.faithfulness_vs_pruned, result.faithfulness_vs_pruned_ci, result.prune_order
+    n, baseline = result.n_selection, result.faithfulness_selection_baseline
     hover = [
         (f"{i} heads pruned" + (f" (last: {order[i - 1][0]}.{order[i - 1][1]})" if 0 < i <= len(order) else ""))
         + "<br>"
-        + rate_text(v, cis[i] if cis else None, n, baseline)
+        + rate_text(v, cis[i], n, baseline)
         for i, v in enumerate(values)
     ]
-    keep = 0.95 * result["faithfulness_full"]
+    keep = 0.95 * result.faithfulness_full
     layout = {
         "xaxis": {
-            "title": {"text": f"transfer heads that no longer peek (of {result['n_transfer_heads']})"},
+            "title": {"text": f"transfer heads that no longer peek (of {result.n_transfer_heads})"},
             "dtick": max(1, len(values) // 20),
         },
         "yaxis": {"title": {"text": "faithfulness (selection split)"}, "range": [-0.02, 1.02]},
@@ -462,16 +454,16 @@ def pruning_plot(result: dict[str, Any]) -> str:
     return plot_html([curve(list(range(len(values))), values, cis, "faithfulness", hover)], layout)
 
 
-def neurons_plot(result: dict[str, Any]) -> str:
+def neurons_plot(result: Neurons) -> str:
     """Faithfulness under AF1 on the confirmation part as the top k neurons of the compute layers are mean-ablated
     (with intervals), beside each random set of k from the same layers (points) and their mean; k on a log axis;
     AF1's own faithfulness and half of it as lines, the constant guess dotted."""
-    sizes, n, baseline = result["sizes"], result["n_confirmation"], result["faithfulness_baseline"]
+    sizes, n, baseline = result.sizes, result.n_confirmation, result.faithfulness_baseline
     hover = [
         f"top {k}<br>" + rate_text(v, ci, n, baseline)
-        for k, v, ci in zip(sizes, result["top_faithfulness"], result["top_faithfulness_ci"], strict=True)
+        for k, v, ci in zip(sizes, result.top_faithfulness, result.top_faithfulness_ci, strict=True)
     ]
-    randoms = result["random_faithfulness"]
+    randoms = result.random_faithfulness
     mean = [sum(r) / len(r) for r in randoms]
     points = {
         "type": "scatter",
@@ -490,7 +482,7 @@ def neurons_plot(result: dict[str, Any]) -> str:
         [f"{k} random: mean {fmt(m)}" for k, m in zip(sizes, mean, strict=True)],
         line={"color": "grey", "dash": "dash"},
     )
-    full = result["faithfulness"]
+    full = result.faithfulness
     level = [
         {"type": "line", "xref": "x domain", "x0": 0, "x1": 1, "y0": y, "y1": y, "line": {"dash": dash, "color": c}}
         for y, dash, c in ((full, "solid", "green"), (full / 2, "dash", "orange"))
@@ -516,14 +508,16 @@ def neurons_plot(result: dict[str, Any]) -> str:
         ],
         "height": 380,
     }
-    top = curve(sizes, result["top_faithfulness"], result["top_faithfulness_ci"], "top k by attribution", hover)
+    top = curve(sizes, result.top_faithfulness, result.top_faithfulness_ci, "top k by attribution", hover)
     return plot_html([top, random_mean, points], layout)
 
 
-def attribution_plot(result: dict[str, Any]) -> str:
-    """Each head's exact effect (x) against its attribution estimate (y), the diagonal where they agree; hover names
-    the head."""
-    exact, estimate = clean(result["exact_layer_head"]), clean(result["estimate_layer_head"])
+def attribution_plot(
+    exact_LH: list[list[float | None]], estimate_LH: list[list[float | None]], agreement: RankAgreement, path: str
+) -> str:
+    """Each head's exact effect (x, by path patching along `path`) against its attribution estimate (y), the
+    diagonal where they agree; hover names the head."""
+    exact, estimate = clean(exact_LH), clean(estimate_LH)
     pairs = [
         (x, y, f"head {layer}.{h}<br>exact {fmt(x)}<br>estimate {fmt(y)}")
         for layer, (xs, ys) in enumerate(zip(exact, estimate, strict=True))
@@ -532,7 +526,7 @@ def attribution_plot(result: dict[str, Any]) -> str:
     ]
     values = [v for x, y, _ in pairs for v in (x, y)] or [0.0]
     low, high = min(values), max(values)
-    a = result["agreement"]
+    a = agreement
     points = {
         "type": "scatter",
         "mode": "markers",
@@ -544,7 +538,7 @@ def attribution_plot(result: dict[str, Any]) -> str:
         "marker": {"size": 5, "opacity": 0.6},
     }
     layout = {
-        "xaxis": {"title": {"text": f"exact effect (path '{result['exact_path']}'), relative change of the logit"}},
+        "xaxis": {"title": {"text": f"exact effect (path '{path}'), relative change of the logit"}},
         "yaxis": {"title": {"text": "attribution estimate"}},
         "title": {
             "text": f"Spearman's rho {a['spearman']:.3f} [{a['spearman_ci'][0]:.3f}, {a['spearman_ci'][1]:.3f}], "
@@ -559,10 +553,9 @@ def attribution_plot(result: dict[str, Any]) -> str:
     return plot_html([points], layout)
 
 
-def neuron_patterns_plot(result: dict[str, Any]) -> str:
+def neuron_patterns_plot(patterns: list[Pattern]) -> str:
     """Each top neuron's activation at the last prompt token under AF1 over the (a, b) grid of solved problems, one
     small heatmap each (blank: a problem not solved, or not in the task), titled with what its pattern follows."""
-    patterns = result.get("patterns") or []
     cols = 3
     rows = -(-len(patterns) // cols)
     data, layout = [], {"height": 300 * rows + 40, "annotations": [], "margin": {"t": 30}}
@@ -608,17 +601,16 @@ def neuron_patterns_plot(result: dict[str, Any]) -> str:
 # --- heads ------------------------------------------------------------------------------------------------------
 
 
-def heads_map(result: dict[str, Any]) -> str:
+def heads_map(result: HeadsStudy) -> str:
     """The path-patching effect per (layer, head), layer on the y-axis, key and top heads marked; hover gives each
     head's effect and rank."""
-    effect = clean(result["relative_logit_change_layer_head"])
+    effect = clean(result.relative_logit_change_layer_head)
     L, H = len(effect), len(effect[0]) if effect else 0
     flat = [v for row in effect for v in row if v is not None]
     lim = max([1e-6, *(abs(v) for v in flat)])
-    keys = {tuple(h) for h in result.get("key_heads") or []}
-    top = [tuple(h) for h in result.get("top_heads") or []]
-    split = result.get("split") or {}
-    where = f"on {split.get('n_selection', '?')} selection problems, path patching: {result.get('path', 'direct')}"
+    keys = {tuple(h) for h in result.key_heads}
+    top = [tuple(h) for h in result.top_heads]
+    where = f"on {result.split['n_selection']} selection problems, path patching: {result.path}"
     text = [
         [
             f"layer {layer}, head {h}<br>relative change of the correct logit {fmt(effect[layer][h])}<br>"
@@ -670,17 +662,15 @@ def heads_map(result: dict[str, Any]) -> str:
     return plot_html(data, layout)
 
 
-def mlp_plot(result: dict[str, Any]) -> str:
+def mlp_plot(result: HeadsStudy) -> str:
     """The path-patching effect of each MLP layer and, where measured, its logit lens (layer on the y-axis)."""
-    mlp = clean(result.get("relative_logit_change_mlp_layer")) or []
-    lens = clean(result.get("mlp_logit_lens_layer"))
-    split = result.get("split") or {}
+    mlp = clean(result.relative_logit_change_mlp_layer)
+    lens = clean(result.mlp_logit_lens_layer)
     data: list[dict[str, Any]] = [
         {
             "type": "bar",
             "orientation": "h",
-            "name": f"path patching ({result.get('path', 'direct')}), "
-            f"{split.get('n_selection', '?')} selection problems",
+            "name": f"path patching ({result.path}), {result.split['n_selection']} selection problems",
             "x": mlp,
             "y": list(range(len(mlp))),
             "hovertemplate": "MLP of layer %{y}: relative change of the correct logit %{x:.3f}<extra></extra>",
@@ -699,7 +689,7 @@ def mlp_plot(result: dict[str, Any]) -> str:
             {
                 "type": "bar",
                 "orientation": "h",
-                "name": f"logit lens ({result.get('mlp_logit_lens_measured_on', 'all solved problems')})",
+                "name": f"logit lens ({result.mlp_logit_lens_measured_on})",
                 "x": lens,
                 "y": list(range(len(lens))),
                 "xaxis": "x2",
@@ -713,10 +703,9 @@ def mlp_plot(result: dict[str, Any]) -> str:
     return plot_html(data, layout)
 
 
-def attention_plot(looks: dict[str, Any]) -> str:
+def attention_plot(looks: TokenAttention) -> str:
     """Each top and key head's attention from the last position over one problem's tokens (rows: heads)."""
-    tokens = looks["tokens"]
-    roles = looks.get("roles") or [""] * len(tokens)
+    tokens, roles = looks["tokens"], looks["roles"]
     heads = list(looks["heads"])
     shown = [repr(t)[1:-1] or "·" for t in tokens]
     text = [
@@ -742,8 +731,8 @@ def attention_plot(looks: dict[str, Any]) -> str:
     ]
     layout = {
         "title": {
-            "text": f"where the heads look from the last position: {html.escape(str(looks.get('prompt', '')))!s} "
-            f"(answer step {looks.get('answer_step', 0)})",
+            "text": f"where the heads look from the last position: {html.escape(looks['prompt'])} "
+            f"(answer step {looks['answer_step']})",
             "font": {"size": 13},
         },
         "xaxis": {
@@ -819,16 +808,13 @@ STAGE_COLOURS = {"wait": "#bbbbbb", "transfer": "#f0a030", "compute": "#50a050"}
 PALETTE = ("#1f77b4", "#d62728", "#9467bd", "#e377c2", "#8c564b", "#17becf", "#bcbd22")
 
 
-def probes_plot(result: dict[str, Any]) -> str:
+def probes_plot(result: Probes) -> str:
     """Held-out probe accuracy after every block, per target, on the unmodified model (left) and under AF1 (right,
     beside it thin: the control with no transfer layers), AF1's stages shaded on both; the Fourier probe drawn, the
     linear one a click away in the legend."""
-    panels = [(result["unmodified"], "x", "y", "")]
-    if result.get("under_af1"):
-        panels += [
-            (result["under_af1"], "x2", "y2", ""),
-            (result.get("no_transfer") or [], "x2", "y2", ", no transfer"),
-        ]
+    panels = [(result.unmodified, "x", "y", "")]
+    if result.under_af1:
+        panels += [(result.under_af1, "x2", "y2", ""), (result.no_transfer, "x2", "y2", ", no transfer")]
     data = []
     for curves, xaxis, yaxis, control in panels:
         for c in curves:
@@ -842,7 +828,7 @@ def probes_plot(result: dict[str, Any]) -> str:
                 )
             ]
             group = f"{c['target']}, {c['kind']}"  # one legend entry toggles the probe in both panels
-            colour = PALETTE[list(result["targets"]).index(c["target"]) % len(PALETTE)]
+            colour = PALETTE[result.targets.index(c["target"]) % len(PALETTE)]
             style = {
                 "legendgroup": group,
                 "showlegend": xaxis == "x",
@@ -868,9 +854,9 @@ def probes_plot(result: dict[str, Any]) -> str:
                 )
             )
     shapes = []
-    if result.get("wait") is not None:
-        n_layers = len(result["unmodified"][0]["accuracy"]) if result["unmodified"] else 0
-        w, t = result["wait"], result["transfer"]
+    if result.wait is not None and result.transfer is not None:
+        n_layers = len(result.unmodified[0]["accuracy"]) if result.unmodified else 0
+        w, t = result.wait, result.transfer
         spans = {"wait": (-0.5, w + 0.5), "transfer": (w + 0.5, w + t + 0.5), "compute": (w + t + 0.5, n_layers - 0.5)}
         for xaxis in dict.fromkeys(p[1] for p in panels):
             for stage, (x0, x1) in spans.items():
@@ -903,7 +889,7 @@ def probes_plot(result: dict[str, Any]) -> str:
         "height": 420,
     }
     if two:
-        af1 = f"after block (under AF1: L_wait {result['wait']}, L_transfer {result['transfer']})"
+        af1 = f"after block (under AF1: L_wait {result.wait}, L_transfer {result.transfer})"
         layout["xaxis2"] = {"title": {"text": af1}, "domain": [0.53, 1], "anchor": "y2"}
         layout["yaxis2"] = {"range": [-0.02, 1.02], "anchor": "x2"}
     return plot_html(data, layout)

@@ -88,13 +88,14 @@ def load_json(d: Path, name: str) -> dict[str, Any] | None:
 
 
 def result_beside(out_dir: Path, experiment: str) -> dict[str, Any] | None:
-    """Another experiment's result where it lies beside a unit's files: the same results directory (af1 report), or
-    the sibling unit of a study's store (units/<model>/<task>/<experiment>/unit.json, done); None elsewhere."""
+    """Another experiment's result fields (its provenance left out) where it lies beside a unit's files: the same
+    results directory (af1 report), or the sibling unit of a study's store (units/<model>/<task>/<experiment>/unit.json,
+    done); None elsewhere."""
     found = load_json(out_dir, f"{experiment}.json")
     if found is None:
         record = load_json(out_dir.parent / experiment, "unit.json") or {}
         found = record.get("result") if record.get("state") == "done" else None
-    return found
+    return None if found is None else {k: v for k, v in found.items() if k != "provenance"}
 
 
 def page(title: str, parts: list[str]) -> str:
@@ -114,7 +115,7 @@ def figure_html(d: Path, name: str, interactive_figure: Callable[[], str] | None
         return image_html(d, name)
     try:
         return interactive_figure()
-    except (KeyError, IndexError, TypeError, ValueError) as exc:  # a result of another af1 version: its PNG, said
+    except (KeyError, IndexError, TypeError, ValueError) as exc:  # e.g. a result beside it that does not fit
         note = f"<p class='note'>No interactive figure ({html.escape(type(exc).__name__)}: {html.escape(str(exc))})"
         return note + (": its PNG instead.</p>" + image_html(d, name) if (d / name).is_file() else ".</p>")
 

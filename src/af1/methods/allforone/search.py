@@ -75,6 +75,14 @@ class Found(Part):
     grid_cells_possible: int = 0
     max_transfer_measured: int = 0  # below n_layers: the sweep was capped (max_transfer)
 
+    def marked(self) -> Cell | None:
+        """The chosen cell (the frontier's largest L_wait), or where none reached the threshold the best eligible."""
+        return self.frontier[-1] if self.chosen else self.best
+
+    def judged(self) -> Cell | None:
+        """The cell the claim is about: the marked one, else (none eligible) the best with a compute stage."""
+        return self.marked() or self.best_measured
+
 
 def subgraph_claim(
     correct_conf: list[bool], cell: tuple[int, int], threshold: float, chosen: bool, baseline: float
