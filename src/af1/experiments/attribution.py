@@ -7,7 +7,6 @@ interval over problems, the top-k overlap, and the time each took."""
 from __future__ import annotations
 
 import html
-import time
 from pathlib import Path
 
 from pydantic import Field
@@ -15,12 +14,10 @@ from pydantic import Field
 from af1.errors import Af1Error
 from af1.experiments import base
 from af1.methods import heads
-from af1.methods.heads.attribution import ESTIMATE, RankAgreement, agreement
 from af1.report import interactive
 from af1.report.markup import Tab, figure_html
+from af1.stats import with_ci
 from af1.tasks.evaluation import ProblemInputs
-
-EXACT = "total"
 
 
 class Options(base.Options):
@@ -30,18 +27,9 @@ class Options(base.Options):
     k: int = Field(default=10, ge=1, description="the top k of both rankings compared")
 
 
-class Result(base.SetupFields):
-    """Both rankings of every head on the same problems and how they agree (`RankAgreement`), with their times."""
+class Result(base.SetupFields, heads.compared.Ranked):
+    """The two rankings' part (`heads.compared.Ranked`) on the setup it was measured on."""
 
-    n_patched: int
-    counterfactual: str
-    counterfactual_kind: str
-    exact_path: str
-    agreement: RankAgreement
-    estimate_layer_head: list[list[float | None]]
-    exact_layer_head: list[list[float | None]]
-    estimate_seconds: float
-    exact_seconds: float
     inputs: ProblemInputs | None = None  # sets: solved
 
 
@@ -53,49 +41,25 @@ class Attribution(base.Experiment):
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         lm, spec = inputs.resources.lm(), inputs.spec
-        if (reason := lm.adapter.no_attention_interface()) is not None:
-            raise Af1Error(f"the exact counterpart, path '{EXACT}', needs transformers' attention interface ({reason})")
+        if (reason := lm.adapter.no_attention_interface()) is not None:  # before any work
+            exact = heads.compared.EXACT
+            raise Af1Error(f"the exact counterpart, path '{exact}', needs transformers' attention interface ({reason})")
         setup = inputs.resources.setup(spec)  # refuses a task the model solves no problem of
-        kept = setup.kept
-        measured = {}
-        for path in (ESTIMATE, EXACT):
-            start = time.perf_counter()
-            pp, cf = heads.patching.layout_path_patching(lm.adapter, kept, lm.tokenizer, path, options.counterfactual)
-            measured[path] = (pp, time.perf_counter() - start)
-        (estimate, estimate_s), (exact, exact_s) = measured[ESTIMATE], measured[EXACT]
-        rows = [i for i, row in enumerate(exact["counterfactual_rows"]) if row is not None]
-        per_problem = "relative_logit_change_problem_layer_head"
-        found = agreement(
-            estimate[per_problem][rows].flatten(1), exact[per_problem][rows].flatten(1), options.k, seed=spec.seed
-        )
+        ranked = heads.compared.estimate_against_exact(lm, setup.kept, options.counterfactual, options.k, spec.seed)
         return Result.of(
             setup.describe(),
-            n_patched=len(rows),
-            counterfactual=cf.replacement,
-            counterfactual_kind=cf.kind,
-            exact_path=EXACT,
-            agreement=found,
-            estimate_layer_head=estimate["relative_logit_change_layer_head"].tolist(),
-            exact_layer_head=exact["relative_logit_change_layer_head"].tolist(),
-            estimate_seconds=estimate_s,
-            exact_seconds=exact_s,
-            inputs=ProblemInputs.of(setup.task, setup.base, solved=kept),
+            ranked,
+            inputs=ProblemInputs.of(setup.task, setup.base, solved=setup.kept),
         )
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing
 
-        return figures.attribution_plot(
-            result.exact_layer_head,
-            result.estimate_layer_head,
-            result.agreement,
-            result.exact_path,
-            out_dir / "attribution.png",
-        )
+        return figures.attribution_plot(result, out_dir / "attribution.png")
 
     def tables(self, result: Result) -> list[Tab]:
         a = result.agreement
-        rho = f"{a['spearman']:.3f} [{a['spearman_ci'][0]:.3f}, {a['spearman_ci'][1]:.3f}]"
+        rho = with_ci(a["spearman"], a["spearman_ci"])
         return [
             Tab(
                 ["heads", "problems", "Spearman's rho [95 % CI]", f"top {a['k']} shared", "estimate (s)", "exact (s)"],
@@ -117,9 +81,7 @@ class Attribution(base.Experiment):
             figure_html(
                 out_dir,
                 "attribution.png",
-                lambda: interactive.attribution_plot(
-                    result.exact_layer_head, result.estimate_layer_head, result.agreement, result.exact_path
-                ),
+                lambda: interactive.attribution_plot(result),
             ),
             *super().section(result, out_dir),
         ]

@@ -13,13 +13,14 @@ import numpy as np
 from matplotlib.patches import Rectangle
 
 from af1.results import write_atomic
+from af1.stats import with_ci
 
 if TYPE_CHECKING:
     from af1.methods.allforone.necessity import Necessity
     from af1.methods.allforone.prune import Pruning
     from af1.methods.allforone.search import Found
     from af1.methods.allforone.sweep import Grid
-    from af1.methods.heads.attribution import RankAgreement
+    from af1.methods.heads.compared import Ranked
     from af1.methods.heads.study import HeadsStudy
     from af1.methods.neurons import Neurons
     from af1.methods.positional.study import Positional
@@ -208,26 +209,17 @@ def neurons_plot(result: Neurons, path: Path) -> Path:
     return _save(fig, path)
 
 
-def attribution_plot(
-    exact_LH: list[list[float | None]],
-    estimate_LH: list[list[float | None]],
-    agreement: RankAgreement,
-    exact_path: str,
-    path: Path,
-) -> Path:
-    """Each head's exact effect (path patching along `exact_path`) against its attribution estimate, the diagonal
-    where they agree."""
-    exact = np.asarray(exact_LH, dtype=float).ravel()
-    estimate = np.asarray(estimate_LH, dtype=float).ravel()
+def attribution_plot(result: Ranked, path: Path) -> Path:
+    """Each head's exact effect against its attribution estimate, the diagonal where they agree."""
+    exact = np.asarray(result.exact_layer_head, dtype=float).ravel()
+    estimate = np.asarray(result.estimate_layer_head, dtype=float).ravel()
+    agreement = result.agreement
     fig, ax = plt.subplots(figsize=(5, 4.5))
     ax.scatter(exact, estimate, s=8, alpha=0.6)
     low, high = np.nanmin([exact, estimate]), np.nanmax([exact, estimate])
     ax.plot([low, high], [low, high], color="grey", ls=":")
-    a = agreement
-    ax.set_title(
-        f"Spearman's rho {a['spearman']:.3f} [{a['spearman_ci'][0]:.3f}, {a['spearman_ci'][1]:.3f}]", fontsize=9
-    )
-    ax.set_xlabel(f"exact effect (path '{exact_path}')")
+    ax.set_title(f"Spearman's rho {with_ci(agreement['spearman'], agreement['spearman_ci'])}", fontsize=9)
+    ax.set_xlabel(f"exact effect (path '{result.exact_path}')")
     ax.set_ylabel("attribution estimate")
     return _save(fig, path)
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the parts the figures read; importing them would load torch
     from af1.methods.allforone.search import Cell, Found
     from af1.methods.allforone.sweep import Grid
     from af1.methods.heads.attention import TokenAttention
-    from af1.methods.heads.attribution import RankAgreement
+    from af1.methods.heads.compared import Ranked
     from af1.methods.heads.study import HeadsStudy
     from af1.methods.heuristics import Pattern
     from af1.methods.neurons import Neurons
@@ -512,12 +512,10 @@ def neurons_plot(result: Neurons) -> str:
     return plot_html([top, random_mean, points], layout)
 
 
-def attribution_plot(
-    exact_LH: list[list[float | None]], estimate_LH: list[list[float | None]], agreement: RankAgreement, path: str
-) -> str:
-    """Each head's exact effect (x, by path patching along `path`) against its attribution estimate (y), the
-    diagonal where they agree; hover names the head."""
-    exact, estimate = clean(exact_LH), clean(estimate_LH)
+def attribution_plot(result: Ranked) -> str:
+    """Each head's exact effect (x) against its attribution estimate (y), the diagonal where they agree; hover names
+    the head."""
+    exact, estimate, agreement = clean(result.exact_layer_head), clean(result.estimate_layer_head), result.agreement
     pairs = [
         (x, y, f"head {layer}.{h}<br>exact {fmt(x)}<br>estimate {fmt(y)}")
         for layer, (xs, ys) in enumerate(zip(exact, estimate, strict=True))
@@ -526,7 +524,6 @@ def attribution_plot(
     ]
     values = [v for x, y, _ in pairs for v in (x, y)] or [0.0]
     low, high = min(values), max(values)
-    a = agreement
     points = {
         "type": "scatter",
         "mode": "markers",
@@ -538,11 +535,11 @@ def attribution_plot(
         "marker": {"size": 5, "opacity": 0.6},
     }
     layout = {
-        "xaxis": {"title": {"text": f"exact effect (path '{path}'), relative change of the logit"}},
+        "xaxis": {"title": {"text": f"exact effect (path '{result.exact_path}'), relative change of the logit"}},
         "yaxis": {"title": {"text": "attribution estimate"}},
         "title": {
-            "text": f"Spearman's rho {a['spearman']:.3f} [{a['spearman_ci'][0]:.3f}, {a['spearman_ci'][1]:.3f}], "
-            f"{a['n_ranked']} heads, n {a['n']}",
+            "text": f"Spearman's rho {with_ci(agreement['spearman'], agreement['spearman_ci'])}, "
+            f"{agreement['n_ranked']} heads, n {agreement['n']}",
             "font": {"size": 13},
         },
         "shapes": [

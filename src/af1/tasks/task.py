@@ -394,12 +394,6 @@ def answer_tokens(tokenizer: Tokenizer, text: str, answer: str, prompt_ids: list
     return tuple(int(t) for t in full[len(prompt_ids) :])
 
 
-def answer_token(tokenizer: Tokenizer, text: str, answer: str, prompt_ids: list[int]) -> int | None:
-    """The first token the tokenizer emits for `answer` right after `text`, or None if they merge."""
-    tokens = answer_tokens(tokenizer, text, answer, prompt_ids)
-    return None if tokens is None else tokens[0]
-
-
 def answer_end(spec: TaskSpec) -> str | None:
     """What follows an answer in the task's worked examples (their separator); None when it shows none (no shots, or
     a task file's empty separator): then nothing says where an answer ends."""
