@@ -1,7 +1,8 @@
 """Claims on a planted mechanism: a tiny llama in which one layer transfers the operands to the last token and two
 heads alone carry them. Over 20 seeds, the heads study confirms both heads as key and the top heads against matched
 random heads, and claims no other head; necessity confirms the planted layer and rejects the others. Where nothing is
-there (random weights), the positional study's claims stay silent over 40 seeds."""
+there, the search claims no AF1 subgraph of a model that reads the operands in its last layer (20 seeds), and the
+positional study's claims stay silent on random weights (40 seeds)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from af1.experiments.necessity import necessary_html
+from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, heads, positional
 from af1.methods.positional.corpus import corpus_windows, load_corpus
 from af1.methods.positional.fit import capture_logits
@@ -25,20 +27,20 @@ SEEDS = 20
 SCORE = 12.0  # the attention score of a digit key over any other (pre-softmax, after 1/sqrt(head_dim))
 
 
-def plant_heads(tokenizer):
-    """Edits a tiny llama so that only the planted heads write to the residual stream, and they attend from every
-    query to the digits: their queries and keys are fitted by least squares on layer 1's normed input (a function of
-    the token alone, since no head of layer 0 writes) to a constant and to the digit indicator, in the rotary pair
-    that turns slowest, so position barely moves the score."""
+def plant_heads(tokenizer, planted: list[tuple[int, int]]):
+    """Edits a tiny llama so that only the planted heads (of one layer) write to the residual stream, and they attend
+    from every query to the digits: their queries and keys are fitted by least squares on that layer's normed input (a
+    function of the token alone, since no head below it writes) to a constant and to the digit indicator, in the
+    rotary pair that turns slowest, so position barely moves the score."""
     digits = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
 
     def plant(model, token_ids: list[int]) -> None:
         config = model.config
         d = config.head_dim
         group = config.num_attention_heads // config.num_key_value_heads
-        only_heads_write(model, PLANTED)
+        only_heads_write(model, planted)
         normed: list[torch.Tensor] = []
-        block = model.model.layers[1]
+        block = model.model.layers[planted[0][0]]
         hook = block.input_layernorm.register_forward_hook(lambda _m, _a, out: normed.append(out[:, 0]))
         try:
             model(input_ids=torch.tensor(token_ids)[:, None])
@@ -49,7 +51,7 @@ def plant_heads(tokenizer):
         query_V = torch.full((len(token_ids),), magnitude, dtype=torch.float64)
         key_V = magnitude * torch.tensor([t in digits for t in token_ids], dtype=torch.float64)
         slow = d // 2 - 1  # rotary pairs are (i, i + d/2); pair d/2 - 1 turns slowest
-        for _, h in PLANTED:
+        for _, h in planted:
             q_rows = block.self_attn.q_proj.weight[h * d : (h + 1) * d]
             kv = h // group
             k_rows = block.self_attn.k_proj.weight[kv * d : (kv + 1) * d]
@@ -61,11 +63,13 @@ def plant_heads(tokenizer):
     return plant
 
 
-def planted_model(tokenizer, seed: int) -> LoadedModel:
+def planted_model(tokenizer, seed: int, planted: list[tuple[int, int]] = PLANTED) -> LoadedModel:
     """The planted llama of one seed. Its unembedding is fitted with about four times as many features as distinct
     fitted rows, so that patching one head moves the answer's logit smoothly (a square fit interpolates wildly between
     its rows, and the effects' spread then hides the heads from the claims' tests at this n)."""
-    model = fitted_tiny_model("llama", [SPEC], tokenizer, seed=seed, plant=plant_heads(tokenizer), min_hidden=384)
+    model = fitted_tiny_model(
+        "llama", [SPEC], tokenizer, seed=seed, plant=plant_heads(tokenizer, planted), min_hidden=384
+    )
     return LoadedModel(model, tokenizer, ModelAdapter(model), {"spec": f"planted-heads-{seed}"})
 
 
@@ -103,6 +107,27 @@ def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer
             assert summary in necessary_html(claims), seed
         made["layer 1 necessary"] += windows["layer 1"] == "confirmed"
         made["layers 0, 2 not"] += windows["layer 0"] == windows["layer 2"] == "rejected"
+    assert all(count >= 0.8 * SEEDS for count in made.values()), made
+
+
+@pytest.mark.slow
+def test_no_af1_subgraph_is_claimed_where_the_operands_are_read_in_the_last_layer_over_20_seeds(tokenizer):
+    """Nothing is there for the search: the planted heads sit in the last layer, so a last token that stops reading
+    before it cannot know the operands and no cell with a compute stage keeps the answer (the claim needs one). Each
+    seed draws new weights and a new split; the search must choose no cell and confirm no subgraph in any seed, and
+    necessity confirm the last layer and reject the others in at least 80 % of seeds."""
+    last = [(2, 0), (2, 2)]
+    made = {"last layer necessary": 0, "layers 0, 1 not": 0}
+    for seed in range(SEEDS):
+        lm = planted_model(tokenizer, seed, last)
+        setup = prepare(lm, SPEC)
+        assert len(setup.kept) == len(build_task(SPEC, tokenizer)), seed  # the fit solves every problem
+        grid = allforone.sweep.sweep(setup, AF1Config(seed=seed))
+        found = allforone.search.search(grid, n_layers=3, threshold=0.9, selection=0.5, seed=seed)
+        assert not found.chosen and not found.found, (seed, found.claim)
+        windows = {c["subject"]: c["outcome"] for c in allforone.necessity.necessity(setup, windows=(1,)).claims}
+        made["last layer necessary"] += windows["layer 2"] == "confirmed"
+        made["layers 0, 1 not"] += windows["layer 0"] == windows["layer 1"] == "rejected"
     assert all(count >= 0.8 * SEEDS for count in made.values()), made
 
 
