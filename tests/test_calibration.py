@@ -114,17 +114,18 @@ def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer
 def test_no_af1_subgraph_is_claimed_where_the_operands_are_read_in_the_last_layer_over_20_seeds(tokenizer):
     """Nothing is there for the search: the planted heads sit in the last layer, so a last token that stops reading
     before it cannot know the operands and no cell with a compute stage keeps the answer (the claim needs one). Each
-    seed draws new weights and a new split; the search must choose no cell and confirm no subgraph in any seed, and
-    necessity confirm the last layer and reject the others in at least 80 % of seeds."""
+    seed draws new weights and a new split; the search must choose no cell in any seed, and reject the subgraph its
+    claim judges, and necessity confirm the last layer and reject the others, in at least 80 % of seeds."""
     last = [(2, 0), (2, 2)]
-    made = {"last layer necessary": 0, "layers 0, 1 not": 0}
+    made = {"subgraph rejected": 0, "last layer necessary": 0, "layers 0, 1 not": 0}
     for seed in range(SEEDS):
         lm = planted_model(tokenizer, seed, last)
         setup = prepare(lm, SPEC)
         assert len(setup.kept) == len(build_task(SPEC, tokenizer)), seed  # the fit solves every problem
         grid = allforone.sweep.sweep(setup, AF1Config(seed=seed))
-        found = allforone.search.search(grid, n_layers=3, threshold=0.9, selection=0.5, seed=seed)
+        found = allforone.search.search(grid, n_layers=lm.adapter.n_layers, threshold=0.9, selection=0.5, seed=seed)
         assert not found.chosen and not found.found, (seed, found.claim)
+        made["subgraph rejected"] += found.claim is not None and found.claim["outcome"] == "rejected"
         windows = {c["subject"]: c["outcome"] for c in allforone.necessity.necessity(setup, windows=(1,)).claims}
         made["last layer necessary"] += windows["layer 2"] == "confirmed"
         made["layers 0, 1 not"] += windows["layer 0"] == windows["layer 1"] == "rejected"

@@ -150,6 +150,8 @@ def test_search_chooses_on_selection_and_confirms_on_the_rest():
     sweep = synthetic_sweep(L, n, {k: v for k, v in cells.items() if k != (3, 1)}, targets)
     found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
     assert (found.wait, found.transfer, found.faithfulness) == (1, 1, 1.0)
+    marked = found.marked()  # the chosen cell, as the figures outline it
+    assert marked is not None and (marked["wait"], marked["transfer"]) == (1, 1) and found.judged() == marked
     claim = found.claim  # 20 of 20: the interval's lower end is 0.84, below 0.9, so not confirmed at this n
     assert claim is not None and claim["outcome"] == "not confirmed" and found.found is False
     assert claim["n_to_decide"] == 35  # the smallest n whose Wilson interval at 1.0 clears 0.9: n / (n + 1.96^2)
@@ -159,7 +161,7 @@ def test_search_chooses_on_selection_and_confirms_on_the_rest():
     nothing = allforone.search.search(halves, n_layers=L, threshold=0.9, selection=0.5, seed=0)
     assert nothing.found is False and nothing.chosen is False and nothing.wait is None
     best = nothing.best
-    assert best is not None and (best["wait"], best["transfer"]) == (1, 1)
+    assert best is not None and (best["wait"], best["transfer"]) == (1, 1) and nothing.marked() == best
     claim = nothing.claim  # judged at the best cell, on the confirmation split: about half right there
     assert claim is not None and claim["outcome"] == "rejected" and (claim["ci"][1] or 1) < 0.9
     with pytest.raises(Af1Error, match=r"\[0, 1\]"):
@@ -173,6 +175,7 @@ def test_search_never_chooses_a_cell_no_better_than_a_constant_guess():
     found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
     judged = found.best_measured
     assert found.found is False and found.best is None and judged is not None and judged["eligible"] is False
+    assert found.marked() is None and found.judged() == judged
     assert found.claim is not None and found.claim["outcome"] == "not confirmed"  # judged, never confirmed
     assert found.faithfulness_baseline == 1.0 and "near constant" in found.warnings[0]
 

@@ -212,6 +212,7 @@ def test_other_experiments_run_at_a_search_result_s_chosen_cell_else_its_best_el
         config={"seed": 3},
         wait=3,
         transfer=1,
+        frontier=[Cell(**{**best, "wait": 0, "transfer": 2}), Cell(**{**best, "wait": 3, "transfer": 1})],
         best=best,
         selection_fraction=0.5,
         split_seed=0,

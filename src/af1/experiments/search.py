@@ -174,15 +174,17 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
                 "found": result.found,
                 "chosen": result.chosen,
                 "outcome": result.claim["outcome"] if result.claim else "no eligible cell",
-                "wait": cell and cell["wait"],
-                "transfer": cell and cell["transfer"],
-                "faithfulness": cell and cell["faithfulness"],
-                "faithfulness_ci": cell and cell["faithfulness_ci"],
+                "wait": cell["wait"] if cell else None,
+                "transfer": cell["transfer"] if cell else None,
+                "faithfulness": cell["faithfulness"] if cell else None,
+                "faithfulness_ci": cell["faithfulness_ci"] if cell else None,
                 "faithfulness_baseline": result.faithfulness_baseline,
                 "n_confirmation": result.n_confirmation,
                 "faithfulness_by_layout": result.faithfulness_by_layout
                 if result.chosen
-                else cell and cell.get("faithfulness_by_layout"),
+                else cell.get("faithfulness_by_layout")
+                if cell
+                else None,
             }
         )
     parts = []
@@ -320,13 +322,9 @@ def every_search(inputs: base.Inputs) -> list[Result]:
 def searched_config(search: Result) -> AF1Config | None:
     """The AF1 config a search settled on: the cell it chose, else its best eligible cell; None when no cell
     is eligible (a finding: the units that read it say so)."""
-    if search.chosen:
-        wait, transfer = search.wait, search.transfer
-    elif search.best is not None:
-        wait, transfer = search.best["wait"], search.best["transfer"]
-    else:
+    if (cell := search.marked()) is None:
         return None
-    return AF1Config(**{**(search.config or {}), "wait": wait, "transfer": transfer})
+    return AF1Config(**{**(search.config or {}), "wait": cell["wait"], "transfer": cell["transfer"]})
 
 
 def check_found(inputs: base.Inputs, options: base.Options) -> None:

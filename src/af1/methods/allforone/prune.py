@@ -18,8 +18,9 @@ from af1.tasks.evaluation import ProblemInputs, Scores
 
 
 def pruned_scores(setup: Setup, config: AF1Config, head_sets: list[list[tuple[int, int]]]) -> list[Scores]:
-    """Scores under `config` with each set of transfer heads kept from peeking; the fast path runs all sets at once.
-    The executors are picked once, for `config`: which of them supports a case does not depend on pruned heads."""
+    """Scores under `config` with each set of heads of its transfer layers kept from peeking; the fast path runs all
+    sets at once. The executors are picked (and `config` checked) once: which of them supports a case does not depend
+    on pruned heads, and the callers draw the sets from `config.peek_layers()`."""
     chosen = executors(setup, config)
     if any(executor.name != "fast" for executor, _ in chosen):
         return [scored(setup, config.model_copy(update={"pruned_heads": hs}), chosen) for hs in head_sets]

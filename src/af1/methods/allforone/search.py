@@ -65,7 +65,7 @@ class Found(Part):
     faithfulness_ci: list[float] | None = None
     faithfulness_selection: float | None = None
     faithfulness_selection_ci: list[float] | None = None
-    frontier: list[Cell] = []  # per L_transfer, the largest L_wait that keeps the threshold (selection)
+    frontier: list[Cell] = []  # per L_wait (ascending), the smallest L_transfer reaching the threshold (selection)
     n_ineligible_no_compute: int = 0  # cells above the threshold that leave no layer to compute in
     stages: dict[str, list[int]] | None = None
     best: Cell | None = None
