@@ -6,6 +6,7 @@ checked on the confirmation split."""
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 from pydantic import Field
@@ -67,21 +68,11 @@ class Prune(base.Experiment):
         return figures.pruning_plot(result, out_dir / "pruning.png")
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
-        confirmed = ""
-        if result.confirmation:
-            c = result.confirmation
-            confirmed = (
-                f" On the other {result.n_confirmation}: pruned "
-                f"{with_ci(c['pruned']['faithfulness'], c['pruned']['faithfulness_ci'])} vs unpruned "
-                f"{with_ci(c['unpruned']['faithfulness'], c['unpruned']['faithfulness_ci'])} "
-                f"(McNemar p {c['mcnemar']['p_value']:.2g})."
-            )
         return [
             f"<h2>Head pruning in the transfer layers</h2><p>{result.n_transfer_heads} heads; ranked greedily by "
             f"{result.measure}: {result.n_pruned_before_first_drop} of them stop peeking before faithfulness first "
             f"falls below 95 % of the unpruned {result.faithfulness_full:.3f} on {result.n_selection} selection "
-            f"problems (curve: {result.curve})."
-            f"{confirmed}</p>",
+            f"problems (curve: {result.curve}). {html.escape(confirmed_text(result))}</p>",
             figure_html(out_dir, "pruning.png", lambda: interactive.pruning_plot(result)),
             claims_html(result.claims),
         ]
@@ -90,14 +81,17 @@ class Prune(base.Experiment):
         table = Table("heads removed", "faithfulness")
         for i, f in enumerate(result.faithfulness_vs_pruned):
             table.add_row(str(i), f"{f:.3f}")
-        c = result.confirmation
-        if c is None:
-            return [table]
-        return [
-            table,
-            f"{result.n_pruned_before_first_drop} of {result.n_transfer_heads} heads pruned at >= 95 %; on the "
-            f"{result.n_confirmation} confirmation problems: pruned "
-            f"{with_ci(c['pruned']['faithfulness'], c['pruned']['faithfulness_ci'])} vs unpruned "
-            f"{with_ci(c['unpruned']['faithfulness'], c['unpruned']['faithfulness_ci'])}",
-            *claims_lines(result.claims),
-        ]
+        summary = f"{result.n_pruned_before_first_drop} of {result.n_transfer_heads} heads pruned at >= 95 %."
+        return [table, f"{summary} {confirmed_text(result)}", *claims_lines(result.claims)]
+
+
+def confirmed_text(result: Result) -> str:
+    """The pruned set against the unpruned on the confirmation problems, paired (nothing without a confirmation)."""
+    if (c := result.confirmation) is None:
+        return ""
+    return (
+        f"On the other {result.n_confirmation} (confirmation): pruned "
+        f"{with_ci(c['pruned']['faithfulness'], c['pruned']['faithfulness_ci'])} vs unpruned "
+        f"{with_ci(c['unpruned']['faithfulness'], c['unpruned']['faithfulness_ci'])} "
+        f"(McNemar p {c['mcnemar']['p_value']:.2g})."
+    )
