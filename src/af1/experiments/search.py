@@ -180,11 +180,7 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
                 "faithfulness_ci": cell["faithfulness_ci"] if cell else None,
                 "faithfulness_baseline": result.faithfulness_baseline,
                 "n_confirmation": result.n_confirmation,
-                "faithfulness_by_layout": result.faithfulness_by_layout
-                if result.chosen
-                else cell.get("faithfulness_by_layout")
-                if cell
-                else None,
+                "faithfulness_by_layout": result.judged_by_layout(),
             }
         )
     parts = []
@@ -290,7 +286,7 @@ def verdict(search: Result, grid: sweep.Result, description: str | None = None) 
         f"base accuracy {with_ci(grid.base_accuracy, grid.base_accuracy_ci)} on {grid.n} problems "
         f"({grid.n_solved} solved)"
     )
-    parts = search.faithfulness_by_layout or (search.best or {}).get("faithfulness_by_layout")
+    parts = search.judged_by_layout()
     pooled = f"; pooled over token layouts ({layouts_text(parts)})" if parts else ""
     where = f"; there it {stages_text(search.stages)}" if search.chosen and search.stages else ""
     return f"{name} ({search.n_layers} layers): {claim_line(search)}{where}{pooled}; {base_text}."

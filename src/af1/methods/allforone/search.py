@@ -83,6 +83,13 @@ class Found(Part):
         """The cell the claim is about: the marked one, else (none eligible) the best with a compute stage."""
         return self.marked() or self.best_measured
 
+    def judged_by_layout(self) -> list[LayoutRate] | None:
+        """The judged cell's confirmation rate by token layout (a task of several layouts; None otherwise)."""
+        if self.chosen:
+            return self.faithfulness_by_layout
+        cell = self.judged()
+        return cell.get("faithfulness_by_layout") if cell else None
+
 
 def subgraph_claim(
     correct_conf: list[bool], cell: tuple[int, int], threshold: float, chosen: bool, baseline: float
