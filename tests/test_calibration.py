@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from af1.experiments.necessity import necessary_html
+from af1.experiments.necessity import necessary
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, heads, positional
 from af1.methods.positional.corpus import corpus_windows, load_corpus
@@ -104,7 +104,7 @@ def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer
         windows = {c["subject"]: c["outcome"] for c in claims}
         if windows["layer 1"] == "confirmed" and windows["layer 0"] == windows["layer 2"] == "rejected":
             summary = "1 of 3 confirmed, 2 rejected (faithfulness stays above the threshold), 0 not confirmed"
-            assert summary in necessary_html(claims), seed
+            assert summary in necessary(claims)[1], seed
         made["layer 1 necessary"] += windows["layer 1"] == "confirmed"
         made["layers 0, 2 not"] += windows["layer 0"] == windows["layer 2"] == "rejected"
     assert all(count >= 0.8 * SEEDS for count in made.values()), made

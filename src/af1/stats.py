@@ -159,8 +159,8 @@ def mean_std(values: Sequence[float]) -> MeanStd:
 
 def with_ci(value: float | str | None, ci: Sequence[float | None] | None = None) -> str:
     """A rate or estimate and its 95 % interval, the one way it is written (tables, terminals, hover texts,
-    verdicts): 0.816 [0.69, 0.90]; "-" where there is no finite value, the value alone where there is no interval."""
+    verdicts): 0.816 [0.69, 0.90]; "-" where there is no finite value, the value alone without a finite interval."""
     if not isinstance(value, float | int) or not math.isfinite(value):
         return "-"
-    low, high = ci or (None, None)
-    return f"{value:.3f} [{low:.2f}, {high:.2f}]" if low is not None and high is not None else f"{value:.3f}"
+    bounds = [b for b in ci or () if isinstance(b, float | int) and math.isfinite(b)]
+    return f"{value:.3f} [{bounds[0]:.2f}, {bounds[1]:.2f}]" if len(bounds) == 2 else f"{value:.3f}"

@@ -18,7 +18,7 @@ from af1.experiments import base
 from af1.experiments.search import searched, searched_config
 from af1.methods import allforone, heads
 from af1.report import interactive
-from af1.report.markup import Tab, claims_html, claims_lines, figure_html, table_html
+from af1.report.markup import Tab, figure_html, table_html
 from af1.stats import with_ci
 from af1.tasks.builtin import FILE_STYLE
 from af1.tasks.evaluation import ProblemInputs, solved
@@ -209,120 +209,80 @@ class Heads(base.Experiment):
 
         return figures.heads_figures(result, out_dir / "heads.png")
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
-        ko = result.knockout
+    def tables(self, result: Result) -> list[Tab]:
         split = result.split
-        scored = result.path_patching_scoring
-        parts = [
-            "<h2>Which heads carry the answer</h2>",
-            f"<p>{result.model} on <code>{html.escape(result.task)}</code> ({result.style}), counterfactual "
-            f"{'slot' if result.style == FILE_STYLE else result.counterfactual_kind} "
-            f"<code>{html.escape(result.counterfactual)}</code>, {result.n_solved} solved problems: heads chosen on "
-            f"{split['n_selection']} of them, tested on the other {split['n_confirmation']} "
-            f"({html.escape(split['from'])}). "
-            f"Path patching ({result.path}) scores {html.escape(scored['definition'])} (constant guess of "
-            f"what it scores {scored['constant_guess']:.2f}). "
-            f"{len(result.key_heads)} of {result.n_heads} heads "
-            f"({result.key_head_share:.1%}) pass {result.threshold:.0%} by the {result.metric} metric on the selection "
-            f"part; {len(result.confirmed_key_heads)} of them are confirmed on the confirmation part "
-            f"({' '.join(f'{h[0]}.{h[1]}' for h in result.confirmed_key_heads) or 'none'}).</p>",
-            knockout_tab(ko).html(),
-            claims_html(result.claims),
+        named = [f"{layer}.{h}" for layer, h in result.top_heads]
+        summary = [
+            [
+                f"heads past {result.threshold:.0%} by the {result.metric} metric (selection part)",
+                f"{len(result.key_heads)} of {result.n_heads} ({result.key_head_share:.1%})",
+            ],
+            ["key heads confirmed (confirmation part)", heads_text(result.confirmed_key_heads) or "none"],
+            ["heads chosen on / tested on", f"{split['n_selection']} / {split['n_confirmation']} solved problems"],
         ]
+        tabs = [Tab(["measure", "value"], summary), knockout_tab(result.knockout)]
         second = result.second_counterfactual
-        if second and "error" in second:
-            parts.append(
-                f"<p>No second counterfactual ({second['counterfactual_kind']}): {html.escape(second['error'])}</p>"
-            )
-        elif second:
-            parts.append(
-                f"<p>Top heads by each counterfactual, on the same {split['n_selection']} selection problems "
-                f"(the second: path patching only). The key heads, knock-outs"
-                f"{' and the AF1 consistency table' if result.af1_consistency else ''} use the first. Top-"
-                f"{len(result.top_heads)} overlap {second['top_k_overlap']:.2f} (the second's top heads redrawn "
-                f"within their layers share {second['top_k_overlap_chance']:.2f} on average; p "
-                f"{second['top_k_overlap_p']:.2g}).</p>"
+        if second and "top_heads" in second:
+            ranked = [
+                [i + 1, a, f"{b[0]}.{b[1]}"] for i, (a, b) in enumerate(zip(named, second["top_heads"], strict=False))
+            ]
+            title = (
+                f"Top heads by each counterfactual on the same {split['n_selection']} selection problems (the second: "
+                f"path patching only; the key heads, knock-outs and AF1 consistency use the first). Top-{len(named)} "
+                f"overlap {second['top_k_overlap']:.2f} (redrawn within their layers: "
+                f"{second['top_k_overlap_chance']:.2f} on average; p {second['top_k_overlap_p']:.2g})"
             )
             used = f"{result.counterfactual_kind} ({result.counterfactual}), used"
             other = f"{second['counterfactual_kind']} ({second['counterfactual']})"
-            parts.append(
-                table_html(
-                    ["rank", html.escape(used), html.escape(other)],
-                    [
-                        [i + 1, f"{a[0]}.{a[1]}", f"{b[0]}.{b[1]}"]
-                        for i, (a, b) in enumerate(zip(result.top_heads, second["top_heads"], strict=False))
-                    ],
-                )
-            )
-        looks = result.attention_of_top_heads
-        if looks:
-            parts.append(
-                "<p>Where the top heads look: the share of each head's attention from the last position that falls "
-                "on each kind of token (per problem the mean over its scored answer steps, then the mean over "
-                'problems; "after an operand" is the token that follows one, an operator, "=" or a word).</p>'
-            )
+            tabs.append(Tab(["rank", used, other], ranked, title=title))
+        else:
+            tabs.append(Tab(["rank", "top heads"], [[i + 1, h] for i, h in enumerate(named)]))
+        if looks := result.attention_of_top_heads:
             kinds = [k for k in next(iter(looks.values())) if any(v.get(k) for v in looks.values())]  # no 0 column
-            parts.append(
-                table_html(["head (layer.head)", *kinds], [[h, *(v[k] for k in kinds)] for h, v in looks.items()])
+            title = (
+                "Where the top heads look: the share of each head's attention from the last position on each kind of "
+                'token (per problem the mean over its scored answer steps, then the mean over problems; "after an '
+                'operand" is the token that follows one, an operator, "=" or a word)'
             )
-        if result.af1_consistency:
-            c = result.af1_consistency
-            parts.append(
-                f"<p>Against AF1 (L_wait {c['wait']}, L_transfer {c['transfer']}; transfer layers "
-                f"{c['transfer_layers']}, {c['n_transfer_heads']} heads, of which "
-                f"{len(c['key_heads_in_transfer_layers'])} chosen as key heads on the selection half, "
-                f"{sum(h in result.confirmed_key_heads for h in c['key_heads_in_transfer_layers'])} of them confirmed "
-                f"on the other): faithfulness on {c['n']} problems "
-                f"({c['measured_on']}) when in the transfer layers</p>"
+            tabs.append(
+                Tab(["head (layer.head)", *kinds], [[h, *(v[k] for k in kinds)] for h, v in looks.items()], title)
             )
-            parts.append(
-                table_html(
-                    [
-                        "in the transfer layers",
-                        "heads peeking",
-                        "faithfulness [95 % CI]",
-                        "constant guess",
-                        "McNemar p",
-                    ],
-                    [
-                        [
-                            r["variant"],
-                            r["peeking"],
-                            f"{r['faithfulness']:.3f} ± {r['faithfulness_std']:.3f}"
-                            if "faithfulness_std" in r
-                            else with_ci(r["faithfulness"], r["faithfulness_ci"]),
-                            r["faithfulness_baseline"],
-                            f"{r['mcnemar_vs_all']['p_value']:.2g}" if r["mcnemar_vs_all"] else "-",
-                        ]
-                        for r in c["rows"]
-                    ],
-                )
-            )
+        if c := result.af1_consistency:
+            tabs.append(consistency_tab(c, result.confirmed_key_heads))
         if result.placement:
-            parts.append("<p>The top heads against the AF1 stages of the model's search:</p>")
-            parts.append(
-                table_html(
-                    ["head (layer.head)", "stage"],
-                    [[f"{p['layer']}.{p['head']}", p["stage"]] for p in result.placement],
-                )
+            stages = [[f"{p['layer']}.{p['head']}", p["stage"]] for p in result.placement]
+            tabs.append(
+                Tab(["head (layer.head)", "stage"], stages, "The top heads against the AF1 stages of the search")
             )
         if result.overlap:
-            parts.append(
-                table_html(
-                    ["other task", "style", "key-head Jaccard", f"top-{ko['k']} overlap", "by chance", "p"],
-                    [
-                        [
-                            o["task"],
-                            o["style"],
-                            o.get("key_heads_jaccard", o.get("error", "")),
-                            o.get("top_k_overlap", ""),
-                            o.get("top_k_overlap_chance", ""),
-                            f"{o['top_k_overlap_p']:.2g}" if "top_k_overlap_p" in o else "",
-                        ]
-                        for o in result.overlap
-                    ],
-                )
-            )
+            k = result.knockout["k"]
+            rows = [
+                [
+                    o["task"],
+                    o["style"],
+                    o.get("key_heads_jaccard", o.get("error", "")),
+                    o.get("top_k_overlap", ""),
+                    o.get("top_k_overlap_chance", ""),
+                    f"{o['top_k_overlap_p']:.2g}" if "top_k_overlap_p" in o else "",
+                ]
+                for o in result.overlap
+            ]
+            tabs.append(Tab(["other task", "style", "key-head Jaccard", f"top-{k} overlap", "by chance", "p"], rows))
+        return tabs
+
+    def section(self, result: Result, out_dir: Path) -> list[str]:
+        scored = result.path_patching_scoring
+        counterfactual = "slot" if result.style == FILE_STYLE else result.counterfactual_kind
+        parts = [
+            "<h2>Which heads carry the answer</h2>",
+            f"<p>{result.model} on <code>{html.escape(result.task)}</code> ({result.style}), counterfactual "
+            f"{counterfactual} <code>{html.escape(result.counterfactual)}</code>, {result.n_solved} solved problems, "
+            f"split in two ({html.escape(result.split['from'])}): heads are chosen on the selection part and tested on "
+            f"the confirmation part. Path patching ({result.path}) scores {html.escape(scored['definition'])} "
+            f"(constant guess of what it scores {scored['constant_guess']:.2f}).</p>",
+            *(f"<p>{html.escape(line)}</p>" for line in reading(result)),
+            *super().section(result, out_dir),
+        ]
 
         def figures() -> str:
             looks = (
@@ -336,28 +296,44 @@ class Heads(base.Experiment):
         return parts
 
     def show(self, result: Result) -> list[Table | str]:
-        ko = result.knockout
-        table = Table("measure", "value")
-        table.add_row(
-            "heads past the threshold (selection part)",
-            f"{len(result.key_heads)} of {result.n_heads} ({result.key_head_share:.1%})",
-        )
-        table.add_row(
-            "key heads confirmed (confirmation part)",
-            " ".join(f"{h[0]}.{h[1]}" for h in result.confirmed_key_heads) or "none",
-        )
-        split = result.split
-        table.add_row(
-            "heads chosen on / tested on", f"{split['n_selection']} / {split['n_confirmation']} solved problems"
-        )
-        table.add_row("top heads", " ".join(f"{h[0]}.{h[1]}" for h in result.top_heads))
-        if result.second_counterfactual and "top_heads" in result.second_counterfactual:
-            second = result.second_counterfactual
-            table.add_row(
-                f"top heads with the {second['counterfactual_kind']} counterfactual (path patching only)",
-                " ".join(f"{h[0]}.{h[1]}" for h in second["top_heads"]),
-            )
-        return [table, knockout_tab(ko).rich(), *claims_lines(result.claims, "claims (one family, Holm)")]
+        return [*reading(result), *super().show(result)]
+
+
+def heads_text(named: list[list[int]]) -> str:
+    return " ".join(f"{layer}.{h}" for layer, h in named)
+
+
+def reading(result: Result) -> list[str]:
+    """What the tables cannot say: why there is no second ranking."""
+    second = result.second_counterfactual
+    if second and "error" in second:
+        return [f"No second counterfactual ({second['counterfactual_kind']}): {second['error']}"]
+    return []
+
+
+def consistency_tab(c: heads.consistency.Consistency, confirmed: list[list[int]]) -> Tab:
+    """Faithfulness with the transfer layers' heads peeking or not: the key heads, all, none, random matched sets."""
+    chosen = c["key_heads_in_transfer_layers"]
+    title = (
+        f"Against AF1 (L_wait {c['wait']}, L_transfer {c['transfer']}; transfer layers {c['transfer_layers']}, "
+        f"{c['n_transfer_heads']} heads, of which {len(chosen)} chosen as key heads on the selection half, "
+        f"{sum(h in confirmed for h in chosen)} of them confirmed on the other): faithfulness on {c['n']} problems "
+        f"({c['measured_on']}) when in the transfer layers"
+    )
+    rows = [
+        [
+            r["variant"],
+            r["peeking"],
+            f"{r['faithfulness']:.3f} ± {r['faithfulness_std']:.3f}"
+            if "faithfulness_std" in r
+            else with_ci(r["faithfulness"], r["faithfulness_ci"]),
+            r["faithfulness_baseline"],
+            f"{r['mcnemar_vs_all']['p_value']:.2g}" if r["mcnemar_vs_all"] else "-",
+        ]
+        for r in c["rows"]
+    ]
+    headers = ["in the transfer layers", "heads peeking", "faithfulness [95 % CI]", "constant guess", "McNemar p"]
+    return Tab(headers, rows, title)
 
 
 def knockout_tab(ko: heads.knockouts.Knockout) -> Tab:

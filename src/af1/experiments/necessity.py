@@ -4,6 +4,7 @@ Inside a found AF1 the transfer window is also moved later, on the search's conf
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 from pydantic import Field, field_validator
@@ -15,7 +16,7 @@ from af1.experiments.search import NO_CELL, config_of, searched, searched_config
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
 from af1.report import interactive
-from af1.report.markup import claims_html, figure_html, table_html
+from af1.report.markup import Tab, claims_html, claims_lines, figure_html
 from af1.stats import with_ci
 from af1.tasks.evaluation import ProblemInputs
 
@@ -80,46 +81,50 @@ class Necessity(base.Experiment):
 
         return figures.necessity_plot(result, out_dir / "necessity.png")
 
+    def tables(self, result: Result) -> list[Tab]:
+        lowest = []
+        for w, values in result.windows.items():
+            at = min(range(len(values)), key=values.__getitem__)
+            lowest.append([w, with_ci(values[at], result.windows_ci[w][at]), at])
+        per_layer = [
+            [i, *(v[i] if i < len(v) else "" for v in result.windows.values())] for i in range(result.n_layers)
+        ]
+        return [
+            Tab(["window", "lowest faithfulness [95 % CI]", "at first layer"], lowest),
+            Tab(
+                ["first blocked layer", *(f"window {w}" for w in result.windows)],
+                per_layer,
+                title="Faithfulness per first blocked layer",
+            ),
+        ]
+
     def section(self, result: Result, out_dir: Path) -> list[str]:
-        worst = {w: min(v) for w, v in result.windows.items()}
+        shown, sentence = necessary(result.claims)
         return [
             "<h2>Necessity</h2><p>In the unmodified model the last token is kept from reading every non-context "
             "position in one layer or a window of layers; right: inside the found AF1 the transfer window is moved "
             "later.</p>",
             figure_html(out_dir, "necessity.png", lambda: interactive.necessity_plot(result, result.n_solved)),
-            table_html(
-                ["window", "lowest faithfulness [95 % CI]", "at first layer"],
-                [
-                    [
-                        w,
-                        with_ci(
-                            worst[w], (result.windows_ci.get(w) or [None] * 999)[result.windows[w].index(worst[w])]
-                        ),
-                        result.windows[w].index(worst[w]),
-                    ]
-                    for w in result.windows
-                ],
-            ),
-            necessary_html(result.claims),
+            *(t.html() for t in self.tables(result)),
+            f"<p>{html.escape(sentence)}</p>" if sentence else "",
+            claims_html(shown),
         ]
 
     def show(self, result: Result) -> list[Table | str]:
-        table = Table("first blocked layer", *[f"window {w}" for w in result.windows])
-        for i in range(result.n_layers):
-            table.add_row(str(i), *[f"{v[i]:.3f}" if i < len(v) else "" for v in result.windows.values()])
-        return [table]
+        shown, sentence = necessary(result.claims)
+        return [*(t.rich() for t in self.tables(result)), *([sentence] if sentence else []), *claims_lines(shown)]
 
 
-def necessary_html(claims: list[Claim]) -> str:
-    """The windows whose blocking is confirmed to break the answer, with the family they were tested in."""
+def necessary(claims: list[Claim]) -> tuple[list[Claim], str]:
+    """The windows whose blocking is confirmed to break the answer, and a sentence that counts every outcome in the
+    family they were tested in ("" where nothing was tested)."""
     if not claims:
-        return ""
+        return [], ""
     shown = [c for c in claims if c["outcome"] == "confirmed"]
     rejected = sum(c["outcome"] == "rejected" for c in claims)
-    head = (
-        f"<p>Each window tested: 'blocking it leaves faithfulness below the threshold' ({claims[0]['family']}). "
+    return shown, (
+        f"Each window tested: 'blocking it leaves faithfulness below the threshold' ({claims[0]['family']}). "
         f"{len(shown)} of {len(claims)} confirmed, {rejected} rejected (faithfulness stays above the threshold), "
         f"{len(claims) - len(shown) - rejected} not confirmed"
-        + (": the confirmed windows are necessary.</p>" if shown else "; no window is shown to be necessary.</p>")
+        + (": the confirmed windows are necessary." if shown else "; no window is shown to be necessary.")
     )
-    return head + (claims_html(shown) if shown else "")

@@ -17,7 +17,7 @@ from af1.experiments import base
 from af1.experiments.search import config_of, searched
 from af1.methods import allforone
 from af1.report import interactive
-from af1.report.markup import claims_html, claims_lines, figure_html
+from af1.report.markup import Tab, figure_html
 from af1.stats import with_ci
 
 
@@ -67,29 +67,36 @@ class Prune(base.Experiment):
 
         return figures.pruning_plot(result, out_dir / "pruning.png")
 
+    def tables(self, result: Result) -> list[Tab]:
+        removed = ["none", *(f"{layer}.{head}" for layer, head in result.prune_order)]
+        rows = [
+            [i, h, with_ci(f, ci)]
+            for i, (h, f, ci) in enumerate(
+                zip(removed, result.faithfulness_vs_pruned, result.faithfulness_vs_pruned_ci, strict=True)
+            )
+        ]
+        scored = f"faithfulness on {result.n_selection} selection problems [95 % CI]"
+        return [Tab(["heads removed", "last removed (layer.head)", scored], rows)]
+
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [
-            f"<h2>Head pruning in the transfer layers</h2><p>{result.n_transfer_heads} heads; ranked greedily by "
-            f"{result.measure}: {result.n_pruned_before_first_drop} of them stop peeking before faithfulness first "
-            f"falls below 95 % of the unpruned {result.faithfulness_full:.3f} on {result.n_selection} selection "
-            f"problems (curve: {result.curve}). {html.escape(confirmed_text(result))}</p>",
+            f"<h2>Head pruning in the transfer layers</h2><p>{html.escape(reading(result))}</p>",
             figure_html(out_dir, "pruning.png", lambda: interactive.pruning_plot(result)),
-            claims_html(result.claims),
+            *super().section(result, out_dir),
         ]
 
     def show(self, result: Result) -> list[Table | str]:
-        table = Table("heads removed", "faithfulness")
-        for i, f in enumerate(result.faithfulness_vs_pruned):
-            table.add_row(str(i), f"{f:.3f}")
-        summary = f"{result.n_pruned_before_first_drop} of {result.n_transfer_heads} heads pruned at >= 95 %."
-        return [table, f"{summary} {confirmed_text(result)}", *claims_lines(result.claims)]
+        return [reading(result), *super().show(result)]
 
 
-def confirmed_text(result: Result) -> str:
-    """The pruned set against the unpruned on the confirmation problems, paired (nothing without a confirmation)."""
-    if (c := result.confirmation) is None:
-        return ""
+def reading(result: Result) -> str:
+    """How the heads were pruned, where the curve first drops, and the pruned set against the unpruned on the
+    confirmation problems, paired."""
+    c = result.confirmation
     return (
+        f"{result.n_transfer_heads} heads; ranked greedily by {result.measure}: {result.n_pruned_before_first_drop} "
+        f"of them stop peeking before faithfulness first falls below {result.keep * 100:.0f} % of the unpruned "
+        f"{result.faithfulness_full:.3f} on {result.n_selection} selection problems (curve: {result.curve}). "
         f"On the other {result.n_confirmation} (confirmation): pruned "
         f"{with_ci(c['pruned']['faithfulness'], c['pruned']['faithfulness_ci'])} vs unpruned "
         f"{with_ci(c['unpruned']['faithfulness'], c['unpruned']['faithfulness_ci'])} "
