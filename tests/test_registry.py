@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 import af1.api
 from af1 import cli
 from af1.experiments import REGISTRY, base
+from af1.report.markup import Tab
 from af1.study import plan as plan_module
 from af1.study.plan import StudyPlan, expand
 from af1.tasks.spec import TaskSpec
@@ -137,8 +138,11 @@ class Toy(base.Experiment):
         assert evaluated is not None
         return ToyResult(value=options.scale * evaluated.base_accuracy, n=evaluated.n)
 
+    def tables(self, result: ToyResult) -> list[Tab]:
+        return [Tab(["toy value", "n"], [[result.value, result.n]])]  # the report and the terminal both show it
+
     def section(self, result: ToyResult, out_dir: Path) -> list[str]:
-        return [f"<h2>Toy section</h2><p>{result.value}</p>"]
+        return ["<h2>Toy section</h2>", *super().section(result, out_dir)]
 
 
 @pytest.fixture
@@ -168,7 +172,8 @@ def test_a_new_experiment_is_one_module_and_one_registry_line(toy, tmp_path, tok
     # the report section
     from af1.study.report import build_report
 
-    assert "Toy section" in build_report(tmp_path / "api").read_text()
+    page = build_report(tmp_path / "api").read_text()
+    assert "Toy section" in page and f"<td>{result.value:.3f}</td>" in page
 
     # the command line, registered after `af1.cli` was imported
     assert " toy " in CliRunner().invoke(cli.app, ["--help"]).output
@@ -176,6 +181,8 @@ def test_a_new_experiment_is_one_module_and_one_registry_line(toy, tmp_path, tok
     out = CliRunner().invoke(cli.app, args)
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["value"] == 3.0 * base_accuracy
+    shown = CliRunner().invoke(cli.app, args[:-1])  # the terminal renders the same table
+    assert shown.exit_code == 0 and "toy value" in shown.stdout and f"{3.0 * base_accuracy:.3f}" in shown.stdout
 
     # plan files
     plan = StudyPlan.model_validate({"models": [{"spec": "x"}], "experiments": {"toy": {"scale": 2}}})
