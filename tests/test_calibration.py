@@ -1,10 +1,13 @@
 """Claims on a planted mechanism: a tiny llama in which one layer transfers the operands to the last token and two
 heads alone carry them. Over 20 seeds, the heads study confirms both heads as key and the top heads against matched
 random heads, and claims no other head; necessity confirms the planted layer and rejects the others. Where nothing is
-there, the search claims no AF1 subgraph of a model that reads the operands in its last layer (20 seeds), and the
-positional study's claims stay silent on random weights (40 seeds)."""
+there, the search claims no AF1 subgraph of a model that reads the operands in its last layer (20 seeds), the heads
+study claims no head for a word the answer does not read (20 seeds), and the positional study's claims stay silent on
+random weights (40 seeds)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -149,3 +152,44 @@ def test_a_random_weight_model_is_not_called_learned_nor_shaped_by_word_order_ov
             if claim["kind"] in made:
                 made[claim["kind"]] += claim["outcome"] == "confirmed"
     assert all(count <= 1 for count in made.values()), made
+
+
+DISTRACTED = (  # a word before each sum that the answer does not read; the counterfactual replaces it
+    "template: '{w}: {a}+{b}='\nslots:\n  w: {file: %s}\n  a: {values: [%s]}\n  b: {values: [%s]}\n"
+    "answer: {expr: a + b}\ncounterfactual: {slot: w}\n"
+)
+
+
+@pytest.mark.slow
+def test_no_head_is_claimed_to_carry_a_word_the_answer_does_not_read_over_20_seeds(tokenizer, tmp_path):
+    """Nothing is there for the heads study: every head of a fitted tiny llama writes and reads the word before the
+    sum (`door: 1+8=`), but the answer does not depend on it, so patching the word moves the answer's logit by noise
+    around zero. Each seed draws new weights and a new split. The rule: a head confirmed as key, or the top heads
+    confirmed against matched random heads, in at most 3 of 20 seeds (each family is Holm at 5 %: at that rate 1 seed
+    is expected and 4 or more happen with probability 0.016). Measured: 0 of 20 for each; on the selection part alone
+    5 or 6 of the 12 heads pass the threshold in a typical seed."""
+    digits = ", ".join(f"'{d}'" for d in range(10))
+    words = Path(__file__).parents[1] / "examples" / "tasks" / "words.txt"
+    path = tmp_path / "distracted.yaml"
+    path.write_text(DISTRACTED % (words, digits, digits))
+    spec = TaskSpec(file=str(path), n=60)
+    made = {"key head": 0, "top vs random": 0}
+    for seed in range(SEEDS):
+        model = fitted_tiny_model("llama", [spec], tokenizer, seed=seed)
+        lm = LoadedModel(model, tokenizer, ModelAdapter(model), {"spec": f"distracted-{seed}"})
+        settings = heads.ranking.Settings(
+            threshold=-0.05,
+            k=2,
+            draws=3,
+            path="wang",
+            metric="relative",
+            split=(0.5, seed),
+            split_from="test",
+            kind=None,
+        )
+        result = heads.study.study(lm, spec, settings, second_kind=None, compare_specs=[])
+        assert result.n_solved == 60 and result.counterfactual_kind == "slot w", seed
+        confirmed = {c["subject"] for c in result.claims if c["outcome"] == "confirmed"}
+        made["key head"] += bool(confirmed - {None})
+        made["top vs random"] += None in confirmed
+    assert all(count <= 3 for count in made.values()), made

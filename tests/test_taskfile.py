@@ -68,6 +68,23 @@ def test_a_copy_task_answers_with_a_slot_and_keeps_slots_distinct(tmp_path, toke
     assert task.layout[task.context_len - 1 :] == ("context", "x", "y", "z", "x", "y")
 
 
+def test_an_expression_reads_the_integer_slots_beside_word_slots(tmp_path):
+    """A word slot the answer does not use (a distractor) stands beside the integer slots of the expression."""
+    path = write(
+        tmp_path,
+        "w.yaml",
+        "template: '{w}: {a}+{b}='\nslots: {w: {values: [cat, dog]}, a: {values: ['1', '2']}, b: {values: ['3']}}\n"
+        "answer: {expr: a + b}\ncounterfactual: {slot: w}\n",
+    )
+    _, items = load_items(path)
+    assert sorted((item.prompt, item.answer) for item in items) == [
+        ("cat: 1+3=", "4"),
+        ("cat: 2+3=", "5"),
+        ("dog: 1+3=", "4"),
+        ("dog: 2+3=", "5"),
+    ]
+
+
 def test_the_shipped_examples_load(tokenizer):
     """Every file of examples/tasks builds a task, and the symbolic ones have the problems they say."""
     for path in sorted(EXAMPLES.glob("*.yaml")):
@@ -140,7 +157,14 @@ def test_a_large_rows_file_gets_a_disjoint_means_sample(tmp_path, tokenizer, mon
             "two answers",
         ),
         ({"t.yaml": "rows: r.csv\ncolour: red\n", "r.csv": "prompt,answer\nx,y\n"}, "colour: unknown key"),
-        ({"t.yaml": "template: 'a {x}'\nslots: {x: {values: ['1']}}\nanswer: {expr: 'x ** 2'}\n"}, "is not a slot"),
+        ({"t.yaml": "template: 'a {x}'\nslots: {x: {values: ['1']}}\nanswer: {expr: 'x ** 2'}\n"}, "is not an integer"),
+        (
+            {
+                "t.yaml": "template: '{w} {x}'\nslots: {w: {values: [cat]}, x: {values: ['1']}}\n"
+                "answer: {expr: 'w + x'}\n"
+            },
+            "'w' is not an integer slot",
+        ),
         ({"t.yaml": "rows: r.csv\n"}, "does not exist"),
         ({"t.yaml": "template: 'a {x}'\nslots: {x: {values: ['1']}}\nanswer: {expr: 'x +'}\n"}, "not an expression"),
         ({"t.yaml": "rows: r.csv\n", "r.csv": b"prompt,answer\n\xff,y\n"}, "not UTF-8 text"),

@@ -19,6 +19,7 @@ import itertools
 import json
 import operator
 import random
+import re
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +44,8 @@ class SlotValues(_Strict):
 
 class Answer(_Strict):
     """The answer of a template row: a lookup table keyed by the slot's value (the values joined by "|" when the
-    template has several slots), an arithmetic expression over integer slots such as "a + b", or the value of one
-    slot (a copy task: "{x} {y} {z} {x} {y}" answered by z)."""
+    template has several slots), an arithmetic expression over integer slots such as "a + b" (other slots may be
+    words), or the value of one slot (a copy task: "{x} {y} {z} {x} {y}" answered by z)."""
 
     table: dict[str, str] | None = None
     expr: str | None = None
@@ -276,7 +277,7 @@ def evaluate_expr(expr: str, values: dict[str, int]) -> int:
             return node.value
         if isinstance(node, ast.Name) and node.id in values:
             return values[node.id]
-        raise ValueError(f"'{ast.unparse(node)}' is not a slot, an integer or + - * // %")
+        raise ValueError(f"'{ast.unparse(node)}' is not an integer slot, an integer or + - * // %")
 
     try:
         tree = ast.parse(expr, mode="eval")
@@ -315,7 +316,8 @@ def _answer(path: Path, answer: Answer, names: list[str], chosen: dict[str, str]
         return chosen[answer.slot]
     assert answer.expr is not None
     try:
-        return str(evaluate_expr(answer.expr, {n: int(v) for n, v in chosen.items()}))
+        integers = {n: int(v) for n, v in chosen.items() if re.fullmatch(r"-?\d+", v.strip())}  # others: words
+        return str(evaluate_expr(answer.expr, integers))
     except ValueError as exc:
         raise Af1Error(f"task file {path}: answer expr: {exc}") from None
     except ZeroDivisionError:
