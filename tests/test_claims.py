@@ -182,6 +182,18 @@ def test_top_heads_against_random_heads_stay_silent_where_they_are_alike():
     assert strong["outcome"] == "confirmed" and p is not None and p < 0.001 and (strong["ci"][0] or 0) > 0
 
 
+def test_a_paired_greater_claim_is_rejected_where_its_interval_lies_below_zero():
+    """The one-sided claim 'first is larger' is rejected where the whole interval says smaller, and an estimate that
+    points away names the n at which the interval would clear 0; two-sided, nothing is rejected."""
+    below = claims.paired_greater("top_vs_random", "s", [0.0] * 20, [1.0] * 15 + [0.0] * 5, "c")
+    assert below["outcome"] == "rejected" and (below["ci"][1] or 0) < 0 and below["n_to_decide"] is None
+    assert claims.adjust([below], "f")[0]["outcome"] == "rejected"
+    away = claims.paired_greater("top_vs_random", "s", [0.0] * 18 + [1.0] * 2, [1.0] * 3 + [0.0] * 17, "c")
+    assert away["outcome"] == "not confirmed" and (away["n_to_decide"] or 0) > 20
+    both = claims.paired_greater("alternative", "s", [0.0] * 20, [1.0] * 15 + [0.0] * 5, "c", alternative="two-sided")
+    assert both["outcome"] == "confirmed"
+
+
 def test_paired_differs_reads_mcnemar_and_a_claim_not_confirmed_names_its_n():
     same = claims.paired_differs("alternative", "s", [True] * 30, [True] * 30, "c")
     assert same["p_value"] == 1.0 and same["outcome"] == "not confirmed" and same["n_to_decide"] is None
@@ -207,7 +219,7 @@ def test_a_key_head_needs_more_than_one_problem_and_a_one_sided_test_its_half_le
     assert short["outcome"] == "not confirmed" and short["n_to_decide"] == 6
     assert [c["n_to_decide"] for c in claims.adjust([short] * 3, "f")] == [7] * 3  # 0.5 ** 7 < 0.025 / 3
     wrong_way = claims.paired_greater("k", "s", [0.0] * 20, [1.0] * 10 + [0.0] * 10, "c")
-    assert wrong_way["outcome"] == "not confirmed" and wrong_way["n_to_decide"] is None
+    assert wrong_way["outcome"] == "rejected" and wrong_way["n_to_decide"] is None  # its interval lies below 0
 
 
 def test_a_rate_tested_against_a_threshold_names_the_n_that_decides_it_against_that_threshold():

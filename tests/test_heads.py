@@ -785,9 +785,10 @@ def test_the_af1_consistency_rows_survive_a_json_round_trip():
         "mcnemar_vs_all": {"only_first": 0, "only_second": 0, "p_value": 1.0},
     }
     drawn = {
-        "variant": "2 random heads of these layers, none of the top or key heads, peek (10 draws)",
+        "variant": "2 random heads of the same layers and key/value groups, none of the top or key heads, peek",
         "peeking": 2,
         "random_heads": [[[3, 0], [3, 2]], [[3, 2], [3, 3]]],
+        "random_matched": {"same layer and key/value group": 3, "same layer": 1, "nearest layer": 0},
         "faithfulness": 0.5,
         "faithfulness_std": 0.1,
         "faithfulness_per_draw": [0.4, 0.6],

@@ -718,6 +718,16 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
             rows["no head peeks"]["peeking"] == 0
             and rows["all heads peek"]["faithfulness_n"] == search["n_confirmation"]
         )
+        consistency = heads["af1_consistency"]
+        chosen = {tuple(h) for h in heads["top_heads"] + heads["key_heads"]}
+        for row in (r for r in consistency["rows"] if "random_heads" in r):  # matched: never a chosen head
+            top_layers = sorted(layer for layer, _ in consistency["top_heads_in_transfer_layers"])
+            assert sum(row["random_matched"].values()) == len(top_layers) * len(row["random_heads"])
+            for drawn in row["random_heads"]:
+                assert {layer for layer, _ in drawn} <= set(consistency["transfer_layers"])
+                assert not chosen & {tuple(h) for h in drawn}
+                if row["random_matched"]["nearest layer"] == 0:
+                    assert sorted(layer for layer, _ in drawn) == top_layers
     html = (out / "report.html").read_text()
     for heading in ("Where each model waits", "Necessity", "How to read this report", demo.FOCUSED[:40]):
         assert heading in html

@@ -390,11 +390,13 @@ def paired_greater(
         )
     else:  # no problem differs (or one problem): nothing to claim
         p = 1.0
-    return tested(
+    one_sided = alternative == "greater"
+    claim = tested(
         kind,
         statement,
         f"paired permutation test over {unit} ({RESAMPLES:,} resamples, "
-        f"{'one-sided' if alternative == 'greater' else 'two-sided'}; at least 1 / {RESAMPLES + 1:,})",
+        f"{'one-sided' if one_sided else 'two-sided'}; at least 1 / {RESAMPLES + 1:,})"
+        + ("; rejected where the bootstrap interval lies wholly below 0" if one_sided else ""),
         measured_on,
         len(d),
         float(d.mean()) if len(d) else float("nan"),
@@ -405,6 +407,12 @@ def paired_greater(
         baseline=0.0,
         subject=subject,
     )
+    high = claim["ci"][1]
+    if one_sided and high is not None and high < 0:
+        return Claim(**{**claim, "outcome": REJECTED, "n_to_decide": None})
+    if one_sided and claim["outcome"] == NOT_CONFIRMED and not _towards(claim):  # only the interval can reject it
+        claim["n_to_decide"] = n_to_part(claim)
+    return claim
 
 
 def paired_differs(

@@ -4,7 +4,6 @@ many random heads of those layers, or none."""
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +11,7 @@ from typing_extensions import TypedDict  # pydantic reads TypedDicts from here b
 
 from af1.claims import Claim, paired_differs, paired_greater
 from af1.interventions.af1 import AF1Config
+from af1.interventions.heads import matched_draws
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
 from af1.methods.allforone.prune import pruned_scores
 from af1.methods.setup import Setup
@@ -28,12 +28,14 @@ class PeekRow(Faithfulness):
 
 
 class RandomPeekRow(TypedDict):
-    """As many random heads of the transfer layers as top heads there, none of the top or key ones, peek: mean ±
-    std over draws (no interval: the draws are not problems), and the heads each draw let peek."""
+    """As many random heads of the transfer layers as top heads there, matched by layer and key/value group, none of
+    the top or key ones, peek: mean ± std over draws (no interval: the draws are not problems), and the heads each
+    draw let peek."""
 
     variant: str
     peeking: int
     random_heads: list[list[list[int]]]
+    random_matched: dict[str, int]  # over all draws, how many heads were matched at each level (`matched_heads`)
     faithfulness: float
     faithfulness_std: float
     faithfulness_per_draw: list[float]
@@ -115,9 +117,9 @@ def consistency(on: Setup, config: AF1Config, chosen: Chosen) -> Consistency:
         for name, pruned in variants.items()
     ]
     others = [h for h in transfer_heads if h not in top and h not in keys]  # random heads: never the chosen ones
-    k_top = sum(h in top for h in transfer_heads)
-    if 0 < k_top <= len(others):  # as many random heads of the same layers, not top ones: is the top set special?
-        random_row, claim = random_peek(on, config, transfer_heads, others, scores[top_name], full, k_top)
+    top_here = [h for h in transfer_heads if h in top]
+    if 0 < len(top_here) <= len(others):  # as many matched random heads, not top ones: is the top set special?
+        random_row, claim = random_peek(on, config, transfer_heads, others, top_here, scores[top_name], full)
         rows.insert(3, random_row)
         claims.append(claim)
     return Consistency(
@@ -141,29 +143,33 @@ def random_peek(
     config: AF1Config,
     transfer_heads: list[tuple[int, int]],
     others: list[tuple[int, int]],
+    top_here: list[tuple[int, int]],
     top_only: Scores,
     full: Scores,
-    k_top: int,
 ) -> tuple[RandomPeekRow, Claim]:
-    """`k_top` random heads of the transfer layers (as many as top heads there; never a top or key head) let peek,
-    in RANDOM_DRAWS seeded draws (recorded), and the paired claim that the top heads alone keep more problems right."""
-    rng = random.Random(0)
-    draws = [sorted(rng.sample(others, k_top)) for _ in range(RANDOM_DRAWS)]
+    """As many random heads as the top heads of the transfer layers, each of a top head's layer and key/value group
+    where one is left (`matched_heads`; never a top or key head, never outside the transfer layers), let peek in
+    RANDOM_DRAWS seeded draws (recorded), and the paired claim that the top heads alone keep more problems right."""
+    k_top = len(top_here)
+    every = [(m, j) for m in range(on.adapter.n_layers) for j in range(on.adapter.n_heads)]
+    draws, matched = matched_draws(on.adapter, top_here, range(RANDOM_DRAWS), [h for h in every if h not in others])
     drawn = pruned_scores(on, config, [[h for h in transfer_heads if h not in d] for d in draws])
     spread = mean_std([s.accuracy for s in drawn])
     claim = paired_greater(
         "top_peek_vs_random",
         f"letting only the {k_top} top heads of the transfer layers peek keeps more problems right than "
-        f"letting as many random heads of those layers peek (these {RANDOM_DRAWS} draws, held fixed; none of "
-        "the top or key heads)",
+        f"letting as many random heads of the same layers and key/value groups peek (these {RANDOM_DRAWS} draws, "
+        "held fixed; none of the top or key heads)",
         top_only.correct_P.float().tolist(),
         torch.stack([s.correct_P.float() for s in drawn]).mean(0).tolist(),
         f"the search's confirmation split ({len(on.kept)} solved problems)",
     )
     row = RandomPeekRow(
-        variant=f"{k_top} random heads of these layers, none of the top or key heads, peek ({RANDOM_DRAWS} draws)",
+        variant=f"{k_top} random heads of the same layers and key/value groups, none of the top or key heads, peek "
+        f"({RANDOM_DRAWS} draws)",
         peeking=k_top,
-        random_heads=[[list(h) for h in d] for d in draws],
+        random_heads=[sorted(list(h) for h in d) for d in draws],
+        random_matched=matched,
         faithfulness=spread["mean"],
         faithfulness_std=spread["std"],
         faithfulness_per_draw=[s.accuracy for s in drawn],
