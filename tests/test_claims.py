@@ -203,12 +203,16 @@ def test_paired_differs_reads_mcnemar_and_a_claim_not_confirmed_names_its_n():
 
 def test_a_best_cell_that_did_not_pass_selection_is_never_confirmed():
     claim = allforone.search.subgraph_claim([True] * 100, (1, 1), 0.9, chosen=False, baseline=0.1)
-    assert claim["outcome"] == "not confirmed" and "never confirmed" in claim["rule"]
+    assert claim["outcome"] == "not confirmed" and "never confirmed" in claim["rule"] and claim["n_to_decide"] is None
+    short = allforone.search.subgraph_claim([True] * 17 + [False] * 3, (1, 1), 0.9, chosen=False, baseline=0.1)
+    assert short["n_to_decide"] == claims.n_to_decide_rate(0.85, 0.9)  # below it: the n its interval rejects at
     assert (
         allforone.search.subgraph_claim([True] * 100, (1, 1), 0.9, chosen=True, baseline=0.1)["outcome"] == "confirmed"
     )
     trivial = allforone.search.subgraph_claim([True] * 100, (1, 1), 0.5, chosen=True, baseline=0.99)  # a constant guess
     assert trivial["outcome"] == "not confirmed" and "constant guess" in trivial["rule"]
+    guessed = allforone.search.subgraph_claim([True] * 60, (1, 1), 0.9, chosen=True, baseline=0.97)
+    assert guessed["n_to_decide"] == claims.n_to_decide_rate(1.0, 0.97) and guessed["n_to_decide"] > 100
 
 
 def test_a_key_head_needs_more_than_one_problem_and_a_one_sided_test_its_half_level():

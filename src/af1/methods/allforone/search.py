@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pydantic import ConfigDict, with_config
 from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import CONFIRMED, NOT_CONFIRMED, Claim, capped, rate_reaches
+from af1.claims import CONFIRMED, NOT_CONFIRMED, Claim, capped, n_to_decide_rate, rate_reaches
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.sweep import GridCells, unbits
@@ -106,12 +106,22 @@ def subgraph_claim(
         f"the confirmation split ({len(correct_conf)} solved problems that did not choose the cell)",
         baseline,
     )
-    low = claim["ci"][0]
+    low, value = claim["ci"][0], claim["estimate"]
+    towards = value is not None and value >= threshold  # only a confirmation could decide it
     if low is None or low <= baseline:  # a threshold a constant guess could reach says nothing
         claim = capped(claim, NOT_CONFIRMED, "never confirmed where its interval does not clear the constant guess")
+        if towards and value is not None:  # the n at which the interval would clear both the threshold and the guess
+            needed = [
+                n_to_decide_rate(value, threshold),
+                n_to_decide_rate(value, baseline) if value > baseline else None,
+            ]
+            claim["n_to_decide"] = None if None in needed else max(n for n in needed if n is not None)
     if chosen:
         return claim
-    return capped(claim, NOT_CONFIRMED, "never confirmed where no cell reached the threshold on the selection split")
+    claim = capped(claim, NOT_CONFIRMED, "never confirmed where no cell reached the threshold on the selection split")
+    if towards:  # no n confirms it, and its interval cannot reject it
+        claim["n_to_decide"] = None
+    return claim
 
 
 @dataclass(frozen=True)
