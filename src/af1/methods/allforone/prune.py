@@ -123,7 +123,7 @@ def prune_heads(
             pruned=faith_fields(on_conf, conf_pruned),
             mcnemar=mcnemar_exact(conf_pruned.correct_P.tolist(), conf_full.correct_P.tolist()),
         ),
-        claims=pruned_claims(n_pruned, keep, conf_full, conf_pruned) if n_pruned else [],  # nothing pruned: no claim
+        claims=pruned_claims(n_pruned, (1 - keep) * faith_curve[0], conf_full, conf_pruned) if n_pruned else [],
     )
 
 
@@ -143,15 +143,15 @@ def greedy_order(
     return order, curve
 
 
-def pruned_claims(n_pruned: int, keep: float, full: Scores, pruned: Scores) -> list[Claim]:
-    """'The pruned heads need not peek': on the confirmation split, fewer than (1 - keep) x the unpruned
-    faithfulness of the problems are right unpruned and wrong pruned."""
-    margin = (1 - keep) * full.accuracy
+def pruned_claims(n_pruned: int, margin: float, full: Scores, pruned: Scores) -> list[Claim]:
+    """'The pruned heads need not peek': on the confirmation split, fewer than `margin` of the problems are right
+    unpruned and wrong pruned; the margin is what the selection split's rule lets fall, (1 - keep) x its unpruned
+    faithfulness, fixed before the confirmation split is read."""
     return [
         rate_below(
             "pruned_keeps",
             f"the {n_pruned} heads chosen on the selection half need not peek: kept from peeking, they break fewer "
-            f"than {margin:.3f} of the problems ({1 - keep:.0%} of the unpruned faithfulness)",
+            f"than {margin:.3f} of the problems (what the selection split's rule lets fall)",
             (full.correct_P & ~pruned.correct_P).tolist(),  # right unpruned, wrong pruned
             margin,
             f"the confirmation split ({len(full.correct_P)} solved problems)",
