@@ -104,6 +104,9 @@ def test_a_neuron_planted_to_carry_the_answer_is_ranked_first_and_confirmed_agai
     assert found.top_faithfulness[0] <= 0.6  # the answer's sign is gone: about a coin's
     assert min(found.random_faithfulness[0]) >= 0.9  # any other neuron of the layer barely matters
     assert found.half_faithfulness_random is None
+    tops = {(n["layer"], n["neuron"]) for n in found.top[:4]}
+    assert len(found.random_neurons) == 5 and all(len(d) == 4 for d in found.random_neurons)
+    assert all(layer == 2 and (layer, j) not in tops for d in found.random_neurons for layer, j in d)  # never a top one
     assert found.verified["n"] == 25 and found.verified["n_ranked"] == 2 * study_neurons.VERIFIED
     assert found.verified["spearman_ci"][0] > 0  # the estimate ranks the exact single-neuron knock-outs
     first = found.claims[0]

@@ -220,3 +220,13 @@ def test_a_model_with_random_weights_is_not_called_learned(tokenizer):
         adapter, tokenizer, positional.study.PositionalConfig(window=16, n_windows=1, n_queries=2)
     )
     assert one.heldout is None and any("nothing to hold out" in w for w in one.warnings)
+
+
+def test_a_median_and_its_bootstrap_interval_are_one_statistic():
+    """Over an even number of heads the median is the mean of the two middle values, in the spread, the held-out
+    estimates and the bootstrap: windows that agree give an interval of zero width at the reported median."""
+    r_LH = torch.tensor([[0.1, 0.2], [0.3, 0.9]])  # middle values 0.2 and 0.3
+    assert positional.fit.median(r_LH).item() == pytest.approx(0.25)
+    assert positional.fit.summary(r_LH)["median"] == pytest.approx(0.25)
+    low, high = positional.fit.median_ci(r_LH[..., None].expand(2, 2, 6))
+    assert low == pytest.approx(0.25) and high == pytest.approx(0.25)

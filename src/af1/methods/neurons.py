@@ -75,6 +75,7 @@ class Neurons(Part):
     top_faithfulness_ci: list[list[float]]
     random_faithfulness: list[list[float]]  # per size, one per draw
     random_drawn_from: str
+    random_neurons: list[list[list[int]]]  # per draw, its set of the largest size ([layer, neuron]; size k: first k)
     half_faithfulness_top: int | None  # the smallest size whose top set leaves at most half of AF1's faithfulness
     half_faithfulness_top_interval: int | None  # the same by the upper end of its 95 % interval
     half_faithfulness_random: int | None  # the same for the mean of the random sets
@@ -243,10 +244,10 @@ def study(
     check = verified(selection, config, estimate_PLI, layers, order, means)
     full = alone.rate(confirmation.kept)
     top_scores, random_scores = [], []
+    drawn = [matched_random(top, width, seed=d) for d in range(draws)]  # never a top neuron; draw d's k: its first k
     for k in progress(sizes, desc=f"neuron knock-outs (top and {draws} random sets per size)"):
         top_scores.append(knocked_out(confirmation, config, [(n["layer"], n["neuron"]) for n in top[:k]], means))
-        drawn = [matched_random(top[:k], width, seed=1000 * k + d) for d in range(draws)]
-        random_scores.append([knocked_out(confirmation, config, chosen, means) for chosen in drawn])
+        random_scores.append([knocked_out(confirmation, config, chosen[:k], means) for chosen in drawn])
     kept = confirmation.kept
     top_rates = [s.rate(kept) for s in top_scores]
     random_rates = [[s.rate(kept)["value"] for s in per] for per in random_scores]
@@ -281,8 +282,9 @@ def study(
         top_faithfulness=[r["value"] for r in top_rates],
         top_faithfulness_ci=[r["ci"] for r in top_rates],
         random_faithfulness=random_rates,
-        random_drawn_from="per size k and draw, for each of the top k neurons one of the same layer drawn at random "
-        "(seeded) among those not in the top k and not drawn already",
+        random_drawn_from="per draw, for each top neuron of the largest size one of the same layer drawn at random "
+        "(seeded) among those not in that top set and not drawn already; a size k's random set is the draw's first k",
+        random_neurons=[[list(n) for n in chosen] for chosen in drawn],
         half_faithfulness_top=half_size(sizes, [r["value"] for r in top_rates], *full_and_guess),
         half_faithfulness_top_interval=half_size(sizes, [r["ci"][1] for r in top_rates], *full_and_guess),
         half_faithfulness_random=half_size(sizes, [sum(r) / len(r) for r in random_rates], *full_and_guess),

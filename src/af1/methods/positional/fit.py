@@ -183,6 +183,12 @@ def by_name(q: FitQuality) -> dict[str, torch.Tensor]:
     }
 
 
+def median(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The median as the spread reports it (`summary`): the mean of the two middle values of an even count (torch's
+    `median` takes the lower one), so an estimate and its bootstrap interval are of one statistic."""
+    return torch.quantile(x.float(), 0.5, dim=dim) if dim is not None else torch.quantile(x.flatten().float(), 0.5)
+
+
 def median_ci(r_LHN: torch.Tensor, draws: int = 1000, seed: int = 0) -> list[float | None]:
     """95 % bootstrap interval of the median over heads of the per-head mean r, resampling windows; NaN for one
     window (nothing to resample)."""
@@ -191,7 +197,7 @@ def median_ci(r_LHN: torch.Tensor, draws: int = 1000, seed: int = 0) -> list[flo
         return [float("nan"), float("nan")]
     g = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, N, (draws, N), generator=g)
-    medians = torch.stack([r_LHN[..., pick].mean(-1).flatten().median() for pick in picks])
+    medians = torch.stack([median(r_LHN[..., pick].mean(-1)) for pick in picks])
     low, high = torch.quantile(medians.float(), torch.tensor([0.025, 0.975]))
     return [float(low), float(high)]
 

@@ -35,6 +35,7 @@ from af1.methods.positional.fit import (
     Spread,
     by_name,
     capture_logits,
+    median,
     median_ci,
     summary,
     token_fit_heldout,
@@ -159,15 +160,15 @@ def heldout_study(
     shuffled_LHN = heldout(capture_logits(adapter, shuffled_NT), shuffled_NT)
     seeds = [seed + 1 + s for s in range(RANDOM_SEEDS)]
     random_medians = [
-        float(heldout(capture_logits(random_init_like(adapter, s), ids_NT), ids_NT).mean(-1).median()) for s in seeds
+        float(median(heldout(capture_logits(random_init_like(adapter, s), ids_NT), ids_NT).mean(-1))) for s in seeds
     ]
     mean = float(np.mean(random_medians))  # one more random-weight model falls within mean +- spread in 95 % of draws
     spread = np.std(random_medians, ddof=1) * (1 + 1 / len(seeds)) ** 0.5 * scipy_stats.t.ppf(0.975, len(seeds) - 1)
-    median = float(r_LHN.mean(-1).median())
+    r_median = float(median(r_LHN.mean(-1)))
     ci = median_ci(r_LHN, seed=seed)
-    shuffled_median, shuffled_ci = float(shuffled_LHN.mean(-1).median()), median_ci(shuffled_LHN, seed=seed)
+    shuffled_median, shuffled_ci = float(median(shuffled_LHN.mean(-1))), median_ci(shuffled_LHN, seed=seed)
     where = f"{len(test)} held-out windows (fitted on the other {len(train)})"
-    gain_N = (r_LHN - pos_LHN).flatten(0, 1).median(0).values  # per held-out window, the median head's gain
+    gain_N = median((r_LHN - pos_LHN).flatten(0, 1), dim=0)  # per held-out window, the median head's gain
     claims = [
         paired_greater(
             "meaning_term",
@@ -183,7 +184,7 @@ def heldout_study(
             "learned",
             "the held-out decomposition is learned: the trained model's median r is above where that of the same "
             f"architecture with random weights falls (a 95 % prediction interval over {len(seeds)} seeds)",
-            median,
+            r_median,
             ci,
             mean,
             [mean - spread, mean + spread],
@@ -194,8 +195,8 @@ def heldout_study(
             "word_order",
             "word order shapes it: on each held-out window, the median head's r on the text is above that on the same "
             "tokens shuffled",
-            r_LHN.flatten(0, 1).median(0).values.tolist(),
-            shuffled_LHN.flatten(0, 1).median(0).values.tolist(),
+            median(r_LHN.flatten(0, 1), dim=0).tolist(),
+            median(shuffled_LHN.flatten(0, 1), dim=0).tolist(),
             where,
             seed=seed,
             unit="held-out windows",
@@ -206,9 +207,9 @@ def heldout_study(
         test_windows=test.tolist(),
         r_layer_head=r_LHN.mean(-1).tolist(),
         r_position_only_layer_head=pos_LHN.mean(-1).tolist(),
-        r_median=median,
+        r_median=r_median,
         r_median_ci=ci,
-        r_position_only_median=float(pos_LHN.mean(-1).median()),
+        r_position_only_median=float(median(pos_LHN.mean(-1))),
         r_position_only_median_ci=median_ci(pos_LHN, seed=seed),
         r_shuffled_median=shuffled_median,
         r_shuffled_median_ci=shuffled_ci,
