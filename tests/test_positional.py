@@ -209,8 +209,9 @@ def test_a_model_with_random_weights_is_not_called_learned(tokenizer):
     assert held is not None and len(held["test_windows"]) == 4 and len(held["random_init_seeds"]) == 5
     assert not set(held["train_windows"]) & set(held["test_windows"])
     claims = {c["kind"]: c for c in held["claims"]}
-    assert set(claims) == {"meaning_term", "learned", "word_order"}
-    assert claims["learned"]["outcome"] != "confirmed"
+    assert set(claims) == {"meaning_term", "learned", "learned_at_scale", "word_order"}
+    assert claims["learned"]["outcome"] != "confirmed" and claims["learned_at_scale"]["outcome"] != "confirmed"
+    assert len(held["r_norm_matched_medians"]) == len(held["random_init_seeds"]) == 5
     low, high = held["r_random_init_range"]  # where one more random model falls, not the seeds' mean
     medians = np.array(held["r_random_init_medians"], dtype=float)
     half = scipy_stats.t.ppf(0.975, 4) * medians.std(ddof=1) * (1 + 1 / 5) ** 0.5

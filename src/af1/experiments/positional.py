@@ -72,6 +72,10 @@ class Positional(base.Experiment):
                     "prediction interval)",
                     with_ci(held["r_random_init_mean"], held["r_random_init_range"]),
                 ],
+                [
+                    "random weights rescaled to the trained norms, the same seeds",
+                    with_ci(held["r_norm_matched_mean"], held["r_norm_matched_range"]),
+                ],
             ]
             tabs.append(Tab(["held-out r (row-centred)", "median over heads [95 % CI]"], rows))
         swaps = result.perplexity_vs_swap
@@ -121,7 +125,8 @@ class Positional(base.Experiment):
                 f"<p><b>Out of sample.</b> The free key term c[j] refits whatever the logits are (about 3T numbers per "
                 "window), so the in-sample r cannot fail. The held-out test fits W[i,j] ~ a[i-j] + b[i] + "
                 f"c[token of j] on {len(held['train_windows'])} windows and measures the row-centred r on the other "
-                f"{len(held['test_windows'])}, beside position alone, the same tokens shuffled and random weights.</p>"
+                f"{len(held['test_windows'])}, beside position alone, the same tokens shuffled and random weights (as "
+                "initialised, and rescaled to the trained model's norm of every weight tensor).</p>"
             )
         return [
             *parts,

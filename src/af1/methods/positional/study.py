@@ -80,7 +80,8 @@ def random_init_like(adapter: ModelAdapter, seed: int, norm_matched: bool = Fals
 class HeldOut(TypedDict):
     """The decomposition tested out of sample (`token_fit_heldout`): fitted on half the windows, its row-centred r
     measured on the other half; the meaning term a function of the key's token; beside position alone, the same
-    tokens shuffled, and the architecture with random weights over several seeds; and the claims these decide."""
+    tokens shuffled, and the architecture with random weights over several seeds (as initialised, and rescaled to the
+    trained norms); and the claims these decide."""
 
     train_windows: list[int]
     test_windows: list[int]
@@ -96,6 +97,9 @@ class HeldOut(TypedDict):
     r_random_init_medians: list[float | None]  # one per seed
     r_random_init_mean: float | None
     r_random_init_range: list[float | None]  # where one random-weight model's r falls: 95 % t prediction interval
+    r_norm_matched_medians: list[float | None]  # the same seeds, each tensor rescaled to the trained model's norm
+    r_norm_matched_mean: float | None
+    r_norm_matched_range: list[float | None]
     claims: list[Claim]
 
 
@@ -159,11 +163,20 @@ def heldout_study(
     pos_LHN = heldout(logits, ids_NT, with_token=False)
     shuffled_LHN = heldout(capture_logits(adapter, shuffled_NT), shuffled_NT)
     seeds = [seed + 1 + s for s in range(RANDOM_SEEDS)]
-    random_medians = [
-        float(median(heldout(capture_logits(random_init_like(adapter, s), ids_NT), ids_NT).mean(-1))) for s in seeds
-    ]
-    mean = float(np.mean(random_medians))  # one more random-weight model falls within mean +- spread in 95 % of draws
-    spread = np.std(random_medians, ddof=1) * (1 + 1 / len(seeds)) ** 0.5 * scipy_stats.t.ppf(0.975, len(seeds) - 1)
+
+    def falls(norm_matched: bool) -> tuple[list[float], float, list[float]]:
+        """Each seed's held-out median with random weights, and where one more such model falls (95 % t
+        prediction interval)."""
+        medians = [
+            float(median(heldout(capture_logits(random_init_like(adapter, s, norm_matched), ids_NT), ids_NT).mean(-1)))
+            for s in seeds
+        ]
+        mean = float(np.mean(medians))
+        spread = np.std(medians, ddof=1) * (1 + 1 / len(seeds)) ** 0.5 * scipy_stats.t.ppf(0.975, len(seeds) - 1)
+        return medians, mean, [mean - spread, mean + spread]
+
+    random_medians, mean, falls_at = falls(False)
+    matched_medians, matched_mean, matched_falls_at = falls(True)
     r_median = float(median(r_LHN.mean(-1)))
     ci = median_ci(r_LHN, seed=seed)
     shuffled_median, shuffled_ci = float(median(shuffled_LHN.mean(-1))), median_ci(shuffled_LHN, seed=seed)
@@ -187,7 +200,19 @@ def heldout_study(
             r_median,
             ci,
             mean,
-            [mean - spread, mean + spread],
+            falls_at,
+            where,
+            len(test),
+        ),
+        interval_above(
+            "learned_at_scale",
+            "it is learned, not the architecture at the trained scale: the trained model's median r is above where "
+            "that of random weights rescaled to the trained model's norm of every weight tensor falls (a 95 % "
+            f"prediction interval over {len(seeds)} seeds)",
+            r_median,
+            ci,
+            matched_mean,
+            matched_falls_at,
             where,
             len(test),
         ),
@@ -216,7 +241,10 @@ def heldout_study(
         random_init_seeds=seeds,
         r_random_init_medians=list(random_medians),
         r_random_init_mean=mean,
-        r_random_init_range=[mean - spread, mean + spread],
+        r_random_init_range=list(falls_at),
+        r_norm_matched_medians=list(matched_medians),
+        r_norm_matched_mean=matched_mean,
+        r_norm_matched_range=list(matched_falls_at),
         claims=adjust(claims, "the positional study"),
     )
 
