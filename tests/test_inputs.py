@@ -4,6 +4,7 @@ recorded prediction; and every number beside a search's confirmation number is m
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,8 @@ def test_eval_run_and_sweep_list_every_problem_too(written):
 @pytest.mark.slow
 def test_styles_own_row_is_on_the_searchs_confirmation_problems(written):
     """At the search's config the task's own style is measured on the search's confirmation half, beside the
-    search's confirmation number (the same problems, the same number); other styles on all their solved problems."""
+    search's confirmation number (the same problems, the same number); other styles and operations on their solved
+    problems whose operands did not choose the config."""
     _, out = written
     search, styles = read(out, "search"), read(out, "styles")
     own = next(r for r in styles["rows"] if r["style"] == SPEC.style and r["operation"] == SPEC.operation)
@@ -128,6 +130,16 @@ def test_styles_own_row_is_on_the_searchs_confirmation_problems(written):
     assert own["measured_on"] == "the search's confirmation split"
     assert own["faithfulness"] == pytest.approx(search["faithfulness"])
     assert own["faithfulness_ci"] == pytest.approx(search["faithfulness_ci"])
+
+    def operands(rows: list[dict[str, Any]], at: list[int]) -> set[tuple[str, ...]]:
+        return {tuple(re.findall(r"\d", rows[i]["prompt"])) for i in at}
+
+    sets = own["inputs"]["sets"]  # the search's setup: its solved problems, the confirmation half among them
+    chose = operands(own["inputs"]["problems"], sorted(set(sets["solved"]) - set(sets["confirmation"])))
+    assert chose
     for row in styles["rows"]:
         if row is not own and "n_solved" in row:
-            assert row["faithfulness_n"] == row["n_solved"] and row["measured_on"] == "the solved problems"
+            assert row["measured_on"] == "the solved problems whose operands did not choose the config"
+            measured = row["inputs"]["sets"]["confirmation"]
+            assert len(measured) == row["faithfulness_n"] < row["n_solved"]
+            assert not operands(row["inputs"]["problems"], measured) & chose

@@ -71,6 +71,9 @@ def styles_table(
     that the config keeps `threshold` there (one-sided exact binomial tests, adjusted together)."""
     rows = []
     claims = []
+    chose: set[tuple] = set()  # the operands of the problems that chose the config (none: a fixed config)
+    if own is not None and own[1] is not own[0]:
+        chose = {p.operands for p in own[0].kept.problems} - {p.operands for p in own[1].kept.problems}
     for style in progress(styles, desc="styles"):
         for op in operations:
             spec = base_spec.model_copy(update={"operation": op, "style": style})
@@ -79,7 +82,7 @@ def styles_table(
                     setup, on, where = own
                 else:
                     setup = prepare(lm, spec)
-                    on, where = setup, "the solved problems"
+                    on, where = unseen(setup, chose)
             except Af1Error as exc:
                 rows.append(StyleRow(style=style, operation=op, error=str(exc)))
                 continue
@@ -120,3 +123,14 @@ def styles_table(
         threshold=threshold,
         claims=adjust(claims, f"styles at L_wait {config.wait}, L_transfer {config.transfer}"),
     )
+
+
+def unseen(setup: Setup, chose: set[tuple]) -> tuple[Setup, str]:
+    """The solved problems whose operands did not choose the config (the same sums in another phrasing are not
+    out of sample), and what they are."""
+    if not chose:
+        return setup, "the solved problems"
+    index = [i for i, p in enumerate(setup.kept.problems) if p.operands not in chose]
+    if not index:
+        raise Af1Error("every solved problem has the operands of a problem that chose the config")
+    return setup.on(index), "the solved problems whose operands did not choose the config"
