@@ -147,7 +147,7 @@ def test_a_random_weight_model_is_not_called_learned_nor_shaped_by_word_order_ov
     for seed in range(2 * SEEDS):
         adapter = ModelAdapter(tiny_model("llama", seed=seed))
         ids_NT = corpus_windows(adapter, tokenizer, load_corpus(None), 16, 8, start[0] if start else None)
-        shuffled_NT = positional.study.shuffled(ids_NT, 1 if start else 0, seed)
+        shuffled_NT = positional.corpus.shuffled(ids_NT, 1 if start else 0, seed)
         held = positional.study.heldout_study(adapter, ids_NT, shuffled_NT, capture_logits(adapter, ids_NT), seed)
         for claim in held["claims"]:
             if claim["kind"] in made:

@@ -481,6 +481,13 @@ def interval_above(
     return claim
 
 
+def prediction_interval(values: Sequence[float]) -> tuple[float, list[float]]:
+    """The values' mean, and where one more draw falls: a 95 % t prediction interval."""
+    mean = float(np.mean(values))
+    spread = np.std(values, ddof=1) * (1 + 1 / len(values)) ** 0.5 * scipy_stats.t.ppf(0.975, len(values) - 1)
+    return mean, [mean - float(spread), mean + float(spread)]
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjustment: controls the chance of any false claim in the family at the level used."""
     m = len(p_values)

@@ -76,3 +76,9 @@ def window_warnings(n_windows: int, asked: int, window: int) -> list[str]:
             "they say little (a shorter window, more n_windows or a longer corpus give more)"
         )
     return out
+
+
+def shuffled(ids_NT: torch.Tensor, first: int, seed: int) -> torch.Tensor:
+    """Each window's tokens in a seeded random order, its first `first` (the document start) kept in place."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.cat([w[:first], w[first:][torch.randperm(len(w) - first, generator=g)]]) for w in ids_NT])

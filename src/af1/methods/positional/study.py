@@ -24,13 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
-from scipy import stats as scipy_stats
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, adjust, interval_above, paired_greater
-from af1.methods.positional.corpus import CORPUS_SOURCE, corpus_windows, load_corpus, window_warnings
+from af1.claims import Claim, adjust, interval_above, paired_greater, prediction_interval
+from af1.methods.positional.corpus import CORPUS_SOURCE, corpus_windows, load_corpus, shuffled, window_warnings
 from af1.methods.positional.fit import (
     Spread,
     by_name,
@@ -145,11 +143,27 @@ class Positional(RopeParts):
 RANDOM_SEEDS = 5  # random-weight controls of the held-out test
 
 
+LEARNED = {  # the learned claims, by whether the random weights are rescaled to the trained model's norms
+    False: (
+        "learned",
+        "the held-out decomposition is learned: the trained model's median r is above where that of "
+        "the same architecture with random weights falls",
+    ),
+    True: (
+        "learned_at_scale",
+        "it is learned, not the architecture at the trained scale: the trained model's "
+        "median r is above where that of random weights rescaled to the trained model's norm of every weight "
+        "tensor falls",
+    ),
+}
+
+
 def heldout_study(
     adapter: ModelAdapter, ids_NT: torch.Tensor, shuffled_NT: torch.Tensor, logits: torch.Tensor, seed: int
 ) -> HeldOut:
     """The held-out test of the decomposition and its claims (a meaning term that adds to position out of sample;
-    learned, against random weights over RANDOM_SEEDS seeds; shaped by word order, against shuffled tokens)."""
+    learned, against random weights over RANDOM_SEEDS seeds, as initialised and rescaled to the trained norms;
+    shaped by word order, against shuffled tokens)."""
     N = ids_NT.shape[0]
     order = torch.randperm(N, generator=torch.Generator().manual_seed(seed))
     train = order[: N // 2].sort().values
@@ -163,70 +177,30 @@ def heldout_study(
     pos_LHN = heldout(logits, ids_NT, with_token=False)
     shuffled_LHN = heldout(capture_logits(adapter, shuffled_NT), shuffled_NT)
     seeds = [seed + 1 + s for s in range(RANDOM_SEEDS)]
-
-    def falls(norm_matched: bool) -> tuple[list[float], float, list[float]]:
-        """Each seed's held-out median with random weights, and where one more such model falls (95 % t
-        prediction interval)."""
-        medians = [
-            float(median(heldout(capture_logits(random_init_like(adapter, s, norm_matched), ids_NT), ids_NT).mean(-1)))
+    randoms = {  # per control, each seed's held-out median
+        scaled: [
+            float(median(heldout(capture_logits(random_init_like(adapter, s, scaled), ids_NT), ids_NT).mean(-1)))
             for s in seeds
         ]
-        mean = float(np.mean(medians))
-        spread = np.std(medians, ddof=1) * (1 + 1 / len(seeds)) ** 0.5 * scipy_stats.t.ppf(0.975, len(seeds) - 1)
-        return medians, mean, [mean - spread, mean + spread]
-
-    random_medians, mean, falls_at = falls(False)
-    matched_medians, matched_mean, matched_falls_at = falls(True)
-    r_median = float(median(r_LHN.mean(-1)))
-    ci = median_ci(r_LHN, seed=seed)
-    shuffled_median, shuffled_ci = float(median(shuffled_LHN.mean(-1))), median_ci(shuffled_LHN, seed=seed)
+        for scaled in LEARNED
+    }
+    falls = {scaled: prediction_interval(medians) for scaled, medians in randoms.items()}  # mean, prediction interval
+    r_median, ci = float(median(r_LHN.mean(-1))), median_ci(r_LHN, seed=seed)
     where = f"{len(test)} held-out windows (fitted on the other {len(train)})"
-    gain_N = median((r_LHN - pos_LHN).flatten(0, 1), dim=0)  # per held-out window, the median head's gain
-    claims = [
-        paired_greater(
-            "meaning_term",
-            "a meaning term that is a function of the key's token, fitted on other windows, adds to position alone "
-            "on held-out windows (row-centred r)",
-            gain_N.tolist(),
-            [0.0] * len(test),
-            where,
-            seed=seed,
-            unit="held-out windows",
-        ),
+    meaning, word_order = window_claims(r_LHN, pos_LHN, shuffled_LHN, where, seed)
+    learned = [
         interval_above(
-            "learned",
-            "the held-out decomposition is learned: the trained model's median r is above where that of the same "
-            f"architecture with random weights falls (a 95 % prediction interval over {len(seeds)} seeds)",
+            kind,
+            f"{said} (a 95 % prediction interval over {len(seeds)} seeds)",
             r_median,
             ci,
-            mean,
-            falls_at,
+            *falls[scaled],
             where,
             len(test),
-        ),
-        interval_above(
-            "learned_at_scale",
-            "it is learned, not the architecture at the trained scale: the trained model's median r is above where "
-            "that of random weights rescaled to the trained model's norm of every weight tensor falls (a 95 % "
-            f"prediction interval over {len(seeds)} seeds)",
-            r_median,
-            ci,
-            matched_mean,
-            matched_falls_at,
-            where,
-            len(test),
-        ),
-        paired_greater(
-            "word_order",
-            "word order shapes it: on each held-out window, the median head's r on the text is above that on the same "
-            "tokens shuffled",
-            median(r_LHN.flatten(0, 1), dim=0).tolist(),
-            median(shuffled_LHN.flatten(0, 1), dim=0).tolist(),
-            where,
-            seed=seed,
-            unit="held-out windows",
-        ),
+        )
+        for scaled, (kind, said) in LEARNED.items()
     ]
+    claims = [meaning, *learned, word_order]
     return HeldOut(
         train_windows=train.tolist(),
         test_windows=test.tolist(),
@@ -236,23 +210,46 @@ def heldout_study(
         r_median_ci=ci,
         r_position_only_median=float(median(pos_LHN.mean(-1))),
         r_position_only_median_ci=median_ci(pos_LHN, seed=seed),
-        r_shuffled_median=shuffled_median,
-        r_shuffled_median_ci=shuffled_ci,
+        r_shuffled_median=float(median(shuffled_LHN.mean(-1))),
+        r_shuffled_median_ci=median_ci(shuffled_LHN, seed=seed),
         random_init_seeds=seeds,
-        r_random_init_medians=list(random_medians),
-        r_random_init_mean=mean,
-        r_random_init_range=list(falls_at),
-        r_norm_matched_medians=list(matched_medians),
-        r_norm_matched_mean=matched_mean,
-        r_norm_matched_range=list(matched_falls_at),
+        r_random_init_medians=list(randoms[False]),
+        r_random_init_mean=falls[False][0],
+        r_random_init_range=list(falls[False][1]),
+        r_norm_matched_medians=list(randoms[True]),
+        r_norm_matched_mean=falls[True][0],
+        r_norm_matched_range=list(falls[True][1]),
         claims=adjust(claims, "the positional study"),
     )
 
 
-def shuffled(ids_NT: torch.Tensor, first: int, seed: int) -> torch.Tensor:
-    """Each window's tokens in a seeded random order, its first `first` (the document start) kept in place."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.stack([torch.cat([w[:first], w[first:][torch.randperm(len(w) - first, generator=g)]]) for w in ids_NT])
+def window_claims(
+    r_LHN: torch.Tensor, pos_LHN: torch.Tensor, shuffled_LHN: torch.Tensor, where: str, seed: int
+) -> tuple[Claim, Claim]:
+    """The held-out window-by-window claims: the meaning term adds to position alone, and word order shapes the
+    decomposition (the median head's r per window against the same tokens shuffled); paired permutation tests."""
+    gain_N = median((r_LHN - pos_LHN).flatten(0, 1), dim=0)  # per held-out window, the median head's gain
+    meaning = paired_greater(
+        "meaning_term",
+        "a meaning term that is a function of the key's token, fitted on other windows, adds to position alone on "
+        "held-out windows (row-centred r)",
+        gain_N.tolist(),
+        [0.0] * len(gain_N),
+        where,
+        seed=seed,
+        unit="held-out windows",
+    )
+    word_order = paired_greater(
+        "word_order",
+        "word order shapes it: on each held-out window, the median head's r on the text is above that on the same "
+        "tokens shuffled",
+        median(r_LHN.flatten(0, 1), dim=0).tolist(),
+        median(shuffled_LHN.flatten(0, 1), dim=0).tolist(),
+        where,
+        seed=seed,
+        unit="held-out windows",
+    )
+    return meaning, word_order
 
 
 def study(
