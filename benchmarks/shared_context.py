@@ -19,7 +19,7 @@ from af1.executors.fast import context_kv
 from af1.executors.reference import reference_logits
 from af1.executors.shared_context import shared_context_logits
 from af1.interventions.af1 import AF1Config
-from af1.interventions.heads import head_means, head_sums
+from af1.interventions.heads import head_sums
 from af1.interventions.means import compute_means
 from af1.methods.heads.knockouts import knocked_step
 from af1.models.forward import forget_contexts
@@ -68,7 +68,7 @@ def main() -> None:
     forwards: dict[str, Callable[[Task], torch.Tensor]] = {
         "base evaluation": lambda t: last_logits(lm.model, t.input_ids_PT, 64, context_len=t.context_len),
         "position means (CAMA)": lambda t: compute_means(adapter, t).cond_LTSD,
-        "head means": lambda t: torch.stack(list(head_means(adapter, t).values())),
+        "head means": lambda t: torch.stack([s.mean(layer) for s in [head_sums(adapter, t)] for layer in s.sums]),
         "knockout of 10 heads": lambda t: knocked_step(adapter, t, [heads], z_sums)[0].p_correct_P,
     }
     other = {}

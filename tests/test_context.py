@@ -9,10 +9,10 @@ import torch
 
 from af1 import ModelAdapter
 from af1.executors.fast import capture_problem_kv
-from af1.interventions.heads import head_means
+from af1.interventions.heads import head_sums
 from af1.interventions.means import compute_means
 from af1.interventions.sites import head_inputs, record
-from af1.methods.heads.knockouts import head_sums_by_step, knockout_scores
+from af1.methods.heads.knockouts import head_sums_by_step, knockouts
 from af1.models.forward import context_of, forward_last, suffix_start
 from af1.tasks.evaluation import evaluate, last_logits
 from af1.tasks.spec import TaskSpec
@@ -52,8 +52,9 @@ def test_means_and_captured_keys_equal_those_of_full_forwards(family, task):
     a, b = compute_means(adapter, task), compute_means(adapter, full(task))
     assert (a.cond_LTSD - b.cond_LTSD).abs().max() < TOL and (a.mean_LTD - b.mean_LTD).abs().max() < TOL
     assert torch.equal(a.counts_TS, b.counts_TS)
-    ha, hb = head_means(adapter, task), head_means(adapter, full(task))
-    assert all(ha[layer].shape == hb[layer].shape and (ha[layer] - hb[layer]).abs().max() < TOL for layer in ha)
+    ha, hb = head_sums(adapter, task), head_sums(adapter, full(task))
+    for layer in ha.sums:
+        assert ha.mean(layer).shape == hb.mean(layer).shape and (ha.mean(layer) - hb.mean(layer)).abs().max() < TOL
     ka = capture_problem_kv(adapter, task.input_ids_PT, task.context_len, with_states=True)
     kb = capture_problem_kv(adapter, task.input_ids_PT, 0, with_states=True)
     assert all((ka.keys[layer] - kb.keys[layer]).abs().max() < TOL for layer in ka.keys)
@@ -67,8 +68,8 @@ def test_knockout_and_evaluation_on_the_shared_context_match_full_forwards(token
     task = build_task(TaskSpec(operation="a+b", shots=2, n=10, seed=1, scoring="full", answer_digits="any"), tokenizer)
     assert task.n_steps() == 3  # two answer digits, then the end of the answer (the worked examples' newline)
     heads = [(0, 1), (2, 3)]
-    shared = knockout_scores(adapter, task, heads, head_sums_by_step(adapter, task))
-    plain = knockout_scores(adapter, full(task), heads, head_sums_by_step(adapter, full(task)))
+    (shared,) = knockouts(adapter, task, [heads], head_sums_by_step(adapter, task))
+    (plain,) = knockouts(adapter, full(task), [heads], head_sums_by_step(adapter, full(task)))
     assert shared.predicted_PA == plain.predicted_PA
     assert (shared.p_correct_P - plain.p_correct_P).abs().max() < TOL
     assert evaluate(adapter.model, task).predicted_PA == evaluate(adapter.model, full(task)).predicted_PA

@@ -390,9 +390,9 @@ def test_knockout_scores_every_answer_token_and_nothing_ablated_is_the_plain_mod
     means = heads.knockouts.head_sums_by_step(adapter, two_steps)
     assert [m.sums[0].shape[0] for m in means.values()] == [two_steps.n_positions, two_steps.n_positions + 1]
     plain = evaluate(adapter.model, two_steps)
-    nothing = heads.knockouts.knockout_scores(adapter, two_steps, [], means)
+    (nothing,) = heads.knockouts.knockouts(adapter, two_steps, [[]], means)
     assert torch.equal(nothing.correct_P, plain.correct_P) and nothing.predicted_PA == plain.predicted_PA
-    ablated = heads.knockouts.knockout_scores(adapter, two_steps, [(0, 1), (1, 2)], means)
+    (ablated,) = heads.knockouts.knockouts(adapter, two_steps, [[(0, 1), (1, 2)]], means)
     assert ablated.predicted_PA != plain.predicted_PA  # the heads matter to a random model's predictions
 
 

@@ -188,7 +188,7 @@ def test_heads_are_patched_per_layout_and_pooled_by_n(mixed, tokenizer):
     assert torch.allclose(pp["relative_logit_change_layer_head"], expected, atol=1e-6)
     means = heads.knockouts.head_sums_by_step(lm.adapter, kept)
     assert set(means) == {part.part_key for part in kept.steps()}
-    knocked = heads.knockouts.knockout_scores(lm.adapter, kept, [(0, 0), (1, 1)], means)
+    (knocked,) = heads.knockouts.knockouts(lm.adapter, kept, [[(0, 0), (1, 1)]], means)
     assert len(knocked.correct_P) == len(kept)
 
 

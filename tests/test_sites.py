@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from af1 import Af1Error, ModelAdapter
-from af1.interventions.heads import head_means
+from af1.interventions.heads import head_sums
 from af1.interventions.sites import FINAL, head_inputs, mlp_output, record, residual
 from af1.tasks.evaluation import evaluated
 from af1.tasks.spec import TaskSpec
@@ -42,13 +42,13 @@ def test_a_bad_site_registers_nothing(tokenizer):
     assert hook_count(adapter) == own
 
 
-def test_head_means_reduce_over_batches_to_the_plain_mean(tokenizer):
+def test_head_sums_reduce_over_batches_to_the_plain_mean(tokenizer):
     adapter = ModelAdapter(tiny_model("qwen2"))
     task = build_task(TaskSpec(operation="a+b", n=10), tokenizer)
-    means = head_means(adapter, task, batch_size=3)  # four batches, one running sum
+    sums = head_sums(adapter, task, batch_size=3)  # four batches, one running sum
     with record(adapter, [head_inputs(2)]) as cache, torch.no_grad():
         adapter.model(task.input_ids_PT, use_cache=False)
-    assert torch.allclose(means[2], cache[head_inputs(2)].float().mean(0), atol=1e-6)
+    assert torch.allclose(sums.mean(2), cache[head_inputs(2)].float().mean(0), atol=1e-6)
 
 
 def test_an_evaluation_is_reused_only_for_its_own_model_and_spec(tokenizer):

@@ -20,7 +20,7 @@ from af1.errors import Af1Error
 from af1.report.markup import folded_warnings
 from af1.study import expand, load_plan, run_study
 from af1.study.plan import StudyPlan, SweepOptions
-from af1.study.report import study_tables
+from af1.study.report import collect
 from af1.study.store import Store
 from af1.tasks.spec import TaskSpec
 
@@ -209,7 +209,7 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
     # a changed plan reads the old records as stale, never as its own results
     changed = load_plan(plan)
     changed.experiments.sweep = SweepOptions(max_transfer=1)
-    tables = study_tables(Store(out), expand(changed))
+    tables, _ = collect(Store(out), expand(changed))
     states = {r["id"]: r["state"] for r in tables["units"]}
     assert states["tiny-llama/a+b.original.1d.1shot.n30/sweep"] == "stale"
     assert states["tiny-llama/a+b.original.1d.1shot.n30/eval"] == "done"
@@ -225,7 +225,7 @@ def test_a_result_this_af1_cannot_read_is_shown_stale_with_why_never_dropped(loc
     record = json.loads(path.read_text())
     del record["result"]["base_accuracy"]  # as written by an af1 whose eval result had other fields
     path.write_text(json.dumps(record))
-    tables = study_tables(Store(tmp_path / "out"), expand(load_plan(plan)))
+    tables, _ = collect(Store(tmp_path / "out"), expand(load_plan(plan)))
     row = next(r for r in tables["units"] if r["id"] == unit_id)
     assert row["state"] == "stale" and "does not fit" in row["error"]
 

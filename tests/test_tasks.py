@@ -18,9 +18,15 @@ from af1.tasks.means_sample import (
     distribution_task,
     means_sample_size,
 )
-from af1.tasks.problems import enumerate_problems, problem_pool
+from af1.tasks.problems import Problem, problem_pool, sample_problems
 from af1.tasks.spec import TaskSpec
 from af1.tasks.task import build_task
+
+
+def enumerate_problems(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
+    """(few-shot examples, problems): the distribution sampled as a task samples it."""
+    examples, pool = problem_pool(spec)
+    return examples, sample_problems(spec, pool)
 
 
 @pytest.mark.parametrize("op", list(OPERATIONS))

@@ -173,7 +173,7 @@ def interval_claim(
     measured_on: str,
     n: int,
     estimate: float,
-    ci: list[float],
+    ci: Sequence[float],
     baseline: float | None,
     null: float,
     outcome: Outcome,
@@ -227,26 +227,10 @@ def tested(
     run) is below ALPHA (one-sided: ALPHA / 2, the level its 95 % interval shows), otherwise not confirmed, with
     about the n at which the observed effect would reach it."""
     alpha = ALPHA if alternative == "two-sided" else ALPHA / 2
-    claim = Claim(
-        kind=kind,
-        subject=subject,
-        statement=statement,
-        rule=f"{rule}, p adjusted over its family below {alpha}",
-        measured_on=measured_on,
-        n=n,
-        estimate=estimate,
-        ci=list(ci),
-        baseline=baseline,
-        null=null,
-        p_value=p_value,
-        p_adjusted=p_value,
-        alternative=alternative,
-        alpha=alpha,
-        family=None,
-        outcome=NOT_CONFIRMED,
-        n_to_decide=None,
-    )
-    return decided(claim)
+    rule = f"{rule}, p adjusted over its family below {alpha}"
+    claim = interval_claim(kind, statement, rule, measured_on, n, estimate, ci, baseline, null, NOT_CONFIRMED, subject)
+    test = {"p_value": p_value, "p_adjusted": p_value, "alternative": alternative, "alpha": alpha}
+    return decided(Claim(**{**claim, **test}))
 
 
 def decided(claim: Claim, times: float = 1.0) -> Claim:

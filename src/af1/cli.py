@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
 
@@ -153,21 +152,6 @@ def read_task_first(model: str, spec: TaskSpec) -> None:
 
     if summary := layouts_summary(build_task(spec, load_tokenizer(model))):
         print(f"af1: {summary}", file=sys.stderr)
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    """--model and how to load it."""
-
-    model: str = "smollm2"
-    dtype: str = "float32"
-    attn: str | None = None
-    device_map: str | None = None
-
-    def load(self) -> Any:
-        from af1.api import as_loaded
-
-        return as_loaded(self.model, dtype=self.dtype, attn_implementation=self.attn, device_map=self.device_map)
 
 
 TASK_OPTIONS: dict[str, Any] = {
@@ -362,7 +346,7 @@ def experiment_command(name: str) -> Callable[..., None]:
         from af1.experiments import NotApplicable, get
         from af1.results import provenance
 
-        load = ModelChoice(*(kwargs.pop(k) for k in ("model", "dtype", "attn", "device_map")))
+        model, dtype, attn, device_map = (kwargs.pop(k) for k in ("model", "dtype", "attn", "device_map"))
         typed = typed_options(kwargs.pop("ctx"))
         spec = task_spec(typed, **{k: kwargs.pop(k) for k in task_names}) if task_names else None
         means, as_json, out_dir = kwargs.pop("means", None), kwargs.pop("as_json"), kwargs.pop("out_dir")
@@ -370,12 +354,12 @@ def experiment_command(name: str) -> Callable[..., None]:
         given = {k: v for k, v in kwargs.items() if v is not None}
         options = experiment.Options.model_validate(given)  # once, before the model is loaded; it travels as is
         upstream_options = {other: get(other).Options.model_validate(values) for other, values in upstream.items()}
-        if spec is not None and isinstance(load.model, str):
+        if spec is not None:
             from af1.models.loading import check_load_options
 
-            check_load_options(load.dtype, load.device_map)
-            read_task_first(load.model, spec)
-        lm = load.load()
+            check_load_options(dtype, device_map)
+            read_task_first(model, spec)
+        lm = api.as_loaded(model, dtype=dtype, attn_implementation=attn, device_map=device_map)
         try:
             result = api.run(name, lm, spec, out_dir, means, upstream_options, options)
         except NotApplicable as why:

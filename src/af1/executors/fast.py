@@ -319,8 +319,7 @@ def fast_logits(
     kv: TokenLocalKV | None = None,
 ) -> torch.Tensor:
     """Last-position logits [P, V] under AF1, equal to `reference_logits` up to float rounding."""
-    reason = supports(adapter, task, config)
-    if reason is not None:
+    if (reason := supports(adapter, task, config)) is not None:
         raise ValueError(f"fast executor unsupported: {reason}")
     kv = kv or token_local_kv(adapter, task, config, means)
     peek, pruned = set(config.peek_layers()), config.pruned_by_layer()
@@ -356,8 +355,7 @@ def fast_sweep_wait(
     off it run as one batch per layer (a wavefront), so each layer is one call for all lengths.
     """
     wanted = sorted(transfers)
-    reason = supports(adapter, task, config)
-    if reason is not None:
+    if (reason := supports(adapter, task, config)) is not None:
         raise ValueError(f"fast executor unsupported: {reason}")
     kv = kv or token_local_kv(adapter, task, config, means, ctx)
     L, w = adapter.n_layers, config.wait
@@ -451,13 +449,8 @@ def fast_pruned_logits(
 
 def grid(n_layers: int, max_transfer: int | None = None) -> list[tuple[int, int]]:
     """Every (wait, transfer) cell: wait in -1..L-1, transfer in 0..min(max, L-1-wait)."""
-    cells = []
-    for w in range(-1, n_layers):
-        top = n_layers - 1 - w
-        if max_transfer is not None:
-            top = min(top, max_transfer)
-        cells.extend((w, k) for k in range(top + 1))
-    return cells
+    most = n_layers if max_transfer is None else max_transfer
+    return [(w, k) for w in range(-1, n_layers) for k in range(min(n_layers - 1 - w, most) + 1)]
 
 
 @torch.no_grad()

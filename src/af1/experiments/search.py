@@ -310,11 +310,6 @@ def the_search(inputs: base.Inputs) -> Result:
     return search
 
 
-def every_search(inputs: base.Inputs) -> list[Result]:
-    """The search results of every model of the plan (a cross-model experiment's sources)."""
-    return inputs.every(Result)
-
-
 def searched_config(search: Result) -> AF1Config | None:
     """The AF1 config a search settled on: the cell it chose, else its best eligible cell; None when no cell
     is eligible (a finding: the units that read it say so)."""

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from af1.experiments import base
-from af1.experiments.search import NO_CELL, every_search, searched_config
+from af1.experiments.search import NO_CELL, searched_config
+from af1.experiments.search import Result as Searched
 from af1.methods import allforone
 from af1.report.markup import Tab, table_html
 from af1.stats import with_ci
@@ -111,7 +112,7 @@ class Transfer(base.Experiment):
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         setup = inputs.resources.setup(inputs.spec)
-        searches = every_search(inputs)
+        searches = inputs.every(Searched)
         mine = next((s for s in searches if s.model == inputs.model_name), None)
         own = searched_config(mine) if mine is not None else None
         on, where = setup, "solved problems"

@@ -66,12 +66,6 @@ def head_sums(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> HeadSu
     return HeadSums(sums, N, frozenset(tuple(row) for row in task.input_ids_PT.tolist()))
 
 
-def head_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> dict[int, torch.Tensor]:
-    """Mean o_proj input per layer and position over the task: {layer: [T, E]} (fp32, on the CPU)."""
-    sums = head_sums(adapter, task, batch_size)
-    return {layer: sums.mean(layer) for layer in sums.sums}
-
-
 def matched_heads(
     adapter: ModelAdapter, like: list[tuple[int, int]], seed: int, exclude: list[tuple[int, int]]
 ) -> tuple[list[tuple[int, int]], dict[str, int]]:

@@ -126,7 +126,9 @@ def pruning_plot(result: Pruning, path: Path) -> Path:
     curve = result.faithfulness_vs_pruned
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(range(len(curve)), curve, marker="o", ms=3)
-    ax.axhline(0.95 * result.faithfulness_full, color="grey", ls=":", label="95 % of unpruned")
+    ax.axhline(
+        result.keep * result.faithfulness_full, color="grey", ls=":", label=f"{result.keep * 100:.0f} % of unpruned"
+    )
     ax.set_xlabel(f"transfer heads that no longer peek (of {result.n_transfer_heads})")
     ax.set_ylabel("faithfulness")
     ax.set_ylim(-0.02, 1.02)

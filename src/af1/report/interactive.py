@@ -321,41 +321,38 @@ def curve(
     return trace
 
 
-def guess_line(value: Any, xref: str = "x", yref: str = "y") -> list[dict[str, Any]]:
-    """The constant guess as a dotted horizontal line (nothing when it is not stored)."""
-    if value is None:
-        return []
-    return [
+GUESS = "constant guess"
+
+
+def levels(*marks: tuple[Any, str, str, str], xref: str = "x", yref: str = "y") -> dict[str, list[dict[str, Any]]]:
+    """Horizontal lines across the plot, each (y, label, dash, colour), labelled at its right end; the constant
+    guess (`guess`) at its left. A y that is not stored draws nothing. Spread into a layout (shapes, annotations)."""
+    shown = [m for m in marks if m[0] is not None]
+    domain = f"{xref} domain"
+    shapes = [
         {
             "type": "line",
-            "xref": f"{xref} domain",
+            "xref": domain,
             "x0": 0,
             "x1": 1,
             "yref": yref,
-            "y0": value,
-            "y1": value,
-            "line": {"dash": "dot", "color": "grey"},
+            "y0": y,
+            "y1": y,
+            "line": {"dash": d, "color": c},
         }
+        for y, _, d, c in shown
     ]
+    notes = [
+        {"xref": domain, "x": 0 if text == GUESS else 1, "yref": yref, "y": y, "text": text, "showarrow": False}
+        | {"xanchor": "left" if text == GUESS else "right", "yanchor": "bottom", "font": {"size": 10, "color": c}}
+        for y, text, _, c in shown
+    ]
+    return {"shapes": shapes, "annotations": notes}
 
 
-def guess_note(value: Any, xref: str = "x", yref: str = "y") -> list[dict[str, Any]]:
-    """The label of `guess_line`."""
-    if value is None:
-        return []
-    return [
-        {
-            "xref": f"{xref} domain",
-            "x": 0,
-            "yref": yref,
-            "y": value,
-            "text": "constant guess",
-            "showarrow": False,
-            "xanchor": "left",
-            "yanchor": "bottom",
-            "font": {"size": 10, "color": "grey"},
-        }
-    ]
+def guess(value: Any) -> tuple[Any, str, str, str]:
+    """The constant guess as a dotted grey level."""
+    return (value, GUESS, "dot", "grey")
 
 
 def necessity_plot(result: Necessity, n: int) -> str:
@@ -374,8 +371,7 @@ def necessity_plot(result: Necessity, n: int) -> str:
         "xaxis": {"title": {"text": "first blocked layer"}, "dtick": 1},
         "yaxis": {"title": {"text": "faithfulness"}, "range": [-0.02, 1.02]},
         "title": {"text": "the last token cannot read the problem (operands, slots)", "font": {"size": 13}},
-        "shapes": guess_line(baseline),
-        "annotations": guess_note(baseline),
+        **levels(guess(baseline)),
         "height": 380,
     }
     shifted = result.shifted_transfer
@@ -401,15 +397,15 @@ def necessity_plot(result: Necessity, n: int) -> str:
             xaxis={**layout["xaxis"], "domain": [0, 0.55]},
             xaxis2={"title": {"text": "first transfer layer"}, "domain": [0.65, 1], "dtick": 1, "anchor": "y2"},
             yaxis2={"range": [-0.02, 1.02], "anchor": "x2"},
-            shapes=guess_line(baseline) + guess_line(by[0]["faithfulness_baseline"] if by else None, "x2", "y2"),
-            annotations=guess_note(baseline) + guess_note(by[0]["faithfulness_baseline"] if by else None, "x2", "y2"),
         )
+        moved = levels(guess(by[0]["faithfulness_baseline"] if by else None), xref="x2", yref="y2")
+        layout.update({k: layout[k] + v for k, v in moved.items()})
     return plot_html(data, layout)
 
 
 def pruning_plot(result: Pruning) -> str:
     """Faithfulness on the selection split as transfer heads stop peeking one by one, with intervals, n and the
-    constant guess; the line at 95 % of the unpruned."""
+    constant guess; the line at `keep` (95 %) of the unpruned."""
     values, cis, order = result.faithfulness_vs_pruned, result.faithfulness_vs_pruned_ci, result.prune_order
     n, baseline = result.n_selection, result.faithfulness_selection_baseline
     hover = [
@@ -418,37 +414,14 @@ def pruning_plot(result: Pruning) -> str:
         + rate_text(v, cis[i], n, baseline)
         for i, v in enumerate(values)
     ]
-    keep = 0.95 * result.faithfulness_full
+    keep = result.keep * result.faithfulness_full
     layout = {
         "xaxis": {
             "title": {"text": f"transfer heads that no longer peek (of {result.n_transfer_heads})"},
             "dtick": max(1, len(values) // 20),
         },
         "yaxis": {"title": {"text": "faithfulness (selection split)"}, "range": [-0.02, 1.02]},
-        "shapes": [
-            *guess_line(baseline),
-            {
-                "type": "line",
-                "xref": "x domain",
-                "x0": 0,
-                "x1": 1,
-                "y0": keep,
-                "y1": keep,
-                "line": {"dash": "dash", "color": "orange"},
-            },
-        ],
-        "annotations": [
-            *guess_note(baseline),
-            {
-                "xref": "x domain",
-                "x": 1,
-                "y": keep,
-                "text": "95 % of unpruned",
-                "showarrow": False,
-                "yanchor": "bottom",
-                "xanchor": "right",
-            },
-        ],
+        **levels(guess(baseline), (keep, f"{result.keep * 100:.0f} % of unpruned", "dash", "orange")),
         "height": 360,
     }
     return plot_html([curve(list(range(len(values))), values, cis, "faithfulness", hover)], layout)
@@ -483,29 +456,14 @@ def neurons_plot(result: Neurons) -> str:
         line={"color": "grey", "dash": "dash"},
     )
     full = result.faithfulness
-    level = [
-        {"type": "line", "xref": "x domain", "x0": 0, "x1": 1, "y0": y, "y1": y, "line": {"dash": dash, "color": c}}
-        for y, dash, c in ((full, "solid", "green"), (full / 2, "dash", "orange"))
-    ]
     layout = {
         "xaxis": {"title": {"text": "neurons mean-ablated at the last token (k)"}, "type": "log"},
         "yaxis": {"title": {"text": "faithfulness under AF1 (confirmation part)"}, "range": [-0.02, 1.02]},
-        "shapes": [*guess_line(baseline), *level],
-        "annotations": [
-            *guess_note(baseline),
-            *(
-                {
-                    "xref": "x domain",
-                    "x": 1,
-                    "y": y,
-                    "text": text,
-                    "showarrow": False,
-                    "yanchor": "bottom",
-                    "xanchor": "right",
-                }
-                for y, text in ((full, "AF1, nothing ablated"), (full / 2, "half of it"))
-            ),
-        ],
+        **levels(
+            guess(baseline),
+            (full, "AF1, nothing ablated", "solid", "green"),
+            (full / 2, "half of it", "dash", "orange"),
+        ),
         "height": 380,
     }
     top = curve(sizes, result.top_faithfulness, result.top_faithfulness_ci, "top k by attribution", hover)

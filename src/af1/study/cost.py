@@ -406,6 +406,4 @@ def summary_line(estimates: list[Estimate]) -> str:
 
 def estimate_plan(plan: StudyPlan, out_dir: str | Path) -> list[Estimate]:
     """Every unit of a plan, with what its store (if any) already holds."""
-    from af1.study.store import Store
-
     return estimate_store(Store(out_dir), expand(plan))

@@ -103,11 +103,6 @@ def collect(store: Store, units: list[Unit]) -> tuple[dict[str, Any], list[str]]
     return data, parts
 
 
-def study_tables(store: Store, units: list[Unit]) -> dict[str, Any]:
-    """The report's data from the store's records of the plan's units."""
-    return collect(store, units)[0]
-
-
 def unit_sections(store: Store, units: list[Unit]) -> list[str]:
     """Every finished unit's own section, written by its experiment, grouped by model and task."""
     by_place: dict[str, list[str]] = {}

@@ -68,12 +68,6 @@ def operand_tuples(values: range, n_operands: int, seed: int) -> Iterable[tuple[
     return [tuple(values[(i // len(values) ** k) % len(values)] for k in reversed(range(n_operands))) for i in picks]
 
 
-def enumerate_problems(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
-    """(few-shot examples, problems): the distribution sampled deterministically (see `sample_problems`)."""
-    examples, pool = problem_pool(spec)
-    return examples, sample_problems(spec, pool)
-
-
 def sample_problems(spec: TaskSpec, pool: list[Problem]) -> list[Problem]:
     """The first --n / n_max problems of the seeded pool; DEFAULT_N when neither is given."""
     rest = pool

@@ -405,23 +405,6 @@ def answer_end(spec: TaskSpec) -> str | None:
     return read_task_file(spec.file).separator or None
 
 
-def stop_token(
-    tokenizer: Tokenizer,
-    text: str,
-    answer: str,
-    separator: str,
-    prompt_ids: list[int],
-    answer_ids: tuple[int, ...],
-) -> int | None:
-    """The first token the tokenizer emits for `separator` after `text` + `answer`, or None when it merges with the
-    answer (the answer's own tokens would change)."""
-    head = list(prompt_ids) + list(answer_ids)
-    full = tokenizer(text + answer + separator)["input_ids"]
-    if full[: len(head)] != head or len(full) == len(head):
-        return None
-    return int(full[len(head)])
-
-
 def end_tokens(
     spec: TaskSpec,
     problems: list[Problem],
@@ -444,11 +427,11 @@ def end_tokens(
         }
     stops = []
     for p, ids, a in zip(problems, prompt_ids, answers, strict=True):
-        stop = stop_token(tokenizer, p.text, p.answer_text, separator, ids, a)
-        if stop is None:
+        after = answer_tokens(tokenizer, p.text + p.answer_text, separator, [*ids, *a])  # None: merges with the answer
+        if after is None:
             note = f"the separator {separator!r} merges with the answer's tokens (e.g. after {p.answer_text!r})"
             return [], {**end, "note": note}
-        stops.append(stop)
+        stops.append(after[0])
     decode = getattr(tokenizer, "decode", None)
     texts = {str(t): decode([t]) if decode else None for t in sorted(set(stops))}
     return stops, {**end, "checked": True, "stop_tokens": texts}

@@ -93,13 +93,6 @@ def knockouts(
     return [Scores.combine(kept, [scores[i] for scores in per_step]) for i in range(len(head_sets))]
 
 
-def knockout_scores(
-    adapter: ModelAdapter, kept: Task, heads: list[tuple[int, int]], means: dict[Any, HeadSums]
-) -> Scores:
-    """Every answer step of the solved problems with the listed heads mean-ablated (leave-one-out means)."""
-    return knockouts(adapter, kept, [heads], means)[0]
-
-
 def loo_fallbacks(kept: Task, means: dict[Any, HeadSums]) -> int:
     """(problem, answer step) pieces whose mean has no other problem (a sum of one): they keep their own state."""
     return sum(
