@@ -230,7 +230,8 @@ class Heads(base.Experiment):
                 f"Top heads by each counterfactual on the same {split['n_selection']} selection problems (the second: "
                 f"path patching only; the key heads, knock-outs and AF1 consistency use the first). Top-{len(named)} "
                 f"overlap {second['top_k_overlap']:.2f} (redrawn within their layers: "
-                f"{second['top_k_overlap_chance']:.2f} on average; p {second['top_k_overlap_p']:.2g})"
+                f"{second['top_k_overlap_chance']:.2f} on average; Monte Carlo p {second['top_k_overlap_p']:.2g}, "
+                "descriptive: not a claim, not adjusted)"
             )
             used = f"{result.counterfactual_kind} ({result.counterfactual}), used"
             other = f"{second['counterfactual_kind']} ({second['counterfactual']})"
@@ -267,7 +268,12 @@ class Heads(base.Experiment):
                 ]
                 for o in result.overlap
             ]
-            tabs.append(Tab(["other task", "style", "key-head Jaccard", f"top-{k} overlap", "by chance", "p"], rows))
+            tabs.append(
+                Tab(
+                    ["other task", "style", "key-head Jaccard", f"top-{k} overlap", "by chance", "p (descriptive)"],
+                    rows,
+                )
+            )
         return tabs
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
