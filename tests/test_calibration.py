@@ -76,6 +76,14 @@ def planted_model(tokenizer, seed: int, planted: list[tuple[int, int]] = PLANTED
     return LoadedModel(model, tokenizer, ModelAdapter(model), {"spec": f"planted-heads-{seed}"})
 
 
+def study_settings(seed: int, kind: str | None) -> heads.ranking.Settings:
+    """The heads study of the calibrations: key heads below -5 %, the top 2 against 3 matched random sets, each seed
+    its own split; `kind` the counterfactual (None: the task's own)."""
+    return heads.ranking.Settings(
+        threshold=-0.05, k=2, draws=3, path="wang", metric="relative", split=(0.5, seed), split_from="test", kind=kind
+    )
+
+
 @pytest.mark.slow
 def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer):
     """Each seed draws new random weights and a new split. The rule: both planted heads confirmed as key heads, the
@@ -84,16 +92,7 @@ def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer
     made: dict[str, int] = {"key heads": 0, "top vs random": 0, "layer 1 necessary": 0, "layers 0, 2 not": 0}
     for seed in range(SEEDS):
         lm = planted_model(tokenizer, seed)
-        settings = heads.ranking.Settings(
-            threshold=-0.05,
-            k=2,
-            draws=3,
-            path="wang",
-            metric="relative",
-            split=(0.5, seed),
-            split_from="test",
-            kind="a",
-        )
+        settings = study_settings(seed, "a")
         result = heads.study.study(lm, SPEC, settings, second_kind=None, compare_specs=[])
         assert result.n_solved == len(build_task(SPEC, tokenizer)), seed  # the fit solves every problem
         assert {tuple(h) for h in result.key_heads + result.top_heads} <= set(PLANTED), seed
@@ -178,16 +177,7 @@ def test_no_head_is_claimed_to_carry_a_word_the_answer_does_not_read_over_20_see
     for seed in range(SEEDS):
         model = fitted_tiny_model("llama", [spec], tokenizer, seed=seed)
         lm = LoadedModel(model, tokenizer, ModelAdapter(model), {"spec": f"distracted-{seed}"})
-        settings = heads.ranking.Settings(
-            threshold=-0.05,
-            k=2,
-            draws=3,
-            path="wang",
-            metric="relative",
-            split=(0.5, seed),
-            split_from="test",
-            kind=None,
-        )
+        settings = study_settings(seed, None)
         result = heads.study.study(lm, spec, settings, second_kind=None, compare_specs=[])
         assert result.n_solved == 60 and result.counterfactual_kind == "slot w", seed
         confirmed = {c["subject"] for c in result.claims if c["outcome"] == "confirmed"}
