@@ -71,9 +71,12 @@ def render(data: dict[str, Any], source: str = "demo") -> str:
     lines += [
         "",
         f"Every claim the results of `{data['source']}` decided (the rule of each is in its JSON; tests of one result "
-        "are adjusted together, Holm):",
+        "are adjusted together, Holm). *Baseline / null*: for a rate, what a constant guess scores on the same "
+        "problems; for an effect or a difference, its null (0, or the key-head threshold); for 'learned', where "
+        "random-weight models fall:",
         "",
-        "| model | experiment | outcome | claim | estimate [95 % CI] | n | baseline | p | p adjusted | n to decide |",
+        "| model | experiment | outcome | claim | estimate [95 % CI] | n | baseline / null | p | p adjusted "
+        "| n to decide |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in data["claims"]:

@@ -308,8 +308,8 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     assert "cannot show" not in html
     assert 'class="af1-plot"' in html and "Alternatives" in html and "Head pruning" in html  # interactive figures
     static = build_report(tmp_path, static=True).read_text()
-    assert "<img" in static and "af1-plot" not in static and "McNemar" in static  # the PNGs (papers)
-    assert "McNemar" in html and "constant guess" in html
+    assert "<img" in static and "af1-plot" not in static and "need not peek" in static  # the PNGs (papers)
+    assert "need not peek" in html and "constant guess" in html  # pruning judged by its claim
     with pytest.raises(Af1Error, match="no af1 results"):
         build_report(tmp_path / "empty" if (tmp_path / "empty").mkdir() is None else tmp_path)
 

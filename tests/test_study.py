@@ -188,8 +188,10 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
     assert {e["basis"] for e in estimate["units"]} == {"measured", "assumed"}  # before any eval: solved assumed
     styles = results(out)["tiny-llama/a+b.original.1d.1shot.n30/styles"]
     verbal = [r for r in styles["rows"] if r["style"] == "verbal"]  # fitted on the original style only
-    measured = [r for r in styles["rows"] if "faithfulness" in r]  # each measured row makes its claim, one family
-    assert [c["subject"] for c in styles["claims"]] == [f"{r['style']} {r['operation']}" for r in measured]
+    measured = [r for r in styles["rows"] if "faithfulness" in r]  # each measured row makes its claim, one family,
+    judged = [r for r in measured if r["measured_on"] != "the search's confirmation split"]  # but the search's own
+    assert len(judged) == len(measured) - 1
+    assert [c["subject"] for c in styles["claims"]] == [f"{r['style']} {r['operation']}" for r in judged]
     assert all(c["kind"] == "style_keeps" and c["family"].startswith("styles at L_wait") for c in styles["claims"])
     # with the end of the answer checked it may solve none of them: that row is a one-line error, not a number
     assert verbal and all(
@@ -729,9 +731,9 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
                 if row["random_matched"]["nearest layer"] == 0:
                     assert sorted(layer for layer, _ in drawn) == top_layers
     html = (out / "report.html").read_text()
-    for heading in ("Where each model waits", "Necessity", "How to read this report", demo.FOCUSED[:40]):
+    for heading in ("The AF1 claim per model", "Necessity", "How to read this report", demo.FOCUSED[:40]):
         assert heading in html
-    assert "Which heads carry the answer" in html and "wall time" in html and html.count('class="af1-plot"') >= 4
+    assert "Heads by path patching" in html and "wall time" in html and html.count('class="af1-plot"') >= 4
     again = demo.run_demo(plan, out, said.append)
     assert again.ran == [] and len(again.skipped) == len(summary.units)
     code, text, _ = run_cli(capsys, "demo", "--model", str(tiny_dirs["llama"]), "--show-plan")

@@ -91,7 +91,7 @@ class Eval(base.Experiment):
                         f"<p>Base accuracy of {html.escape(a.model)} and {html.escape(b.model)} on the same "
                         f"{test['n']} problems of <code>{html.escape(label)}</code>: solved by {html.escape(a.model)} "
                         f"only {test['only_first']}, by {html.escape(b.model)} only {test['only_second']}, McNemar p "
-                        f"{test['p_value']:.2g}.</p>"
+                        f"{test['p_value']:.2g} (descriptive: no claim is made of it).</p>"
                     )
         return {"base_accuracy_paired": pairs}, (["<h2>Base accuracy, paired</h2>", *parts] if parts else [])
 

@@ -183,11 +183,11 @@ class Heads(base.Experiment):
                 "<h2>The same heads across tasks?</h2><p>Per model, the share of the top heads by path patching "
                 "that two tasks have in common (top-k overlap), beside what the second's top heads redrawn at random "
                 "within their own layers share with the first on average, and the chance of sharing as many or more "
-                "that way (p).</p>"
+                "that way (p, descriptive: no claim is made of it).</p>"
             )
             parts.append(
                 table_html(
-                    ["model", "task", "task", "k", "top-k overlap", "by chance", "p"],
+                    ["model", "task", "task", "k", "top-k overlap", "by chance", "p (descriptive)"],
                     [
                         [
                             r["model"],
@@ -280,7 +280,7 @@ class Heads(base.Experiment):
         scored = result.path_patching_scoring
         counterfactual = "slot" if result.style == FILE_STYLE else result.counterfactual_kind
         parts = [
-            "<h2>Which heads carry the answer</h2>",
+            "<h2>Heads by path patching: chosen on one part, judged on the other</h2>",
             f"<p>{result.model} on <code>{html.escape(result.task)}</code> ({result.style}), counterfactual "
             f"{counterfactual} <code>{html.escape(result.counterfactual)}</code>, {result.n_solved} solved problems, "
             f"split in two ({html.escape(result.split['from'])}): heads are chosen on the selection part and tested on "
@@ -338,7 +338,7 @@ def consistency_tab(c: heads.consistency.Consistency, confirmed: list[list[int]]
         ]
         for r in c["rows"]
     ]
-    headers = ["in the transfer layers", "heads peeking", "faithfulness [95 % CI]", "constant guess", "McNemar p"]
+    headers = ["in the transfer layers", "heads peeking", "faithfulness [95 % CI]", "constant guess", "McNemar p (raw)"]
     return Tab(headers, rows, title)
 
 

@@ -126,5 +126,9 @@ def necessary(claims: list[Claim]) -> tuple[list[Claim], str]:
         f"Each window tested: 'blocking it leaves faithfulness below the threshold' ({claims[0]['family']}). "
         f"{len(shown)} of {len(claims)} confirmed, {rejected} rejected (faithfulness stays above the threshold), "
         f"{len(claims) - len(shown) - rejected} not confirmed"
-        + (": the confirmed windows are necessary." if shown else "; no window is shown to be necessary.")
+        + (
+            ": blocking a confirmed window leaves faithfulness below the threshold."
+            if shown
+            else "; no window is shown to lower faithfulness below the threshold."
+        )
     )

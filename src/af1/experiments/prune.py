@@ -91,7 +91,7 @@ class Prune(base.Experiment):
 
 def reading(result: Result) -> str:
     """How the heads were pruned, where the curve first drops, and the pruned set against the unpruned on the
-    confirmation problems, paired."""
+    confirmation problems (the verdict is the claim's, shown beside it)."""
     c = result.confirmation
     return (
         f"{result.n_transfer_heads} heads; ranked greedily by {result.measure}: {result.n_pruned_before_first_drop} "
@@ -99,6 +99,6 @@ def reading(result: Result) -> str:
         f"{result.faithfulness_full:.3f} on {result.n_selection} selection problems (curve: {result.curve}). "
         f"On the other {result.n_confirmation} (confirmation): pruned "
         f"{with_ci(c['pruned']['faithfulness'], c['pruned']['faithfulness_ci'])} vs unpruned "
-        f"{with_ci(c['unpruned']['faithfulness'], c['unpruned']['faithfulness_ci'])} "
-        f"(McNemar p {c['mcnemar']['p_value']:.2g})."
+        f"{with_ci(c['unpruned']['faithfulness'], c['unpruned']['faithfulness_ci'])}; whether they need not peek "
+        "is the claim's to say."
     )

@@ -185,7 +185,7 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
         )
     parts = []
     if verdicts:
-        parts.append("<h2>Where each model waits, transfers and computes</h2>")
+        parts.append("<h2>The AF1 claim per model</h2>")
         parts += [f"<p>{html.escape(f'{f.model} on {f.task}: {plain_words(f.result)}')}</p>" for f in finished]
         parts.append("<p>The verdicts with their numbers:</p><ul>")
         parts += [f"<li>{html.escape(line)}</li>" for line in verdicts]
@@ -273,7 +273,7 @@ def stages_text(stages: dict[str, list[int]]) -> str:
         return f"{layers[0]}-{layers[-1]}" if len(layers) > 1 else str(layers[0]) if layers else "none"
 
     wait, transfer, compute = (span(stages[k]) for k in ("wait", "transfer", "compute"))
-    return f"waits in blocks {wait}, transfers in {transfer}, computes in {compute}"
+    return f"wait in blocks {wait}, transfer in {transfer}, compute in {compute}"
 
 
 def verdict(search: Result, grid: sweep.Result, description: str | None = None) -> str:
@@ -288,7 +288,7 @@ def verdict(search: Result, grid: sweep.Result, description: str | None = None) 
     )
     parts = search.judged_by_layout()
     pooled = f"; pooled over token layouts ({layouts_text(parts)})" if parts else ""
-    where = f"; there it {stages_text(search.stages)}" if search.chosen and search.stages else ""
+    where = f"; the judged cell has it {stages_text(search.stages)}" if search.chosen and search.stages else ""
     return f"{name} ({search.n_layers} layers): {claim_line(search)}{where}{pooled}; {base_text}."
 
 

@@ -52,7 +52,8 @@ def own_text(row: allforone.transfer.Transferred) -> str:
 def _cell(part: dict[str, Any] | None) -> str:
     if part is None:
         return "no config (no eligible cell)"
-    return f"{part['faithfulness']:.3f} (wait {part['wait']}, transfer {part['transfer']})"
+    ci = with_ci(part["faithfulness"], part.get("faithfulness_ci"))
+    return f"{ci} (wait {part['wait']}, transfer {part['transfer']})"
 
 
 def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:

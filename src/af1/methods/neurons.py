@@ -255,7 +255,7 @@ def study(
         paired_greater(
             "neurons_vs_random",
             f"mean-ablating the top {k} neurons of the compute layers leaves fewer problems right under AF1 than "
-            f"{draws} random sets of {k} from the same layers",
+            f"these {draws} random sets of {k} from the same layers (the draws held fixed)",
             torch.stack([s.correct_P.float() for s in per]).mean(0).tolist(),
             t.correct_P.float().tolist(),
             measured_on,

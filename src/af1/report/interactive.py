@@ -161,7 +161,7 @@ def sweep_grid(grid: Grid, setup: SetupDescription, found: Found | None = None) 
             {
                 "type": "scatter",
                 "mode": "markers",
-                "name": f"95 % interval at or above {threshold}",
+                "name": f"95 % interval at or above {threshold} (in-sample, uncorrected across cells: descriptive)",
                 "x": [k for _, k in marked],
                 "y": [w + 0.3 for w, _ in marked],
                 "marker": {"symbol": "triangle-up", "color": "red", "size": 6},
@@ -569,7 +569,7 @@ def heads_map(result: HeadsStudy) -> str:
     text = [
         [
             f"layer {layer}, head {h}<br>relative change of the correct logit {fmt(effect[layer][h])}<br>"
-            + ("key head" if (layer, h) in keys else "not a key head")
+            + ("past the key threshold here" if (layer, h) in keys else "not past the key threshold here")
             + (f", top {top.index((layer, h)) + 1}" if (layer, h) in top else "")
             + f"<br>{where}"
             for h in range(H)

@@ -68,7 +68,8 @@ def styles_table(
     its problems and the ones its faithfulness is measured on. `own` is the task's own cell, already prepared: its
     setup, the problems to measure it on (the search's confirmation half, when the config is the search's, so that
     the row stands beside the search's number on the same problems) and what they are. Each measured row claims
-    that the config keeps `threshold` there (one-sided exact binomial tests, adjusted together)."""
+    that the config keeps `threshold` there (one-sided exact binomial tests, adjusted together), but the search's
+    own row on its confirmation half: the search's claim decides that one."""
     rows = []
     claims = []
     chose: set[tuple] = set()  # the operands of the problems that chose the config (none: a fixed config)
@@ -89,18 +90,19 @@ def styles_table(
             described = setup.describe()
             halves = {} if on is setup else {"confirmation": on}
             scores = faithfulness(on, config)
-            claims.append(
-                rate_above(
-                    "style_keeps",
-                    f"at L_wait {config.wait}, L_transfer {config.transfer} the last token still answers at least "
-                    f"{threshold} of {style} {op}",
-                    scores.correct_P.tolist(),
-                    threshold,
-                    f"{where} ({len(on.kept)})",
-                    constant_baseline(on.kept.targets(), on.kept.layout_P.tolist()),
-                    subject=f"{style} {op}",
+            if not (own is not None and own[0].spec == spec and own[1] is not own[0]):
+                claims.append(
+                    rate_above(
+                        "style_keeps",
+                        f"at L_wait {config.wait}, L_transfer {config.transfer} the last token still answers at "
+                        f"least {threshold} of {style} {op}",
+                        scores.correct_P.tolist(),
+                        threshold,
+                        f"{where} ({len(on.kept)})",
+                        constant_baseline(on.kept.targets(), on.kept.layout_P.tolist()),
+                        subject=f"{style} {op}",
+                    )
                 )
-            )
             rows.append(
                 StyleRow(
                     style=style,

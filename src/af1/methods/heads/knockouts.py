@@ -117,9 +117,7 @@ class Knockout(TypedDict):
     random_matched: dict[str, int]  # over all draws: heads matched by layer and key/value group, by layer, nearest
     random_heads: list[list[list[int]]]
     top_rank_among_random: int  # random sets that leave as few problems right as the top set, or fewer
-    top_rank_p: (
-        float  # (1 + those) / (draws + 1): how rare the top set is among random draws (at least 1 / (draws + 1))
-    )
+    top_rank_p: float  # (1 + those) / (draws + 1): the top set's rank among the draws, at least 1 / (draws + 1)
     accuracy_random_k_mean: float
     accuracy_random_k_std: float
     accuracy_random_k: list[float]
@@ -192,7 +190,8 @@ def top_vs_random_claim(top: Scores, randoms: list[Scores], k: int, measured_on:
     return paired_greater(
         "top_vs_random",
         f"mean-ablating the top {k} heads leaves fewer problems right than these {len(randoms)} random sets of {k} "
-        "from the same layers and key/value groups (the draws held fixed: over new draws, `top_rank_p`)",
+        "from the same layers and key/value groups (the draws held fixed; the top set's rank among them, "
+        f"`top_rank_p`, can be no smaller than 1/{len(randoms) + 1})",
         random_correct.mean(0).tolist(),
         top.correct_P.float().tolist(),
         measured_on,
