@@ -1,9 +1,10 @@
 """Claims on a planted mechanism: a tiny llama in which one layer transfers the operands to the last token and two
 heads alone carry them. Over 20 seeds, the heads study confirms both heads as key and the top heads against matched
-random heads, and claims no other head; necessity confirms the planted layer and rejects the others. Where nothing is
-there, the search claims no AF1 subgraph of a model that reads the operands in its last layer (20 seeds), the heads
-study claims no head for a word the answer does not read (20 seeds), and the positional study's claims stay silent on
-random weights (40 seeds)."""
+random heads (knocked out, and alone peeking under AF1), and claims no other head; necessity confirms the planted
+layer and rejects the others. Where nothing is there, the search claims no AF1 subgraph of a model that reads the
+operands in its last layer (20 seeds), the heads study claims no head for a word the answer does not read, nor its
+top heads over matched random ones (20 seeds), and the positional study's claims stay silent on random weights (40
+seeds)."""
 
 from __future__ import annotations
 
@@ -87,13 +88,26 @@ def study_settings(seed: int, kind: str | None) -> heads.ranking.Settings:
 @pytest.mark.slow
 def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer):
     """Each seed draws new random weights and a new split. The rule: both planted heads confirmed as key heads, the
-    top 2 confirmed against matched random heads, layer 1 confirmed necessary and layers 0 and 2 rejected, each in at
-    least 80 % of seeds; a head that does not write is never chosen nor claimed."""
-    made: dict[str, int] = {"key heads": 0, "top vs random": 0, "layer 1 necessary": 0, "layers 0, 2 not": 0}
+    top 2 confirmed against matched random heads (knocked out, and alone peeking in the search's transfer layer),
+    layer 1 confirmed necessary and layers 0 and 2 rejected, each in at least 80 % of seeds; a head that does not
+    write is never chosen nor claimed."""
+    made = dict.fromkeys(
+        ["key heads", "top vs random", "top peek vs random", "layer 1 necessary", "layers 0, 2 not"], 0
+    )
     for seed in range(SEEDS):
         lm = planted_model(tokenizer, seed)
         settings = study_settings(seed, "a")
         result = heads.study.study(lm, SPEC, settings, second_kind=None, compare_specs=[])
+        setup = prepare(lm, SPEC)
+        grid = allforone.sweep.sweep(setup, AF1Config(seed=seed))
+        found = allforone.search.search(grid, n_layers=3, threshold=0.9, selection=0.5, seed=seed)
+        assert (found.wait, found.transfer) == (0, 1), seed  # the last token reads in layer 1 alone
+        chosen = heads.consistency.Chosen(key=result.key_heads, top=result.top_heads, counterfactual="a")
+        on = allforone.search.confirmation(setup, 0.5, seed)
+        peek = heads.consistency.consistency(on, AF1Config(wait=0, transfer=1, seed=seed), chosen)["claims"]
+        made["top peek vs random"] += any(
+            c["kind"] == "top_peek_vs_random" and c["outcome"] == "confirmed" for c in heads.study.decide(peek)[0]
+        )
         assert result.n_solved == len(build_task(SPEC, tokenizer)), seed  # the fit solves every problem
         assert {tuple(h) for h in result.key_heads + result.top_heads} <= set(PLANTED), seed
         shares = result.attention_of_top_heads  # every query of the confirmation part, both answer steps
@@ -102,7 +116,7 @@ def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer
         assert set(outcomes) <= {f"{layer}.{h}" for layer, h in PLANTED} | {None}, seed
         made["key heads"] += sorted(map(tuple, result.confirmed_key_heads)) == PLANTED
         made["top vs random"] += outcomes[None] == "confirmed"
-        claims = allforone.necessity.necessity(prepare(lm, SPEC), windows=(1,)).claims
+        claims = allforone.necessity.necessity(setup, windows=(1,)).claims
         windows = {c["subject"]: c["outcome"] for c in claims}
         if windows["layer 1"] == "confirmed" and windows["layer 0"] == windows["layer 2"] == "rejected":
             summary = "1 of 3 confirmed, 2 rejected (faithfulness stays above the threshold), 0 not confirmed"
@@ -164,23 +178,40 @@ DISTRACTED = (  # a word before each sum that the answer does not read; the coun
 def test_no_head_is_claimed_to_carry_a_word_the_answer_does_not_read_over_20_seeds(tokenizer, tmp_path):
     """Nothing is there for the heads study: every head of a fitted tiny llama writes and reads the word before the
     sum (`door: 1+8=`), but the answer does not depend on it, so patching the word moves the answer's logit by noise
-    around zero. Each seed draws new weights and a new split. The rule: a head confirmed as key, or the top heads
-    confirmed against matched random heads, in at most 3 of 20 seeds (each family is Holm at 5 %: at that rate 1 seed
-    is expected and 4 or more happen with probability 0.016). Measured: 0 of 20 for each; on the selection part alone
+    around zero. Each seed draws new weights and a new split. The rule: a head confirmed as key, the top heads
+    confirmed against matched random heads, or (where the search chose a cell with a transfer layer holding a top
+    head) the top heads alone peeking confirmed to keep more than as many matched random heads peeking, each in at
+    most 3 of 20 seeds (each family is Holm at 5 %: at that rate 1 seed is expected and 4 or more happen with
+    probability 0.016). Measured: 0 of 20 for each (the peeking claim made in 10 seeds); on the selection part alone
     5 or 6 of the 12 heads pass the threshold in a typical seed."""
     digits = ", ".join(f"'{d}'" for d in range(10))
     words = Path(__file__).parents[1] / "examples" / "tasks" / "words.txt"
     path = tmp_path / "distracted.yaml"
     path.write_text(DISTRACTED % (words, digits, digits))
     spec = TaskSpec(file=str(path), n=60)
-    made = {"key head": 0, "top vs random": 0}
+    made = {"key head": 0, "top vs random": 0, "top peek vs random": 0}
+    judged = 0
     for seed in range(SEEDS):
         model = fitted_tiny_model("llama", [spec], tokenizer, seed=seed)
         lm = LoadedModel(model, tokenizer, ModelAdapter(model), {"spec": f"distracted-{seed}"})
         settings = study_settings(seed, None)
         result = heads.study.study(lm, spec, settings, second_kind=None, compare_specs=[])
         assert result.n_solved == 60 and result.counterfactual_kind == "slot w", seed
-        confirmed = {c["subject"] for c in result.claims if c["outcome"] == "confirmed"}
-        made["key head"] += bool(confirmed - {None})
-        made["top vs random"] += None in confirmed
+        setup = prepare(lm, spec)
+        found = allforone.search.search(
+            allforone.sweep.sweep(setup, AF1Config(seed=seed)), n_layers=3, threshold=0.9, selection=0.5, seed=seed
+        )
+        peek = []
+        if found.chosen and found.wait is not None and found.transfer:  # the heads' split is the search's: same seed
+            on = allforone.search.confirmation(setup, 0.5, seed)
+            chosen = heads.consistency.Chosen(key=result.key_heads, top=result.top_heads, counterfactual="slot w")
+            config = AF1Config(wait=found.wait, transfer=found.transfer, seed=seed)
+            peek = heads.consistency.consistency(on, config, chosen)["claims"]
+        claims, _ = heads.study.decide([*result.claims, *peek])
+        confirmed = {c["kind"] for c in claims if c["outcome"] == "confirmed"}
+        made["key head"] += "key_head" in confirmed
+        made["top vs random"] += "top_vs_random" in confirmed
+        made["top peek vs random"] += "top_peek_vs_random" in confirmed
+        judged += any(c["kind"] == "top_peek_vs_random" for c in claims)
+    assert judged >= 8, judged  # the peeking claim was made often enough to be tested (measured: 10)
     assert all(count <= 3 for count in made.values()), made

@@ -203,7 +203,8 @@ def test_a_search_that_finds_nothing_still_gives_its_numbers_and_the_grid_it_sea
 
 def test_the_plain_words_follow_the_claims_outcome():
     """The plain-words verdict says 'as claimed' only for a confirmed claim, 'cannot say' (with the n that would)
-    for one not confirmed, 'no such story' for a rejected one, and names the judged cell's blocks."""
+    for one not confirmed, 'does not keep' of the judged cell alone for a rejected one, and names the judged cell's
+    blocks."""
     from af1.experiments.search import Result, plain_words
 
     L, n = 6, 200
@@ -223,7 +224,8 @@ def test_the_plain_words_follow_the_claims_outcome():
     assert said["confirmed"].endswith("at least 90%, as claimed.")
     assert all(said[k].startswith("the search's pick (") for k in ("confirmed", "not confirmed"))  # not unique
     assert "cannot say whether it reaches 90%; about " in said["not confirmed"]
-    assert said["rejected"].startswith("no such story keeps 90% of the answers")
+    assert said["rejected"].startswith("the judged cell (through block 2") and "does not keep 90%" in said["rejected"]
+    assert said["rejected"].endswith("(other cells are not judged).")
     assert not any("as claimed" in said[k] for k in ("not confirmed", "rejected"))
 
 

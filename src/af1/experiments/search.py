@@ -258,8 +258,8 @@ def plain_words(result: Result) -> str:
         return f"{pick}: {story}. Cut so, the model {kept}: at least {result.threshold:.0%}, as claimed."
     if claim["outcome"] == "rejected":
         return (
-            f"no such story keeps {result.threshold:.0%} of the answers. Under the closest ({story}) the model "
-            f"{kept}: below {result.threshold:.0%}."
+            f"the judged cell ({story}) does not keep {result.threshold:.0%} of the answers: cut so, the model "
+            f"{kept}, below {result.threshold:.0%} (other cells are not judged)."
         )
     more = f"; about {claim['n_to_decide']} would" if claim["n_to_decide"] else ""
     return (
