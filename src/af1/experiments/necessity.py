@@ -1,6 +1,6 @@
 """necessity: faithfulness when the last token cannot read the problem's tokens, layer by layer and in windows.
 
-Inside a found AF1 the transfer window is also moved later, on the search's confirmation split."""
+Inside the search's chosen cell the transfer window is also moved later, on the search's confirmation split."""
 
 from __future__ import annotations
 
@@ -102,8 +102,8 @@ class Necessity(base.Experiment):
         shown, sentence = necessary(result.claims)
         return [
             "<h2>Necessity</h2><p>In the unmodified model the last token is kept from reading every non-context "
-            "position in one layer or a window of layers; right: inside the found AF1 the transfer window is moved "
-            "later.</p>",
+            "position in one layer or a window of layers; right: inside the search's chosen cell the transfer "
+            "window is moved later.</p>",
             figure_html(out_dir, "necessity.png", lambda: interactive.necessity_plot(result, result.n_solved)),
             *(t.html() for t in self.tables(result)),
             f"<p>{html.escape(sentence)}</p>" if sentence else "",

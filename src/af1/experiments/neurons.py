@@ -144,7 +144,8 @@ def reading(result: Result) -> list[str]:
     )
     return [
         f"Under AF1 alone: faithfulness {with_ci(result.faithfulness, result.faithfulness_ci)} on "
-        f"{result.n_confirmation} problems (constant guess {result.faithfulness_baseline:.3f}). Half of it is lost "
+        f"{result.n_confirmation} problems (constant guess {result.faithfulness_baseline:.3f}). By the point "
+        "estimate (descriptive, not tested), half of it is lost "
         f"with the top {half(result.half_faithfulness_top)} neurons (by the interval's upper end: "
         f"{half(result.half_faithfulness_top_interval)}); with random neurons of the same layers (the mean over "
         f"{len(result.random_faithfulness[0])} draws): {half(result.half_faithfulness_random)}."

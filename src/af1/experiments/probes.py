@@ -99,6 +99,12 @@ class Probes(base.Experiment):
             + (
                 f"Under AF1 at {config} the claims compare, problem by problem, with the matched control: the same "
                 "CAMA and no transfer layers."
+                + (
+                    ""
+                    if "confirmation" in result.measured_on
+                    else " The configuration was given, so every solved problem is measured: where these problems "
+                    "chose it (a search's cell given by hand), the claims are in-sample."
+                )
                 if config
                 else html.escape(result.no_config or "")
             )

@@ -103,7 +103,7 @@ class Search(base.Experiment):
             grid = sweep.Result.model_validate(beside)
             return interactive.sweep_grid(grid, grid, result)
 
-        parts = ["<h2>The AF1 subgraph</h2>", figure_html(out_dir, "search.png", grid)]
+        parts = ["<h2>The AF1 search and its claim</h2>", figure_html(out_dir, "search.png", grid)]
         parts.append(f"<p><b>{html.escape(claim_line(result))}</b></p>")
         if result.chosen:
             parts.append(f"<p>{html.escape(chosen_line(result))}</p>")

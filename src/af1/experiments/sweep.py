@@ -61,7 +61,8 @@ class Sweep(base.Experiment):
             + (
                 " The grid is drawn below, with the search's choice marked on it.</p>"
                 if result_beside(out_dir, "search") is not None  # its section draws the grid
-                else " Red triangles: cells whose whole 95 % interval lies at or above 0.9."
+                else " Red triangles: cells whose whole 95 % interval lies at or above 0.9 (in-sample, uncorrected "
+                "across cells: descriptive)."
                 + (" Hover a cell for its numbers; click it for its problems." if interactive.enabled() else "")
                 + "</p>"
                 + figure_html(out_dir, "sweep.png", lambda: interactive.sweep_grid(result, result))

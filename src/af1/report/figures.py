@@ -75,7 +75,7 @@ def sweep_heatmap(grid: Grid, setup: SetupDescription, path: Path, found: Found 
         marker="^",
         s=8,
         c="red",
-        label=f"95 % interval above {threshold} (in-sample, uncorrected: descriptive)",
+        label=f"95 % interval at or above {threshold} (in-sample, uncorrected: descriptive)",
     )
     frontier = found.frontier if found else []
     if frontier:

@@ -357,7 +357,8 @@ def guess(value: Any) -> tuple[Any, str, str, str]:
 
 def necessity_plot(result: Necessity, n: int) -> str:
     """Faithfulness with the last token kept from reading the problem, per first blocked layer and window width; and,
-    inside a found AF1, with the transfer window moved later. Every point: its interval, n and constant guess."""
+    inside the search's chosen cell, with the transfer window moved later. Every point: its interval, n and constant
+    guess."""
     baseline = result.faithfulness_baseline
     data = []
     for width, values in result.windows.items():

@@ -27,7 +27,7 @@ class ShiftedStart(Faithfulness):
 
 @with_config(ConfigDict(extra="forbid"))
 class ShiftedTransfer(TypedDict):
-    """A found AF1's transfer window moved to every later start, on n problems."""
+    """The search's chosen cell's transfer window moved to every later start, on n problems."""
 
     wait: int
     transfer: int
@@ -37,7 +37,8 @@ class ShiftedTransfer(TypedDict):
 
 class Necessity(Part):
     """Faithfulness with the last token kept from reading the operands in each window of layers, by width (the
-    windows' first layers in order), with intervals and the constant guess; and a found AF1's moved transfer window."""
+    windows' first layers in order), with intervals and the constant guess; and the chosen cell's moved transfer
+    window."""
 
     windows: dict[str, list[float]]
     windows_ci: dict[str, list[list[float]]]
@@ -57,7 +58,7 @@ def necessity(
     """Faithfulness when the last token cannot read the operands in one layer (or a window), and per window the
     claim that blocking it leaves faithfulness below `threshold` (every window one family, Holm).
 
-    Also, inside a found AF1, the transfer window moved to every later start, measured on `found_on` (the
+    Also, inside the search's chosen cell, the transfer window moved to every later start, measured on `found_on` (the
     search's confirmation split) when given.
     """
     L = setup.adapter.n_layers

@@ -178,7 +178,7 @@ def _strongest(cells: list[Cell]) -> Cell:
 
 
 def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float, seed: int) -> Found:
-    """The AF1 subgraph, chosen on a selection split of the solved problems and confirmed on the rest.
+    """The AF1 cell, chosen on a selection split of the solved problems, and its claim judged on the rest.
 
     Choice: the largest wait, then the smallest transfer, whose selection faithfulness reaches the
     threshold. Never chosen: cells with no compute stage, and cells whose selection interval does not
