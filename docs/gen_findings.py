@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from af1.claims import n_to_decide_text
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "docs" / "findings.md"
 # each generated block: its data file, and the markers that hold it in docs/findings.md
@@ -82,7 +84,7 @@ def render(data: dict[str, Any], source: str = "demo") -> str:
     for row in data["claims"]:
         c = row["claim"]
         low, high = c["ci"]
-        p, adj, need = c.get("p_value"), c.get("p_adjusted"), c.get("n_to_decide")
+        p, adj = c.get("p_value"), c.get("p_adjusted")
         cells = [
             row["model"],
             row["experiment"],
@@ -93,7 +95,7 @@ def render(data: dict[str, Any], source: str = "demo") -> str:
             number(c.get("baseline"), 3),
             "" if p is None else f"{p:.2g}",
             "" if adj is None else f"{adj:.2g}",
-            "" if not need else f"{need:,}",
+            n_to_decide_text(c),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", end]

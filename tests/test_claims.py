@@ -199,6 +199,9 @@ def test_paired_differs_reads_mcnemar_and_a_claim_not_confirmed_names_its_n():
     assert same["p_value"] == 1.0 and same["outcome"] == "not confirmed" and same["n_to_decide"] is None
     apart = claims.paired_differs("alternative", "s", [False] * 20 + [True] * 10, [True] * 30, "c")
     assert apart["outcome"] == "confirmed" and apart["estimate"] == pytest.approx(-20 / 30)
+    assert claims.n_to_decide_text(same) == "none at this estimate" and claims.n_to_decide_text(apart) == ""
+    near = claims.paired_differs("alternative", "s", [False] * 3 + [True] * 27, [True] * 30, "c")
+    assert near["outcome"] == "not confirmed" and claims.n_to_decide_text(near) == f"{near['n_to_decide']:,}"
 
 
 def test_variants_that_differ_from_cama_only_by_chance_are_confirmed_in_at_most_the_family_error_rate():

@@ -5,7 +5,7 @@ outcomes. Every sentence that decides something reads its outcome from here (`ou
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -515,6 +515,15 @@ def confirmed(claims: list[Claim], kind: str) -> list[str]:
 
 def interval_text(claim: Claim) -> str:
     return f"{with_ci(claim['estimate'], claim['ci'])}, n {claim['n']}"
+
+
+def n_to_decide_text(claim: Mapping[str, Any]) -> str:
+    """A table's "n to decide" cell: the n for a claim not confirmed, or that no n decides it at this estimate;
+    empty for a decided claim."""
+    if claim["outcome"] != NOT_CONFIRMED:
+        return ""
+    need = claim.get("n_to_decide")
+    return f"{need:,}" if need else "none at this estimate"
 
 
 def outcome_text(claim: Claim) -> str:

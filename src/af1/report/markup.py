@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.table import Table
 
-from af1.claims import outcome_text
+from af1.claims import n_to_decide_text, outcome_text
 from af1.report import interactive
 from af1.stats import with_ci
 
@@ -161,7 +161,7 @@ def claim_rows(claims: Rows | None) -> list[list[str]]:
     """Claims as table rows, one per claim (`af1.claims.Claim`): the outcome first, then its numbers."""
     rows = []
     for c in claims or []:
-        p, adj, need = c.get("p_value"), c.get("p_adjusted"), c.get("n_to_decide")
+        p, adj = c.get("p_value"), c.get("p_adjusted")
         rows.append(
             [
                 str(c["outcome"]),
@@ -171,7 +171,7 @@ def claim_rows(claims: Rows | None) -> list[list[str]]:
                 "" if c.get("baseline") is None else f"{c['baseline']:.3f}",
                 "" if p is None else f"{p:.2g}",
                 "" if adj is None else f"{adj:.2g}",
-                f"{need:,}" if need else "",
+                n_to_decide_text(c),
             ]
         )
     return rows
