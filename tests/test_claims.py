@@ -223,6 +223,18 @@ def test_variants_that_differ_from_cama_only_by_chance_are_confirmed_in_at_most_
     assert claims.adjust([lost, *family[1:]], "alternatives")[0]["outcome"] == "confirmed"
 
 
+def test_identical_claims_in_one_family_are_decided_alike():
+    """Tied p-values share their rank in the family, so two identical claims get the same adjusted p and the same n
+    to decide, wherever they stand in the list."""
+    same = [True] * 45 + [False] * 4  # 0.918, p about 0.45, the family's smallest: Holm caps both at 1
+    family = [claims.rate_above("k", "s", same, 0.9, "c", None, subject=str(i)) for i in range(2)]
+    below = [True] * 43 + [False] * 6
+    family[1:1] = [claims.rate_above("k", "s", below, 0.9, "c", None, subject=f"other {i}") for i in range(2)]
+    first, *_, last = claims.adjust(family, "styles")
+    assert first["p_adjusted"] == last["p_adjusted"] == 1.0
+    assert first["n_to_decide"] == last["n_to_decide"] is not None
+
+
 def test_a_best_cell_that_did_not_pass_selection_is_never_confirmed():
     claim = allforone.search.subgraph_claim([True] * 100, (1, 1), 0.9, chosen=False, baseline=0.1)
     assert claim["outcome"] == "not confirmed" and "never confirmed" in claim["rule"] and claim["n_to_decide"] is None

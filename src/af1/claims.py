@@ -494,7 +494,7 @@ def adjust(claims: list[Claim], family: str, method: Literal["holm", "bh"] = "ho
     else:
         adj = [float(p) for p in scipy_stats.false_discovery_control(raw, method="bh")] if raw else []
     m = len(raw)
-    rank = {i: r for r, i in enumerate(sorted(range(m), key=lambda j: raw[j]))}  # 0: the smallest p
+    rank = [sum(q < raw[j] for q in raw) for j in range(m)]  # 0: the smallest p; tied p share their rank
     own = [m - rank[j] if method == "holm" else m / (rank[j] + 1) for j in range(m)]  # each p's own multiplier
     # what the adjustment asks of each p: adjusted over raw (Holm's step-down or BH's step-up carried in), its own
     # multiplier where the adjusted p is capped at 1
