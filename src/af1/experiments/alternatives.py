@@ -14,6 +14,7 @@ from af1.claims import Claim
 from af1.experiments import base
 from af1.experiments.search import config_of, measured_on
 from af1.methods import allforone
+from af1.methods.setup import ALL_SOLVED
 from af1.report.markup import Tab
 from af1.stats import with_ci
 from af1.tasks.evaluation import ProblemInputs
@@ -26,7 +27,7 @@ class Options(base.ConfigOptions):
 class Result(base.SetupFields, allforone.alternatives.Alternatives):
     """The alternatives' part (`allforone.alternatives.Alternatives`) on the setup it was measured on."""
 
-    measured_on: str = "the solved problems"
+    measured_on: str = ALL_SOLVED
     inputs: ProblemInputs | None = None  # sets: solved; confirmation when measured there
 
 

@@ -17,6 +17,7 @@ from af1.experiments import base
 from af1.experiments.search import NO_CELL, config_of, measured_on, searched, searched_config
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, probes
+from af1.methods.setup import ALL_SOLVED
 from af1.report import interactive
 from af1.report.markup import Tab, figure_html
 from af1.stats import with_ci
@@ -31,7 +32,7 @@ class Options(base.ConfigOptions):
 class Result(base.SetupFields, probes.Probes):
     """The probes' part (`probes.Probes`) on the problems it was measured on."""
 
-    measured_on: str = "the solved problems"
+    measured_on: str = ALL_SOLVED
     no_config: str | None = None  # why there is no AF1 configuration to probe under
     inputs: ProblemInputs | None = None  # sets: solved; confirmation when measured there
 
@@ -55,7 +56,7 @@ class Probes(base.Experiment):
         elif config is None and search is not None:
             config = searched_config(search)
             note = None if config is not None else f"no AF1 configuration: {NO_CELL}"
-        on, where = measured_on(inputs, options, setup) if config is not None else (setup, "the solved problems")
+        on, where = measured_on(inputs, options, setup) if config is not None else (setup, ALL_SOLVED)
         found = probes.probes(on, config, folds=options.folds, seed=options.fold_seed, measured_on=where)
         halves = {} if on is setup else {"confirmation": on}
         return Result.of(
@@ -100,10 +101,10 @@ class Probes(base.Experiment):
                 f"Under AF1 at {config} the claims compare, problem by problem, with the matched control: the same "
                 "CAMA and no transfer layers."
                 + (
-                    ""
-                    if "confirmation" in result.measured_on
-                    else " The configuration was given, so every solved problem is measured: where these problems "
+                    " The configuration was given, so every solved problem is measured: where these problems "
                     "chose it (a search's cell given by hand), the claims are in-sample."
+                    if result.measured_on == ALL_SOLVED
+                    else ""
                 )
                 if config
                 else html.escape(result.no_config or "")

@@ -13,6 +13,7 @@ from af1.experiments.search import config_of, measured_on
 from af1.interventions.af1 import Ablation
 from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
+from af1.methods.setup import ALL_SOLVED
 from af1.report.markup import Tab, layout_tab, stages_tab
 from af1.stats import with_ci
 
@@ -26,7 +27,7 @@ class Options(base.ConfigOptions):
 class Result(base.SetupFields, allforone.faithfulness.AtConfig):
     """One configuration's part (`allforone.faithfulness.AtConfig`) on the problems it was measured on."""
 
-    measured_on: str = "the solved problems"
+    measured_on: str = ALL_SOLVED
 
 
 class Run(base.Experiment):

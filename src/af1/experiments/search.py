@@ -16,7 +16,7 @@ from af1.errors import Af1Error
 from af1.experiments import base, sweep
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
-from af1.methods.setup import Setup
+from af1.methods.setup import ALL_SOLVED, Setup
 from af1.report import interactive
 from af1.report.markup import Tab, figure_html, layout_tab, layouts_text, result_beside, stages_tab, table_html
 from af1.stats import with_ci
@@ -348,7 +348,7 @@ def measured_on(inputs: base.Inputs, options: base.ConfigOptions, setup: Setup) 
     """Where a config is measured: all solved problems for a fixed config, the search's confirmation split for the
     search's own config (never the problems that chose it)."""
     if options.wait is not None:
-        return setup, "the solved problems"
+        return setup, ALL_SOLVED
     search = the_search(inputs)
     on = allforone.search.confirmation(setup, search.selection_fraction, search.split_seed)
     return on, "the search's confirmation split"

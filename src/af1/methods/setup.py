@@ -43,6 +43,7 @@ from af1.tasks.spec import TaskSpec
 from af1.tasks.task import AnswerEnd, BosToken, LayoutRow, Task
 
 LOW_COUNT = 5  # a conditional mean over fewer problems than this is flagged
+ALL_SOLVED = "the solved problems"  # what a measure on every solved problem says it was measured on
 
 
 @with_config(ConfigDict(extra="forbid"))

@@ -11,7 +11,7 @@ from af1.claims import Claim, adjust, paired_differs, paired_greater
 from af1.interventions.af1 import ABLATIONS, AF1Config
 from af1.interventions.masks import ABP_VARIANTS
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
-from af1.methods.setup import Setup
+from af1.methods.setup import ALL_SOLVED, Setup
 from af1.results import Part
 from af1.stats import McNemar, mcnemar_exact, mean_std
 from af1.tasks.evaluation import Scores
@@ -59,7 +59,7 @@ class Alternatives(Part):
 
 
 def alternatives(
-    setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS, measured_on: str = "the solved problems"
+    setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS, measured_on: str = ALL_SOLVED
 ) -> Alternatives:
     """At one config: each ablation with ABP as configured, and each ABP variant with CAMA; every one against
     the configured intervention on the same problems (paired exact McNemar; resample, which runs `seeds` seeds, by

@@ -12,7 +12,7 @@ from af1.claims import Claim, adjust, rate_above
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.faithfulness import faith_fields, faithfulness, setup_inputs
-from af1.methods.setup import Setup, prepare
+from af1.methods.setup import ALL_SOLVED, Setup, prepare
 from af1.models import LoadedModel
 from af1.progress import progress
 from af1.results import Part
@@ -73,7 +73,9 @@ def styles_table(
     rows = []
     claims = []
     chose: set[tuple] = set()  # the operands of the problems that chose the config (none: a fixed config)
+    judged_by_search = None  # the spec whose row the search's own claim decides (none: a fixed config)
     if own is not None and own[1] is not own[0]:
+        judged_by_search = own[0].spec
         chose = {p.operands for p in own[0].kept.problems} - {p.operands for p in own[1].kept.problems}
     for style in progress(styles, desc="styles"):
         for op in operations:
@@ -90,7 +92,7 @@ def styles_table(
             described = setup.describe()
             halves = {} if on is setup else {"confirmation": on}
             scores = faithfulness(on, config)
-            if not (own is not None and own[0].spec == spec and own[1] is not own[0]):
+            if spec != judged_by_search:
                 claims.append(
                     rate_above(
                         "style_keeps",
@@ -131,7 +133,7 @@ def unseen(setup: Setup, chose: set[tuple]) -> tuple[Setup, str]:
     """The solved problems whose operands did not choose the config (the same sums in another phrasing are not
     out of sample), and what they are."""
     if not chose:
-        return setup, "the solved problems"
+        return setup, ALL_SOLVED
     index = [i for i, p in enumerate(setup.kept.problems) if p.operands not in chose]
     if not index:
         raise Af1Error("every solved problem has the operands of a problem that chose the config")
