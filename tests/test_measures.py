@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from html import escape
 
 import pytest
 import torch
@@ -252,6 +253,16 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     assert [c["estimate"] for c in nec.claims] == nec.windows["1"] + nec.windows["2"]  # one per window
     assert all(c["family"] == f"necessity: every blocked window: {2 * L - 1} tests, Holm" for c in nec.claims)
     assert all(c["outcome"] != "confirmed" for c in nec.claims if (c["estimate"] or 0.0) >= 0.9)
+    from af1.experiments.necessity import Necessity, Result
+
+    claims = [{**c, "outcome": "rejected"} if i % 2 else c for i, c in enumerate(nec.claims)]  # both kinds shown
+    assert {c["outcome"] for c in nec.claims} == {"confirmed"}  # a random model: every window breaks it
+    page = "".join(
+        Necessity().section(Result.of(tiny_setup.describe(), nec.model_copy(update={"claims": claims})), tmp_path)
+    )
+    for c in claims:  # every window's claim in the report with its outcome, the confirmed ones before the fold
+        row = f"<td>{c['outcome']}</td><td>{escape(c['statement'])}</td>"
+        assert row in page and (c["outcome"] == "confirmed") == (page.index(row) < page.index("<details"))
     shifted = nec.shifted_transfer
     assert shifted is not None and [s["start"] for s in shifted["by_start"]] == [1, 2]
     alt = allforone.alternatives.alternatives(tiny_setup, config)

@@ -108,11 +108,20 @@ class Necessity(base.Experiment):
             *(t.html() for t in self.tables(result)),
             f"<p>{html.escape(sentence)}</p>" if sentence else "",
             claims_html(shown),
+            others_html([c for c in result.claims if c not in shown]),
         ]
 
     def show(self, result: Result) -> list[Table | str]:
         shown, sentence = necessary(result.claims)
         return [*(t.rich() for t in self.tables(result)), *([sentence] if sentence else []), *claims_lines(shown)]
+
+
+def others_html(claims: list[Claim]) -> str:
+    """The windows' claims that were not confirmed, folded: every claim is in the report with its outcome."""
+    if not claims:
+        return ""
+    summary = f"The other {len(claims)} windows' claims (rejected or not confirmed)"
+    return f"<details class='claims'><summary><b>{summary}</b></summary>{claims_html(claims)}</details>"
 
 
 def necessary(claims: list[Claim]) -> tuple[list[Claim], str]:
