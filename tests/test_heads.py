@@ -347,6 +347,13 @@ def test_cli_finetune_and_positional_on_a_tiny_model(capsys, tmp_path, tokenizer
     assert result["heads"] == [[0, 1], [2, 3]] and "KV group" in result["gqa"]
     assert result["precise"]["trained_parameters"] < result["full"]["trained_parameters"]
     assert (tmp_path / "o" / "precise_heads.safetensors").is_file()
+    assert result["answer_end"]["checked"] and not any("end of the answer" in w for w in result["warnings"])
+    args = ["--heads", "0.1", "--steps", "1", "--n-train", "8", "--n-eval", "8", "--n-val", "8", "--lrs", "1e-4"]
+    code, out, err = run_cli(capsys, "finetune", "--model", str(tmp_path / "m"), "--shots", "0", *args, "--json")
+    assert code == 0, err
+    unchecked = json.loads(out)  # no worked example shows where an answer ends: the result says so
+    assert not unchecked["answer_end"]["checked"]
+    assert any("the end of the answer is not checked" in w for w in unchecked["warnings"])
     code, _, err = run_cli(capsys, "finetune", "--model", str(tmp_path / "m"), "--heads", "7.1")
     assert code == 2 and "out of range" in err
     code, out, err = run_cli(

@@ -17,7 +17,7 @@ from af1.experiments import base
 from af1.methods import finetune, heads, positional
 from af1.report.markup import Tab, claims_html, claims_lines
 from af1.tasks.evaluation import Evaluated, ProblemInputs, evaluate, evaluated, solved
-from af1.tasks.task import build_task
+from af1.tasks.task import AnswerEnd, build_task
 
 
 class Options(base.Options):
@@ -46,6 +46,7 @@ class Result(base.Result, finetune.compare.Compared):
     exact inputs."""
 
     heads_chosen_on: dict[str, Any] | None = None
+    answer_end: AnswerEnd | None = None  # whether the end of the answer is trained and checked, or why not
     text_corpus: str = ""
     inputs: ProblemInputs | None = None  # sets: train, validation, evaluation (predictions: the base model's)
 
@@ -133,7 +134,12 @@ class Finetune(base.Experiment):
             inputs.state_dir,
         )
         return Result.of(
-            result, heads_chosen_on=chosen_on, text_corpus=positional.corpus.CORPUS_SOURCE, inputs=problems
+            result,
+            heads_chosen_on=chosen_on,
+            answer_end=everything.end,
+            text_corpus=positional.corpus.CORPUS_SOURCE,
+            inputs=problems,
+            warnings=[everything.end_note] if everything.end_note else [],
         )
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
@@ -141,7 +147,8 @@ class Finetune(base.Experiment):
             "<h2>Precise fine-tuning</h2>",
             f"<p>{len(result.heads)} heads; {result.gqa}. {result.n_train} training problems, {result.n_val} "
             f"validation problems (each variant's learning rate), {result.n_eval} held-out (constant guess "
-            f"{result.arithmetic_baseline}); every answer token trained and scored; text measure on "
+            f"{result.arithmetic_baseline}); every answer token trained and scored, {end_text(result.answer_end)}; "
+            "text measure on "
             f"{result.text_corpus}. Mean ± std over seeds (random heads: over "
             f"{result.random_heads.get('draws', 1)} seeded draws of heads, none of the chosen ones).</p>",
             *(t.html() for t in self.tables(result)),
@@ -166,6 +173,13 @@ class Finetune(base.Experiment):
             *edge,
             *claims_lines(result.claims, "claims (one family, Holm)"),
         ]
+
+
+def end_text(end: AnswerEnd | None) -> str:
+    """Whether the end of the answer is trained and checked, in words."""
+    if end is not None and end["checked"]:
+        return f"and the end of the answer (the token after it, {end['separator']!r}, trained and checked)"
+    return f'but not the end of the answer ({end["note"] if end else "not recorded"}): "14" would count for "1"'
 
 
 def variants(result: Result) -> dict[str, Mapping[str, Any]]:
