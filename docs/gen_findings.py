@@ -3,11 +3,12 @@
 
     python docs/gen_findings.py --extract demo results/demo   # refresh docs/data/demo_claims.json from a store
     python docs/gen_findings.py --extract full results/full   # refresh docs/data/full_demo_claims.json
-    python docs/gen_findings.py                               # rewrite both blocks in docs/findings.md
+    python docs/gen_findings.py                               # rewrite the blocks in docs/findings.md
     python docs/gen_findings.py --stdout                      # print the blocks instead
 
-Each data file holds each model's verdict line and every claim the results decided (`af1.claims.Claim`), so the
-findings' verdicts are the results' own words and cannot drift from them.
+Each demo's data file holds each model's verdict line and every claim the results decided (`af1.claims.Claim`);
+the fine-tuning block is rendered from that run's own result (`docs/data/finetune_smollm2.json`, written by
+`af1 finetune --json`). So the findings' verdicts are the results' own words and cannot drift from them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ SOURCES = {
     "demo": (ROOT / "docs" / "data" / "demo_claims.json", "make demo"),
     "full": (ROOT / "docs" / "data" / "full_demo_claims.json", "af1 demo --full"),
 }
+FINETUNE = ROOT / "docs" / "data" / "finetune_smollm2.json"  # one `af1 finetune` result: its table and claims
+VARIANTS = {"precise": "precise", "random_heads": "matched random heads", "full": "full fine-tuning"}
 
 
 def markers(source: str) -> tuple[str, str]:
@@ -77,11 +80,74 @@ def render(data: dict[str, Any], source: str = "demo") -> str:
         "problems; for an effect or a difference, its null (0, or the key-head threshold); for 'learned', where "
         "random-weight models fall:",
         "",
+        *claims_table(data["claims"]),
+        "",
+        end,
+    ]
+    return "\n".join(lines)
+
+
+def with_interval(value: float, ci: list[float], digits: int) -> str:
+    return f"{value:.{digits}f} [{ci[0]:.{digits - 1}f}, {ci[1]:.{digits - 1}f}]"
+
+
+def spread(variant: dict[str, Any], key: str, digits: int) -> str:
+    """A tuned variant's measure: mean ± std over its runs, with the runs' values for the accuracy."""
+    text = f"{variant[key]:.{digits}f} ± {variant[key + '_std']:.{digits}f}"
+    if key == "arithmetic_accuracy":
+        text += " (" + ", ".join(f"{run[key]:.3f}" for run in variant["runs"]) + ")"
+    return text
+
+
+def render_finetune(result: dict[str, Any]) -> str:
+    """The fine-tuning block: each variant's learning rate (validation accuracy at every rate of the grid), trained
+    parameters and held-out and text measures, then its claims."""
+    begin, end = markers("finetune")
+    grid = result["lr_grid"]
+    rates = ", ".join(f"{lr:.0e}".replace("e-0", "e-") for lr in grid)
+    lines = [
+        begin,
+        "",
+        f"| variant | lr (validation accuracy at {rates}) | trained parameters | held-out accuracy "
+        f"(n {result['n_eval']}, constant guess {result['arithmetic_baseline']:.2f}) | perplexity "
+        "| next-token accuracy |",
+        "|---|---|---|---|---|---|",
+    ]
+    base = result["base"]
+    lines.append(
+        f"| base model | | 0 | {with_interval(base['arithmetic_accuracy'], base['arithmetic_accuracy_ci'], 3)} | "
+        f"{with_interval(base['perplexity'], base['perplexity_ci'], 2)} | "
+        f"{with_interval(base['next_token_accuracy'], base['next_token_accuracy_ci'], 3)} |"
+    )
+    for key, name in VARIANTS.items():
+        v = result[key]
+        tried = ", ".join(f"{v['validation_by_lr'][str(lr)]['accuracy']:.2f}" for lr in grid)
+        where = "at the grid's edge" if v["lr_at_edge"] else "interior"
+        lr = f"{v['lr']:.0e}".replace("e-0", "e-")
+        lines.append(
+            f"| {name} | {lr}, {where} ({tried}) | {v['trained_parameters'] / 1e6:.2f} M | "
+            f"{spread(v, 'arithmetic_accuracy', 3)} | {spread(v, 'perplexity', 2)} | "
+            f"{spread(v, 'next_token_accuracy', 3)} |"
+        )
+    lines += [
+        "",
+        f"Its claims ({result['claims'][0]['family']}; paired permutation tests over the {result['n_eval']} held-out "
+        "problems, each problem's share of a variant's runs right):",
+        "",
+    ]
+    lines += claims_table([{"model": "smollm2", "experiment": "finetune", "claim": c} for c in result["claims"]])
+    lines += ["", end]
+    return "\n".join(lines)
+
+
+def claims_table(rows: list[dict[str, Any]]) -> list[str]:
+    """One table row per claim: its outcome, statement and numbers."""
+    lines = [
         "| model | experiment | outcome | claim | estimate [95 % CI] | n | baseline / null | p | p adjusted "
         "| n to decide |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in data["claims"]:
+    for row in rows:
         c = row["claim"]
         low, high = c["ci"]
         p, adj = c.get("p_value"), c.get("p_adjusted")
@@ -98,8 +164,7 @@ def render(data: dict[str, Any], source: str = "demo") -> str:
             n_to_decide_text(c),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", end]
-    return "\n".join(lines)
+    return lines
 
 
 def block_of(text: str, source: str) -> str:
@@ -119,6 +184,7 @@ def main(argv: list[str]) -> None:
         print(f"wrote {data_file.relative_to(ROOT)}")
         return
     blocks = {source: render(json.loads(data.read_text()), source) for source, (data, _) in SOURCES.items()}
+    blocks["finetune"] = render_finetune(json.loads(FINETUNE.read_text()))
     if argv[:1] == ["--stdout"]:
         print("\n\n".join(blocks.values()))
         return

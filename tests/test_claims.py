@@ -289,3 +289,16 @@ def test_an_estimate_against_where_one_random_model_falls_names_the_n_that_clear
     assert [c["outcome"] for c in (above, inside, below)] == ["not confirmed"] * 3
     assert above["n_to_decide"] == math.ceil(8 * (0.1 / 0.03) ** 2) and inside["n_to_decide"] is None
     assert below["n_to_decide"] == math.ceil(8 * (0.05 / 0.04) ** 2) and below["null"] == 0.2
+
+
+def test_no_n_beyond_max_n_is_named_to_decide_a_claim():
+    """An effect far smaller than its spread would need more than MAX_N units: 'none at this estimate', as a rate
+    on its line says, never a six-figure n."""
+    first = [1.0003, -0.9997] * 4  # mean difference 0.0003 against a spread of 1
+    claim = claims.decided(claims.paired_greater("k", "first is larger", first, [0.0] * 8, "here"))
+    assert claim["outcome"] == "not confirmed" and claim["n_to_decide"] is None
+    assert claims.n_to_decide_text(claim) == "none at this estimate"
+    near = claims.decided(claims.paired_greater("k", "first is larger", [1.3, -0.7] * 4, [0.0] * 8, "here"))
+    assert near["outcome"] == "not confirmed" and 8 < (near["n_to_decide"] or 0) <= claims.MAX_N
+    above = claims.interval_above("k", "above", 0.5, [0.49, 0.51], 0.4999, [0.49, 0.49999], "here", 8)
+    assert above["outcome"] == "not confirmed" and above["n_to_decide"] is None

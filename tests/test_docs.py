@@ -52,6 +52,11 @@ def test_the_findings_claims_are_what_the_demos_results_decided() -> None:
         kinds |= {row["claim"]["kind"] for row in data["claims"]}
     # the full demo decides the claims of every analysis it adds
     assert {"component_alone", "style_keeps", "alternative", "necessary_window"} <= kinds
+    finetune = json.loads(gen_findings.FINETUNE.read_text())  # the fine-tuning run's own result, rendered whole
+    assert gen_findings.block_of(text, "finetune") == gen_findings.render_finetune(finetune), (
+        "docs/findings.md is out of date: run python docs/gen_findings.py"
+    )
+    assert {c["kind"] for c in finetune["claims"]} == {"precise_vs_random", "precise_vs_full"}
 
 
 def test_the_site_builds_strictly(tmp_path: Path) -> None:

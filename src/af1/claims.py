@@ -266,8 +266,9 @@ def n_for_effect(claim: Claim, times: float = 1.0) -> int | None:
 
 def n_to_part(claim: Claim, z: float = Z95) -> int | None:
     """About the n at which the claim's interval, its half-width shrinking as 1/sqrt(n), would lie `z` standard
-    errors clear of its null; None where the estimate sits on the null. Values that do not spread all point one
-    way: the sign test's p, 0.5 ** n one-sided, reaches the level that `z` stands for at n = log2(1 / level)."""
+    errors clear of its null; None where the estimate sits on the null, or no n up to MAX_N would. Values that do not
+    spread all point one way: the sign test's p, 0.5 ** n one-sided, reaches the level that `z` stands for at
+    n = log2(1 / level)."""
     low, high = (math.nan if v is None else v for v in claim["ci"])
     estimate, null = claim["estimate"], claim["null"]
     distance = math.nan if estimate is None or null is None else abs(estimate - null)
@@ -276,7 +277,8 @@ def n_to_part(claim: Claim, z: float = Z95) -> int | None:
         return None
     if se == 0:
         return max(claim["n"] + 1, math.ceil(-math.log2(float(scipy_stats.norm.sf(z)))))
-    return max(claim["n"] + 1, math.ceil(claim["n"] * (z * se / distance) ** 2))
+    need = max(claim["n"] + 1, math.ceil(claim["n"] * (z * se / distance) ** 2))
+    return need if need <= MAX_N else None
 
 
 RESAMPLES = 9999  # permutation tests: the smallest p is 1 / 10,000
@@ -461,7 +463,8 @@ def interval_above(
     gap = estimate - other_high if estimate > other else other_low - estimate
     half = (high - low) / 2
     if outcome == NOT_CONFIRMED and n and gap > 0 and half > 0:
-        claim["n_to_decide"] = max(n + 1, math.ceil(n * (half / gap) ** 2))
+        need = max(n + 1, math.ceil(n * (half / gap) ** 2))
+        claim["n_to_decide"] = need if need <= MAX_N else None
     return claim
 
 

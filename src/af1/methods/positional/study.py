@@ -241,8 +241,8 @@ def window_claims(
     )
     word_order = paired_greater(
         "word_order",
-        "word order shapes it: on each held-out window, the median head's r on the text is above that on the same "
-        "tokens shuffled",
+        "the text's word order makes it fit better: on each held-out window, the median head's r on the text is "
+        "above that on the same tokens shuffled",
         median(r_LHN.flatten(0, 1), dim=0).tolist(),
         median(shuffled_LHN.flatten(0, 1), dim=0).tolist(),
         where,
