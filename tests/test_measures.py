@@ -17,6 +17,7 @@ from af1.methods import allforone
 from af1.methods.setup import executors, low_count_positions, make_setup, prepare
 from af1.models import LoadedModel
 from af1.results import to_json
+from af1.stats import with_ci
 from af1.study.report import build_report
 from af1.tasks.evaluation import Scores
 from af1.tasks.spec import TaskSpec
@@ -323,8 +324,25 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     static = build_report(tmp_path, static=True).read_text()
     assert "<img" in static and "af1-plot" not in static and "need not peek" in static  # the PNGs (papers)
     assert "need not peek" in html and "constant guess" in html  # pruning judged by its claim
+    for c in alt.claims:  # each alternative's claim with its numbers: the difference and its interval, its n
+        assert f"<td>{escape(c['statement'])}</td><td>{with_ci(c['estimate'], c['ci'])}</td>" in html
     with pytest.raises(Af1Error, match="no af1 results"):
         build_report(tmp_path / "empty" if (tmp_path / "empty").mkdir() is None else tmp_path)
+
+
+def test_each_transfer_claim_is_in_the_report_with_its_numbers(tiny_setup, tmp_path):
+    """A config found on a deeper model, mapped here by the same layers and by relative depth, is tested against this
+    model's own; the report shows each test as a claim with its difference, interval and n."""
+    from af1.experiments.transfer import Result, Transfer
+
+    own = AF1Config(wait=0, transfer=1)
+    row = allforone.transfer.transfer_config(tiny_setup, AF1Config(wait=4, transfer=2), 8, own=own)
+    allforone.transfer.transfer_family([row])
+    result = Result.of(tiny_setup.describe(), target="tiny", rows=[row], n_measured=len(tiny_setup.kept))
+    assert [c["family"] for c in result.claims] == ["transfer: 2 tests, Holm"] * 2  # both mappings differ from own
+    page = "".join(Transfer().section(result, tmp_path))
+    for c in result.claims:
+        assert f"<td>{escape(c['statement'])}</td><td>{with_ci(c['estimate'], c['ci'])}</td>" in page
 
 
 def test_greedy_pruning_reranks_after_every_removal(tiny_setup, monkeypatch):

@@ -297,8 +297,18 @@ def _finished_units(out: Path) -> int:
     return count
 
 
-def test_a_killed_study_reruns_only_the_missing_units(local_run, tmp_path):
-    plan, local_out, _ = local_run
+PART = """
+experiments:
+  eval: {}
+  search: {threshold: 0.5}
+  necessity: {windows: [1, 2]}
+  heads: {k: 2, draws: 2}
+"""  # a part of the local run's plan (one model): 10 units, each with the same result as there
+
+
+def test_a_killed_study_reruns_only_the_missing_units(local_run, tiny_dirs, tmp_path):
+    _, local_out, _ = local_run
+    plan = write_plan(tmp_path / "plan.yaml", {"llama": tiny_dirs["llama"]}, experiments=PART)
     out = tmp_path / "out"
     env = {**os.environ, "AF1_NO_PROGRESS": "1"}
     proc = subprocess.Popen(
@@ -323,7 +333,7 @@ def test_a_killed_study_reruns_only_the_missing_units(local_run, tmp_path):
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert done and len(done) < 30, "the kill came after the first unit and before the last"
+    assert done and len(done) < len(expand(load_plan(plan))), "the kill came after the first unit and before the last"
     held = {p.parent.relative_to(out / "units").as_posix() for p in (out / "units").rglob("lease.json")}
     assert len(held) == 1, "the killed runner held the unit it was running"
     done = {}
@@ -336,27 +346,19 @@ def test_a_killed_study_reruns_only_the_missing_units(local_run, tmp_path):
     assert set(summary.skipped) == set(done) and set(summary.ran) == {u.id for u in summary.units} - set(done)
     for unit_id, mtime in done.items():
         assert (out / "units" / unit_id / "unit.json").stat().st_mtime_ns == mtime
-    assert results(out) == results(local_out)
+    local = results(local_out)
+    assert results(out) == {unit: local[unit] for unit in results(out)}
     (taken,) = held  # the next runner took the dead runner's lease over, said so in the record, and left none
     record = json.loads((out / "units" / taken / "unit.json").read_text())
     assert f"its process {proc.pid} on this host has ended" in record["took_over"]
     assert not list((out / "units").rglob("lease.json"))
 
 
-TWO_RUNNERS = """
-experiments:
-  eval: {}
-  search: {threshold: 0.5}
-  necessity: {windows: [1, 2]}
-  heads: {k: 2, draws: 2}
-"""  # a part of the local run's plan (one model): 10 units, each with the same result as there
-
-
 def test_two_runners_on_one_store_compute_each_unit_once(local_run, tiny_dirs, tmp_path):
     """Two `af1 study` of one plan on one store at once: they split the units (each computed by one of them, the
     runners' own counts add up), wait for each other's inputs, and end with the results of one run."""
     _, local_out, _ = local_run
-    plan = write_plan(tmp_path / "plan.yaml", {"llama": tiny_dirs["llama"]}, experiments=TWO_RUNNERS)
+    plan = write_plan(tmp_path / "plan.yaml", {"llama": tiny_dirs["llama"]}, experiments=PART)
     units = len(expand(load_plan(plan)))
     out = tmp_path / "out"
     env = {**os.environ, "AF1_NO_PROGRESS": "1"}

@@ -8,14 +8,12 @@ import html
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 from af1.claims import Claim
 from af1.experiments import base
 from af1.experiments.search import config_of, measured_on
 from af1.methods import allforone
 from af1.methods.setup import ALL_SOLVED
-from af1.report.markup import Tab
+from af1.report.markup import Tab, claims_html
 from af1.stats import with_ci
 from af1.tasks.evaluation import ProblemInputs
 
@@ -84,7 +82,5 @@ class Alternatives(base.Experiment):
             f"configured intervention on the same problems, the tests adjusted together ({html.escape(str(family))})."
             "</p>",
             *(t.html() for t in self.tables(result)),  # each row holds its claim's outcome
+            claims_html(result.claims),  # and each claim its numbers: the difference, its interval, n to decide
         ]
-
-    def show(self, result: Result) -> list[Table | str]:
-        return [t.rich() for t in self.tables(result)]

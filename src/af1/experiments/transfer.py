@@ -8,6 +8,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from af1.claims import Claim
 from af1.experiments import base
 from af1.experiments.search import NO_CELL, searched_config
 from af1.experiments.search import Result as Searched
@@ -29,6 +30,12 @@ class Result(base.SetupFields):
     measured_on: str = "solved problems"
     n_measured: int = 0
     inputs: ProblemInputs | None = None  # sets: solved; confirmation when measured there
+
+    @property
+    def claims(self) -> list[Claim]:
+        """Each mapped config's test against the target's own (one family, Holm), in the table's order."""
+        tested = (row[by].get("vs_own") for row in self.rows for by in ("absolute", "relative"))
+        return [claim for claim in tested if claim is not None]
 
 
 DIFFERS = {"confirmed": "differs", "not confirmed": "not shown to differ", "rejected": "does not differ"}
