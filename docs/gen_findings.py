@@ -135,7 +135,8 @@ def render_finetune(result: dict[str, Any]) -> str:
         "problems, each problem's share of a variant's runs right):",
         "",
     ]
-    lines += claims_table([{"model": "smollm2", "experiment": "finetune", "claim": c} for c in result["claims"]])
+    model = result["provenance"]["model"]["spec"]
+    lines += claims_table([{"model": model, "experiment": "finetune", "claim": c} for c in result["claims"]])
     lines += ["", end]
     return "\n".join(lines)
 

@@ -293,7 +293,7 @@ def test_an_estimate_against_where_one_random_model_falls_names_the_n_that_clear
 
 def test_no_n_beyond_max_n_is_named_to_decide_a_claim():
     """An effect far smaller than its spread would need more than MAX_N units: 'none at this estimate', as a rate
-    on its line says, never a six-figure n."""
+    on its line says, never an n above MAX_N (100,000)."""
     first = [1.0003, -0.9997] * 4  # mean difference 0.0003 against a spread of 1
     claim = claims.decided(claims.paired_greater("k", "first is larger", first, [0.0] * 8, "here"))
     assert claim["outcome"] == "not confirmed" and claim["n_to_decide"] is None

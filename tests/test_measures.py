@@ -325,7 +325,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     assert "<img" in static and "af1-plot" not in static and "need not peek" in static  # the PNGs (papers)
     assert "need not peek" in html and "constant guess" in html  # pruning judged by its claim
     for c in alt.claims:  # each alternative's claim with its numbers: the difference and its interval, its n
-        assert f"<td>{escape(c['statement'])}</td><td>{with_ci(c['estimate'], c['ci'])}</td>" in html
+        assert f"<td>{escape(c['statement'])}</td><td>{with_ci(c['estimate'], c['ci'])}</td><td>{c['n']}</td>" in html
     with pytest.raises(Af1Error, match="no af1 results"):
         build_report(tmp_path / "empty" if (tmp_path / "empty").mkdir() is None else tmp_path)
 
@@ -342,7 +342,7 @@ def test_each_transfer_claim_is_in_the_report_with_its_numbers(tiny_setup, tmp_p
     assert [c["family"] for c in result.claims] == ["transfer: 2 tests, Holm"] * 2  # both mappings differ from own
     page = "".join(Transfer().section(result, tmp_path))
     for c in result.claims:
-        assert f"<td>{escape(c['statement'])}</td><td>{with_ci(c['estimate'], c['ci'])}</td>" in page
+        assert f"<td>{escape(c['statement'])}</td><td>{with_ci(c['estimate'], c['ci'])}</td><td>{c['n']}</td>" in page
 
 
 def test_greedy_pruning_reranks_after_every_removal(tiny_setup, monkeypatch):

@@ -347,7 +347,7 @@ def test_a_killed_study_reruns_only_the_missing_units(local_run, tiny_dirs, tmp_
     for unit_id, mtime in done.items():
         assert (out / "units" / unit_id / "unit.json").stat().st_mtime_ns == mtime
     local = results(local_out)
-    assert results(out) == {unit: local[unit] for unit in results(out)}
+    assert len(results(out)) == len(summary.units) and results(out) == {unit: local[unit] for unit in results(out)}
     (taken,) = held  # the next runner took the dead runner's lease over, said so in the record, and left none
     record = json.loads((out / "units" / taken / "unit.json").read_text())
     assert f"its process {proc.pid} on this host has ended" in record["took_over"]
@@ -380,7 +380,7 @@ def test_two_runners_on_one_store_compute_each_unit_once(local_run, tiny_dirs, t
     pids = {json.loads(p.read_text())["worker"]["pid"] for p in (out / "units").rglob("unit.json")}
     assert pids == {p.pid for p in procs}
     local = results(local_out)
-    assert results(out) == {unit: local[unit] for unit in results(out)}
+    assert len(results(out)) == units and results(out) == {unit: local[unit] for unit in results(out)}
     assert not list((out / "units").rglob("lease.json"))
 
 

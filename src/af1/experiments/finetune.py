@@ -177,9 +177,11 @@ class Finetune(base.Experiment):
 
 def end_text(end: AnswerEnd | None) -> str:
     """Whether the end of the answer is trained and checked, in words."""
-    if end is not None and end["checked"]:
+    if end is None:
+        return "whether the end of the answer is trained and checked is not recorded"
+    if end["checked"]:
         return f"and the end of the answer (the token after it, {end['separator']!r}, trained and checked)"
-    return f'but not the end of the answer ({end["note"] if end else "not recorded"}): "14" would count for "1"'
+    return f"but not the end of the answer ({end['note']})"
 
 
 def variants(result: Result) -> dict[str, Mapping[str, Any]]:
