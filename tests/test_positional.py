@@ -231,3 +231,15 @@ def test_a_median_and_its_bootstrap_interval_are_one_statistic():
     assert positional.fit.summary(r_LH)["median"] == pytest.approx(0.25)
     low, high = positional.fit.median_ci(r_LH[..., None].expand(2, 2, 6))
     assert low == pytest.approx(0.25) and high == pytest.approx(0.25)
+
+
+def test_a_meaning_term_gain_within_float_rounding_is_no_gain():
+    """Position alone fits the logits, and the token term's held-out r differs from it by float32 rounding only,
+    the same sign in every window: no gain is claimed (read as one, 8 windows alike give a one-sided p of 0.004). A
+    real gain, however small against the windows' spread, is still tested."""
+    pos_LHN = torch.full((2, 3, 8), 0.5)
+    shuffled_LHN = pos_LHN.clone()
+    rounding, _ = positional.study.window_claims(pos_LHN + 3e-8, pos_LHN, shuffled_LHN, "8 windows", 0)
+    assert rounding["estimate"] == 0.0 and rounding["p_value"] == 1.0 and rounding["outcome"] == "not confirmed"
+    real, _ = positional.study.window_claims(pos_LHN + 1e-3, pos_LHN, shuffled_LHN, "8 windows", 0)
+    assert real["outcome"] == "confirmed" and (real["p_value"] or 1.0) < 0.01

@@ -141,6 +141,7 @@ class Positional(RopeParts):
 
 
 RANDOM_SEEDS = 5  # random-weight controls of the held-out test
+ROUNDING = 1e-6  # a held-out r gain this small is float32 rounding: position alone fits the logits as well
 
 
 LEARNED = {  # the learned claims, by whether the random weights are rescaled to the trained model's norms
@@ -229,6 +230,7 @@ def window_claims(
     """The held-out window-by-window claims: the meaning term adds to position alone, and word order shapes the
     decomposition (the median head's r per window against the same tokens shuffled); paired permutation tests."""
     gain_N = median((r_LHN - pos_LHN).flatten(0, 1), dim=0)  # per held-out window, the median head's gain
+    gain_N = torch.where(gain_N.abs() > ROUNDING, gain_N, 0.0)  # a gain within float rounding is no gain
     meaning = paired_greater(
         "meaning_term",
         "a meaning term that is a function of the key's token, fitted on other windows, adds to position alone on "
