@@ -1,10 +1,12 @@
-"""Claims on a planted mechanism: a tiny llama in which one layer transfers the operands to the last token and two
-heads alone carry them. Over 20 seeds, the heads study confirms both heads as key and the top heads against matched
-random heads (knocked out, and alone peeking under AF1), and claims no other head; necessity confirms the planted
-layer and rejects the others. Where nothing is there, the search claims no AF1 subgraph of a model that reads the
-operands in its last layer (20 seeds), the heads study claims no head for a word the answer does not read, nor its
-top heads over matched random ones (20 seeds), and the positional study's claims stay silent on random weights (40
-llama seeds, 20 each of gpt2 and qwen2)."""
+"""Claims on models over 20 seeds or more. Planted: a tiny llama in which one layer transfers the operands to the
+last token and two heads alone carry them; the search confirms the subgraph, the heads study confirms both heads as
+key and the top heads against matched random heads (knocked out, and alone peeking under AF1) and claims no other
+head, necessity confirms the planted layer, a part of AF1 alone is confirmed to break the answer where it cuts that
+layer off, and the probes read an operand after it. Where nothing is there: no probe reads a label permuted across
+problems, two seeds of the resample ablation are not said to differ, the search claims no AF1 subgraph of a model
+that reads the operands in its last layer, the heads study claims no head for a word the answer does not read nor
+its top heads over matched random ones, the positional study's claims stay silent on random weights (40 llama seeds,
+20 each of gpt2 and qwen2), and no meaning term is claimed where attention sees position alone."""
 
 from __future__ import annotations
 
