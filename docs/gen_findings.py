@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from af1.claims import n_to_decide_text
+from af1.methods.allforone.transfer import tested
+from af1.stats import with_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "docs" / "findings.md"
@@ -44,7 +46,7 @@ def claims_of(experiment: str, result: dict[str, Any]) -> list[dict[str, Any]]:
     if experiment == "search":
         return [result["claim"]] if result.get("claim") else []
     if experiment == "transfer":
-        return [row[by]["vs_own"] for row in result["rows"] for by in ("absolute", "relative") if "vs_own" in row[by]]
+        return tested(result["rows"])
     if experiment == "positional":
         return list((result.get("heldout") or {}).get("claims") or [])
     return list(result.get("claims") or [])
@@ -87,10 +89,6 @@ def render(data: dict[str, Any], source: str = "demo") -> str:
     return "\n".join(lines)
 
 
-def with_interval(value: float, ci: list[float], digits: int) -> str:
-    return f"{value:.{digits}f} [{ci[0]:.{digits - 1}f}, {ci[1]:.{digits - 1}f}]"
-
-
 def spread(variant: dict[str, Any], key: str, digits: int) -> str:
     """A tuned variant's measure: mean ± std over its runs, with the runs' values for the accuracy."""
     text = f"{variant[key]:.{digits}f} ± {variant[key + '_std']:.{digits}f}"
@@ -99,12 +97,16 @@ def spread(variant: dict[str, Any], key: str, digits: int) -> str:
     return text
 
 
+def lr_text(lr: float) -> str:
+    return f"{lr:.0e}".replace("e-0", "e-")  # 0.001 -> 1e-3
+
+
 def render_finetune(result: dict[str, Any]) -> str:
     """The fine-tuning block: each variant's learning rate (validation accuracy at every rate of the grid), trained
     parameters and held-out and text measures, then its claims."""
     begin, end = markers("finetune")
     grid = result["lr_grid"]
-    rates = ", ".join(f"{lr:.0e}".replace("e-0", "e-") for lr in grid)
+    rates = ", ".join(map(lr_text, grid))
     lines = [
         begin,
         "",
@@ -115,17 +117,16 @@ def render_finetune(result: dict[str, Any]) -> str:
     ]
     base = result["base"]
     lines.append(
-        f"| base model | | 0 | {with_interval(base['arithmetic_accuracy'], base['arithmetic_accuracy_ci'], 3)} | "
-        f"{with_interval(base['perplexity'], base['perplexity_ci'], 2)} | "
-        f"{with_interval(base['next_token_accuracy'], base['next_token_accuracy_ci'], 3)} |"
+        f"| base model | | 0 | {with_ci(base['arithmetic_accuracy'], base['arithmetic_accuracy_ci'])} | "
+        f"{with_ci(base['perplexity'], base['perplexity_ci'])} | "
+        f"{with_ci(base['next_token_accuracy'], base['next_token_accuracy_ci'])} |"
     )
     for key, name in VARIANTS.items():
         v = result[key]
         tried = ", ".join(f"{v['validation_by_lr'][str(lr)]['accuracy']:.2f}" for lr in grid)
         where = "at the grid's edge" if v["lr_at_edge"] else "interior"
-        lr = f"{v['lr']:.0e}".replace("e-0", "e-")
         lines.append(
-            f"| {name} | {lr}, {where} ({tried}) | {v['trained_parameters'] / 1e6:.2f} M | "
+            f"| {name} | {lr_text(v['lr'])}, {where} ({tried}) | {v['trained_parameters'] / 1e6:.2f} M | "
             f"{spread(v, 'arithmetic_accuracy', 3)} | {spread(v, 'perplexity', 2)} | "
             f"{spread(v, 'next_token_accuracy', 3)} |"
         )

@@ -34,8 +34,7 @@ class Result(base.SetupFields):
     @property
     def claims(self) -> list[Claim]:
         """Each mapped config's test against the target's own (one family, Holm), in the table's order."""
-        tested = (row[by].get("vs_own") for row in self.rows for by in ("absolute", "relative"))
-        return [claim for claim in tested if claim is not None]
+        return allforone.transfer.tested(self.rows)
 
 
 DIFFERS = {"confirmed": "differs", "not confirmed": "not shown to differ", "rejected": "does not differ"}

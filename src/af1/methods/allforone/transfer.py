@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from pydantic import ConfigDict, with_config
 from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
@@ -92,9 +95,16 @@ def transfer_config(setup: Setup, config: AF1Config, from_layers: int, own: AF1C
     return out
 
 
+def tested(rows: Sequence[Mapping[str, Any]]) -> list[Claim]:
+    """Each mapped config's test against the target's own, in the table's order (rows as built or as read back)."""
+    claims = (row[by].get("vs_own") for row in rows for by in ("absolute", "relative"))
+    return [claim for claim in claims if claim is not None]
+
+
 def transfer_family(rows: list[Transferred]) -> None:
     """Every mapped config's test against the target's own, adjusted together (Holm), in place."""
-    where = [(i, by) for i, row in enumerate(rows) for by in ("absolute", "relative") if "vs_own" in row[by]]
-    adjusted = adjust([rows[i][by]["vs_own"] for i, by in where], "transfer")
-    for (i, by), claim in zip(where, adjusted, strict=True):
-        rows[i][by]["vs_own"] = claim
+    adjusted = iter(adjust(tested(rows), "transfer"))
+    for row in rows:
+        for by in ("absolute", "relative"):
+            if "vs_own" in row[by]:
+                row[by]["vs_own"] = next(adjusted)
