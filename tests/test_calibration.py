@@ -233,6 +233,15 @@ def test_no_af1_subgraph_is_claimed_where_the_operands_are_read_in_the_last_laye
     assert all(count <= NULL_SEEDS for count in null.values()), null
 
 
+def heldout_claims(adapter: ModelAdapter, tokenizer, seed: int) -> list:
+    """The positional study's held-out claims on 16 windows of 8 tokens of the shipped text (split and controls drawn
+    with `seed`)."""
+    start = document_start(tokenizer)
+    ids_NT = corpus_windows(adapter, tokenizer, load_corpus(None), 16, 8, start[0] if start else None)
+    shuffled_NT = positional.corpus.shuffled(ids_NT, 1 if start else 0, seed)
+    return positional.study.heldout_study(adapter, ids_NT, shuffled_NT, capture_logits(adapter, ids_NT), seed)["claims"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family, seeds", [("llama", 2 * SEEDS), ("gpt2", SEEDS), ("qwen2", SEEDS)])
 def test_a_random_weight_model_is_not_called_learned_nor_shaped_by_word_order(tokenizer, family, seeds):
@@ -242,13 +251,8 @@ def test_a_random_weight_model_is_not_called_learned_nor_shaped_by_word_order(to
     confirmed in at most 1 of the seeds (40 for llama, 20 for gpt2 and qwen2; measured: 0 for each; read against the
     random seeds' mean instead, 'learned' was confirmed in 2 of 40 llama seeds)."""
     made = {"learned": 0, "learned_at_scale": 0, "word_order": 0}
-    start = document_start(tokenizer)
     for seed in range(seeds):
-        adapter = ModelAdapter(tiny_model(family, seed=seed))
-        ids_NT = corpus_windows(adapter, tokenizer, load_corpus(None), 16, 8, start[0] if start else None)
-        shuffled_NT = positional.corpus.shuffled(ids_NT, 1 if start else 0, seed)
-        held = positional.study.heldout_study(adapter, ids_NT, shuffled_NT, capture_logits(adapter, ids_NT), seed)
-        for claim in held["claims"]:
+        for claim in heldout_claims(ModelAdapter(tiny_model(family, seed=seed)), tokenizer, seed):
             if claim["kind"] in made:
                 made[claim["kind"]] += claim["outcome"] == "confirmed"
     assert all(count <= 1 for count in made.values()), made
@@ -261,16 +265,11 @@ def test_attention_that_sees_position_alone_is_not_given_a_meaning_term_over_20_
     windows but float rounding (about 1e-8 in r, one-signed in some seeds: read as a gain, 8 windows alike give a
     one-sided p of 0.004). The claim is made in no seed (a null by construction; measured: 0 of 20)."""
     made = 0
-    start = document_start(tokenizer)
     for seed in range(SEEDS):
         model = tiny_model("llama", seed=seed)
         with torch.no_grad():
             model.model.embed_tokens.weight[:] = model.model.embed_tokens.weight[0].clone()
-        adapter = ModelAdapter(model)
-        ids_NT = corpus_windows(adapter, tokenizer, load_corpus(None), 16, 8, start[0] if start else None)
-        shuffled_NT = positional.corpus.shuffled(ids_NT, 1 if start else 0, seed)
-        held = positional.study.heldout_study(adapter, ids_NT, shuffled_NT, capture_logits(adapter, ids_NT), seed)
-        (meaning,) = [c for c in held["claims"] if c["kind"] == "meaning_term"]
+        (meaning,) = [c for c in heldout_claims(ModelAdapter(model), tokenizer, seed) if c["kind"] == "meaning_term"]
         made += meaning["outcome"] == "confirmed"
     assert made == 0, made
 
