@@ -1,9 +1,10 @@
-"""The Python API in one page: base accuracy, one AF1 configuration, a small grid and the search.
+"""The Python API in one page: base accuracy, one AF1 configuration and the search.
 
     python examples/api_quickstart.py [--model smollm2] [--n 40]
 
-Every rate comes with its n, 95 % Wilson interval and constant-guess baseline; the search chooses on
-half of the solved problems and reports the other half. The tests run `quickstart` on SmolLM2.
+Every rate comes with its n, exact 95 % interval and constant-guess baseline; the search chooses on half of the
+solved problems, measuring only what its rule needs, and judges its cell on the other half. The tests run
+`quickstart` on SmolLM2.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ from typing import Any
 import af1.api as af1
 
 
-def quickstart(lm: af1.LoadedModel, n: int = 40, max_transfer: int = 2) -> dict[str, Any]:
+def quickstart(lm: af1.LoadedModel, n: int = 40) -> dict[str, Any]:
     """Measure 1-digit a+b (calculate style, 3 shots) on a loaded model and return the numbers."""
     task = af1.TaskSpec(operation="a+b", style="calculate", shots=3, n=n)
     held = af1.session(lm)  # the task is evaluated once and its CAMA means made once, for every run below
     base = af1.run("eval", held, task)  # base accuracy with n, interval, constant guess, every problem
     L = lm.adapter.n_layers
     run = af1.run("run", held, task, wait=L // 2, transfer=2)  # CAMA at block L/2, the last token peeks in two more
-    found = af1.run("search", held, task, threshold=0.9, upstream={"sweep": {"max_transfer": max_transfer}})
+    found = af1.run("search", held, task, threshold=0.9)  # stops every cell once its part in the rule is decided
+    judged = found.judged
     return {
         "base_accuracy": [base.base_accuracy, base.base_accuracy_ci],
         "base_accuracy_baseline": base.base_accuracy_baseline,
@@ -35,10 +37,13 @@ def quickstart(lm: af1.LoadedModel, n: int = 40, max_transfer: int = 2) -> dict[
         "executor": run.executor,
         "first_problem_input": base.problems[0]["input"],
         "search": {
-            k: getattr(found, k) for k in ("chosen", "found", "wait", "transfer", "faithfulness", "faithfulness_ci")
+            "chosen": found.chosen,
+            "found": found.found,
+            "cell": found.cell(),
+            "confirmation": judged["confirmation"] if judged else None,
+            "problem_cells": [found.problem_cells, found.problem_cells_grid],  # measured, and the whole grid's
         },
         "claim": found.claim,
-        "best_eligible_cell": found.best,
     }
 
 

@@ -18,6 +18,7 @@ import torch
 
 from af1.claims import paired_differs
 from af1.experiments.necessity import necessary
+from af1.experiments.sweep import same_verdict
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, heads, positional, probes
 from af1.methods.allforone.faithfulness import faithfulness
@@ -157,8 +158,10 @@ def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer
         result = heads.study.study(lm, SPEC, settings, second_kind=None, compare_specs=[])
         setup = prepare(lm, SPEC)
         grid = allforone.sweep.sweep(setup, AF1Config(seed=seed))
-        found = allforone.search.search(grid, n_layers=3, threshold=0.9, selection=SELECTION, seed=seed)
-        assert (found.wait, found.transfer) == (0, 1), seed  # the last token reads in layer 1 alone
+        found = allforone.search.on_grid(grid, n_layers=3, threshold=0.9, selection=SELECTION, seed=seed)
+        searched = allforone.search.search(setup, AF1Config(seed=seed), threshold=0.9, selection=SELECTION, seed=seed)
+        assert same_verdict(found, searched), seed  # what the rule needs, measured alone, decides as the grid does
+        assert found.cell() == (0, 1), seed  # the last token reads in layer 1 alone
         made["subgraph confirmed"] += found.found
         chosen = heads.consistency.Chosen(key=result.key_heads, top=result.top_heads, counterfactual="a")
         on = allforone.search.confirmation(setup, SELECTION, seed)
@@ -219,7 +222,9 @@ def test_no_af1_subgraph_is_claimed_where_the_operands_are_read_in_the_last_laye
         setup = prepare(lm, SPEC)
         assert len(setup.kept) == len(build_task(SPEC, tokenizer)), seed  # the fit solves every problem
         grid = allforone.sweep.sweep(setup, AF1Config(seed=seed))
-        found = allforone.search.search(grid, n_layers=lm.adapter.n_layers, threshold=0.9, selection=0.5, seed=seed)
+        found = allforone.search.on_grid(grid, n_layers=lm.adapter.n_layers, threshold=0.9, selection=0.5, seed=seed)
+        searched = allforone.search.search(setup, AF1Config(seed=seed), threshold=0.9, selection=0.5, seed=seed)
+        assert same_verdict(found, searched), seed  # the branch and bound finds the grid's best cell
         assert not found.chosen and not found.found, (seed, found.claim)
         made["subgraph rejected"] += found.claim is not None and found.claim["outcome"] == "rejected"
         windows = {c["subject"]: c["outcome"] for c in allforone.necessity.necessity(setup, windows=(1,)).claims}
@@ -305,14 +310,15 @@ def test_no_head_is_claimed_to_carry_a_word_the_answer_does_not_read_over_20_see
         result = heads.study.study(lm, spec, settings, second_kind=None, compare_specs=[])
         assert result.n_solved == 60 and result.counterfactual_kind == "slot w", seed
         setup = prepare(lm, spec)
-        found = allforone.search.search(
+        found = allforone.search.on_grid(
             allforone.sweep.sweep(setup, AF1Config(seed=seed)), n_layers=3, threshold=0.9, selection=0.5, seed=seed
         )
         peek = []
-        if found.chosen and found.wait is not None and found.transfer:  # the heads' split is the search's: same seed
+        cell = found.cell()
+        if found.chosen and cell is not None and cell[1]:  # the heads' split is the search's: same seed
             on = allforone.search.confirmation(setup, 0.5, seed)
             chosen = heads.consistency.Chosen(key=result.key_heads, top=result.top_heads, counterfactual="slot w")
-            config = AF1Config(wait=found.wait, transfer=found.transfer, seed=seed)
+            config = AF1Config(wait=cell[0], transfer=cell[1], seed=seed)
             peek = heads.consistency.consistency(on, config, chosen)["claims"]
         claims, _ = heads.study.decide([*result.claims, *peek])
         confirmed = {c["kind"] for c in claims if c["outcome"] == "confirmed"}

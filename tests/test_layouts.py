@@ -241,7 +241,8 @@ def test_the_search_reports_each_layouts_confirmation_rate(mixed):
     lm, spec, _, _ = mixed
     held = api.session(lm)
     search = api.run("search", held, spec, threshold=0.5)
-    parts = search.faithfulness_by_layout if search.chosen else search.best["faithfulness_by_layout"]
+    assert search.judged is not None
+    parts = search.judged["confirmation"].get("by_layout") or []
     assert sum(p["n"] for p in parts) == search.n_confirmation and {p["layout"] for p in parts} == {0, 1}
     setup = held.setup(spec)
     only_short = setup.on(setup.kept.groups[0].where_P.tolist())

@@ -137,70 +137,70 @@ def test_search_chooses_on_selection_and_confirms_on_the_rest():
         (0, 4): right,
     }
     sweep = synthetic_sweep(L, n, cells, targets)
-    found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-    assert found.chosen and (found.wait, found.transfer) == (3, 1)
-    assert found.faithfulness_selection == 1.0 and found.faithfulness == 0.0  # the split shows it
+    found = allforone.search.on_grid(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
+    judged = found.judged
+    assert found.chosen and found.cell() == (3, 1) and judged is not None
+    assert judged["selection"]["value"] == 1.0 and judged["confirmation"]["value"] == 0.0  # the split shows it
     claim = found.claim  # decided on the confirmation split alone: there the cell fails
     assert claim is not None and claim["outcome"] == "rejected" and found.found is False
     assert claim["n"] == len(conf) and claim["estimate"] == 0.0
     assert found.n_selection == len(sel) and found.n_confirmation == len(conf)
-    ci = found.faithfulness_ci
-    assert ci is not None and ci[1] < 0.2 and (found.faithfulness_baseline or 1) <= 0.25
+    ci = judged["confirmation"]["ci"]
+    assert ci[1] is not None and ci[1] < 0.2 and judged["confirmation"]["baseline"] <= 0.25
     assert found.stages == {"wait": [0, 1, 2, 3], "transfer": [4], "compute": [5]}
-    assert [(f["wait"], f["transfer"]) for f in found.frontier] == [(0, 4), (1, 1), (3, 1)]
-    assert found.n_ineligible_no_compute == L + 1
+    assert [(f["wait"], f["transfer"]) for f in found.frontier] == [(3, 1), (1, 1), (0, 4)]
+    assert found.exhaustive and found.problem_cells == n * sum(L - w for w in range(-1, L)) == found.problem_cells_grid
     sweep = synthetic_sweep(L, n, {k: v for k, v in cells.items() if k != (3, 1)}, targets)
-    found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-    assert (found.wait, found.transfer, found.faithfulness) == (1, 1, 1.0)
+    found = allforone.search.on_grid(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
+    assert found.cell() == (1, 1) and found.judged is not None and found.judged["confirmation"]["value"] == 1.0
     marked = found.marked()  # the chosen cell, as the figures outline it
-    assert marked is not None and (marked["wait"], marked["transfer"]) == (1, 1) and found.judged() == marked
-    claim = found.claim  # 20 of 20: the interval's lower end is 0.84, below 0.9, so not confirmed at this n
+    assert marked == found.judged and found.config_at(AF1Config()) == AF1Config(wait=1, transfer=1)
+    claim = found.claim  # 20 of 20: the exact test above 0.9 has p 0.9^20 = 0.12, so not confirmed at this n
     assert claim is not None and claim["outcome"] == "not confirmed" and found.found is False
-    assert claim["n_to_decide"] == 35  # the smallest n whose Wilson interval at 1.0 clears 0.9: n / (n + 1.96^2)
-    assert allforone.search.search(sweep, n_layers=L, threshold=0.8, selection=0.5, seed=0).found is True
-    assert allforone.search.search(sweep, n_layers=L, threshold=1.0, selection=0.5, seed=0).chosen is True
-    halves = synthetic_sweep(L, n, {(1, 1): [i % 2 == 0 for i in range(n)]}, targets)
-    nothing = allforone.search.search(halves, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-    assert nothing.found is False and nothing.chosen is False and nothing.wait is None
-    best = nothing.best
-    assert best is not None and (best["wait"], best["transfer"]) == (1, 1) and nothing.marked() == best
-    claim = nothing.claim  # judged at the best cell, on the confirmation split: about half right there
+    assert claim["n_to_decide"] == next(m for m in range(1, 100) if 0.9**m < 0.025)  # all right: p = 0.9^n
+    assert allforone.search.on_grid(sweep, n_layers=L, threshold=0.8, selection=0.5, seed=0).found is True
+    assert allforone.search.on_grid(sweep, n_layers=L, threshold=1.0, selection=0.5, seed=0).chosen is True
+    halves = synthetic_sweep(L, n, {(1, 1): [i % 3 != 0 for i in range(n)]}, targets)
+    nothing = allforone.search.on_grid(halves, n_layers=L, threshold=0.9, selection=0.5, seed=0)
+    assert nothing.found is False and nothing.chosen is False and nothing.stages is None
+    best = nothing.marked()  # the best eligible cell
+    assert best is not None and nothing.cell() == (1, 1) and best["eligible"]
+    claim = nothing.claim  # judged at the best cell, on the confirmation split: two in three right there
     assert claim is not None and claim["outcome"] == "rejected" and (claim["ci"][1] or 1) < 0.9
     with pytest.raises(Af1Error, match=r"\[0, 1\]"):
-        allforone.search.search(sweep, n_layers=L, threshold=1.5, selection=0.5, seed=0)
+        allforone.search.on_grid(sweep, n_layers=L, threshold=1.5, selection=0.5, seed=0)
 
 
 def test_search_never_chooses_a_cell_no_better_than_a_constant_guess():
     L, n = 4, 30
     constant = ["7"] * n  # every target the same: a constant guess is right on all of them
     sweep = synthetic_sweep(L, n, {(0, 1): [True] * n}, constant)
-    found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-    judged = found.best_measured
-    assert found.found is False and found.best is None and judged is not None and judged["eligible"] is False
-    assert found.marked() is None and found.judged() == judged
+    found = allforone.search.on_grid(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
+    judged = found.judged
+    assert found.found is False and not found.chosen and judged is not None and judged["eligible"] is False
+    assert found.marked() is None and found.config_at(AF1Config()) is None
     assert found.claim is not None and found.claim["outcome"] == "not confirmed"  # judged, never confirmed
-    assert found.faithfulness_baseline == 1.0 and "near constant" in found.warnings[0]
+    assert judged["confirmation"]["baseline"] == 1.0
 
 
-def test_a_search_that_finds_nothing_still_gives_its_numbers_and_the_grid_it_searched():
-    """No cell reaches the threshold and none is eligible on a capped grid: the verdict names the best cell with its
-    interval, n and constant guess, what n would decide, the cells measured and the cap."""
-    from af1.experiments.search import Result, claim_line
+def test_a_search_that_finds_nothing_still_gives_its_numbers_and_what_it_measured():
+    """No cell reaches the threshold and none is eligible: the verdict names the best cell with its interval, n and
+    constant guess, and the line on what was measured counts the (problem, cell) pairs against the whole grid."""
+    from af1.experiments.search import Result, claim_line, measured_line
 
     L, n = 6, 18
     targets = [str(i % 10) for i in range(n)]
     third = [i % 3 == 0 for i in range(n)]
     sweep = synthetic_sweep(L, n, {(2, 1): third}, targets)
-    sweep.cells = {key: bits for key, bits in sweep.cells.items() if int(key.split(",")[1]) <= 2}  # capped
-    found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
-    assert not found.chosen and found.best is None
-    judged = found.best_measured
-    assert judged is not None and (judged["wait"], judged["transfer"]) == (2, 1)
-    line = claim_line(Result.of(found, n_layers=L))
+    found = allforone.search.on_grid(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
+    judged = found.judged
+    assert not found.chosen and found.marked() is None and judged is not None and found.cell() == (2, 1)
+    result = Result.model_construct(**dict(found), n_layers=L)
+    line = claim_line(result)
     assert line.startswith("rejected: an AF1 subgraph at faithfulness >= 0.9 (L_wait 2, L_transfer 1)"), line
     assert "n 9; baseline" in line and "judged at the best cell (none is eligible" in line, line
-    assert f"{found.grid_cells} of {sum(L - w for w in range(-1, L))} (L_wait, L_transfer) cells measured" in line
-    assert "L_transfer capped at 2 (sweep max_transfer)" in line
+    grid = n * sum(L - w for w in range(-1, L))
+    assert measured_line(result).startswith(f"Measured every problem of every cell (the whole grid): {grid:,} ")
 
 
 def test_the_plain_words_follow_the_claims_outcome():
@@ -214,10 +214,10 @@ def test_the_plain_words_follow_the_claims_outcome():
     said = {}
     for right in ([True] * n, [i % 20 != 0 for i in range(n)], [i % 2 == 0 for i in range(n)]):
         sweep = synthetic_sweep(L, n, {(2, 1): right}, targets)
-        found = allforone.search.search(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
+        found = allforone.search.on_grid(sweep, n_layers=L, threshold=0.9, selection=0.5, seed=0)
         claim = found.claim
         assert claim is not None
-        said[claim["outcome"]] = plain_words(Result.of(found, n_layers=L))
+        said[claim["outcome"]] = plain_words(Result.model_construct(**dict(found), n_layers=L))
     assert set(said) == {"confirmed", "not confirmed", "rejected"}
     for text in said.values():
         assert "through block 2 nothing specific to the problem reaches the last token" in text
@@ -311,7 +311,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     write_json(
         tmp_path / "search.json",
         {
-            **allforone.search.search(sweep, n_layers=L, threshold=0.5, selection=0.5, seed=0).model_dump(),
+            **allforone.search.on_grid(sweep, n_layers=L, threshold=0.5, selection=0.5, seed=0).model_dump(),
             "n_layers": L,
         },
     )

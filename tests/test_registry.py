@@ -201,33 +201,19 @@ def test_other_experiments_run_at_a_search_result_s_chosen_cell_else_its_best_el
     """The config others run at is the search's chosen cell, else its best eligible one, else none."""
     from af1.experiments import search
     from af1.interventions.af1 import AF1Config
-    from af1.methods.allforone.search import Cell
+    from af1.methods.allforone.search import Judged
+    from af1.stats import rate
 
-    best = Cell(
-        wait=1,
-        transfer=2,
-        faithfulness=0.7,
-        faithfulness_ci=[0.5, 0.8],
-        faithfulness_selection=0.75,
-        faithfulness_selection_ci=[0.6, 0.9],
-        eligible=True,
+    judged = Judged(
+        wait=3, transfer=1, eligible=True, selection=rate([True] * 9, list("0123456789")[:9]), confirmation=rate([], [])
     )
     found = search.Result.model_construct(
-        chosen=True,
-        found=False,
-        threshold=0.9,
-        config={"seed": 3},
-        wait=3,
-        transfer=1,
-        frontier=[Cell(**{**best, "wait": 0, "transfer": 2}), Cell(**{**best, "wait": 3, "transfer": 1})],
-        best=best,
-        selection_fraction=0.5,
-        split_seed=0,
+        chosen=True, found=False, threshold=0.9, config=AF1Config(seed=3), judged=judged
     )
     assert search.searched_config(found) == AF1Config(wait=3, transfer=1, seed=3)
-    found.chosen = False  # no cell reached the threshold on the selection split: the best eligible cell
-    assert search.searched_config(found) == AF1Config(wait=1, transfer=2, seed=3)
-    found.best = None  # no cell is eligible: nothing to run at
+    found.chosen = False  # no cell reached the threshold on the selection split: the judged cell is the best one
+    assert search.searched_config(found) == AF1Config(wait=3, transfer=1, seed=3)
+    found.judged = {**judged, "eligible": False}  # no cell is eligible: nothing to run at
     assert search.searched_config(found) is None
 
 

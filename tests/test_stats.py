@@ -5,23 +5,34 @@ from __future__ import annotations
 import math
 
 import pytest
+from scipy.stats import binom
 
-from af1.stats import baseline_warning, constant_baseline, mcnemar_exact, mean_std, rate, split_indices, wilson
+from af1.stats import (
+    baseline_warning,
+    constant_baseline,
+    exact_interval,
+    mcnemar_exact,
+    mean_std,
+    rate,
+    split_indices,
+)
 
 
-def test_wilson_interval_known_values():
-    low, high = wilson(40, 49)  # the old demo's best cell: 0.816 = 40/49
-    assert (round(low, 2), round(high, 2)) == (0.69, 0.90)
-    assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0 and wilson(35, 35) == (wilson(35, 35)[0], 1.0)
-    assert wilson(0, 10)[1] == pytest.approx(0.2775, abs=1e-4)  # 3.84 / 13.84
-    assert all(math.isnan(x) for x in wilson(0, 0))
+def test_exact_interval_known_values():
+    """Clopper-Pearson: the ends where each one-sided exact binomial test reaches 2.5 %."""
+    low, high = exact_interval(28, 35)  # SmolLM2's old best cell: 0.800
+    assert (round(low, 4), round(high, 4)) == (0.6306, 0.9156)
+    assert binom.sf(27, 35, low) == pytest.approx(0.025) and binom.cdf(28, 35, high) == pytest.approx(0.025)
+    assert exact_interval(0, 10)[0] == 0.0 and exact_interval(10, 10)[1] == 1.0
+    assert exact_interval(36, 36)[0] == pytest.approx(0.025 ** (1 / 36))  # 0.9026: all right on 36 clears 0.9
+    assert all(math.isnan(x) for x in exact_interval(0, 0))
 
 
 def test_constant_baseline_and_rate():
     assert constant_baseline(["1", "1", "1", "2"]) == 0.75
     r = rate([True, False, True, True], ["a", "b", "a", "c"])
     assert (r["value"], r["k"], r["n"], r["baseline"], r["near_constant"]) == (0.75, 3, 4, 0.5, True)
-    assert r["ci"] == list(wilson(3, 4))
+    assert r["ci"] == list(exact_interval(3, 4))
     # two token layouts, each answered by its own constant guess: 3 of 4 and 2 of 2, not the 3 of 6 of one guess
     targets, layouts = ["1", "1", "1", "2", "2", "2"], ["a", "a", "a", "a", "b", "b"]
     assert constant_baseline(targets) == 0.5 and constant_baseline(targets, layouts) == 5 / 6

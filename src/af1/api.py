@@ -3,8 +3,8 @@
     import af1.api as af1
     held = af1.session(af1.load_model("smollm2"))  # one evaluation and one setup per task, shared by every run
     task = af1.TaskSpec(operation="a+b", style="calculate", shots=3)
-    found = af1.run("search", held, task, threshold=0.9, upstream={"sweep": {"max_transfer": 4}})
-    found.claim, found.wait, found.transfer, found.faithfulness, found.faithfulness_ci  # claim: outcome and numbers
+    found = af1.run("search", held, task, threshold=0.9, selection=0.3)
+    found.claim, found.cell(), found.judged  # the claim (outcome and numbers), the judged cell and its rates
 
 Each result is the experiment's pydantic model (`af1.experiments.<module>.Result`); `.data()` is its JSON. Name the
 experiment by that class for a result the type checker knows: `af1.run(search.Result, held, task)`.

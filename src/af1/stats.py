@@ -1,4 +1,4 @@
-"""Numbers a reviewer accepts: Wilson intervals, constant-guess baselines, paired exact McNemar tests.
+"""Numbers a reviewer accepts: exact (Clopper-Pearson) intervals, constant-guess baselines, paired exact McNemar tests.
 
 Every rate af1 reports goes through `rate`, so it carries its n, its 95 % interval and the
 score of the best constant guess on the same problems.
@@ -18,17 +18,15 @@ Z95 = 1.959963984540054
 BASELINE_WARNING = 0.5
 
 
-def wilson(k: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """95 % Wilson score interval of k successes in n trials; (nan, nan) when n = 0. A fractional k is a rate held
-    fixed at another n (`af1.claims.n_to_decide_rate`)."""
+def exact_interval(k: int, n: int) -> tuple[float, float]:
+    """95 % exact (Clopper-Pearson) interval of k successes in n trials, from the beta quantiles; (nan, nan) when n is
+    0. Its ends are where the one-sided exact binomial tests of the rate claims reach 2.5 % (`af1.claims`)."""
+    from scipy.stats import beta  # scipy only when a rate is made: `af1 --help` stays fast
+
     if n == 0:
         return float("nan"), float("nan")
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    low = 0.0 if k == 0 else max(0.0, centre - half)  # exact ends: rounding must not move them off 0 and 1
-    high = 1.0 if k == n else min(1.0, centre + half)
+    low = 0.0 if k == 0 else float(beta.ppf(0.025, k, n - k + 1))
+    high = 1.0 if k == n else float(beta.ppf(0.975, k + 1, n - k))
     return low, high
 
 
@@ -97,12 +95,12 @@ class MeanStd(TypedDict):
 
 
 def rate(correct: Sequence[bool], targets: Sequence[Hashable], layouts: Sequence[Hashable] | None = None) -> Rate:
-    """A rate with its n, 95 % Wilson interval and constant-guess baseline (same problems; per token layout when
+    """A rate with its n, 95 % exact interval and constant-guess baseline (same problems; per token layout when
     `layouts` gives each problem's)."""
     if len(correct) != len(targets):
         raise ValueError(f"{len(correct)} outcomes for {len(targets)} targets")
     k, n = sum(bool(c) for c in correct), len(correct)
-    low, high = wilson(k, n)
+    low, high = exact_interval(k, n)
     baseline = constant_baseline(targets, layouts)
     return Rate(
         value=k / n if n else float("nan"),

@@ -170,15 +170,16 @@ def _run_rows(
 
 
 @torch.no_grad()
-def own_states(adapter: ModelAdapter, task: Task, layer: int, batch_size: int = 64) -> torch.Tensor:
-    """The unmodified h[layer] of every problem at its suffix positions c..n-1: [P, n-c, D] (fp32, CPU)."""
+def own_states(adapter: ModelAdapter, task: Task, layers: list[int], batch_size: int = 64) -> dict[int, torch.Tensor]:
+    """The unmodified h[layer] of every problem at its suffix positions c..n-1, per layer: [P, n-c, D] (fp32, CPU)."""
     s = task.n_positions - task.context_len
-    out = []
+    out: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
     for sl in batches(len(task), batch_size):
-        with record(adapter, [residual(layer)]) as cache:
+        with record(adapter, [residual(layer) for layer in layers]) as cache:
             forward_last(adapter.model, task.input_ids_PT[sl], task.context_len)
-        out.append(cache[residual(layer)][:, -s:].float().cpu())
-    return torch.cat(out)
+        for layer in layers:
+            out[layer].append(cache[residual(layer)][:, -s:].float().cpu())
+    return {layer: torch.cat(parts) for layer, parts in out.items()}
 
 
 def _own_columns(
@@ -196,7 +197,7 @@ def _own_columns(
     rows = rows_P.nonzero().flatten()
     if not len(rows):
         return None
-    own = own_PUD[rows] if own_PUD is not None else own_states(adapter, task.subset(rows), config.wait)
+    own = own_PUD[rows] if own_PUD is not None else own_states(adapter, task.subset(rows), [config.wait])[config.wait]
     start = ablated_states(config, means, task.input_ids_PT[rows], own).float()
     if config.ablation == "cama":  # CAMA leaves the first varying position alone: its own state
         start[:, 0] = own[:, 0].float()
@@ -211,6 +212,7 @@ def token_local_kv(
     means: PositionMeans | None,
     ctx: ProblemKV | None = None,
     own_PUD: torch.Tensor | None = None,
+    like: TokenLocalKV | None = None,
 ) -> TokenLocalKV:
     """Keys/values after `wait` per (position, token), and the last token's state entering block wait+1.
 
@@ -219,7 +221,9 @@ def token_local_kv(
     wait = -1 from its embedding). CAMA's first varying position, which the reference path leaves alone, starts
     from its conditional mean too: it sees only the context and itself, so its state is that mean (up to the
     rounding of the average). A problem inside the means (leave-one-out) runs its own positions instead, from its
-    own ablated states (its unablated h[wait] `own_PUD` [P, n-c, D] of `task`, computed when not given)."""
+    own ablated states (its unablated h[wait] `own_PUD` [P, n-c, D] of `task`, computed when not given). `like`,
+    another answer step's tables at this wait: its rows are taken where a position has the same tokens, start states
+    and context (an earlier step's positions, means over the same problems), not run again."""
     if config.wait >= 0 and config.ablation not in ("cama", "mean", "zero"):
         raise ValueError(f"the {config.ablation} ablation does not make positions token-local")
     table = means.slot_tokens_TS if means is not None and config.wait >= 0 else slot_table(task.input_ids_PT)
@@ -245,6 +249,10 @@ def token_local_kv(
         own_col = torch.arange(R).repeat(T - 1 - c)
         row_pos, row_col = torch.cat([row_pos, own_pos]), torch.cat([row_col, S + own_col])
         tokens = torch.cat([tokens, ids_RT[own_col, own_pos]])
+    shared, width = _shared_positions(like, w, c, table, start_TSD, ctx) if like is not None else ([], 0)
+    if shared:  # their slot rows are taken from `like`; a problem's own column still runs here
+        run = ~torch.isin(row_pos, torch.tensor(shared)) | (row_col >= width)
+        row_pos, row_col, tokens = row_pos[run], row_col[run], tokens[run]
     hidden = start_TSD[row_pos, row_col] if start_TSD is not None else None
     captured = _run_rows(adapter, ctx, tokens, row_pos, w + 1, hidden) if len(row_pos) else {}
     keys: dict[int, torch.Tensor] = {}
@@ -256,9 +264,34 @@ def token_local_kv(
             suffix = torch.zeros(T - 1 - c, columns, ref.shape[1], ref.shape[3], dtype=ref.dtype, device=ref.device)
             if layer in captured:
                 suffix[row_pos - c, row_col] = captured[layer][kv][:, :, 0]
+            if shared and like is not None:
+                at = torch.tensor(shared) - c
+                suffix[at, :width] = (like.keys if kv == 0 else like.values)[layer][at, :width]
             out[layer] = suffix
     members = means.member_hashes if means is not None and config.leaves_one_out else None
     return TokenLocalKV(w, keys, values, start_TSD, table, ctx, own_columns, members)
+
+
+def _shared_positions(
+    like: TokenLocalKV, wait: int, c: int, table: torch.Tensor, start_TSD: torch.Tensor | None, ctx: ProblemKV
+) -> tuple[list[int], int]:
+    """The positions whose slot rows `like` (another answer step's tables) already holds, and how many slot columns
+    it has: the same wait and context, the same tokens in the same slots and the same start states."""
+    width = min(like.own_columns.values(), default=like.slot_tokens_TS.shape[1])  # its problems' own columns follow
+    if (
+        like.wait != wait
+        or like.context_len != c
+        or any(not torch.equal(k, like.context.keys[i]) for i, k in ctx.keys.items())
+    ):
+        return [], width
+    out = []
+    for p in range(c, min(table.shape[0], like.slot_tokens_TS.shape[0]) - 1):
+        same = torch.equal(table[p, :width], like.slot_tokens_TS[p, :width]) and bool((table[p, width:] < 0).all())
+        if same and start_TSD is not None and like.start_TSD is not None:
+            same = torch.equal(start_TSD[p, :width], like.start_TSD[p, :width])
+        if same:
+            out.append(p)
+    return out, width
 
 
 def _plan(
@@ -279,7 +312,7 @@ def _plan(
     return LayerPlan(allowed_BQK=allowed, prefix_kv=prefix, replace_mask=True)
 
 
-def _run(
+def run_last(
     adapter: ModelAdapter,
     kv: TokenLocalKV | ProblemKV,
     h_B1D: torch.Tensor,
@@ -289,6 +322,8 @@ def _run(
     stop: int,
     peek: bool,
 ) -> torch.Tensor:
+    """The last token's states [B, 1, D] through blocks start..stop-1, reading every earlier position (`peek`) or
+    the context alone."""
     plans = {layer: _plan(adapter, kv, layer, slots_BT, peek) for layer in range(start, stop)}
     with attention_plans(adapter, plans):
         return adapter.run_layers(h_B1D, inputs, start, stop)
@@ -299,7 +334,7 @@ def last_token_inputs(adapter: ModelAdapter, ids_BT: torch.Tensor) -> LayerInput
     return adapter.layer_inputs(ids_BT[:, -1:].to(adapter.device), torch.full((B, 1), T - 1, device=adapter.device))
 
 
-def _start_state(
+def start_state(
     adapter: ModelAdapter, kv: TokenLocalKV, ids_BT: torch.Tensor, slots_BT: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
     """The last token's state entering block wait+1: its ablated h[wait], or its embedding for wait = -1."""
@@ -332,7 +367,7 @@ def fast_logits(
         inputs = last_token_inputs(adapter, ids[:1])  # one row: every row has the same position (kwargs only)
         plans = {layer: _plan(adapter, kv, layer, slots, layer in peek, pruned.get(layer)) for layer in layers}
         with attention_plans(adapter, plans):
-            h = adapter.run_layers(_start_state(adapter, kv, ids, slots, dtype), inputs, config.wait + 1)
+            h = adapter.run_layers(start_state(adapter, kv, ids, slots, dtype), inputs, config.wait + 1)
         out.append(adapter.logits(h)[:, -1].float().cpu())
     return torch.cat(out)
 
@@ -366,11 +401,11 @@ def fast_sweep_wait(
         B = ids.shape[0]
         slots = kv.slots(ids)
         inputs = last_token_inputs(adapter, ids[:1])  # one row: every row has the same position (kwargs only)
-        h = _start_state(adapter, kv, ids, slots, dtype)
+        h = start_state(adapter, kv, ids, slots, dtype)
         branch_at: dict[int, torch.Tensor] = {}  # first compute layer -> state entering it
         done = 0
         for k in wanted:
-            h = _run(adapter, kv, h, inputs, slots, w + 1 + done, w + 1 + k, peek=True)
+            h = run_last(adapter, kv, h, inputs, slots, w + 1 + done, w + 1 + k, peek=True)
             done = k
             branch_at[w + 1 + k] = h
         wave = torch.empty(0, 1, h.shape[-1], dtype=h.dtype, device=h.device)
@@ -416,8 +451,8 @@ def fast_pruned_logits(
         B = ids.shape[0]
         slots = kv.slots(ids)
         inputs = last_token_inputs(adapter, ids[:1])
-        h0 = _run(
-            adapter, kv, _start_state(adapter, kv, ids, slots, dtype), inputs, slots, config.wait + 1, first, False
+        h0 = run_last(
+            adapter, kv, start_state(adapter, kv, ids, slots, dtype), inputs, slots, config.wait + 1, first, False
         )
         per_chunk = max(1, max_rows // B)
         for c0 in range(0, len(head_sets), per_chunk):

@@ -153,3 +153,34 @@ def _best_candidates(adapter: ModelAdapter, x_BD: torch.Tensor, candidates_BV: t
     return torch.full((len(x_BD),), torch.iinfo(torch.long).max).scatter_reduce(
         0, rows[winner], columns[winner], "amin"
     )
+
+
+MAX_RIVALS = 64  # rival tokens checked before the unembedding
+
+
+@torch.no_grad()
+def rival_wins(adapter: ModelAdapter, h_BD: torch.Tensor, target_B: torch.Tensor, rivals: list[int]) -> torch.Tensor:
+    """Where a rival token's logit beats the target's by more than float rounding of either computation can explain
+    [B] bool: there the greedy token (`greedy_tokens`) is surely not the target, and the unembedding need not run.
+    False everywhere where the bound does not hold (a soft cap can tie at saturation; low precision; offloaded)."""
+    W = weight_of(adapter.lm_head)
+    rivals = list(dict.fromkeys(rivals))[:MAX_RIVALS]
+    cap = getattr(adapter.config, "final_logit_softcapping", None)
+    out_B = torch.zeros(len(h_BD), dtype=torch.bool)
+    if not rivals or cap or W.dtype != torch.float32 or adapter.offloaded():
+        return out_B
+    bias = getattr(adapter.lm_head, "bias", None)
+    for start in range(0, len(h_BD), ROWS):
+        x_BD = adapter.final_norm(h_BD[start : start + ROWS]).float()
+        t_B = target_B[start : start + ROWS].to(W.device)
+        tokens_BC = torch.cat([t_B[:, None], torch.tensor(rivals, device=W.device).expand(len(x_BD), -1)], 1)
+        w_BCD = W[tokens_BC]
+        z_BC = torch.einsum("bd,bcd->bc", x_BD, w_BCD)
+        if bias is not None:
+            z_BC = z_BC + bias.float()[tokens_BC]
+        # |float32 logit - exact| <= D u |x| |w| + u |z| for a dot product of D terms; two computations, two tokens
+        bound_BC = x_BD.shape[1] * F32 * x_BD.norm(dim=-1)[:, None] * w_BCD.norm(dim=-1) + F32 * z_BC.abs()
+        bound_BC = 2 * SLACK * (bound_BC + bound_BC[:, :1])
+        ahead_BC = (z_BC[:, 1:] - z_BC[:, :1] > bound_BC[:, 1:]) & (tokens_BC[:, 1:] != t_B[:, None])
+        out_B[start : start + len(x_BD)] = ahead_BC.any(-1).cpu()
+    return out_B

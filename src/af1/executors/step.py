@@ -12,6 +12,7 @@ from af1.executors.fast import (
     ProblemKV,
     TokenLocalKV,
     context_kv,
+    own_states,
     token_local_kv,
 )
 from af1.executors.shared_context import clean_suffix_states
@@ -60,14 +61,32 @@ class StepSetup:
         """Where the kept problems are among every solved problem (None: they are all of them)."""
         return None if self.kept is self.solved else rows_in(self.all_solved, self.kept)
 
-    def build_local_kv(self, config: AF1Config) -> TokenLocalKV:
+    def build_local_kv(self, config: AF1Config, like: TokenLocalKV | None = None) -> TokenLocalKV:
         """Token-local keys/values after `wait` for every solved problem (a problem inside the means runs its own
-        positions, from its unablated state: leave-one-out)."""
+        positions, from its unablated state: leave-one-out); `like`: another step's, whose rows it takes where they
+        are the same."""
         solved = self.all_solved
-        own = None
-        if config.leaves_one_out and bool(self.means.inside(solved.input_ids_PT).any()):
-            own = self.clean_all()[config.wait]
-        return token_local_kv(self.adapter, solved, config, self.means, self.context(), own_PUD=own)
+        own = self.own_states(config.wait) if config.wait >= 0 else None
+        return token_local_kv(self.adapter, solved, config, self.means, self.context(), own_PUD=own, like=like)
+
+    def own_states(self, layer: int) -> torch.Tensor | None:
+        """h[layer] at the suffix positions [P, n-c, D] of the solved problems that run their own positions (a token
+        the means never saw there, or inside the means), zeros for the others; None where none does. Their states
+        at every layer are recorded once (the clean states where they are at hand)."""
+        if "clean" in self.tables:
+            return self.clean_all()[layer]
+        if "own" not in self.tables:
+            ids = self.all_solved.input_ids_PT
+            rows = (self.means.unseen(ids) | self.means.inside(ids)).nonzero().flatten()
+            every = list(range(self.adapter.n_layers))
+            states = own_states(self.adapter, self.all_solved.subset(rows), every) if len(rows) else {}
+            self.tables["own"] = (rows, states)
+        rows, states = self.tables["own"]
+        if not len(rows):
+            return None
+        out = torch.zeros(len(self.all_solved), *states[layer].shape[1:])
+        out[rows] = states[layer]
+        return out
 
     def local_kv(self, config: AF1Config) -> TokenLocalKV:
         """Token-local keys/values after `wait`; they depend only on wait and ablation, so repeated configs

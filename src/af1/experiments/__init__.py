@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 # modules of af1.experiments, each defining the Experiment named after it (eval: Eval)
 BUILTIN = (
     "eval",
-    "sweep",
     "search",
+    "sweep",
     "run",
     "components",
     "necessity",

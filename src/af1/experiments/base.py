@@ -142,8 +142,7 @@ class GatedOptions(Options):
 
     require_found: bool = Field(
         default=False,
-        description="run only where the search chose a cell that its confirmation split does not reject "
-        "(elsewhere: not applicable)",
+        description="run only where the search chose a cell on its selection split (elsewhere: not applicable)",
     )
 
 

@@ -1,6 +1,7 @@
 """search: the AF1 subgraph: the largest L_wait, then the smallest L_transfer, keeping faithfulness >= threshold.
 
-Chosen on a selection split of the solved problems and confirmed on the other."""
+Chosen on a selection split of the solved problems, measuring only what the rule needs, and confirmed on the
+other."""
 
 from __future__ import annotations
 
@@ -11,22 +12,31 @@ from typing import Any
 from pydantic import Field, field_validator
 from rich.table import Table
 
-from af1.claims import REJECTED, outcome_text
+from af1.claims import outcome_text
 from af1.errors import Af1Error
-from af1.experiments import base, sweep
-from af1.interventions.af1 import AF1Config
+from af1.experiments import base
+from af1.interventions.af1 import Ablation, AF1Config
+from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
 from af1.methods.setup import ALL_SOLVED, Setup
 from af1.report import interactive
-from af1.report.markup import Tab, figure_html, layout_tab, layouts_text, result_beside, stages_tab, table_html
-from af1.stats import with_ci
-from af1.tasks.task import LayoutRow
+from af1.report.markup import Tab, figure_html, layout_tab, layouts_text, stages_tab, table_html
+from af1.stats import split_indices, with_ci
+from af1.tasks.evaluation import ProblemInputs
 
 
 class Options(base.Options):
     threshold: float = Field(default=0.9, description="faithfulness the subgraph must keep")
     selection: float = Field(default=0.5, description="share of solved problems the search chooses on")
     split_seed: int = Field(default=0, description="seed of the selection/confirmation split")
+    frontier: bool = Field(
+        default=False,
+        description="also every lower L_wait's first cell reaching the threshold (the staircase); the choice needs "
+        "only the largest",
+    )
+    ablation: Ablation = Field(default="cama", description="cama, zero, mean, resample or none")
+    abp: ABPVariant = Field(default="af1", description="af1, none, sink, all-peek or zero-output")
+    reference: bool = Field(default=False, description="the hook-based path instead of the fast executor")
 
     @field_validator("threshold")
     @classmethod
@@ -43,15 +53,12 @@ class Options(base.Options):
         return v
 
 
-class Result(base.Result, allforone.search.Found):
-    """The search's part (`allforone.search.Found`) with the grid it read: the model, its layers, the config every
-    cell shares, what was scored and the token layouts."""
+class Result(base.SetupFields, allforone.search.Found):
+    """The search's part (`allforone.search.Found`) on the setup it was measured on: the config every cell shares and
+    the exact inputs (sets: solved, selection, confirmation)."""
 
-    model: str | None = None
-    n_layers: int
-    config: dict[str, Any] = {}
-    scoring: str | None = None
-    layouts: list[LayoutRow] = []
+    config: AF1Config
+    inputs: ProblemInputs
 
 
 class Search(base.Experiment):
@@ -61,96 +68,100 @@ class Search(base.Experiment):
     figure = "search.png"
     overview_rank = -1  # the verdicts open the report
 
-    def needs(self, options: Options) -> tuple[str, ...]:
-        return ("sweep",)
-
     def run(self, inputs: base.Inputs, options: Options) -> Result:
-        grid = inputs.one(sweep.Result)
-        if grid is None:
-            raise Af1Error("the search reads a sweep: run it first")
+        setup = inputs.resources.setup(inputs.spec)
+        config = AF1Config(ablation=options.ablation, abp=options.abp, seed=inputs.spec.seed)
         found = allforone.search.search(
-            grid,
-            n_layers=grid.n_layers,
+            setup,
+            config,
             threshold=options.threshold,
             selection=options.selection,
             seed=options.split_seed,
+            frontier=options.frontier,
+            reference=options.reference,
         )
+        sel, conf = split_indices(len(setup.kept), options.selection, options.split_seed)
+        halves = {"selection": setup.on(sel), "confirmation": setup.on(conf)}
         return Result.of(
-            found,
-            model=inputs.model_name,
-            n_layers=grid.n_layers,
-            scoring=grid.scoring,
-            config=grid.config,
-            layouts=grid.layouts,
+            setup.describe(), found, config=config, inputs=allforone.faithfulness.setup_inputs(setup, **halves)
         )
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
-        """The sweep again, with this threshold's confident cells, its frontier and its choice."""
+        """The cells the search measured, with the frontier and the judged cell."""
         from af1.report import figures  # matplotlib: only when drawing
 
-        grid = inputs.one(sweep.Result)
-        assert grid is not None, "a search reads its sweep"
-        return figures.sweep_heatmap(grid, grid, out_dir / "search.png", result)
+        return figures.search_cells(result, result.n_layers, out_dir / "search.png")
 
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
         return overview_of(finished)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
-        def grid() -> str:
-            beside = result_beside(out_dir, "sweep")
-            if beside is None:
-                return interactive.search_plot(result, result.n_layers)
-            grid = sweep.Result.model_validate(beside)
-            return interactive.sweep_grid(grid, grid, result)
-
-        parts = ["<h2>The AF1 search and its claim</h2>", figure_html(out_dir, "search.png", grid)]
+        plot = lambda: interactive.search_plot(result, result.n_layers)  # noqa: E731
+        parts = ["<h2>The AF1 search and its claim</h2>", figure_html(out_dir, "search.png", plot)]
+        parts.append(f"<p>{html.escape(measured_line(result))}</p>")
         parts.append(f"<p><b>{html.escape(claim_line(result))}</b></p>")
         if result.chosen:
             parts.append(f"<p>{html.escape(chosen_line(result))}</p>")
         return [*parts, *(t.html() for t in self.tables(result))]
 
     def tables(self, result: Result) -> list[Tab]:
-        if not result.chosen:
-            return []
-        by_layout = layout_tab("Confirmation faithfulness", result.faithfulness_by_layout, result.layouts)
-        return [stages_tab(result.stages), by_layout]
+        judged = result.judged
+        parts = judged["confirmation"].get("by_layout") if judged else None
+        by_layout = layout_tab("Confirmation faithfulness", parts, result.layouts)
+        return [stages_tab(result.stages), by_layout] if result.chosen else [by_layout]
 
     def show(self, result: Result) -> list[Table | str]:
-        lines = [claim_line(result), *([chosen_line(result)] if result.chosen else [])]
+        lines = [claim_line(result), *([chosen_line(result)] if result.chosen else []), measured_line(result)]
         return [*lines, *(t.rich() for t in self.tables(result) if t.rows)]
+
+
+def measured_line(result: Result) -> str:
+    """What the search measured, against the whole grid."""
+    cells = len(result.measured)
+    stopped = sum(c["measured"] < result.n_selection for c in result.measured)
+    every = (
+        "every problem of every cell (the whole grid)"
+        if result.exhaustive
+        else (
+            f"{cells} cells on the selection split, {stopped} of them stopped once decided, and the judged cell on the "
+            "confirmation split"
+        )
+    )
+    share = result.problem_cells / result.problem_cells_grid if result.problem_cells_grid else float("nan")
+    return (
+        f"Measured {every}: {result.problem_cells:,} (problem, cell) pairs, {share:.1%} of the whole grid's "
+        f"{result.problem_cells_grid:,}; executor {result.executor}."
+    )
 
 
 def chosen_line(result: Result) -> str:
     """The chosen cell: how it was chosen, on how many problems, and its faithfulness on the others."""
+    judged = result.judged
+    assert judged is not None, "a chosen cell is judged"
+    sel, conf = judged["selection"], judged["confirmation"]
     return (
         f"Chosen on {result.n_selection} solved problems (the largest L_wait, then the smallest L_transfer, with "
         f"faithfulness >= {result.threshold}, a compute stage, and an interval above the constant guess; selection "
-        f"{result.faithfulness_selection or float('nan'):.3f}): L_wait = {result.wait}, L_transfer = "
-        f"{result.transfer}, judged on the other {result.n_confirmation}: faithfulness "
-        f"{with_ci(result.faithfulness, result.faithfulness_ci)} (constant guess "
-        f"{result.faithfulness_baseline or float('nan'):.3f})."
+        f"{with_ci(sel['value'], sel['ci'])}): L_wait = {judged['wait']}, L_transfer = {judged['transfer']}, judged "
+        f"on the other {result.n_confirmation}: faithfulness {with_ci(conf['value'], conf['ci'])} (constant guess "
+        f"{conf['baseline']:.3f})."
     )
 
 
 def claim_line(result: Result) -> str:
     """The search's verdict: its claim's outcome with its numbers, or why there is no cell to judge."""
-    grid = f"{result.grid_cells} of {result.grid_cells_possible} (L_wait, L_transfer) cells measured" + (
-        f", L_transfer capped at {result.max_transfer_measured} (sweep max_transfer)"
-        if result.max_transfer_measured < result.n_layers
-        else ""
-    )
-    if result.claim is None:
-        return f"no AF1 subgraph to judge: no measured cell leaves a layer to compute in ({grid})"
+    if result.claim is None or result.judged is None:
+        return "no AF1 subgraph to judge: no cell leaves a layer to compute in"
     if result.chosen:
         return f"{outcome_text(result.claim)}; chosen on {result.n_selection} selection problems"
     at = (
         "the best eligible cell"
-        if result.best is not None
+        if result.judged["eligible"]
         else "the best cell (none is eligible: no selection interval clears the constant guess)"
     )
     return (
         f"{outcome_text(result.claim)}; judged at {at}: none reaches {result.threshold} on the "
-        f"{result.n_selection} selection problems; {grid}"
+        f"{result.n_selection} selection problems"
     )
 
 
@@ -158,29 +169,29 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
     """Across models and tasks: one verdict line each, and AF1 per model and task on the confirmation split."""
     verdicts, faith = [], []
     for f in finished:
-        result, grid = f.result, f.one(sweep.Result)
-        cell = result.judged()
-        if grid is not None:  # a plan of several tasks has a line per task: each says which
-            verdicts.append(f"{f.task}: {verdict(result, grid, f.description)}")
+        result: Result = f.result
+        judged = result.judged
+        conf = judged["confirmation"] if judged else None
+        verdicts.append(f"{f.task}: {verdict(result, f.description)}")  # several tasks: a line each, each says which
         faith.append(
             {
                 "model": f.model,
                 "task": f.task,
                 "n_layers": result.n_layers,
-                "base_accuracy": grid.base_accuracy if grid else None,
-                "base_accuracy_ci": grid.base_accuracy_ci if grid else None,
-                "n_solved": grid.n_solved if grid else None,
+                "base_accuracy": result.base_accuracy,
+                "base_accuracy_ci": result.base_accuracy_ci,
+                "n_solved": result.n_solved,
                 "threshold": result.threshold,
                 "found": result.found,
                 "chosen": result.chosen,
                 "outcome": result.claim["outcome"] if result.claim else "no eligible cell",
-                "wait": cell["wait"] if cell else None,
-                "transfer": cell["transfer"] if cell else None,
-                "faithfulness": cell["faithfulness"] if cell else None,
-                "faithfulness_ci": cell["faithfulness_ci"] if cell else None,
-                "faithfulness_baseline": result.faithfulness_baseline,
+                "wait": judged["wait"] if judged else None,
+                "transfer": judged["transfer"] if judged else None,
+                "faithfulness": conf["value"] if conf else None,
+                "faithfulness_ci": conf["ci"] if conf else None,
+                "faithfulness_baseline": conf["baseline"] if conf else None,
                 "n_confirmation": result.n_confirmation,
-                "faithfulness_by_layout": result.judged_by_layout(),
+                "faithfulness_by_layout": conf.get("by_layout") if conf else None,
             }
         )
     parts = []
@@ -192,14 +203,14 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
         parts.append("</ul>")
     if faith:
         parts.append(
-            "<h2>AF1 per model and task</h2><p>The cell the search chose on a selection half of the solved "
+            "<h2>AF1 per model and task</h2><p>The cell the search chose on a selection part of the solved "
             "problems (largest L_wait, then smallest L_transfer, faithfulness at or above the threshold, a "
-            "compute stage, an interval above the constant guess); where none reached the threshold, the best "
-            "eligible cell, marked <i>best</i>. Faithfulness is measured on the other half (the confirmation "
-            "split), with its 95 % interval, beside what a constant guess scores there. The claim 'an AF1 subgraph "
-            "at the threshold' is <i>confirmed</i> where that interval's lower end reaches the threshold, "
-            "<i>rejected</i> where its upper end is below it, and <i>not confirmed</i> otherwise; a best cell is "
-            "never confirmed.</p>"
+            "compute stage, an exact interval above the constant guess); where none reached the threshold, the best "
+            "eligible cell, marked <i>best</i>. Faithfulness is measured on the other part (the confirmation "
+            "split), with its exact 95 % interval, beside what a constant guess scores there. The claim 'an AF1 "
+            "subgraph at the threshold' is <i>confirmed</i> where the one-sided exact binomial test above the "
+            "threshold has p below 0.025, <i>rejected</i> where the test below it has, and <i>not confirmed</i> "
+            "otherwise; a best cell is never confirmed.</p>"
         )
         header = ["model", "task", "layers", "base accuracy", "solved", "AF1", "wait", "transfer"]
         header += ["faithfulness (confirmation)", "n", "constant guess (same n)", "claim"]
@@ -232,7 +243,7 @@ def plain_words(result: Result) -> str:
     """The search's verdict in plain words, from its claim alone: what the judged cell says about the last token
     and whether the held-out problems can tell."""
     claim = result.claim
-    cell = result.judged()
+    cell = result.judged
     if claim is None or cell is None:
         return "no cell of the grid leaves any block for the last token to compute in alone; nothing to judge."
     wait, transfer = cell["wait"], cell["transfer"]
@@ -276,17 +287,17 @@ def stages_text(stages: dict[str, list[int]]) -> str:
     return f"wait in blocks {wait}, transfer in {transfer}, compute in {compute}"
 
 
-def verdict(search: Result, grid: sweep.Result, description: str | None = None) -> str:
+def verdict(search: Result, description: str | None = None) -> str:
     """One line per model: the search's claim with its outcome and numbers, where the judged cell would wait,
     transfer and compute, and the base accuracy."""
     name = search.model or "model"
     if description:  # a bundled model: which weights exactly (quantisation included)
         name = f"{name} [{', '.join(description.split(', ')[:2])}]"
     base_text = (
-        f"base accuracy {with_ci(grid.base_accuracy, grid.base_accuracy_ci)} on {grid.n} problems "
-        f"({grid.n_solved} solved)"
+        f"base accuracy {with_ci(search.base_accuracy, search.base_accuracy_ci)} on {search.n} problems "
+        f"({search.n_solved} solved)"
     )
-    parts = search.judged_by_layout()
+    parts = search.judged["confirmation"].get("by_layout") if search.judged else None
     pooled = f"; pooled over token layouts ({layouts_text(parts)})" if parts else ""
     where = f"; the judged cell has it {stages_text(search.stages)}" if search.chosen and search.stages else ""
     return f"{name} ({search.n_layers} layers): {claim_line(search)}{where}{pooled}; {base_text}."
@@ -313,23 +324,20 @@ def the_search(inputs: base.Inputs) -> Result:
 def searched_config(search: Result) -> AF1Config | None:
     """The AF1 config a search settled on: the cell it chose, else its best eligible cell; None when no cell
     is eligible (a finding: the units that read it say so)."""
-    if (cell := search.marked()) is None:
-        return None
-    return AF1Config(**{**(search.config or {}), "wait": cell["wait"], "transfer": cell["transfer"]})
+    return search.config_at(search.config)
 
 
 def check_found(inputs: base.Inputs, options: base.Options) -> None:
-    """The unit does not apply when it is asked only where the search chose a cell and its confirmation split
-    does not reject it, and that is not so."""
+    """The unit does not apply when it is asked only where the search chose a cell on its selection split, and it
+    chose none. The gate reads the selection half alone: what the confirmation half says never decides what runs."""
     if getattr(options, "require_found", False):
         search = searched(inputs)
-        if search is None:
+        if search is None or search.chosen:
             return
-        asked = "asked only where the search chose a cell its confirmation does not reject (require_found)"
-        if not search.chosen:
-            raise base.NotApplicable(f"no cell reaches faithfulness {search.threshold} on the selection split; {asked}")
-        if search.claim is not None and search.claim["outcome"] == REJECTED:
-            raise base.NotApplicable(f"{outcome_text(search.claim)}; {asked}")
+        raise base.NotApplicable(
+            f"no cell reaches faithfulness {search.threshold} on the selection split; asked only where the search "
+            "chose a cell (require_found)"
+        )
 
 
 def config_of(inputs: base.Inputs, options: base.ConfigOptions, n_layers: int) -> AF1Config:

@@ -15,7 +15,7 @@ from af1.interventions.af1 import Ablation, AF1Config
 from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
 from af1.report import interactive
-from af1.report.markup import figure_html, result_beside
+from af1.report.markup import figure_html
 from af1.stats import with_ci
 
 
@@ -27,7 +27,12 @@ class Options(base.Options):
 
 
 class Result(base.SetupFields, allforone.sweep.Grid):
-    """The grid's part (`allforone.sweep.Grid`) on the setup it was measured on."""
+    """The grid's part (`allforone.sweep.Grid`) on the setup it was measured on; where the plan has a search, its
+    rule read off this whole grid at the search's options (`allforone.search.on_grid`), which must choose as the
+    search did measuring only what the rule needs."""
+
+    rule_on_grid: allforone.search.Found | None = None
+    agrees_with_search: bool | None = None
 
 
 class Sweep(base.Experiment):
@@ -36,19 +41,53 @@ class Sweep(base.Experiment):
     Result = Result
     figure = "sweep.png"
 
+    def uses(self) -> tuple[str, ...]:
+        return (base.SEARCH,)
+
     def run(self, inputs: base.Inputs, options: Options) -> Result:
+        from af1.experiments.search import Result as Searched
+
         setup = inputs.resources.setup(inputs.spec)
         config = AF1Config(ablation=options.ablation, abp=options.abp, seed=inputs.spec.seed)
         state = inputs.state_dir / "sweep.state.json" if inputs.state_dir else None
         grid = allforone.sweep.sweep(setup, config, options.max_transfer, options.reference, state_path=state)
-        return Result.of(setup.describe(), grid)
+        search, on_grid, agrees = inputs.one(Searched), None, None
+        if search is not None and options.max_transfer is None and search.config == config:
+            on_grid = allforone.search.on_grid(
+                grid,
+                n_layers=setup.adapter.n_layers,
+                threshold=search.threshold,
+                selection=search.selection_fraction,
+                seed=search.split_seed,
+            )
+            agrees = same_verdict(on_grid, search)
+            if not agrees:
+                grid.warnings.append(
+                    f"the search's rule read off this grid does not choose as the search did: {on_grid.judged}"
+                )
+        return Result.of(setup.describe(), grid, rule_on_grid=on_grid, agrees_with_search=agrees)
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         from af1.report import figures  # matplotlib: only when drawing
 
-        return figures.sweep_heatmap(result, result, out_dir / "sweep.png")
+        return figures.sweep_heatmap(result, result, out_dir / "sweep.png", result.rule_on_grid)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
+        found = result.rule_on_grid
+        rule = (
+            ""
+            if found is None or found.judged is None
+            else (
+                f" The search's rule read off this whole grid judges L_wait {found.judged['wait']}, L_transfer "
+                f"{found.judged['transfer']} ({'chosen' if found.chosen else 'best'}), outlined in red, with its "
+                "frontier"
+                + (
+                    "; the search, measuring only what the rule needs, decided the same."
+                    if result.agrees_with_search
+                    else "; the search decided otherwise (a fault: see the warnings)."
+                )
+            )
+        )
         return [
             "<h2>The (L_wait, L_transfer) grid</h2>",
             f"<p>{result.model} on <code>{html.escape(result.task)}</code> ({result.style}): {result.n_solved} "
@@ -57,17 +96,20 @@ class Sweep(base.Experiment):
             "accuracy under AF1 on the solved problems; a constant guess scores "
             f"{result.faithfulness_baseline or float('nan'):.3f} on them. Row L_wait -1 is no ablation, but from "
             "block 0 the mask still keeps the other tokens from reading each other, so even its last column is not "
-            "the unmodified model."
-            + (
-                " The grid is drawn below, with the search's choice marked on it.</p>"
-                if result_beside(out_dir, "search") is not None  # its section draws the grid
-                else " Red triangles: cells whose whole 95 % interval lies at or above 0.9 (in-sample, uncorrected "
-                "across cells: descriptive)."
-                + (" Hover a cell for its numbers; click it for its problems." if interactive.enabled() else "")
-                + "</p>"
-                + figure_html(out_dir, "sweep.png", lambda: interactive.sweep_grid(result, result))
-            ),
+            "the unmodified model. An exploration map: no claim is made of it."
+            + rule
+            + " Red triangles: cells whose whole 95 % interval lies at or above the threshold (in-sample, uncorrected "
+            "across cells: descriptive)."
+            + (" Hover a cell for its numbers; click it for its problems." if interactive.enabled() else "")
+            + "</p>"
+            + figure_html(out_dir, "sweep.png", lambda: interactive.sweep_grid(result, result, found)),
         ]
 
     def show(self, result: Result) -> list[Table | str]:
         return [f"{result.n_cells} cells on {result.n_solved} solved problems, executor {result.executor}"]
+
+
+def same_verdict(on_grid: allforone.search.Found, search: allforone.search.Found) -> bool:
+    """Whether two readings of the search's rule decide alike: the same judged cell with the same rates, whether it
+    was chosen, and the same claim."""
+    return (on_grid.judged, on_grid.chosen, on_grid.claim) == (search.judged, search.chosen, search.claim)

@@ -19,7 +19,7 @@ from af1.interventions.sites import Site, record, residual
 from af1.methods.setup import Setup
 from af1.models.forward import forward_last
 from af1.results import Part
-from af1.stats import wilson
+from af1.stats import exact_interval
 from af1.tasks.evaluation import batches
 from af1.tasks.task import Task
 
@@ -227,7 +227,7 @@ def curves(
         n = len(label)
         k = right[name, kind].sum(0).tolist()
         shuffled = [float((d[:, 1] == label).double().mean()) for d in got]
-        ci = [list(wilson(x, n)) for x in k]
+        ci = [list(exact_interval(x, n)) for x in k]
         made.append(
             Curve(
                 target=name,

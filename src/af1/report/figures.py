@@ -46,7 +46,8 @@ def confident_cells(low_WK: list[list[float | None]], threshold: float) -> list[
 
 def sweep_heatmap(grid: Grid, setup: SetupDescription, path: Path, found: Found | None = None) -> Path:
     """Faithfulness over (L_wait rows, L_transfer columns), annotated where cells are large enough; cells whose
-    whole 95 % interval lies above the threshold (the search's, else 0.9) are marked."""
+    whole 95 % interval lies above the threshold (the search's, else 0.9) are marked; with `found` (the search's
+    rule read off this grid), its frontier and judged cell."""
     faith = np.array(grid.faithfulness_wait_transfer, dtype=float)
     L = setup.n_layers
     fig, ax = plt.subplots(figsize=(min(14, 3 + 0.4 * L), min(12, 2.5 + 0.35 * L)))
@@ -77,25 +78,66 @@ def sweep_heatmap(grid: Grid, setup: SetupDescription, path: Path, found: Found 
         c="red",
         label=f"95 % interval at or above {threshold} (in-sample, uncorrected: descriptive)",
     )
-    frontier = found.frontier if found else []
-    if frontier:
-        ax.plot(
-            [f["transfer"] for f in frontier],
-            [f["wait"] + 1 for f in frontier],
-            color="orange",
-            lw=1.2,
-            marker="o",
-            ms=3,
-            label="frontier: smallest L_transfer reaching the threshold (selection split)",
-        )
+    if found is not None:
+        _mark_search(ax, found)
     ax.legend(loc="upper right", fontsize=7)
-    if found and (cell := found.marked()) is not None:  # where none passed the threshold, the best cell dashed
-        corner = (cell["transfer"] - 0.5, cell["wait"] + 0.5)
-        ax.add_patch(Rectangle(corner, 1, 1, fill=False, ec="red", lw=2, ls="-" if found.chosen else "--"))
     fig.colorbar(image, ax=ax, label="faithfulness")
     ax.set_title(
         f"AF1 faithfulness: {setup.model} {setup.task} ({setup.style}, {setup.scoring} answer), n={setup.n_solved}, "
         f"constant guess {grid.faithfulness_baseline:.2f}"
+    )
+    return _save(fig, path)
+
+
+def _mark_search(ax: Any, found: Found) -> None:
+    """The search's frontier (orange) and its judged cell (red; dashed where none reached the threshold)."""
+    if found.frontier:
+        ax.plot(
+            [f["transfer"] for f in found.frontier],
+            [f["wait"] + 1 for f in found.frontier],
+            color="orange",
+            lw=1.2,
+            marker="o",
+            ms=3,
+            label=f"frontier: smallest L_transfer reaching {found.threshold} (selection split)",
+        )
+    if (cell := found.judged) is not None:
+        corner = (cell["transfer"] - 0.5, cell["wait"] + 0.5)
+        ax.add_patch(Rectangle(corner, 1, 1, fill=False, ec="red", lw=2, ls="-" if found.chosen else "--"))
+
+
+def search_cells(found: Found, n_layers: int, path: Path) -> Path:
+    """The cells the search measured on the selection split: each one's rate where measured whole, else its misses
+    of the problems measured before it stopped; cells it never measured stay empty (the rule did not need them)."""
+    L, n = n_layers, found.n_selection
+    rate_WK = np.full((L + 1, L + 1), np.nan)
+    fig, ax = plt.subplots(figsize=(min(14, 3 + 0.4 * L), min(12, 2.5 + 0.35 * L)))
+    for cell in found.measured:
+        r, c = cell["wait"] + 1, cell["transfer"]
+        rate_WK[r, c] = cell["right"] / cell["measured"]
+        whole = cell["measured"] == n
+        label = (
+            f"{cell['right'] / n:.2f}"[1:]
+            if whole and cell["right"] < n
+            else "1"
+            if whole
+            else (f"{cell['measured'] - cell['right']}/{cell['measured']}")
+        )
+        ax.text(c, r, label, ha="center", va="center", fontsize=5, color="white" if rate_WK[r, c] < 0.6 else "black")
+    image = ax.imshow(np.ma.masked_invalid(rate_WK), origin="lower", cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    ax.set_xlabel("L_transfer (layers in which the last token peeks)")
+    ax.set_ylabel("L_wait (CAMA at the output of this block; -1 = none)")
+    ax.set_yticks(range(L + 1), [str(w) for w in range(-1, L)], fontsize=7)
+    ax.set_xticks(range(L + 1), [str(k) for k in range(L + 1)], fontsize=7)
+    _mark_search(ax, found)
+    if found.frontier:
+        ax.legend(loc="upper right", fontsize=7)
+    fig.colorbar(image, ax=ax, label="right / measured (selection split)")
+    stopped = sum(c["measured"] < n for c in found.measured)
+    ax.set_title(
+        f"The cells the search measured: {len(found.measured)}, {stopped} stopped once decided (misses / measured);\n"
+        f"the rest on all {n} selection problems (their rate); the judged cell outlined",
+        fontsize=9,
     )
     return _save(fig, path)
 

@@ -213,25 +213,34 @@ def sweep_detail(grid: Grid, faith: list[list[Any]], low: list[list[Any]], high:
     }
 
 
+def cell_text(cell: Cell, n: int) -> str:
+    """What a measured cell's square shows: its rate where every selection problem was measured, else its misses of
+    the problems measured (it stopped once decided)."""
+    if cell["measured"] == n:
+        return f"{cell['right'] / n:.2f}"[1:] if cell["right"] < n else "1"
+    return f"{cell['measured'] - cell['right']}/{cell['measured']}"
+
+
+def cell_hover(cell: Cell, found: Found) -> str:
+    """A measured cell's hover: right of measured on the selection split and why measuring stopped; for the judged
+    cell, both splits' rates."""
+    from af1.methods.allforone.search import STOPS  # torch with it: only when a search is drawn
+
+    text = (
+        f"L_wait {cell['wait']}, L_transfer {cell['transfer']}<br>{cell['right']} right of {cell['measured']} "
+        f"measured (of {found.n_selection} selection problems)<br>{html.escape(STOPS[cell['stopped']])}"
+    )
+    judged = found.judged
+    if judged is not None and (judged["wait"], judged["transfer"]) == (cell["wait"], cell["transfer"]):
+        sel, conf = judged["selection"], judged["confirmation"]
+        text += "<br>selection split: " + rate_text(sel["value"], sel["ci"], sel["n"], sel["baseline"])
+        text += "<br>confirmation split: " + rate_text(conf["value"], conf["ci"], conf["n"], conf["baseline"])
+    return text
+
+
 def search_traces(found: Found) -> list[dict[str, Any]]:
-    """The search's frontier (per L_wait, the smallest L_transfer reaching the threshold on the selection split) and
-    its chosen cell (or, when none passed, its best eligible cell), with both splits' rates in the hover."""
-
-    def hover(cell: Cell, what: str) -> str:
-        return (
-            f"{what}: L_wait {cell['wait']}, L_transfer {cell['transfer']}<br>selection split: "
-            + rate_text(
-                cell["faithfulness_selection"],
-                cell["faithfulness_selection_ci"],
-                found.n_selection,
-                found.faithfulness_baseline_selection,
-            )
-            + "<br>confirmation split: "
-            + rate_text(
-                cell["faithfulness"], cell["faithfulness_ci"], found.n_confirmation, found.faithfulness_baseline
-            )
-        )
-
+    """The search's frontier (per L_wait measured, the smallest L_transfer reaching the threshold on the selection
+    split) and its judged cell, with both splits' rates in the hover."""
     traces: list[dict[str, Any]] = []
     if found.frontier:
         traces.append(
@@ -243,21 +252,29 @@ def search_traces(found: Found) -> list[dict[str, Any]]:
                 "y": [f["wait"] for f in found.frontier],
                 "line": {"color": "orange", "width": 2},
                 "marker": {"size": 7},
-                "text": [hover(f, "frontier") for f in found.frontier],
+                "text": [cell_hover(f, found) for f in found.frontier],
                 "hovertemplate": "%{text}<extra></extra>",
             }
         )
-    if (chosen := found.marked()) is not None:
-        what = "chosen cell" if found.chosen else f"best eligible cell (none reaches {found.threshold})"
+    if (judged := found.judged) is not None:
+        what = "chosen cell" if found.chosen else f"best cell (none reaches {found.threshold})"
+        sel = judged["selection"]
+        cell: Cell = {
+            "wait": judged["wait"],
+            "transfer": judged["transfer"],
+            "right": sel["k"],
+            "measured": sel["n"],
+            "stopped": "all",
+        }
         traces.append(
             {
                 "type": "scatter",
                 "mode": "markers",
                 "name": what,
-                "x": [chosen["transfer"]],
-                "y": [chosen["wait"]],
+                "x": [judged["transfer"]],
+                "y": [judged["wait"]],
                 "marker": {"symbol": "x", "color": "red", "size": 9},
-                "text": [hover(chosen, what)],
+                "text": [cell_hover(cell, found)],
                 "hovertemplate": "%{text}<extra></extra>",
             }
         )
@@ -265,8 +282,8 @@ def search_traces(found: Found) -> list[dict[str, Any]]:
 
 
 def chosen_shape(found: Found) -> list[dict[str, Any]]:
-    """The search's chosen cell outlined in red (its best eligible cell dashed, when none reached the threshold)."""
-    if (cell := found.marked()) is None:
+    """The search's judged cell outlined in red (dashed where none reached the threshold)."""
+    if (cell := found.judged) is None:
         return []
     w, k = cell["wait"], cell["transfer"]
     line = {"color": "red", "width": 3, **({} if found.chosen else {"dash": "dash"})}
@@ -274,19 +291,55 @@ def chosen_shape(found: Found) -> list[dict[str, Any]]:
 
 
 def search_plot(found: Found, n_layers: int) -> str:
-    """The frontier and the chosen cell on the grid's axes, for a search whose sweep is not at hand (nothing, when
-    no cell reached the threshold and none is eligible: empty axes say nothing)."""
-    traces = search_traces(found)
-    if not traces:
-        return ""
+    """The cells the search measured on the (L_wait, L_transfer) axes: each one's selection rate where it was
+    measured whole, else its misses of the problems measured before it stopped (hover: why); the frontier and the
+    judged cell on top. Cells it never measured stay empty: the rule did not need them."""
+    L, n = n_layers, found.n_selection
+    waits, transfers = list(range(-1, L)), list(range(L + 1))
+    z: list[list[float | None]] = [[None] * len(transfers) for _ in waits]
+    text = [[""] * len(transfers) for _ in waits]
+    hover = [[""] * len(transfers) for _ in waits]
+    for cell in found.measured:
+        r, c = cell["wait"] + 1, cell["transfer"]
+        z[r][c] = cell["right"] / cell["measured"]
+        text[r][c], hover[r][c] = cell_text(cell, n), cell_hover(cell, found)
+    data: list[dict[str, Any]] = [
+        {
+            "type": "heatmap",
+            "name": "selection rate on the problems measured",
+            "x": transfers,
+            "y": waits,
+            "z": z,
+            "zmin": 0,
+            "zmax": 1,
+            "colorscale": "Viridis",
+            "colorbar": {"title": {"text": "right / measured"}},
+            "text": text,
+            "texttemplate": "%{text}",
+            "textfont": {"size": 8},
+            "customdata": hover,
+            "hovertemplate": "%{customdata}<extra></extra>",
+            "hoverongaps": False,
+            "xgap": 1,
+            "ygap": 1,
+        },
+        *search_traces(found),
+    ]
+    stopped = sum(c["measured"] < n for c in found.measured)
+    title = (
+        f"The cells the search measured: {len(found.measured)}, {stopped} stopped once decided (shown as misses / "
+        f"problems measured); the rest measured on all {n} selection problems (their rate)"
+    )
     layout = {
-        "title": {"text": "The search's frontier and choice (its sweep's grid is not beside it)", "font": {"size": 13}},
-        "xaxis": {"title": {"text": "L_transfer"}, "range": [-0.5, n_layers + 0.5], "dtick": 1, "zeroline": False},
-        "yaxis": {"title": {"text": "L_wait"}, "range": [-1.5, n_layers - 0.5], "dtick": 1, "zeroline": False},
-        "height": 360,
+        "title": {"text": html.escape(title), "font": {"size": 12}},
+        "xaxis": {"title": {"text": "L_transfer"}, "range": [-0.5, L + 0.5], "dtick": 1, "zeroline": False},
+        "yaxis": {"title": {"text": "L_wait"}, "range": [-1.5, L - 0.5], "dtick": 1, "zeroline": False},
+        "height": min(900, 340 + 22 * L),
+        "legend": {"orientation": "h", "y": -0.2},
+        "showlegend": True,
         "shapes": chosen_shape(found),
     }
-    return plot_html(traces, layout)
+    return plot_html(data, layout)
 
 
 # --- curves with their intervals -----------------------------------------------------------------------------------

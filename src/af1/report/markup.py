@@ -154,14 +154,15 @@ def layouts_text(by_layout: Rows | None) -> str:
     )
 
 
-CLAIM_HEADERS = ["outcome", "claim", "estimate [95 % CI]", "n", "baseline", "p", "p adjusted", "n to decide"]
+CLAIM_HEADERS = ["outcome", "claim", "estimate [95 % CI]", "n", "baseline", "p", "p adjusted"]
+CLAIM_HEADERS += ["p against (adjusted)", "n to decide"]
 
 
 def claim_rows(claims: Rows | None) -> list[list[str]]:
     """Claims as table rows, one per claim (`af1.claims.Claim`): the outcome first, then its numbers."""
     rows = []
     for c in claims or []:
-        p, adj = c.get("p_value"), c.get("p_adjusted")
+        p, adj, q, q_adj = (c.get(key) for key in ("p_value", "p_adjusted", "p_against", "p_against_adjusted"))
         rows.append(
             [
                 str(c["outcome"]),
@@ -171,6 +172,7 @@ def claim_rows(claims: Rows | None) -> list[list[str]]:
                 "" if c.get("baseline") is None else f"{c['baseline']:.3f}",
                 "" if p is None else f"{p:.2g}",
                 "" if adj is None else f"{adj:.2g}",
+                "" if q is None else f"{q:.2g}" + ("" if q_adj is None else f" ({q_adj:.2g})"),
                 n_to_decide_text(c),
             ]
         )
@@ -191,8 +193,9 @@ def claims_html(claims: Rows | None, family: str = "") -> str:
         + "."
         + (" Tests adjusted together: " + html.escape("; ".join(families)) + "." if families else "")
         + " <i>baseline</i>: for a rate, what a constant guess scores on the same problems; for an effect or a "
-        "difference, its null. <i>not confirmed</i>: the interval cannot decide; <i>n to decide</i> is the n at "
-        "which the observed estimate would.</p>"
+        "difference, its null. <i>p against</i>: a one-sided claim's test the other way, which rejects it. <i>not "
+        "confirmed</i>: neither test decides; <i>n to decide</i> is the n at which the observed estimate would be "
+        "decided with 80 % power.</p>"
     )
     return (f"<p>{html.escape(family)}</p>" if family else "") + table_html(CLAIM_HEADERS, rows) + note
 

@@ -25,7 +25,7 @@ FULL_ADDS = (
 )
 FOCUSED = (
     "The focused demo: on each model the evaluation, the (L_wait, L_transfer) grid and the search, and each model's "
-    "configuration on the others; where a model's search chose a cell its confirmation does not reject, necessity "
+    "configuration on the others; where a model's search chose a cell on its selection half, necessity "
     "(the last token blocked from reading in windows of 1, 2 and 4 layers) and the heads study (heads ranked by the "
     "first operand's counterfactual, knocked out against random heads of the same layers). af1 demo --full adds "
     f"{FULL_ADDS}."

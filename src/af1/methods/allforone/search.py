@@ -1,19 +1,40 @@
-"""The search: the AF1 cell chosen on a selection split of the solved problems, its claim decided on the other."""
+"""The search: the AF1 cell chosen on a selection split of the solved problems, its claim decided on the other.
+
+The rule: the largest L_wait, then the smallest L_transfer, whose selection faithfulness reaches the threshold,
+among cells with a compute stage whose selection interval clears the constant guess; where no cell reaches it, the
+best such cell (the highest selection faithfulness; ties: the larger wait, then the smaller transfer) is judged and
+never confirmed. `search` measures what this rule needs and stops each cell once its part in it is decided;
+`on_grid` reads the same rule off a complete grid (`af1 sweep`), and the tests hold the two equal.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+import random
+from collections.abc import Iterator
+from typing import Literal, Protocol
 
 from pydantic import ConfigDict, with_config
-from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import CONFIRMED, NOT_CONFIRMED, Claim, capped, n_to_decide_rate, rate_reaches
+from af1.claims import CONFIRMED, NOT_CONFIRMED, Claim, capped, n_to_decide_rate, rate_above
 from af1.errors import Af1Error
+from af1.executors.cells import Cells
+from af1.executors.protocol import Executor, recorded
 from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.sweep import GridCells, unbits
 from af1.methods.setup import Setup
+from af1.progress import progress
 from af1.results import Part
-from af1.stats import LayoutRate, Rate, baseline_warning, rate, split_indices
+from af1.stats import LayoutRate, Rate, exact_interval, rate, split_indices
+
+Stop = Literal["reached", "cannot reach", "beaten", "all"]
+STOPS: dict[str, str] = {
+    "reached": "reached the threshold on the selection split (its remaining problems cannot undo it)",
+    "cannot reach": "missed more selection problems than the threshold allows",
+    "beaten": "missed more selection problems than the best cell so far",
+    "all": "every selection problem measured",
+}
 
 
 def confirmation(setup: Setup, selection: float, seed: int) -> Setup:
@@ -31,74 +52,75 @@ def has_compute_stage(wait: int, transfer: int, n_layers: int) -> bool:
 
 @with_config(ConfigDict(extra="forbid"))
 class Cell(TypedDict):
-    """One (L_wait, L_transfer) cell as the search measures it: faithfulness on the confirmation split (with its
-    interval), on the selection split that chose, and whether it may be chosen at all."""
+    """A cell as the search measured it on the selection split: right answers among the problems measured, and why
+    measuring it stopped (`STOPS`)."""
 
     wait: int
     transfer: int
-    faithfulness: float
-    faithfulness_ci: list[float]
-    faithfulness_selection: float
-    faithfulness_selection_ci: list[float]
+    right: int
+    measured: int
+    stopped: Stop
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Judged(TypedDict):
+    """The cell the claim is about, measured on every problem of both splits: whether it may be chosen at all (a
+    compute stage, a selection interval above the constant guess), and its rates."""
+
+    wait: int
+    transfer: int
     eligible: bool
-    faithfulness_by_layout: NotRequired[list[LayoutRate]]
+    selection: Rate
+    confirmation: Rate
 
 
 class Found(Part):
-    """The search's answer (`search`): the chosen cell (None where no cell passes) with its confirmation
-    faithfulness, interval and constant guess, its selection faithfulness, the split, the frontier, the best
-    eligible cell, and the claim 'an AF1 subgraph at the threshold' decided on the confirmation split."""
+    """The search's answer (`search`): whether a cell reached the threshold on the selection split (`chosen`, the
+    cell later analyses run at), the judged cell (the chosen one, else the best) with both splits' rates, the claim
+    'an AF1 subgraph at the threshold' decided on the confirmation split, the frontier, and every cell measured."""
 
     threshold: float
-    chosen: bool = False  # a cell reached the threshold on the selection split (the cell later analyses run at)
+    selection_fraction: float
+    split_seed: int
+    n_selection: int
+    n_confirmation: int
+    chosen: bool  # a cell reached the threshold on the selection split
     found: bool  # the claim confirmed on the confirmation split
-    claim: Claim | None = None  # None: no cell is eligible
-    selection_fraction: float = 0.5
-    split_seed: int = 0
-    n_selection: int | None = None
-    n_confirmation: int | None = None
-    faithfulness_baseline_selection: float | None = None
-    faithfulness_baseline: float | None = None
-    wait: int | None = None
-    transfer: int | None = None
-    faithfulness: float | None = None
-    faithfulness_ci: list[float] | None = None
-    faithfulness_selection: float | None = None
-    faithfulness_selection_ci: list[float] | None = None
-    frontier: list[Cell] = []  # per L_wait (ascending), the smallest L_transfer reaching the threshold (selection)
-    n_ineligible_no_compute: int = 0  # cells above the threshold that leave no layer to compute in
-    stages: dict[str, list[int]] | None = None
-    best: Cell | None = None
-    best_measured: Cell | None = None  # where no cell is eligible: the best one with a compute stage, judged
-    faithfulness_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's part
-    grid_cells: int = 0  # cells measured, of the grid's grid_cells_possible ((L_wait, L_transfer), L_wait >= -1)
-    grid_cells_possible: int = 0
-    max_transfer_measured: int = 0  # below n_layers: the sweep was capped (max_transfer)
+    claim: Claim | None  # None: no cell has a compute stage
+    judged: Judged | None
+    stages: dict[str, list[int]] | None = None  # the chosen cell's wait, transfer and compute blocks
+    frontier: list[Cell]  # per L_wait measured (descending), its smallest L_transfer reaching the threshold
+    measured: list[Cell]  # every cell measured on the selection split, in the order measured
+    exhaustive: bool  # every cell measured on every problem (`on_grid`), or only what the rule needs (`search`)
+    problem_cells: int  # (problem, cell) pairs measured, both splits
+    problem_cells_grid: int  # those of the whole grid, (L_wait, L_transfer) with L_wait >= -1, on every problem
+    executor: str
+    fallback_reason: str | None = None
 
-    def marked(self) -> Cell | None:
-        """The chosen cell (the frontier's largest L_wait), or where none reached the threshold the best eligible."""
-        return self.frontier[-1] if self.chosen else self.best
+    def cell(self) -> tuple[int, int] | None:
+        """The judged cell's (L_wait, L_transfer); None where no cell has a compute stage."""
+        return None if self.judged is None else (self.judged["wait"], self.judged["transfer"])
 
-    def judged(self) -> Cell | None:
-        """The cell the claim is about: the marked one, else (none eligible) the best with a compute stage."""
-        return self.marked() or self.best_measured
+    def marked(self) -> Judged | None:
+        """The cell later analyses run at: the chosen one, or where none reached the threshold the best eligible."""
+        judged = self.judged
+        return judged if judged is not None and (self.chosen or judged["eligible"]) else None
 
-    def judged_by_layout(self) -> list[LayoutRate] | None:
-        """The judged cell's confirmation rate by token layout (a task of several layouts; None otherwise)."""
-        if self.chosen:
-            return self.faithfulness_by_layout
-        cell = self.judged()
-        return cell.get("faithfulness_by_layout") if cell else None
+    def config_at(self, base: AF1Config) -> AF1Config | None:
+        """`base` at the marked cell; None where no cell is eligible."""
+        cell = self.marked()
+        return None if cell is None else base.model_copy(update={"wait": cell["wait"], "transfer": cell["transfer"]})
 
 
 def subgraph_claim(
     correct_conf: list[bool], cell: tuple[int, int], threshold: float, chosen: bool, baseline: float
 ) -> Claim:
     """'This model has an AF1 subgraph at faithfulness >= threshold', at the search's cell, decided on the
-    confirmation split by its Wilson interval; a cell that did not reach the threshold where it was chosen (the best
-    eligible one) is never confirmed."""
+    confirmation split by one-sided exact binomial tests (a family of one: confirmed by the test above the threshold,
+    rejected by the test below it); a cell that did not reach the threshold where it was chosen (the best eligible
+    one) is never confirmed, nor one whose interval does not clear the constant guess."""
     w, k = cell
-    claim = rate_reaches(
+    claim = rate_above(
         "af1_subgraph",
         f"an AF1 subgraph at faithfulness >= {threshold} (L_wait {w}, L_transfer {k})",
         correct_conf,
@@ -107,10 +129,10 @@ def subgraph_claim(
         baseline,
     )
     low, value = claim["ci"][0], claim["estimate"]
-    towards = value is not None and value >= threshold  # only a confirmation could decide it
+    towards = value is not None and value > threshold  # only a confirmation could decide it
     if low is None or low <= baseline:  # a threshold a constant guess could reach says nothing
         claim = capped(claim, NOT_CONFIRMED, "never confirmed where its interval does not clear the constant guess")
-        if towards and value is not None:  # the n at which the interval would clear both the threshold and the guess
+        if towards and value is not None:  # the n at which it would clear both the threshold and the guess
             needed = [
                 n_to_decide_rate(value, threshold),
                 n_to_decide_rate(value, baseline) if value > baseline else None,
@@ -119,125 +141,336 @@ def subgraph_claim(
     if chosen:
         return claim
     claim = capped(claim, NOT_CONFIRMED, "never confirmed where no cell reached the threshold on the selection split")
-    if towards:  # no n confirms it, and its interval cannot reject it
+    if towards:  # no n confirms it, and no n rejects it at this estimate
         claim["n_to_decide"] = None
     return claim
 
 
-@dataclass(frozen=True)
-class SplitGrid:
-    """The grid's cells read on one selection/confirmation split of its solved problems (rates with the
-    constant guess per token layout)."""
+class Rule:
+    """The search's rule on one split: what a cell's count of right selection problems must reach, and the rates and
+    claim of the judged cell."""
 
-    grid: GridCells
-    sel: list[int]
-    conf: list[int]
+    def __init__(
+        self,
+        targets: list[str],
+        layouts: list[int] | None,
+        n_layers: int,
+        threshold: float,
+        selection: float,
+        seed: int,
+    ) -> None:
+        if not (0 <= threshold <= 1 and 0 < selection < 1):  # search's Options refuse these first, by name
+            raise Af1Error(f"threshold {threshold} must be in [0, 1] and selection {selection} in (0, 1)")
+        self.targets, self.layouts, self.L = targets, layouts or [0] * len(targets), n_layers
+        self.threshold, self.selection, self.seed = threshold, selection, seed
+        self.sel, self.conf = split_indices(len(targets), selection, seed)
+        n = len(self.sel)
+        if not n or not self.conf:
+            raise Af1Error(f"{len(targets)} solved problems split at {selection} leave a side empty")
+        self.baseline = self.rate([True] * n, self.sel)["baseline"]
+        self.eligible_from = next((c for c in range(n + 1) if exact_interval(c, n)[0] > self.baseline), n + 1)
+        reaching = next((c for c in range(n + 1) if c / n >= threshold), n + 1)
+        self.pass_from = max(reaching, self.eligible_from)  # right selection problems a cell needs to be chosen
 
-    @classmethod
-    def of(cls, grid: GridCells, selection: float, seed: int) -> SplitGrid:
-        return cls(grid, *split_indices(len(grid.targets), selection, seed))
+    def cells(self) -> list[tuple[int, int]]:
+        """The cells that may be judged (a compute stage), in the order the rule reads them: the largest wait first,
+        then the smallest transfer."""
+        return [(w, k) for w in range(self.L - 2, -2, -1) for k in range(self.L - 1 - w)]
 
-    def correct(self, w: int, k: int) -> list[bool]:
-        return unbits(self.grid.cells[f"{w},{k}"])
+    def rate(self, right_R: list[bool], rows: list[int]) -> Rate:
+        """The rate of `right_R` (one per row of `rows`), its baseline a constant guess per token layout."""
+        return rate(right_R, [self.targets[i] for i in rows], [self.layouts[i] for i in rows])
 
-    def rate(self, correct: list[bool], rows: list[int]) -> Rate:
-        layouts = self.grid.kept_layouts or [0] * len(self.grid.targets)  # the baselines guess per layout
-        return rate([correct[i] for i in rows], [self.grid.targets[i] for i in rows], [layouts[i] for i in rows])
+    def judged(self, cell: tuple[int, int], right_sel: list[bool], right_conf: list[bool]) -> Judged:
+        selection, confirmation = self.rate(right_sel, self.sel), self.rate(right_conf, self.conf)
+        if len(set(self.layouts)) > 1:
+            confirmation["by_layout"] = self.by_layout(right_conf)
+        eligible = selection["k"] >= self.eligible_from
+        return Judged(wait=cell[0], transfer=cell[1], eligible=eligible, selection=selection, confirmation=confirmation)
 
-    def cell(self, w: int, k: int, n_layers: int) -> Cell | None:
-        if f"{w},{k}" not in self.grid.cells:
-            return None
-        correct = self.correct(w, k)
-        s, c = self.rate(correct, self.sel), self.rate(correct, self.conf)
-        return Cell(
-            wait=w,
-            transfer=k,
-            faithfulness=c["value"],
-            faithfulness_ci=c["ci"],
-            faithfulness_selection=s["value"],
-            faithfulness_selection_ci=s["ci"],
-            eligible=has_compute_stage(w, k, n_layers) and s["ci"][0] > s["baseline"],
-        )
-
-    def by_layout(self, w: int, k: int) -> list[LayoutRate]:
-        """The pooled confirmation rate's parts: each token layout's confirmation problems."""
-        correct, layout_P, targets = self.correct(w, k), self.grid.kept_layouts or [], self.grid.targets
+    def by_layout(self, right_conf: list[bool]) -> list[LayoutRate]:
+        """The confirmation rate's parts: each token layout's confirmation problems."""
         out = []
-        for g in sorted(set(layout_P)):
-            rows = [i for i in self.conf if layout_P[i] == g]
-            if not rows:  # the split put none of this layout's problems on the confirmation side
-                continue
-            r = rate([correct[i] for i in rows], [targets[i] for i in rows])
-            out.append(LayoutRate(layout=g, value=r["value"], n=r["n"], ci=r["ci"], baseline=r["baseline"]))
+        for g in sorted(set(self.layouts)):
+            idx = [j for j, i in enumerate(self.conf) if self.layouts[i] == g]
+            if idx:  # the split put some of this layout's problems on the confirmation side
+                r = rate([right_conf[j] for j in idx], [self.targets[self.conf[j]] for j in idx])
+                out.append(LayoutRate(layout=g, value=r["value"], n=r["n"], ci=r["ci"], baseline=r["baseline"]))
         return out
 
+    def found(
+        self,
+        judged: Judged | None,
+        right_conf: list[bool],
+        chosen: bool,
+        base: AF1Config,
+        **fields: object,
+    ) -> Found:
+        claim, stages = None, None
+        if judged is not None:
+            cell = (judged["wait"], judged["transfer"])
+            base_conf = judged["confirmation"]["baseline"]
+            claim = subgraph_claim(right_conf, cell, self.threshold, chosen, base_conf)
+            if chosen:
+                stages = base.model_copy(update={"wait": cell[0], "transfer": cell[1]}).stages(self.L)
+        return Found(
+            threshold=self.threshold,
+            selection_fraction=self.selection,
+            split_seed=self.seed,
+            n_selection=len(self.sel),
+            n_confirmation=len(self.conf),
+            chosen=chosen,
+            found=claim is not None and claim["outcome"] == CONFIRMED,
+            claim=claim,
+            judged=judged,
+            stages=stages,
+            problem_cells_grid=len(self.targets) * sum(self.L - w for w in range(-1, self.L)),
+            **fields,  # type: ignore[arg-type]  # the measured fields, named as Found declares them
+        )
 
-def _strongest(cells: list[Cell]) -> Cell:
-    """The cell of the highest selection faithfulness (ties: the larger wait, then the smaller transfer)."""
-    return Cell(**max(cells, key=lambda m: (m["faithfulness_selection"], m["wait"], -m["transfer"])))
+
+class Meter(Protocol):
+    """Whether each of some solved problems is right at cells (`af1.executors.cells.Cells`, or a grid's bits): per
+    ask (wait, transfer, rows), one bool per row."""
+
+    def right(self, asks: list[tuple[int, int, list[int]]]) -> list[list[bool]]: ...
+
+    def executors(self) -> list[tuple[Executor, str | None]]: ...
 
 
-def search(grid: GridCells, *, n_layers: int, threshold: float, selection: float, seed: int) -> Found:
-    """The AF1 cell, chosen on a selection split of the solved problems, and its claim judged on the rest.
+def search(
+    setup: Setup,
+    base: AF1Config,
+    *,
+    threshold: float,
+    selection: float,
+    seed: int,
+    frontier: bool = False,
+    reference: bool = False,
+) -> Found:
+    """The rule (this module's docstring) on a setup's solved problems, measuring what it needs (`decide`)."""
+    layouts = setup.kept.layout_P.tolist() if setup.kept.groups else None
+    rule = Rule(setup.kept.targets(), layouts, setup.adapter.n_layers, threshold, selection, seed)
+    return decide(rule, Cells(setup.kept, setup.steps, base, reference), base, frontier)
 
-    Choice: the largest wait, then the smallest transfer, whose selection faithfulness reaches the
-    threshold. Never chosen: cells with no compute stage, and cells whose selection interval does not
-    clear the constant-guess baseline. Also the frontier: for every wait, the smallest such transfer.
-    The claim (`subgraph_claim`) is decided on the confirmation split alone: `found` only where it is confirmed."""
-    if not (0 <= threshold <= 1 and 0 < selection < 1):  # search's Options refuse these first, by name
-        raise Af1Error(f"threshold {threshold} must be in [0, 1] and selection {selection} in (0, 1)")
-    L, split = n_layers, SplitGrid.of(grid, selection, seed)
-    measured = {(w, k): m for w in range(-1, L) for k in range(L - w) if (m := split.cell(w, k, L)) is not None}
-    passing = {wk: m for wk, m in measured.items() if m["eligible"] and m["faithfulness_selection"] >= threshold}
-    frontier = [passing[(w, min(k for ww, k in passing if ww == w))] for w in sorted({w for w, _ in passing})]
-    base_conf = split.rate([True] * len(split.grid.targets), split.conf)["baseline"]
-    result = Found(
-        threshold=threshold,
-        chosen=bool(passing),
-        found=False,
-        claim=None,
-        selection_fraction=selection,
-        split_seed=seed,
-        n_selection=len(split.sel),
-        n_confirmation=len(split.conf),
-        faithfulness_baseline_selection=split.rate([True] * len(split.grid.targets), split.sel)["baseline"],
-        faithfulness_baseline=base_conf,
-        wait=None,
-        transfer=None,
-        faithfulness=None,
-        faithfulness_ci=None,
-        faithfulness_selection=None,
-        faithfulness_selection_ci=None,
-        frontier=frontier,
-        n_ineligible_no_compute=sum(1 for w, k in measured if not has_compute_stage(w, k, L)),
-        warnings=[],
-        grid_cells=len(measured),
-        grid_cells_possible=sum(L - w for w in range(-1, L)),
-        max_transfer_measured=max((k for _, k in measured), default=0),
+
+class Measure:
+    """One cell on the selection split: the problems measured so far (rows of the solved problems), whether each was
+    right, and why measuring it stopped (None: not yet)."""
+
+    def __init__(self, cell: tuple[int, int]) -> None:
+        self.cell = cell
+        self.rows: list[int] = []
+        self.right_M: list[bool] = []
+        self.stopped: Stop | None = None
+
+    @property
+    def right(self) -> int:
+        return sum(self.right_M)
+
+    @property
+    def misses(self) -> int:
+        return len(self.right_M) - self.right
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """How the rule ranks cells: right answers, then the larger wait, then the smaller transfer."""
+        return self.right, self.cell[0], -self.cell[1]
+
+    def summary(self) -> Cell:
+        w, k = self.cell
+        return Cell(wait=w, transfer=k, right=self.right, measured=len(self.rows), stopped=self.stopped or "all")
+
+
+class Rounds:
+    """The selection split measured in rounds: each round asks the meter for the next problems of many cells at once
+    (one wavefront). A cell's next problems are those missed most often by the cells measured so far (a seeded
+    order among equals): misses come early, so a cell that cannot win stops early. The order never changes an
+    outcome, only how soon it is known."""
+
+    def __init__(self, rule: Rule, meter: Meter) -> None:
+        self.rule, self.meter = rule, meter
+        order = rule.sel.copy()
+        random.Random(rule.seed).shuffle(order)
+        self.place = {row: i for i, row in enumerate(order)}
+        self.missed = dict.fromkeys(order, 0)
+        self.measures: dict[tuple[int, int], Measure] = {}
+
+    def of(self, cell: tuple[int, int]) -> Measure:
+        if cell not in self.measures:
+            self.measures[cell] = Measure(cell)
+        return self.measures[cell]
+
+    def run(self, work: list[tuple[Measure, int]]) -> None:
+        """Measure `count` more problems of each (cell, count), in one call."""
+        asks = []
+        for m, count in work:
+            done = set(m.rows)
+            left = sorted((r for r in self.place if r not in done), key=lambda r: (-self.missed[r], self.place[r]))
+            asks.append((*m.cell, left[: max(1, count)]))
+        for (m, _), (_, _, rows), right in zip(work, asks, self.meter.right(asks), strict=True):
+            m.rows += rows
+            m.right_M += right
+            for row, ok in zip(rows, right, strict=True):
+                self.missed[row] += not ok
+
+    def whole(self, m: Measure) -> None:
+        """Every selection problem of the cell measured."""
+        if len(m.rows) < len(self.place):
+            self.run([(m, len(self.place) - len(m.rows))])
+
+
+# the scan's first round measures this many undecided waits, from the largest, and per wait at most this many cells
+# not measured yet; each round doubles both: few rounds where no cell reaches the threshold, little measured below
+# the first wait that has one
+WAITS_AT_ONCE = 6
+FRESH_AT_ONCE = 4
+
+
+def decide(rule: Rule, meter: Meter, base: AF1Config, frontier: bool = False) -> Found:
+    """On the selection split, wait by wait from the largest, each transfer from 0 until the first cell that reaches
+    the threshold; every cell stops as soon as its outcome is decided (it has reached the threshold, or missed more
+    than it allows). The first wait with such a cell is the choice (`frontier`: every lower wait's first such cell
+    too). Where none reaches it, the best cell is found by branch and bound, each cell stopped once it has missed
+    more than the best so far. The confirmation split is measured at the judged cell alone."""
+    rounds = Rounds(rule, meter)
+    staircase = _scan(rule, rounds, frontier) if rule.pass_from <= len(rule.sel) else []
+    frontier_cells = [m.summary() for m in staircase]  # as the rule left them, before the chosen one is completed
+    judged, right_conf = None, []
+    best = staircase[0] if staircase else _best(rule, rounds)
+    if best is not None:
+        rounds.whole(best)  # the judged cell's selection rate, whole
+        right_conf = meter.right([(*best.cell, rule.conf)])[0]
+        by_row = dict(zip(best.rows, best.right_M, strict=True))
+        judged = rule.judged(best.cell, [by_row[i] for i in rule.sel], right_conf)
+    measures = rounds.measures.values()
+    return rule.found(
+        judged,
+        right_conf,
+        bool(staircase),
+        base,
+        frontier=frontier_cells,
+        measured=[m.summary() for m in measures if m.rows],
+        exhaustive=False,
+        problem_cells=sum(len(m.rows) for m in measures) + len(right_conf),
+        **recorded(meter.executors()),
     )
-    eligible = [m for m in measured.values() if m["eligible"]]
-    if eligible:
-        best = result.best = _strongest(eligible)
-        if grid.kept_layouts is not None:
-            best["faithfulness_by_layout"] = split.by_layout(best["wait"], best["transfer"])
-    judged = result.best
-    if passing:
-        w = max(w for w, _ in passing)
-        judged = passing[(w, min(kk for ww, kk in passing if ww == w))]
-        result.wait, result.transfer = w, judged["transfer"]
-        result.faithfulness, result.faithfulness_ci = judged["faithfulness"], judged["faithfulness_ci"]
-        result.faithfulness_selection = judged["faithfulness_selection"]
-        result.faithfulness_selection_ci = judged["faithfulness_selection_ci"]
-        result.stages = AF1Config(**{**grid.config, "wait": w, "transfer": judged["transfer"]}).stages(L)
-        if grid.kept_layouts is not None:
-            result.faithfulness_by_layout = split.by_layout(w, judged["transfer"])
-    computing = [m for (w, k), m in measured.items() if has_compute_stage(w, k, L)]
-    if judged is None and computing:  # nothing eligible: the numbers of the best cell still say how far it is
-        judged = result.best_measured = _strongest(computing)
-    if judged is not None:
-        correct, cell = split.correct(judged["wait"], judged["transfer"]), (judged["wait"], judged["transfer"])
-        claim = subgraph_claim([correct[i] for i in split.conf], cell, threshold, bool(passing), base_conf)
-        result.claim, result.found = claim, claim["outcome"] == CONFIRMED
-    if note := baseline_warning("faithfulness (confirmation split)", base_conf, len(split.conf)):
-        result.warnings.append(note)
-    return result
+
+
+def _scan(rule: Rule, rounds: Rounds, frontier: bool) -> list[Measure]:
+    """Per wait, from the largest, its smallest transfer that reaches the threshold, until the first wait that has
+    one (`frontier`: every wait). Each round measures the undecided waits from the largest: per wait its undecided
+    transfers below the smallest that has reached, up to the first that is on course to reach it; those not on course
+    get the fewest problems that could fail them, the one on course all it still needs."""
+    n, need = len(rule.sel), rule.pass_from
+    waits = sorted({w for w, _ in rule.cells()}, reverse=True)
+    cells = {w: [rounds.of((w, k)) for k in range(rule.L - 1 - w)] for w in waits}
+    reached: dict[int, Measure] = {}
+
+    def open_cells(w: int) -> list[Measure]:  # undecided transfers below the smallest that has reached
+        top = reached[w].cell[1] if w in reached else rule.L
+        return [m for m in cells[w] if m.cell[1] < top and m.stopped is None]
+
+    def round_by_round() -> Iterator[int]:
+        for r in itertools.count():
+            undecided = [w for w in waits if open_cells(w)]
+            if not frontier:  # the waits above the largest one decided with a reaching cell
+                top = next((w for w in waits if w in reached and not open_cells(w)), None)
+                undecided = [w for w in undecided if top is None or w > top]
+            if not undecided:
+                return
+            work = []
+            for w in undecided[: WAITS_AT_ONCE << r]:
+                fresh = 0
+                for m in open_cells(w):
+                    on_course = bool(m.rows) and m.right / len(m.rows) >= rule.threshold
+                    fresh += not m.rows
+                    if fresh > FRESH_AT_ONCE << r:
+                        break
+                    work.append((m, need - m.right if on_course else n - need - m.misses + 1))
+                    if on_course:
+                        break
+            rounds.run(work)
+            for m, _ in work:
+                m.stopped = "reached" if m.right >= need else "cannot reach" if m.misses > n - need else None
+                w = m.cell[0]
+                if m.stopped == "reached" and (w not in reached or m.cell[1] < reached[w].cell[1]):
+                    reached[w] = m
+            yield len(work)
+
+    for _ in progress(round_by_round(), "search: rounds to the threshold"):
+        pass
+    staircase = [reached[w] for w in waits if w in reached]
+    return staircase if frontier else staircase[:1]
+
+
+def _best(rule: Rule, rounds: Rounds) -> Measure | None:
+    """The cell of most right selection problems (ties: the larger wait, then the smaller transfer), by branch and
+    bound: the most promising cell measured whole first, then every other cell in rounds, each stopped once it has
+    missed more than the best so far (or as many, where it would lose the tie); a cell measured whole that beats the
+    best becomes the best."""
+    n = len(rule.sel)
+    cells = [rounds.of(c) for c in rule.cells()]
+    if not cells:
+        return None
+    best = max(cells, key=lambda m: ((m.right / len(m.rows) if m.rows else 1.0), m.cell[0], -m.cell[1]))
+    rounds.whole(best)
+    best.stopped = "all"
+
+    def round_by_round() -> Iterator[int]:
+        nonlocal best
+        while True:
+            work = []
+            for m in (m for m in cells if m.stopped not in ("beaten", "all")):
+                if len(m.rows) == n:
+                    m.stopped = "all"
+                    best = m if m.key > best.key else best
+                elif m.misses > best.misses or (m.misses == best.misses and m.key[1:] < best.key[1:]):
+                    m.stopped = "beaten"
+                else:  # the fewest problems that could beat it: a cell that wins comes back round after round
+                    work.append((m, best.misses - m.misses + 1))
+            if not work:
+                return
+            rounds.run(work)
+            yield len(work)
+
+    for _ in progress(round_by_round(), "search: rounds to the best cell"):
+        pass
+    return best
+
+
+def on_grid(grid: GridCells, *, n_layers: int, threshold: float, selection: float, seed: int) -> Found:
+    """The rule read off a complete grid (`af1 sweep`): every cell on every problem. The same choice, judged cell and
+    claim as `search`, which the tests check; the sweep's report shows it beside the grid."""
+    rule = Rule(grid.targets, grid.kept_layouts, n_layers, threshold, selection, seed)
+    bits = {
+        cell: unbits(grid.cells[f"{cell[0]},{cell[1]}"])
+        for cell in rule.cells()
+        if f"{cell[0]},{cell[1]}" in grid.cells
+    }
+    if len(bits) < len(rule.cells()):
+        raise Af1Error("the search's rule reads every cell with a compute stage: this grid was capped (max_transfer)")
+    right = {cell: sum(b[i] for i in rule.sel) for cell, b in bits.items()}
+    passing = [cell for cell in rule.cells() if right[cell] >= rule.pass_from]
+    staircase = [
+        min((c for c in passing if c[0] == w), key=lambda c: c[1])
+        for w in sorted({w for w, _ in passing}, reverse=True)
+    ]
+    n = len(rule.sel)
+    summaries = [Cell(wait=w, transfer=k, right=right[w, k], measured=n, stopped="all") for w, k in rule.cells()]
+    at = staircase[0] if staircase else max(rule.cells(), key=lambda c: (right[c], c[0], -c[1]), default=None)
+    judged, right_conf = None, []
+    if at is not None:
+        right_conf = [bits[at][i] for i in rule.conf]
+        judged = rule.judged(at, [bits[at][i] for i in rule.sel], right_conf)
+    return rule.found(
+        judged,
+        right_conf,
+        bool(staircase),
+        AF1Config(**grid.config) if grid.config else AF1Config(),
+        frontier=[Cell(wait=w, transfer=k, right=right[w, k], measured=n, stopped="all") for w, k in staircase],
+        measured=summaries,
+        exhaustive=True,
+        problem_cells=sum(len(b) for b in grid.cells.values()),
+        executor="grid",
+    )
