@@ -146,13 +146,13 @@ def claims_table(rows: list[dict[str, Any]]) -> list[str]:
     """One table row per claim: its outcome, statement and numbers."""
     lines = [
         "| model | experiment | outcome | claim | estimate [95 % CI] | n | baseline / null | p | p adjusted "
-        "| n to decide |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| p against (adjusted) | n to decide |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         c = row["claim"]
         low, high = c["ci"]
-        p, adj = c.get("p_value"), c.get("p_adjusted")
+        p, adj, against = c.get("p_value"), c.get("p_adjusted"), c.get("p_against_adjusted")
         cells = [
             row["model"],
             row["experiment"],
@@ -163,6 +163,7 @@ def claims_table(rows: list[dict[str, Any]]) -> list[str]:
             number(c.get("baseline"), 3),
             "" if p is None else f"{p:.2g}",
             "" if adj is None else f"{adj:.2g}",
+            "" if against is None else f"{against:.2g}",
             n_to_decide_text(c),
         ]
         lines.append("| " + " | ".join(cells) + " |")

@@ -32,8 +32,8 @@ from af1.tasks.task import build_task, document_start
 from conftest import fitted_tiny_model, only_heads_write, tiny_model
 
 SPEC = TaskSpec(operation="a+b", n=60)  # sums of two digits, no worked example: the only digits are the operands
-SELECTION = 0.4  # the planted model's split: a confirmation part of 36 all right has a Wilson lower end of 0.904, so
-# the subgraph at 0.9 can be confirmed (a half of 30 cannot: 0.886)
+SELECTION = 0.4  # the planted model's split: a confirmation part of 36 all right has the exact p 0.9^36 = 0.023, so
+# the subgraph at 0.9 can be confirmed (a half of 30 cannot: 0.042)
 PLANTED = [(1, 0), (1, 2)]  # one head of each key/value group of layer 1
 SEEDS = 20
 NULL_SEEDS = 2  # a family tested one-sided at 2.5 % (Holm) makes a claim in 3 or more of 20 seeds with p 0.013

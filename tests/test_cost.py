@@ -73,14 +73,16 @@ def work_of(plan: StudyPlan, records=lambda _uid: None) -> dict[str, tuple[float
 
 
 def test_work_follows_the_problems_the_grid_and_the_options(tiny_dir):
-    small = work_of(plan_of(tiny_dir, 20, {"eval": {}, "search": {}, "heads": {"draws": 2}}))
-    large = work_of(plan_of(tiny_dir, 40, {"eval": {}, "search": {}, "heads": {"draws": 2}}))
-    for experiment in ("eval", "sweep", "heads"):
+    small = work_of(plan_of(tiny_dir, 20, {"eval": {}, "sweep": {}, "search": {}, "heads": {"draws": 2}}))
+    large = work_of(plan_of(tiny_dir, 40, {"eval": {}, "sweep": {}, "search": {}, "heads": {"draws": 2}}))
+    for experiment in ("eval", "sweep", "search", "heads"):
         assert large[experiment][0] == pytest.approx(2 * small[experiment][0], rel=0.05)  # twice the problems
     capped = work_of(plan_of(tiny_dir, 20, {"sweep": {"max_transfer": 0}, "search": {}, "heads": {"draws": 8}}))
     assert capped["sweep"][0] < small["sweep"][0] and capped["sweep"][1] < small["sweep"][1]
     assert capped["heads"][0] > small["heads"][0]  # more random draws knocked out
-    assert small["search"] == (0.0, 0.0, 0.0)  # it reads the sweep, never the model
+    assert 0 < small["search"][1] < small["sweep"][1]  # a share of the grid's cells and problems
+    narrow = work_of(plan_of(tiny_dir, 20, {"search": {"selection": 0.2}}))
+    assert narrow["search"][1] < small["search"][1]  # fewer problems to choose on: fewer measured
 
 
 def test_finished_units_replace_what_is_assumed(tiny_dir):
@@ -90,7 +92,7 @@ def test_finished_units_replace_what_is_assumed(tiny_dir):
     assert (assumed.solved, assumed.measured) == (20, False)
     results = {
         "tiny/a+b.original.1d.1shot.n20/eval": {"n_solved": 7},
-        "tiny/a+b.original.1d.1shot.n20/search": {"chosen": True, "wait": 2, "transfer": 0},
+        "tiny/a+b.original.1d.1shot.n20/search": {"chosen": True, "judged": {"wait": 2, "transfer": 0}},
     }
     known = cost.found_from(unit, results.get, 20, 3)
     assert (known.solved, known.wait, known.transfer, known.measured) == (7, 2, 0, True)
@@ -122,7 +124,7 @@ def test_study_estimate_prints_every_unit_and_runs_nothing(tiny_dir, tmp_path, c
     )
     code, out, _ = run_cli(capsys, "study", str(plan), "--out", str(tmp_path / "out"), "--estimate")
     assert code == 0
-    assert all(name in out for name in ("eval", "sweep", "search")) and "estimate: about" in out
+    assert all(name in out for name in ("eval", "search")) and "estimate: about" in out
     assert "GB" in out and "assumed" in out  # before the eval, what it solves is assumed
     assert not (tmp_path / "out" / "units").exists()  # nothing ran, nothing was written
 
@@ -147,7 +149,7 @@ def test_every_registered_experiment_has_a_cost_model(tiny_dir):
     for unit in units:
         work = cost.unit_work(unit, shape, task if unit.task is not None else None, cost.Found(20, 1, 1, True), [])
         assert work is not None and all(w >= 0 for w in work), unit.experiment
-        assert (sum(work) > 0) == (unit.experiment != "search"), unit.experiment  # only the search reads alone
+        assert sum(work) > 0, unit.experiment
 
 
 def test_a_resumed_study_estimates_only_what_is_left_and_its_model_load(tiny_dir, tmp_path):
@@ -160,10 +162,10 @@ def test_a_resumed_study_estimates_only_what_is_left_and_its_model_load(tiny_dir
     run_study(plan_of(tiny_dir, 20, {"eval": {}}), tmp_path)  # the same eval unit, done in the store
     resumed = cost.estimate_store(Store(tmp_path), units)
     assert [e.basis for e in resumed][:1] == ["done"] and resumed[0].seconds == 0
-    sweep_fresh, sweep_resumed = fresh[1], resumed[1]
+    search_fresh, search_resumed = fresh[1], resumed[1]
     load = cost.LOAD_S + cost.model_shape(tiny_dir, "float32").weight_gb / cost.LOAD_GB_PER_S
-    assert sweep_resumed.seconds >= load  # the load moved to the first unit left
-    assert sweep_resumed.basis == "measured" and sweep_fresh.basis == "assumed"
+    assert search_resumed.seconds >= load  # the load moved to the first unit left
+    assert search_resumed.basis == "measured" and search_fresh.basis == "assumed"  # the problems solved, read
 
 
 def test_a_study_runs_on_where_its_estimate_fails(tiny_dir, tmp_path, monkeypatch, capsys):
@@ -179,3 +181,18 @@ def test_a_study_runs_on_where_its_estimate_fails(tiny_dir, tmp_path, monkeypatc
     summary = run_study(plan_of(tiny_dir, 20, {"eval": {}}), tmp_path)
     assert summary.failed == [] and len(summary.ran) == 1
     assert "estimate: not available (ValueError: no shapes)" in capsys.readouterr().err
+
+
+def test_units_asked_only_where_a_cell_is_chosen_are_counted_apart(tiny_dir, tmp_path):
+    """Before the search has run, a unit gated on its choice (require_found) is estimated but kept out of the total:
+    the line says what it would add."""
+    from af1.study.store import Store
+
+    units = expand(plan_of(tiny_dir, 20, {"eval": {}, "search": {}, "necessity": {"require_found": True}}))
+    estimates = cost.estimate_store(Store(tmp_path), units)
+    gated = [e for e in estimates if e.basis == "gated"]
+    assert [e.unit.rsplit("/", 1)[1] for e in gated] == ["necessity"] and gated[0].seconds > 0
+    line = cost.summary_line(estimates)
+    total = sum(e.seconds for e in estimates if e.basis != "gated")
+    assert line.startswith(f"estimate: about {total:.0f} s for {len(estimates) - 1} units on this machine; up to ")
+    assert f"{gated[0].seconds:.0f} s more for 1 units asked only where a search chooses a cell" in line

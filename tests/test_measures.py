@@ -308,13 +308,9 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     described = tiny_setup.describe().model_dump()  # what every result measured on the setup carries
     sweep = allforone.sweep.sweep(tiny_setup, AF1Config())
     write_json(tmp_path / "sweep.json", {**described, **sweep.model_dump()})
-    write_json(
-        tmp_path / "search.json",
-        {
-            **allforone.search.on_grid(sweep, n_layers=L, threshold=0.5, selection=0.5, seed=0).model_dump(),
-            "n_layers": L,
-        },
-    )
+    found = allforone.search.on_grid(sweep, n_layers=L, threshold=0.5, selection=0.5, seed=0)
+    inputs = allforone.faithfulness.setup_inputs(tiny_setup)
+    write_json(tmp_path / "search.json", {**described, **found.model_dump(), "config": {}, "inputs": inputs})
     write_json(tmp_path / "alternatives.json", {**described, **alt.model_dump()})
     write_json(tmp_path / "prune.json", {**described, **pruning.model_dump()})  # each experiment's file is <name>.json
     figures.pruning_plot(pruning, tmp_path / "pruning.png")
@@ -343,6 +339,25 @@ def test_each_transfer_claim_is_in_the_report_with_its_numbers(tiny_setup, tmp_p
     page = "".join(Transfer().section(result, tmp_path))
     for c in result.claims:
         assert f"<td>{escape(c['statement'])}</td><td>{with_ci(c['estimate'], c['ci'])}</td><td>{c['n']}</td>" in page
+
+
+def test_a_transfer_measures_each_config_once_and_as_if_alone(tiny_setup, monkeypatch):
+    """Across sources (this model's own config on itself, a deeper model's), each config is measured once: the own
+    config and the diagonal's mappings, which land on it, are not run again; the rows equal those measured alone."""
+    from af1.methods.allforone import transfer
+
+    L = tiny_setup.adapter.n_layers
+    own = AF1Config(wait=0, transfer=1)
+    sources = [(own, L), (AF1Config(wait=4, transfer=2), 8)]
+    alone = [transfer.transfer_config(tiny_setup, config, n, own=own) for config, n in sources]
+    runs = []
+    measure = transfer.faithfulness
+    monkeypatch.setattr(transfer, "faithfulness", lambda setup, at: runs.append(at) or measure(setup, at))
+    measured = {}
+    shared = [transfer.transfer_config(tiny_setup, config, n, own=own, measured=measured) for config, n in sources]
+    assert shared == alone
+    mapped = {transfer.map_config(c, n, L, by).model_dump_json() for c, n in sources for by in ("absolute", "relative")}
+    assert len(runs) == len(mapped | {own.model_dump_json()}) == len(measured) < 6
 
 
 def test_greedy_pruning_reranks_after_every_removal(tiny_setup, monkeypatch):

@@ -106,7 +106,15 @@ def test_a_cross_model_experiment_declares_the_sources_a_study_ran_it_without():
 def test_the_options_model_is_the_only_place_defaults_live():
     """The command line passes only what the user gave; what is not given takes the options' default."""
     options = REGISTRY["search"].Options.model_validate({})
-    assert options.model_dump() == {"threshold": 0.9, "selection": 0.5, "split_seed": 0}
+    assert options.model_dump() == {
+        "threshold": 0.9,
+        "selection": 0.5,
+        "split_seed": 0,
+        "frontier": False,
+        "ablation": "cama",
+        "abp": "af1",
+        "reference": False,
+    }
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         REGISTRY["search"].Options.model_validate({"threshold": 2})
 

@@ -72,13 +72,15 @@ class Opened:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, tokenizer) -> Path:
-    """A sweep and its search (threshold 0.5) of a tiny fitted model, as `af1 search --out DIR` writes them."""
+    """A search (threshold 0.5) and the sweep beside it of a tiny fitted model, as `af1 sweep --with
+    search.threshold=0.5 --out DIR` writes them."""
     spec = TaskSpec(operation="a+b", shots=1, n=12)
     root = tmp_path_factory.mktemp("browser")
     model = fitted_tiny_model("llama", [spec], tokenizer, n_layers=3)
     model.save_pretrained(root / "m")
     tokenizer.save_pretrained(root / "m")
-    af1.api.run("search", af1.api.load_model(str(root / "m")), spec, root / "out", threshold=0.5)
+    lm = af1.api.load_model(str(root / "m"))
+    af1.api.run("sweep", lm, spec, root / "out", upstream={"search": {"threshold": 0.5}})
     return root / "out"
 
 
@@ -106,16 +108,17 @@ def test_the_interactive_report_loads_offline_hovers_and_clicks_through(results,
     assert "<script src" not in ours and "http" not in ours.replace("http://www.w3.org", "")
     sweep = json.loads((results / "sweep.json").read_text())
     search = json.loads((results / "search.json").read_text())
-    marked = {(search["wait"], search["transfer"]) if search["chosen"] else (search["best"]["wait"], 0)}
-    marked |= {(c["wait"], c["transfer"]) for c in search["frontier"]}
+    marked = {(search["judged"]["wait"], search["judged"]["transfer"])}
+    marked |= {(c["wait"], c["transfer"]) for c in sweep["rule_on_grid"]["frontier"]}
     w, k = next((w, k) for w in range(-1, search["n_layers"]) for k in range(2) if (w, k) not in marked)
     bits = sweep["cells"][f"{w},{k}"]  # a cell the search does not mark: its hover is the grid's own
 
     opened = Opened(browser, report)
     page = opened.page
-    assert page.locator("div.af1-plot-area .main-svg").count() >= 1  # the grid, drawn once with the search's choice
-    assert text.count('class="af1-plot"') == 1 and "The grid is drawn below, with the search" in text
-    x, y = cell_point(page, 0, w, k)
+    assert page.locator("div.af1-plot-area .main-svg").count() >= 2  # the cells the search measured, and the grid
+    assert text.count('class="af1-plot"') == 2 and "The search's rule read off this whole grid judges" in text
+    grid = int(text.index("The (L_wait, L_transfer) grid") > text.index("The AF1 search and its claim"))
+    x, y = cell_point(page, grid, w, k)
     page.mouse.move(x, y)
     hover = page.locator(".hoverlayer").first
     hover.locator("text").first.wait_for()
@@ -145,10 +148,10 @@ def test_the_static_report_keeps_the_pngs_only(results, capsys):
     code, out, _ = run_cli(capsys, "report", str(results), "--static")
     text = (results / "report.html").read_text()
     assert code == 0 and "wrote" in out
-    assert text.count("data:image/png;base64,") == 1 and "af1-plot" not in text and "Plotly" not in text
+    assert text.count("data:image/png;base64,") == 2 and "af1-plot" not in text and "Plotly" not in text
     build_report(results)  # back to the default: interactive
     text = (results / "report.html").read_text()
-    assert "<img" not in text and text.count('class="af1-plot"') == 1
+    assert "<img" not in text and text.count('class="af1-plot"') == 2
 
 
 def test_a_sortable_table_sorts_by_a_header_click(browser, tmp_path):

@@ -99,14 +99,16 @@ def test_the_search_chooses_the_grid_s_cell_on_every_family(tokenizer, family):
 
 
 def test_the_search_decides_as_the_grid_on_smollm2(smollm2):
-    """SmolLM2 on 1-digit sums: the search at 0.9, 0.8 and 0.5, frontier included, decides as the rule read off the
-    whole grid, measuring a fraction of its (problem, cell) pairs."""
-    spec = TaskSpec(operation="a+b", style="calculate", shots=1, n=48, seed=7)
+    """SmolLM2 on 1-digit sums: the search where no cell reaches the threshold (0.9) and where cells do (0.6),
+    frontier included, decides as the rule read off the whole grid, measuring a fraction of its (problem, cell)
+    pairs (Qwen's side by side: benchmarks/search_work.py)."""
+    spec = TaskSpec(operation="a+b", style="calculate", shots=1, n=24, seed=7)
     setup = prepare(smollm2, spec)
     grid = allforone.sweep.sweep(setup, AF1Config())
     L = smollm2.adapter.n_layers
-    for threshold in (0.9, 0.8, 0.5):
+    for threshold, chosen in ((0.9, False), (0.6, True)):
         exhaustive = on_grid(grid, n_layers=L, threshold=threshold, selection=0.5, seed=0)
+        assert exhaustive.chosen is chosen
         found = allforone.search.search(setup, AF1Config(), threshold=threshold, selection=0.5, seed=0, frontier=True)
         assert same_verdict(exhaustive, found), (threshold, exhaustive.cell(), found.cell())
         assert frontier_of(found) == frontier_of(exhaustive)

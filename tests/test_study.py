@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from af1.errors import Af1Error
 from af1.report.markup import folded_warnings
@@ -673,9 +674,9 @@ def test_an_unreachable_ray_cluster_is_a_one_line_error(tmp_path, capsys, tiny_d
 
 
 def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp_path, capsys):
-    """The main job's shape on two tiny models: both grids and searches, each config on the other (on the target's
-    confirmation split, beside its own), the analyses only where a search found a subgraph, heads placed against
-    its stages, paired base accuracy, one report with every section and the wall times; a rerun resumes."""
+    """The main job's shape on two tiny models: both searches (no grid: that is `--full`'s), each config on the other
+    (on the target's confirmation split, beside its own), the analyses only where a search chose a cell, heads placed
+    against its stages, paired base accuracy, one report with every section and the wall times; a rerun resumes."""
     from af1.study import demo
 
     out = tmp_path / "demo"
@@ -688,7 +689,7 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     early = [line for line in said if " s: " in line and line.split(" after ")[0] in ("llama", "qwen2")]
     assert len(early) == 2 and all(said.index(e) < said.index(report["verdicts"][0]) for e in early)  # first
     assert len(report["verdicts"]) == 2 and said[3:5] == report["verdicts"] and said[-1].startswith("demo time")
-    assert {u.experiment for u in summary.units} == {"eval", "sweep", "search", "necessity", "heads", "transfer"}
+    assert {u.experiment for u in summary.units} == {"eval", "search", "necessity", "heads", "transfer"}
     assert all(
         v.split(": ", 2)[2].startswith(("confirmed", "not confirmed", "rejected", "no AF1 subgraph to judge"))
         and "[" in v
@@ -699,9 +700,9 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     assert {(r["source"], r["target"]) for r in rows if r["absolute"]} == {
         (s, t) for s in with_config for t in ("llama", "qwen2")
     }
-    found = {r["model"]: r["chosen"] and r["outcome"] != "rejected" for r in report["faithfulness"]}
+    found = {r["model"]: r["chosen"] for r in report["faithfulness"]}
     states = {r["id"]: r["state"] for r in report["units"]}
-    for model, has in found.items():  # the analyses run where a cell was chosen that its confirmation does not reject
+    for model, has in found.items():  # the analyses run where a cell was chosen, whatever its confirmation says
         for name in ("necessity", "heads"):
             assert states[f"{model}/a+b.original.1d.1shot.n30/{name}"] == ("done" if has else "not_applicable")
     assert any(found.values()), "a tiny model fitted to the task has a subgraph at threshold 0.5"
@@ -727,9 +728,9 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     assert heads["split"]["from"] == "the search's split"
     assert heads["split"]["n_selection"] == search["n_selection"]
     assert heads["knockout"]["n"] == heads["split"]["n_confirmation"] == search["n_confirmation"]
-    if search["transfer"] > 0:  # the key heads against AF1, on the search's confirmation split
+    if search["judged"]["transfer"] > 0:  # the key heads against AF1, on the search's confirmation split
         rows = {r["variant"]: r for r in heads["af1_consistency"]["rows"]}
-        assert rows["all heads peek"]["faithfulness"] == search["faithfulness"]
+        assert rows["all heads peek"]["faithfulness"] == search["judged"]["confirmation"]["value"]
         assert (
             rows["no head peeks"]["peeking"] == 0
             and rows["all heads peek"]["faithfulness_n"] == search["n_confirmation"]
@@ -752,8 +753,12 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     assert again.ran == [] and len(again.skipped) == len(summary.units)
     code, text, _ = run_cli(capsys, "demo", "--model", str(tiny_dirs["llama"]), "--show-plan")
     assert code == 0 and "require_found: true" in text and "transfer: {}" in text and "counterfactual: a" in text
+    shown = yaml.safe_load(text)
+    assert TaskSpec.model_validate(shown["tasks"][0]) == demo.DEMO_TASK  # the command's defaults are the demo's task
+    assert "sweep" not in shown["experiments"] and shown["experiments"]["search"] == demo.DEMO_SEARCH
     full = demo.demo_plan(["smollm2"], TASKS[0], full=True)
-    assert {n for n in ("components", "alternatives", "prune", "styles", "positional") if getattr(full.experiments, n)}
+    names = ("sweep", "components", "alternatives", "prune", "styles", "positional")
+    assert all(getattr(full.experiments, n) is not None for n in names)
     assert full.experiments.heads.rank_both and full.about == demo.FULL  # the operator ranked beside the operand
 
 

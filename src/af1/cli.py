@@ -411,6 +411,8 @@ def show_estimate(plan: StudyPlan, out_dir: Path) -> None:
         "measured": "plan, units done",
         "assumed": "plan, assumptions",
         "unknown": "no cost model",
+        "gated": "only where a cell is chosen",
+        "not applicable": "no cell chosen",
     }
     table = Table("model", "task", "experiment", "expected s", "peak GB", "from", title="estimated on this machine")
     for e in estimates:
@@ -487,16 +489,16 @@ def demo(
     out_dir: Annotated[Path, typer.Option("--out", help="where to write results", callback=out_directory)] = Path(
         "results/demo"
     ),
-    shots: ShotsOpt = 3,
+    shots: ShotsOpt = 1,
     style: StyleOpt = "calculate",
     threshold: ThresholdOpt = None,
     full: Annotated[
         bool,
         typer.Option(
             "--full",
-            help="also CAMA and ABP alone, alternatives, pruning, the operator ranking, other tasks' heads, input "
-            "styles, probes of the last token, the compute stage's neurons, attribution patching and "
-            "position+meaning",
+            help="also the whole (L_wait, L_transfer) grid, CAMA and ABP alone, alternatives, pruning, the operator "
+            "ranking, other tasks' heads, input styles, probes of the last token, the compute stage's neurons, "
+            "attribution patching and position+meaning",
         ),
     ] = False,
     dtype: DtypeOpt = "float32",
@@ -506,13 +508,13 @@ def demo(
     static: StaticOpt = False,
     estimate: EstimateOpt = False,
 ) -> None:
-    """The main job: the built-in demo plan (AF1 study of 1-digit a+b on the bundled models, side by side), run by
+    """The main job: the built-in demo plan (AF1 study of 2-digit a+b on the bundled models, side by side), run by
     the study runner into one HTML report; rerun to resume."""
     from af1.study import demo as builtin
 
     plan = builtin.demo_plan(
         list(models or builtin.DEMO_MODELS),
-        task_spec(task="a+b", style=style, shots=shots),
+        TaskSpec.model_validate({**builtin.DEMO_TASK.model_dump(), "style": style, "shots": shots}),
         threshold,
         full,
         dtype,

@@ -165,9 +165,8 @@ def rival_wins(adapter: ModelAdapter, h_BD: torch.Tensor, target_B: torch.Tensor
     False everywhere where the bound does not hold (a soft cap can tie at saturation; low precision; offloaded)."""
     W = weight_of(adapter.lm_head)
     rivals = list(dict.fromkeys(rivals))[:MAX_RIVALS]
-    cap = getattr(adapter.config, "final_logit_softcapping", None)
     out_B = torch.zeros(len(h_BD), dtype=torch.bool)
-    if not rivals or cap or W.dtype != torch.float32 or adapter.offloaded():
+    if not rivals or adapter.soft_cap or W.dtype != torch.float32 or adapter.offloaded():
         return out_B
     bias = getattr(adapter.lm_head, "bias", None)
     for start in range(0, len(h_BD), ROWS):

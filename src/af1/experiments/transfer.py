@@ -126,13 +126,13 @@ class Transfer(base.Experiment):
         if own is not None and mine is not None:  # where this model's own config is fair: not chosen there
             on = allforone.search.confirmation(setup, mine.selection_fraction, mine.split_seed)
             where = "the confirmation split of its own search"
-        rows, without = [], {}
+        rows, without, measured = [], {}, {}  # each config's scores here, measured once for every source
         for search in searches:
             config = searched_config(search)
             if config is None:
                 without[search.model] = NO_CELL
                 continue
-            row = allforone.transfer.transfer_config(on, config, search.n_layers, own=own)
+            row = allforone.transfer.transfer_config(on, config, search.n_layers, own=own, measured=measured)
             row["source"].update(
                 model=search.model, chosen=search.chosen, found=search.found, threshold=search.threshold
             )

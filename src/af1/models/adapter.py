@@ -285,9 +285,14 @@ class ModelAdapter:
         """Final norm, unembedding and the family's logit soft-capping."""
         return self.soft_capped(self.lm_head(self.final_norm(hidden_BTD)))
 
+    @property
+    def soft_cap(self) -> float | None:
+        """The family's final-logit soft cap (Gemma-2), None where it has none."""
+        return getattr(self.config, "final_logit_softcapping", None) or None
+
     def soft_capped(self, logits: torch.Tensor) -> torch.Tensor:
         """The family's final-logit soft-capping (Gemma-2: tanh(x / cap) * cap), the one place it is applied."""
-        cap = getattr(self.config, "final_logit_softcapping", None)
+        cap = self.soft_cap
         return torch.tanh(logits / cap) * cap if cap else logits
 
     @torch.no_grad()

@@ -109,21 +109,16 @@ def _mark_search(ax: Any, found: Found) -> None:
 def search_cells(found: Found, n_layers: int, path: Path) -> Path:
     """The cells the search measured on the selection split: each one's rate where measured whole, else its misses
     of the problems measured before it stopped; cells it never measured stay empty (the rule did not need them)."""
+    from af1.report.interactive import cell_text
+
     L, n = n_layers, found.n_selection
     rate_WK = np.full((L + 1, L + 1), np.nan)
     fig, ax = plt.subplots(figsize=(min(14, 3 + 0.4 * L), min(12, 2.5 + 0.35 * L)))
     for cell in found.measured:
         r, c = cell["wait"] + 1, cell["transfer"]
         rate_WK[r, c] = cell["right"] / cell["measured"]
-        whole = cell["measured"] == n
-        label = (
-            f"{cell['right'] / n:.2f}"[1:]
-            if whole and cell["right"] < n
-            else "1"
-            if whole
-            else (f"{cell['measured'] - cell['right']}/{cell['measured']}")
-        )
-        ax.text(c, r, label, ha="center", va="center", fontsize=5, color="white" if rate_WK[r, c] < 0.6 else "black")
+        color = "white" if rate_WK[r, c] < 0.6 else "black"
+        ax.text(c, r, cell_text(cell, n), ha="center", va="center", fontsize=5, color=color)
     image = ax.imshow(np.ma.masked_invalid(rate_WK), origin="lower", cmap="viridis", vmin=0, vmax=1, aspect="auto")
     ax.set_xlabel("L_transfer (layers in which the last token peeks)")
     ax.set_ylabel("L_wait (CAMA at the output of this block; -1 = none)")
@@ -135,7 +130,7 @@ def search_cells(found: Found, n_layers: int, path: Path) -> Path:
     fig.colorbar(image, ax=ax, label="right / measured (selection split)")
     stopped = sum(c["measured"] < n for c in found.measured)
     ax.set_title(
-        f"The cells the search measured: {len(found.measured)}, {stopped} stopped once decided (misses / measured);\n"
+        f"The cells the search measured: {len(found.measured)}, {stopped} stopped once decided (✗ misses / measured);\n"
         f"the rest on all {n} selection problems (their rate); the judged cell outlined",
         fontsize=9,
     )

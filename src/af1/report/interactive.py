@@ -22,7 +22,8 @@ from af1.stats import with_ci
 if TYPE_CHECKING:  # the parts the figures read; importing them would load torch before a figure is drawn
     from af1.methods.allforone.necessity import Necessity
     from af1.methods.allforone.prune import Pruning
-    from af1.methods.allforone.search import Cell, Found
+    from af1.methods.allforone.rounds import Cell
+    from af1.methods.allforone.search import Found
     from af1.methods.allforone.sweep import Grid
     from af1.methods.heads.attention import TokenAttention
     from af1.methods.heads.compared import Ranked
@@ -215,16 +216,16 @@ def sweep_detail(grid: Grid, faith: list[list[Any]], low: list[list[Any]], high:
 
 def cell_text(cell: Cell, n: int) -> str:
     """What a measured cell's square shows: its rate where every selection problem was measured, else its misses of
-    the problems measured (it stopped once decided)."""
+    the problems measured (✗ misses / measured: it stopped once decided)."""
     if cell["measured"] == n:
         return f"{cell['right'] / n:.2f}"[1:] if cell["right"] < n else "1"
-    return f"{cell['measured'] - cell['right']}/{cell['measured']}"
+    return f"✗{cell['measured'] - cell['right']}/{cell['measured']}"
 
 
 def cell_hover(cell: Cell, found: Found) -> str:
     """A measured cell's hover: right of measured on the selection split and why measuring stopped; for the judged
     cell, both splits' rates."""
-    from af1.methods.allforone.search import STOPS  # torch with it: only when a search is drawn
+    from af1.methods.allforone.rounds import STOPS  # torch with it: only when a search is drawn
 
     text = (
         f"L_wait {cell['wait']}, L_transfer {cell['transfer']}<br>{cell['right']} right of {cell['measured']} "
@@ -327,7 +328,7 @@ def search_plot(found: Found, n_layers: int) -> str:
     ]
     stopped = sum(c["measured"] < n for c in found.measured)
     title = (
-        f"The cells the search measured: {len(found.measured)}, {stopped} stopped once decided (shown as misses / "
+        f"The cells the search measured: {len(found.measured)}, {stopped} stopped once decided (shown as ✗ misses / "
         f"problems measured); the rest measured on all {n} selection problems (their rate)"
     )
     layout = {

@@ -30,9 +30,9 @@ from af1.tasks.task import Task
 # how many times slower than the measured matrix-product rate each experiment's FLOPs run (skinny last-token
 # products, Python between them): fitted by benchmarks/estimate.py on the two demos' units
 SLOWDOWN: dict[str, float] = {
-    "eval": 0.5,
+    "eval": 0.65,
     "sweep": 1.1,
-    "search": 1.0,  # no work: it reads the sweep's bits
+    "search": 0.47,
     "run": 1.2,  # not in either demo: taken from the faithfulness runs of alternatives
     "components": 1.17,
     "necessity": 1.4,
@@ -45,7 +45,7 @@ SLOWDOWN: dict[str, float] = {
     "attribution": 1.33,  # not in the focused demo: the heads study's
     "finetune": 1.5,  # not in either demo (nor its backward passes): a guess, not fitted
     "positional": 0.99,
-    "transfer": 0.75,
+    "transfer": 0.8,
 }
 # peak resident memory = RUNTIME_GB + the weights x this factor (the model, its means and caches, working copies)
 MEMORY_FACTOR: dict[str, float] = {"eval": 1.3, "positional": 3.2, "styles": 2.2, "heads": 2.0, "prune": 2.0}
@@ -55,6 +55,9 @@ LOAD_S, LOAD_GB_PER_S = 1.0, 0.4  # loading a model (its tokenizer, config and c
 FIT_FLOPS = 2.2e6  # FLOPs per attention logit in the position+meaning study's fits (all their iterations)
 FINETUNE_SHOTS_TOKENS = 20  # the worked examples' tokens a fine-tuning row adds to its prompt
 CALL_S = 0.1  # the grid's fixed cost per (wait, answer step): its means, masks and bookkeeping
+# the share of the selection split the search measures per cell before the rule decides it (to the best cell's
+# misses where none reaches the threshold): 0.44 and 0.39 in the demo's two models
+SEARCH_SHARE = 0.5
 ASSUMED_WAIT = 0.5  # the searched cell's L_wait as a share of the layers, where the search has not run
 ABOUT = (
     "expected seconds and peak memory per unit, from the plan's work at this machine's measured matrix-product rate "
@@ -106,7 +109,9 @@ class Estimate:
     unit: str
     seconds: float
     peak_gb: float
-    basis: str  # "done" (in the store: costs nothing), "measured" (its inputs known), "assumed" or "unknown" (no model)
+    # "done" (in the store: costs nothing), "measured" (its inputs known), "assumed", "unknown" (no cost model),
+    # "gated" (asked only where its search chooses a cell, not known yet), "not applicable" (its search chose none)
+    basis: str
 
 
 Work = tuple[float, float, float]  # (layer passes of one token, unembedding rows, other FLOPs)
@@ -182,10 +187,12 @@ def unit_work(
         batch = FinetuneConfig().batch_size
         tokens = float(opts["steps"]) * batch * (task.suffix + task.steps + FINETUNE_SHOTS_TOKENS)
         return runs * 3 * tokens * L, runs * 3 * tokens, 0.0
-    if experiment == "transfer":
-        return 6 * faith + clean, 6 * half * task.steps, 0.0
-    if experiment == "search":
-        return 0.0, 0.0, 0.0  # it reads the sweep's bits
+    if experiment == "transfer":  # each distinct config once: its own, and the other model's by layers and by depth
+        return 3 * faith + clean, 3 * half * task.steps, 0.0
+    if experiment == "search":  # every cell with a compute stage on some selection problems, the judged one on all
+        cells = L * (L + 1) / 2
+        pairs = cells * solved * opts["selection"] * SEARCH_SHARE + solved
+        return pairs * task.steps * (2 * L + 1) / 3 + clean, pairs * task.steps, 0.0
     return None  # an experiment registered from outside: no cost model
 
 
@@ -220,7 +227,7 @@ def unit_seconds(
         return None
     passes, rows, other = work
     flops = passes * model.layer_flops + rows * model.unembed_flops + other
-    calls = (model.layers + 1) * task.max_steps if unit.experiment == "sweep" and task is not None else 0
+    calls = (model.layers + 1) * task.max_steps if unit.experiment in ("sweep", "search") and task is not None else 0
     return SLOWDOWN.get(unit.experiment, 1.0) * flops / rate + calls * CALL_S
 
 
@@ -298,9 +305,10 @@ def found_from(unit: Unit, finished: Callable[[str], dict[str, Any] | None], n: 
     if evaluated is not None:
         solved = int(evaluated.get("n_solved", n))
     if searched is not None and searched.get("chosen"):
-        chosen = int(searched["wait"]), int(searched["transfer"])
-    measured = experiment in ("eval", "search", "positional") or (
-        evaluated is not None and (searched is not None or experiment == "sweep")
+        judged = searched["judged"]
+        chosen = int(judged["wait"]), int(judged["transfer"])
+    measured = experiment in ("eval", "positional") or (
+        evaluated is not None and (searched is not None or experiment in ("sweep", "search"))
     )
     wait, transfer = chosen or (int(layers * ASSUMED_WAIT), 1)
     return Found(solved=solved, wait=wait, transfer=transfer, measured=measured)
@@ -327,6 +335,11 @@ def estimate_store(store: Store, units: list[Unit], redo_done: bool = False) -> 
         if unit.id in records and not redo_done:
             out.append(Estimate(unit.id, 0.0, peak_gb(unit, shape), "done"))
             continue
+        gated = getattr(unit.options, "require_found", False)
+        searched = results.get(f"{unit.id.rsplit('/', 1)[0]}/search")
+        if gated and searched is not None and not searched.get("chosen"):
+            out.append(Estimate(unit.id, 0.0, 0.0, "not applicable"))
+            continue
         task = _task_shape(tasks, entry, unit.task) if unit.task is not None else None
         others = [_task_shape(tasks, entry, s) for s in compared_specs(unit)]
         found = found_from(unit, results.get, task.n if task else 0, shape.layers)
@@ -334,10 +347,11 @@ def estimate_store(store: Store, units: list[Unit], redo_done: bool = False) -> 
         if seconds is None:
             out.append(Estimate(unit.id, 0.0, peak_gb(unit, shape), "unknown"))
             continue
-        if held != entry.spec and unit.experiment != "search":  # the search reads results, never the model
+        if held != entry.spec:
             seconds += LOAD_S + shape.weight_gb / LOAD_GB_PER_S
             held = entry.spec
-        out.append(Estimate(unit.id, seconds, peak_gb(unit, shape), "measured" if found.measured else "assumed"))
+        basis = "gated" if gated and searched is None else "measured" if found.measured else "assumed"
+        out.append(Estimate(unit.id, seconds, peak_gb(unit, shape), basis))
     return out
 
 
@@ -389,17 +403,24 @@ def available_gb() -> float | None:
 def summary_line(estimates: list[Estimate]) -> str:
     """One line for the start of a study: the expected time and peak memory of the units left, and whether the
     memory fits this machine."""
-    left = [e for e in estimates if e.basis != "done"]
+    left = [e for e in estimates if e.basis not in ("done", "not applicable")]
     if not left:
         return "estimate: nothing left to run (every unit is done in the store)"
-    total = sum(e.seconds for e in left)
-    longest, peak = max(left, key=lambda e: e.seconds), max(left, key=lambda e: e.peak_gb)
+    gated = [e for e in left if e.basis == "gated"]
+    runs = [e for e in left if e.basis != "gated"] or left  # every unit gated: the total is theirs
+    total = sum(e.seconds for e in runs)
+    longest, peak = max(runs, key=lambda e: e.seconds), max(left, key=lambda e: e.peak_gb)
     unknown = sum(e.basis == "unknown" for e in left)
     uncounted = f", {unknown} with no cost model not counted" if unknown else ""
+    if gated and len(runs) < len(left):
+        uncounted += (
+            f"; up to {sum(e.seconds for e in gated):.0f} s more for {len(gated)} units asked only where a search "
+            "chooses a cell"
+        )
     free = available_gb()
     fits = "" if free is None else f" of {free:.1f} GB available" + (" (WILL NOT FIT)" if peak.peak_gb > free else "")
     return (
-        f"estimate: about {total:.0f} s for {len(left)} units on this machine{uncounted} (the longest: "
+        f"estimate: about {total:.0f} s for {len(runs)} units on this machine{uncounted} (the longest: "
         f"{longest.unit}, {longest.seconds:.0f} s); peak memory about {peak.peak_gb:.1f} GB{fits}"
     )
 

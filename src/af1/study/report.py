@@ -151,7 +151,7 @@ def _write_study_report(store: Store, plan: StudyPlan, units: list[Unit], partia
         f"<p>{data['n_done']} of {data['n_units']} units done, {data['n_not_applicable']} not applicable, "
         f"{data['n_failed']} failed, {data['n_unfinished']} not finished. Each unit's record, result and figure are "
         "under <code>units/&lt;model&gt;/&lt;task&gt;/&lt;experiment&gt;/</code>. Every rate comes with its n, "
-        "its 95 % Wilson interval and what a constant guess scores on the same problems.</p>",
+        "its exact 95 % interval and what a constant guess scores on the same problems.</p>",
         *overview,
         *unit_sections(store, units),
         "<h2>Units and wall time</h2>",

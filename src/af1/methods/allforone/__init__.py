@@ -1,5 +1,5 @@
 """The All-for-One study's analyses on a setup, one module each, named as their experiments (docs/methods.md §1).
-Every rate carries its n, a 95 % Wilson interval and the constant-guess baseline on the same problems; every
+Every rate carries its n, an exact 95 % interval and the constant-guess baseline on the same problems; every
 measurement is scored over all answer steps of the task."""
 
 from af1.methods.allforone import (

@@ -13,6 +13,7 @@ from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
 from af1.methods.setup import Setup
+from af1.tasks.evaluation import Scores
 
 
 def map_config(config: AF1Config, from_layers: int, to_layers: int, by: str) -> AF1Config:
@@ -64,15 +65,30 @@ class Transferred(TypedDict):
     own: NotRequired[Mapped]
 
 
-def transfer_config(setup: Setup, config: AF1Config, from_layers: int, own: AF1Config | None = None) -> Transferred:
+def transfer_config(
+    setup: Setup,
+    config: AF1Config,
+    from_layers: int,
+    own: AF1Config | None = None,
+    measured: dict[str, Scores] | None = None,
+) -> Transferred:
     """Faithfulness on this setup of a config found elsewhere, by absolute layers and by relative depth; with
     `own` (this model's config) also that one and a paired McNemar test of each mapping that differs from it (raw:
-    the transfer result adjusts its tests together, `transfer_family`)."""
-    own_scores = None if own is None else faithfulness(setup, own)
+    the transfer result adjusts its tests together, `transfer_family`). `measured` holds each config's scores on
+    this setup across calls: the own config, and a mapping that lands on a config already measured, run once."""
+    measured = {} if measured is None else measured
+
+    def scored(at: AF1Config) -> Scores:
+        key = at.model_dump_json()
+        if key not in measured:
+            measured[key] = faithfulness(setup, at)
+        return measured[key]
+
+    own_scores = None if own is None else scored(own)
 
     def mapped(by: str) -> Mapped:
         to = map_config(config, from_layers, setup.adapter.n_layers, by)
-        scores = faithfulness(setup, to)
+        scores = scored(to)
         out = Mapped(wait=to.wait, transfer=to.transfer, **faith_fields(setup, scores))
         if own_scores is not None and own is not None and (to.wait, to.transfer) != (own.wait, own.transfer):
             out["vs_own"] = paired_differs(
