@@ -150,7 +150,9 @@ def brute_force_effect(adapter, task, cf, path, sender, scoring="full"):
     ],
 )
 def test_each_path_equals_its_definition_by_full_forwards(family, path, task):
-    adapter = ModelAdapter(tiny_model(family))
+    # seed 1: seed 0's gemma2 has a problem whose correct logit is within 1e-4 of 0, where a relative change
+    # multiplies float rounding of the two computations past any tolerance on the mean
+    adapter = ModelAdapter(tiny_model(family, seed=1))
     cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
     assert task.n_steps() == 2  # answers of one and of two tokens: every step scored, each problem once
     for scoring in ("full", "first"):

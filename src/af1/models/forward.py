@@ -162,7 +162,15 @@ def forward_tail(model: PreTrainedModel, ids_BT: torch.Tensor, context_len: int 
     extra: dict[str, Any] = {"use_cache": False}
     if c:
         extra = {cache_keyword(model): context_of(model, ids_BT[0, :c]).cache(model, B), "use_cache": True}
-    out = model(
-        input_ids=ids[:, c:], attention_mask=torch.ones_like(ids), position_ids=pos, logits_to_keep=keep, **extra
-    )
+    # the kept positions are a strided view of the hidden states: the unembedding takes a copy, one matrix product
+    # (over a view it multiplies row by row, several times slower for a large vocabulary)
+    head = model.get_output_embeddings()
+    assert head is not None, "a causal LM has an unembedding"
+    hook = head.register_forward_pre_hook(lambda _module, args: (args[0].contiguous(), *args[1:]))
+    try:
+        out = model(
+            input_ids=ids[:, c:], attention_mask=torch.ones_like(ids), position_ids=pos, logits_to_keep=keep, **extra
+        )
+    finally:
+        hook.remove()
     return out.logits[:, -keep:].float().cpu()
