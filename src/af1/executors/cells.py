@@ -4,7 +4,7 @@ The fast executor builds a wait's token-local tables once and keeps each problem
 peek layers, so the next transfer of that wait costs one more peek layer. Every cell asked at once, of any wait, runs
 as one wavefront: at each layer, one call for the rows peeking there (each reading its own wait's table) and one for
 the rows computing alone (reading the context every wait shares), so a layer's weights are read twice per step
-however many cells are asked. Rival tokens are checked before the unembedding (`greedy_right`). Any other executor
+however many cells are asked. Rival tokens are checked before the unembedding (`rival_wins`). Any other executor
 runs the asked problems of each cell whole.
 """
 

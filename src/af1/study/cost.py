@@ -28,11 +28,12 @@ from af1.tasks.spec import TaskSpec
 from af1.tasks.task import Task
 
 # how many times slower than the measured matrix-product rate each experiment's FLOPs run (skinny last-token
-# products, Python between them): fitted by benchmarks/estimate.py on the two demos' units
+# products, Python between them): fitted by benchmarks/estimate.py on the demos' units (on a CPU with AVX-512 and
+# bfloat16 products, and for the search, eval and transfer also on one with AVX2 only)
 SLOWDOWN: dict[str, float] = {
-    "eval": 0.65,
+    "eval": 0.7,  # between the fits on AVX-512 (0.5) and on an AVX2-only CPU (0.97): within 1.5 of both
     "sweep": 1.1,
-    "search": 0.47,
+    "search": 0.33,  # fitted on an AVX2-only CPU
     "run": 1.2,  # not in either demo: taken from the faithfulness runs of alternatives
     "components": 1.17,
     "necessity": 1.4,
@@ -45,7 +46,7 @@ SLOWDOWN: dict[str, float] = {
     "attribution": 1.33,  # not in the focused demo: the heads study's
     "finetune": 1.5,  # not in either demo (nor its backward passes): a guess, not fitted
     "positional": 0.99,
-    "transfer": 0.8,
+    "transfer": 0.53,  # fitted on an AVX2-only CPU
 }
 # peak resident memory = RUNTIME_GB + the weights x this factor (the model, its means and caches, working copies)
 MEMORY_FACTOR: dict[str, float] = {"eval": 1.3, "positional": 3.2, "styles": 2.2, "heads": 2.0, "prune": 2.0}
