@@ -44,6 +44,7 @@ def written(tmp_path_factory, tokenizer) -> tuple[Any, Path]:
     for name, options in RUNS.items():
         af1.api.run(name, held, SPEC, out_dir=root / "out", upstream={"eval": {}, **SEARCH}, **options)
     af1.api.run("run", held, SPEC, out_dir=root / "out", upstream=SEARCH)  # the search's config
+    af1.api.run("sweep", held, SPEC, out_dir=root / "out", upstream=SEARCH)  # the grid beside it
     return held.lm().model, root / "out"
 
 
@@ -125,11 +126,12 @@ def test_styles_own_row_is_on_the_searchs_confirmation_problems(written):
     _, out = written
     search, styles = read(out, "search"), read(out, "styles")
     own = next(r for r in styles["rows"] if r["style"] == SPEC.style and r["operation"] == SPEC.operation)
-    assert search["chosen"] and (styles["wait"], styles["transfer"]) == (search["wait"], search["transfer"])
+    judged = search["judged"]
+    assert search["chosen"] and (styles["wait"], styles["transfer"]) == (judged["wait"], judged["transfer"])
     assert own["faithfulness_n"] == search["n_confirmation"] < own["n_solved"]
     assert own["measured_on"] == "the search's confirmation split"
-    assert own["faithfulness"] == pytest.approx(search["faithfulness"])
-    assert own["faithfulness_ci"] == pytest.approx(search["faithfulness_ci"])
+    assert own["faithfulness"] == pytest.approx(judged["confirmation"]["value"])
+    assert own["faithfulness_ci"] == pytest.approx(judged["confirmation"]["ci"])
 
     def operands(rows: list[dict[str, Any]], at: list[int]) -> set[tuple[str, ...]]:
         return {tuple(re.findall(r"\d", rows[i]["prompt"])) for i in at}
