@@ -82,9 +82,8 @@ class Search(base.Experiment):
         )
         sel, conf = split_indices(len(setup.kept), options.selection, options.split_seed)
         halves = {"selection": setup.on(sel), "confirmation": setup.on(conf)}
-        return Result.of(
-            setup.describe(), found, config=config, inputs=allforone.faithfulness.setup_inputs(setup, **halves)
-        )
+        described = setup.describe().model_copy(update={"model": inputs.model_name})  # as the plan names it
+        return Result.of(described, found, config=config, inputs=allforone.faithfulness.setup_inputs(setup, **halves))
 
     def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
         """The cells the search measured, with the frontier and the judged cell."""
