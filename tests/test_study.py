@@ -20,7 +20,7 @@ import yaml
 from af1.errors import Af1Error
 from af1.report.markup import folded_warnings
 from af1.study import expand, load_plan, run_study
-from af1.study.plan import StudyPlan, SweepOptions
+from af1.study.plan import StudyPlan
 from af1.study.report import collect
 from af1.study.store import Store
 from af1.tasks.spec import TaskSpec
@@ -95,28 +95,27 @@ def test_plan_files_validate_and_expand(tmp_path, tiny_dirs):
 
     units = expand(yaml_plan)
     ids = [u.id for u in units]
-    assert len(ids) == len(set(ids)) == 2 * (2 * 6 + 1) + 2 * 2  # sweep implied by search; transfer per task
+    assert len(ids) == len(set(ids)) == 2 * (2 * 5 + 1) + 2 * 2  # the search needs no grid; transfer per task
     by_id = {u.id: u for u in units}
     for unit in units:  # every unit comes after what it reads
         assert all(ids.index(d) < ids.index(unit.id) for d in unit.deps)
     search = by_id["tiny-llama/a+b.original.1d.1shot.n30/search"]
-    assert search.deps == ("tiny-llama/a+b.original.1d.1shot.n30/sweep",)
+    assert not any(d.endswith("/sweep") for d in search.deps)
     transfer = by_id["tiny-qwen2/a+b.original.1d.1shot.n30/transfer"]
     assert set(transfer.deps) == {f"tiny-{m}/a+b.original.1d.1shot.n30/search" for m in ("llama", "qwen2")}
 
     # a changed option changes that unit's key and the keys of the units that read it, nothing else
     changed = yaml_plan.model_copy(deep=True)
-    changed.experiments.sweep = SweepOptions(max_transfer=1)
+    changed.experiments.search = changed.experiments.search.model_copy(update={"threshold": 0.6})
     new = {u.id: u.key for u in expand(changed)}
     moved = {i for i in ids if new[i] != by_id[i].key}
     # (heads reads the search to place its top heads among the AF1 stages)
     assert moved == {
-        i for i in ids if i.endswith(("/sweep", "/search", "/necessity", "/styles", "/heads", "/transfer"))
+        i for i in ids if i.endswith(("/search", "/necessity", "/styles", "/heads", "/transfer"))
     }
     # resources do not change results, so they do not change keys
     more = yaml_plan.model_copy(deep=True)
     more.models[0].gpus = 1
-    more.experiments.sweep = SweepOptions()  # the implied sweep is the default one
     assert {u.id: u.key for u in expand(more)} == {i: by_id[i].key for i in ids}
 
 
@@ -211,7 +210,7 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
 
     # a changed plan reads the old records as stale, never as its own results
     changed = load_plan(plan)
-    changed.experiments.sweep = SweepOptions(max_transfer=1)
+    changed.experiments.search = changed.experiments.search.model_copy(update={"threshold": 0.6})
     tables, _ = collect(Store(out), expand(changed))
     states = {r["id"]: r["state"] for r in tables["units"]}
     assert states["tiny-llama/a+b.original.1d.1shot.n30/sweep"] == "stale"
