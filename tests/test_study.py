@@ -110,9 +110,7 @@ def test_plan_files_validate_and_expand(tmp_path, tiny_dirs):
     new = {u.id: u.key for u in expand(changed)}
     moved = {i for i in ids if new[i] != by_id[i].key}
     # (heads reads the search to place its top heads among the AF1 stages)
-    assert moved == {
-        i for i in ids if i.endswith(("/search", "/necessity", "/styles", "/heads", "/transfer"))
-    }
+    assert moved == {i for i in ids if i.endswith(("/search", "/necessity", "/styles", "/heads", "/transfer"))}
     # resources do not change results, so they do not change keys
     more = yaml_plan.model_copy(deep=True)
     more.models[0].gpus = 1
