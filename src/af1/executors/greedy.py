@@ -162,9 +162,9 @@ MAX_RIVALS = 64  # rival tokens checked before the unembedding
 def rival_wins(adapter: ModelAdapter, h_BD: torch.Tensor, target_B: torch.Tensor, rivals: list[int]) -> torch.Tensor:
     """Where a rival token's logit beats the target's by more than float rounding of either computation can explain
     [B] bool: there the greedy token (`greedy_tokens`) is surely not the target, and the unembedding need not run.
-    False everywhere where the bound does not hold (a soft cap can tie at saturation; low precision; offloaded)."""
+    False everywhere where the bound does not hold (a soft cap can tie at saturation; low precision; offloaded).
+    `rivals`: distinct tokens, at most MAX_RIVALS (the caller keeps them so)."""
     W = weight_of(adapter.lm_head)
-    rivals = list(dict.fromkeys(rivals))[:MAX_RIVALS]
     out_B = torch.zeros(len(h_BD), dtype=torch.bool)
     if not rivals or adapter.soft_cap or W.dtype != torch.float32 or adapter.offloaded():
         return out_B
