@@ -18,7 +18,6 @@ import torch
 
 from af1.claims import paired_differs
 from af1.experiments.necessity import necessary
-from af1.experiments.sweep import same_verdict
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, heads, positional, probes
 from af1.methods.allforone.faithfulness import faithfulness
@@ -157,10 +156,7 @@ def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer
         settings = study_settings(seed, "a", SELECTION)
         result = heads.study.study(lm, SPEC, settings, second_kind=None, compare_specs=[])
         setup = prepare(lm, SPEC)
-        grid = allforone.sweep.sweep(setup, AF1Config(seed=seed))
-        found = allforone.search.on_grid(grid, n_layers=3, threshold=0.9, selection=SELECTION, seed=seed)
-        searched = allforone.search.search(setup, AF1Config(seed=seed), threshold=0.9, selection=SELECTION, seed=seed)
-        assert same_verdict(found, searched), seed  # what the rule needs, measured alone, decides as the grid does
+        found = allforone.search.search(setup, AF1Config(seed=seed), threshold=0.9, selection=SELECTION, seed=seed)
         assert found.cell() == (0, 1), seed  # the last token reads in layer 1 alone
         made["subgraph confirmed"] += found.found
         chosen = heads.consistency.Chosen(key=result.key_heads, top=result.top_heads, counterfactual="a")
@@ -221,10 +217,7 @@ def test_no_af1_subgraph_is_claimed_where_the_operands_are_read_in_the_last_laye
         lm = planted_model(tokenizer, seed, last)
         setup = prepare(lm, SPEC)
         assert len(setup.kept) == len(build_task(SPEC, tokenizer)), seed  # the fit solves every problem
-        grid = allforone.sweep.sweep(setup, AF1Config(seed=seed))
-        found = allforone.search.on_grid(grid, n_layers=lm.adapter.n_layers, threshold=0.9, selection=0.5, seed=seed)
-        searched = allforone.search.search(setup, AF1Config(seed=seed), threshold=0.9, selection=0.5, seed=seed)
-        assert same_verdict(found, searched), seed  # the branch and bound finds the grid's best cell
+        found = allforone.search.search(setup, AF1Config(seed=seed), threshold=0.9, selection=0.5, seed=seed)
         assert not found.chosen and not found.found, (seed, found.claim)
         made["subgraph rejected"] += found.claim is not None and found.claim["outcome"] == "rejected"
         windows = {c["subject"]: c["outcome"] for c in allforone.necessity.necessity(setup, windows=(1,)).claims}
@@ -310,9 +303,7 @@ def test_no_head_is_claimed_to_carry_a_word_the_answer_does_not_read_over_20_see
         result = heads.study.study(lm, spec, settings, second_kind=None, compare_specs=[])
         assert result.n_solved == 60 and result.counterfactual_kind == "slot w", seed
         setup = prepare(lm, spec)
-        found = allforone.search.on_grid(
-            allforone.sweep.sweep(setup, AF1Config(seed=seed)), n_layers=3, threshold=0.9, selection=0.5, seed=seed
-        )
+        found = allforone.search.search(setup, AF1Config(seed=seed), threshold=0.9, selection=0.5, seed=seed)
         peek = []
         cell = found.cell()
         if found.chosen and cell is not None and cell[1]:  # the heads' split is the search's: same seed

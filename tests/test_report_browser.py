@@ -120,7 +120,8 @@ def test_the_interactive_report_loads_offline_hovers_and_clicks_through(results,
     grid = int(text.index("The (L_wait, L_transfer) grid") > text.index("The AF1 search and its claim"))
     x, y = cell_point(page, grid, w, k)
     page.mouse.move(x, y)
-    hover = page.locator(".hoverlayer").first
+    plot = page.locator("div.af1-plot").nth(grid)  # its hover and its detail, not the search figure's
+    hover = plot.locator(".hoverlayer")
     hover.locator("text").first.wait_for()
     said = hover.text_content() or ""
     row = w + 1
@@ -129,7 +130,7 @@ def test_the_interactive_report_loads_offline_hovers_and_clicks_through(results,
     assert f"n {sweep['n_solved']}" in said and f"constant guess {sweep['faithfulness_baseline']:.3f}" in said, said
 
     page.mouse.click(x, y)
-    detail = page.locator(".af1-detail").first
+    detail = plot.locator(".af1-detail")
     detail.locator("table.problems").wait_for()
     rows = detail.locator("table.problems tr")
     assert rows.count() == 1 + sweep["n_solved"] == 1 + len(bits)
