@@ -23,17 +23,20 @@ chromium:
 demo: setup
 	$(BIN)/af1 demo --out $(OUT)
 
+# pytest: one process per core (at most 4: each may load a bundled model), one torch thread each so that they do not
+# fight over the cores
+PYTEST := OMP_NUM_THREADS=1 AF1_THREADS=1 $(BIN)/pytest -q -n auto --maxprocesses 4
+
 test: setup chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pyright
-	$(BIN)/pytest -q
+	$(PYTEST)
 
-# the inner loop: the tests that need neither a bundled model's weights nor a whole study, one process per core
-# (one torch thread each, so they do not fight over the cores); `make test` runs them all
+# the inner loop: the tests that need neither a bundled model's weights nor a whole study; `make test` runs them all
 test-fast: setup chromium
 	$(BIN)/ruff check .
-	OMP_NUM_THREADS=1 AF1_THREADS=1 $(BIN)/pytest -q -n auto -m "not real_model and not slow"
+	$(PYTEST) -m "not real_model and not slow"
 
 lint: setup
 	$(BIN)/ruff check .

@@ -340,6 +340,10 @@ def test_cli_finetune_and_positional_on_a_tiny_model(capsys, tmp_path, tokenizer
         "16",
         "--n-eval",
         "16",
+        "--lrs",
+        "1e-4",
+        "--seeds",
+        "1",  # choosing among rates and seeds: test_compare_chooses_each_learning_rate_on_validation...
         "--json",
         "--out",
         str(tmp_path / "o"),
@@ -351,6 +355,7 @@ def test_cli_finetune_and_positional_on_a_tiny_model(capsys, tmp_path, tokenizer
     assert (tmp_path / "o" / "precise_heads.safetensors").is_file()
     assert result["answer_end"]["checked"] and not any("end of the answer" in w for w in result["warnings"])
     args = ["--heads", "0.1", "--steps", "1", "--n-train", "8", "--n-eval", "8", "--n-val", "8", "--lrs", "1e-4"]
+    args += ["--seeds", "1"]
     code, out, err = run_cli(capsys, "finetune", "--model", str(tmp_path / "m"), "--shots", "0", *args, "--json")
     assert code == 0, err
     unchecked = json.loads(out)  # no worked example shows where an answer ends: the result says so

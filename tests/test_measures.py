@@ -484,7 +484,7 @@ def test_smollm2_fast_equals_reference(smol_setup):
     """Every answer step (the second one's last token is the answer's first digit; the third checks the end, the
     newline after the worked examples' answers), fast path = hook path."""
     assert len(smol_setup.steps) == 3 and smol_setup.spec.scoring == "full" and smol_setup.task.end["checked"]
-    for wait, transfer in [(-1, 4), (13, 5), (20, 3), (26, 1)]:
+    for wait, transfer in [(-1, 4), (20, 3)]:  # no wait, and a late one; every cell on the tiny families
         config = AF1Config(wait=wait, transfer=transfer)
         for step in smol_setup.steps:
             fast_executor, why_not = pick(step.adapter, step.kept, config)
