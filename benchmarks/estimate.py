@@ -1,7 +1,8 @@
 """The cost estimate against the time each unit really took: for finished study stores (default: the focused and the
 full demo's, from `make demo` and `af1 demo --full --out results/full`), each unit's estimate on this machine beside
 its recorded seconds and peak memory, and their ratios. `--fit` prints the slowdowns that would make the
-estimates of these stores exact (the geometric mean per experiment), for `af1.study.cost.SLOWDOWN`.
+estimates of these stores exact (the geometric mean per experiment), for `af1.study.cost.SLOWDOWN` (or
+`WITHOUT_BF16` on a CPU whose bfloat16 products do not pay).
 
 Run it on the machine the stores ran on, alone: the estimate measures this machine's matrix-product rate."""
 
@@ -57,7 +58,7 @@ def fitted(rows: list[dict[str, Any]]) -> dict[str, float]:
     for row in rows:
         if row["ratio"]:
             logs.setdefault(row["unit"].rsplit("/", 1)[1], []).append(math.log(row["ratio"]))
-    return {name: round(cost.SLOWDOWN[name] / math.exp(sum(values) / len(values)), 3) for name, values in logs.items()}
+    return {name: round(cost.slowdown(name) / math.exp(sum(values) / len(values)), 3) for name, values in logs.items()}
 
 
 def main() -> None:

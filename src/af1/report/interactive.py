@@ -328,11 +328,11 @@ def search_plot(found: Found, n_layers: int) -> str:
     ]
     stopped = sum(c["measured"] < n for c in found.measured)
     title = (
-        f"The cells the search measured: {len(found.measured)}, {stopped} stopped once decided (shown as ✗ misses / "
-        f"problems measured); the rest measured on all {n} selection problems (their rate)"
-    )
+        f"The cells the search measured: {len(found.measured)}, {stopped} stopped once decided<br>(shown as ✗ misses /"
+        f" problems measured), the rest measured on all {n} selection problems (their rate)"
+    )  # numbers and fixed words only: nothing to escape
     layout = {
-        "title": {"text": html.escape(title), "font": {"size": 12}},
+        "title": {"text": title, "font": {"size": 12}},
         "xaxis": {"title": {"text": "L_transfer"}, "range": [-0.5, L + 0.5], "dtick": 1, "zeroline": False},
         "yaxis": {"title": {"text": "L_wait"}, "range": [-1.5, L - 0.5], "dtick": 1, "zeroline": False},
         "height": min(900, 340 + 22 * L),
