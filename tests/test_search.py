@@ -99,10 +99,10 @@ def test_the_search_chooses_the_grid_s_cell_on_every_family(tokenizer, family):
 
 
 def test_the_search_decides_as_the_grid_on_smollm2(smollm2):
-    """SmolLM2 on 1-digit sums: the search where no cell reaches the threshold (0.9) and where cells do (0.6),
+    """SmolLM2 on 16 1-digit sums: the search where no cell reaches the threshold (0.9) and where cells do (0.6),
     frontier included, decides as the rule read off the whole grid, measuring a fraction of its (problem, cell)
     pairs (Qwen's side by side: benchmarks/search_work.py)."""
-    spec = TaskSpec(operation="a+b", style="calculate", shots=1, n=24, seed=7)
+    spec = TaskSpec(operation="a+b", style="calculate", shots=1, n=16, seed=7)
     setup = prepare(smollm2, spec)
     grid = allforone.sweep.sweep(setup, AF1Config())
     L = smollm2.adapter.n_layers
