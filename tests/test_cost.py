@@ -196,3 +196,15 @@ def test_units_asked_only_where_a_cell_is_chosen_are_counted_apart(tiny_dir, tmp
     total = sum(e.seconds for e in estimates if e.basis != "gated")
     assert line.startswith(f"estimate: about {total:.0f} s for {len(estimates) - 1} units on this machine; up to ")
     assert f"{gated[0].seconds:.0f} s more for 1 units asked only where a search chooses a cell" in line
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_the_slowdown_follows_whether_bfloat16_products_pay_on_this_cpu(monkeypatch, pays):
+    from af1.executors import greedy
+
+    monkeypatch.setattr(greedy, "bf16_pays", lambda: pays)
+    assert set(cost.WITHOUT_BF16) <= set(cost.SLOWDOWN)
+    for name in cost.SLOWDOWN:
+        expected = cost.SLOWDOWN[name] if pays or name not in cost.WITHOUT_BF16 else cost.WITHOUT_BF16[name]
+        assert cost.slowdown(name) == expected
+    assert cost.slowdown("eval") == (0.5 if pays else 1.2)  # the evaluation's two fits differ most
