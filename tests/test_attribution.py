@@ -143,15 +143,19 @@ def test_heads_ranked_by_attribution_are_judged_exactly_on_the_confirmation_part
     keys = [c for c in result.claims if c["kind"] == "key_head"]
     assert keys, "the fitted model has key heads to confirm"
     assert [c["subject"] for c in keys] == [f"{layer}.{h}" for layer, h in result.key_heads]
-    exact = heads.patching.layout_path_patching(
-        session.lm().adapter,
-        session.setup(SPEC).kept.subset(heads.ranking.problem_split(result.n_solved, (0.5, 0))[1]),
-        session.lm().tokenizer,
-        "wang",
-    )[0]
+    on = session.setup(SPEC).kept.subset(heads.ranking.problem_split(result.n_solved, (0.5, 0))[1])
+    change, keep = (
+        heads.patching.layout_path_patching(
+            session.lm().adapter, on, session.lm().tokenizer, "wang", "a", contrast=contrast
+        )[0]
+        for contrast in ("answer", "answer kept")
+    )
+    rows = [i for i, row in enumerate(change["counterfactual_rows"]) if row and row["control_input_ids"] is not None]
+    gap = float(change["counterfactual_gap_problem"][rows].sum())
     for claim in keys:  # the confirmation's numbers are exact path patching's (wang), not the estimate's
         layer, h = map(int, str(claim["subject"]).split("."))
-        assert claim["estimate"] == pytest.approx(float(exact["relative_logit_change_layer_head"][layer, h]))
+        moved = change["logit_diff_change_problem_layer_head"] - keep["logit_diff_change_problem_layer_head"]
+        assert claim["estimate"] == pytest.approx(float(moved[rows, layer, h].sum()) / gap, rel=1e-5)
 
 
 def test_attribution_on_a_family_without_the_attention_interface_is_a_one_line_error(tmp_path, tokenizer):

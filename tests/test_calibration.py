@@ -40,61 +40,102 @@ NULL_SEEDS = 2  # a family tested one-sided at 2.5 % (Holm) makes a claim in 3 o
 SCORE = 12.0  # the attention score of a digit key over any other (pre-softmax, after 1/sqrt(head_dim))
 
 
-def plant_heads(tokenizer, planted: list[tuple[int, int]]):
+def token_states(model, layer: int, token_ids: list[int]) -> torch.Tensor:
+    """[V, D]: a layer's normed input for each token alone (a function of the token while nothing below writes)."""
+    normed: list[torch.Tensor] = []
+    norm = model.model.layers[layer].input_layernorm
+    hook = norm.register_forward_hook(lambda _m, _a, out: normed.append(out[:, 0]))
+    try:
+        model(input_ids=torch.tensor(token_ids)[:, None])
+    finally:
+        hook.remove()
+    return normed[0].double()
+
+
+def fit_attention(block, h: int, states_VD: torch.Tensor, query_V: torch.Tensor, key_V: torch.Tensor) -> None:
+    """Head h's query and key fitted by least squares to these per-token values in the rotary pair that turns
+    slowest (pairs are (i, i + d/2)), so that position barely moves the score; its other rows zero."""
+    d = block.self_attn.head_dim
+    group = block.self_attn.num_key_value_groups
+    pinv_DV = torch.linalg.pinv(states_VD)
+    q_rows = block.self_attn.q_proj.weight[h * d : (h + 1) * d]
+    k_rows = block.self_attn.k_proj.weight[(h // group) * d : (h // group + 1) * d]
+    q_rows.zero_()
+    k_rows.zero_()
+    q_rows[d // 2 - 1] = (pinv_DV @ query_V).float()
+    k_rows[d // 2 - 1] = (pinv_DV @ key_V).float()
+
+
+def plant_heads(tokenizer, planted: list[tuple[int, int]], reader: tuple[int, int] | None = None):
     """Edits a tiny llama so that only the planted heads (of one layer) write to the residual stream, and they attend
     from every query to the digits: their queries and keys are fitted by least squares on that layer's normed input (a
     function of the token alone, since no head below it writes) to a constant and to the digit indicator, in the
-    rotary pair that turns slowest, so position barely moves the score."""
+    rotary pair that turns slowest, so position barely moves the score. `reader`: a head of layer 0 that also
+    writes, an operator reader (`plant_reader`), planted first: the planted heads' fit sees what it writes on '+'."""
     digits = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
 
     def plant(model, token_ids: list[int]) -> None:
-        config = model.config
-        d = config.head_dim
-        group = config.num_attention_heads // config.num_key_value_heads
-        only_heads_write(model, planted)
-        normed: list[torch.Tensor] = []
-        block = model.model.layers[planted[0][0]]
-        hook = block.input_layernorm.register_forward_hook(lambda _m, _a, out: normed.append(out[:, 0]))
-        try:
-            model(input_ids=torch.tensor(token_ids)[:, None])
-        finally:
-            hook.remove()
-        pinv_DV = torch.linalg.pinv(normed[0].double())
-        magnitude = (SCORE * d**0.5) ** 0.5
+        only_heads_write(model, planted + ([reader] if reader else []))
+        if reader is not None:
+            plant_reader(model, tokenizer, reader[1], token_ids)
+        layer = planted[0][0]
+        magnitude = (SCORE * model.config.head_dim**0.5) ** 0.5
         query_V = torch.full((len(token_ids),), magnitude, dtype=torch.float64)
         key_V = magnitude * torch.tensor([t in digits for t in token_ids], dtype=torch.float64)
-        slow = d // 2 - 1  # rotary pairs are (i, i + d/2); pair d/2 - 1 turns slowest
+        states_VD = token_states(model, layer, token_ids)
         for _, h in planted:
-            q_rows = block.self_attn.q_proj.weight[h * d : (h + 1) * d]
-            kv = h // group
-            k_rows = block.self_attn.k_proj.weight[kv * d : (kv + 1) * d]
-            q_rows.zero_()
-            k_rows.zero_()
-            q_rows[slow] = (pinv_DV @ query_V).float()
-            k_rows[slow] = (pinv_DV @ key_V).float()
+            fit_attention(model.model.layers[layer], h, states_VD, query_V, key_V)
 
     return plant
 
 
-def planted_model(tokenizer, seed: int, planted: list[tuple[int, int]] = PLANTED) -> LoadedModel:
+READER_SCALE = 0.25  # the operator reader's write, in units of the mean embedding row's norm
+
+
+def plant_reader(model, tokenizer, h: int, token_ids: list[int]) -> None:
+    """Head h of layer 0 reads the operator and nothing else: it attends from every query to '+' (where it can see
+    one) and its value is a fixed vector on '+' and zero on every other token of the task, so it writes the same
+    vector at every position from the operator on, in every problem; the unembedding fitted after it moves every
+    answer's logit by what it writes, while the answer depends on the operands alone."""
+    block = model.model.layers[0]
+    d = model.config.head_dim
+    plus = tokenizer.convert_tokens_to_ids("+")
+    states_VD = token_states(model, 0, token_ids)
+    magnitude = (SCORE * d**0.5) ** 0.5
+    is_plus_V = torch.tensor([t == plus for t in token_ids], dtype=torch.float64)
+    fit_attention(
+        block, h, states_VD, torch.full((len(token_ids),), magnitude, dtype=torch.float64), magnitude * is_plus_V
+    )
+    kv = h // block.self_attn.num_key_value_groups
+    v_rows = block.self_attn.v_proj.weight[kv * d : (kv + 1) * d]
+    u_d = torch.randn(d, dtype=torch.float64)
+    written = block.self_attn.o_proj.weight[:, h * d : (h + 1) * d].double() @ u_d
+    u_d *= READER_SCALE * float(model.model.embed_tokens.weight.norm(dim=-1).mean()) / float(written.norm())
+    v_rows.copy_((torch.linalg.pinv(states_VD) @ torch.outer(is_plus_V, u_d)).T.float())
+
+
+def planted_model(
+    tokenizer, seed: int, planted: list[tuple[int, int]] = PLANTED, reader: tuple[int, int] | None = None
+) -> LoadedModel:
     """The planted llama of one seed. Its unembedding is fitted with about four times as many features as distinct
     fitted rows, so that patching one head moves the answer's logit smoothly (a square fit interpolates wildly between
     its rows, and the effects' spread then hides the heads from the claims' tests at this n)."""
     model = fitted_tiny_model(
-        "llama", [SPEC], tokenizer, seed=seed, plant=plant_heads(tokenizer, planted), min_hidden=384
+        "llama", [SPEC], tokenizer, seed=seed, plant=plant_heads(tokenizer, planted, reader), min_hidden=384
     )
     return LoadedModel(model, tokenizer, ModelAdapter(model), {"spec": f"planted-heads-{seed}"})
 
 
 def study_settings(seed: int, kind: str | None, selection: float = 0.5) -> heads.ranking.Settings:
-    """The heads study of the calibrations: key heads below -5 %, the top 2 against 3 matched random sets, each seed
-    its own split (the search's, at `selection`); `kind` the counterfactual (None: the task's own)."""
+    """The heads study of the calibrations: key heads by the share of the way to the counterfactual's answer
+    (above 5 %, against the answer-keeping control), the top 2 against 3 matched random sets, each seed its own
+    split (the search's, at `selection`); `kind` the counterfactual (None: the task's own)."""
     return heads.ranking.Settings(
-        threshold=-0.05,
+        threshold=None,
         k=2,
         draws=3,
         path="wang",
-        metric="relative",
+        metric="share",
         split=(selection, seed),
         split_from="test",
         kind=kind,
@@ -130,12 +171,15 @@ def resample_seeds_differ(setup, seed: int) -> bool:
 @pytest.mark.slow
 def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer, monkeypatch):
     """Each seed draws new random weights and a new split. The rule: the subgraph at 0.9 confirmed on the
-    confirmation part (36 problems), both planted heads confirmed as key heads, the top 2 confirmed against matched
-    random heads (knocked out, and alone peeking in the search's transfer layer), layer 1 confirmed necessary and
-    layers 0 and 2 rejected, CAMA alone confirmed to break the answer at L_wait 1 and 2 (its means replace the state
-    that read the operands), an operand confirmed to be read after block 1 under AF1 better than with no transfer
-    layers (either probe), each in at least 80 % of seeds (measured: 20 of 20 each); a head that does not write is
-    never chosen nor claimed. The matched random heads are the layer's other key/value pair, which writes nothing:
+    confirmation part (36 problems), the top 2 confirmed against matched random heads (knocked out, and alone
+    peeking in the search's transfer layer), layer 1 confirmed necessary and layers 0 and 2 rejected, CAMA alone
+    confirmed to break the answer at L_wait 1 and 2 (its means replace the state that read the operands), an operand
+    confirmed to be read after block 1 under AF1 better than with no transfer layers (either probe), each in at least
+    80 % of seeds (measured: 20 of 20 each); both planted heads confirmed as key heads (their share of the way to the
+    counterfactual's answer above the answer-keeping control's by 5 %) in at least 70 % of seeds and each in at least
+    75 % (measured: 15, and 19 and 16, of 20; this paired claim has less power at 36 problems than the one-sample
+    test of the relative change it replaced, 20 of 20); a head that does not write is never chosen nor claimed. The
+    matched random heads are the layer's other key/value pair, which writes nothing:
     these claims are checked against heads that carry nothing. Chance nulls, each made in at most 2 of 20 seeds
     (measured: 0 of 20 each): a label permuted across problems said to be read better under AF1 or after the last
     block (a one-sided Holm family at 2.5 %: 3 or more with p 0.013); two seeds of the resample ablation said to
@@ -143,9 +187,8 @@ def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer
     construction, the interventions there leaving the answer exactly as it is (so these check the code, not the
     statistics): layer 0 or 2 confirmed necessary (only the planted heads write), a part alone that leaves layer 1
     reading (CAMA at L_wait 0, whose conditional means are the states; ABP at any L_wait) said to break the answer."""
-    made = dict.fromkeys(
-        ["key heads", "top vs random", "top peek vs random", "layer 1 necessary", "layers 0, 2 not"], 0
-    )
+    made = dict.fromkeys(["top vs random", "top peek vs random", "layer 1 necessary", "layers 0, 2 not"], 0)
+    keys_found, each_found = 0, []
     made |= {"subgraph confirmed": 0, "CAMA alone breaks from L_wait 1": 0, "an operand read after the transfer": 0}
     null = dict.fromkeys(
         ["layer 0 or 2 necessary", "a part alone that keeps layer 1 breaks", "a permuted label is read"], 0
@@ -173,7 +216,8 @@ def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer
         assert all(looks["operands"] > 0.85 and looks["operands"] + looks["last"] > 0.99 for looks in shares.values())
         outcomes = {c["subject"]: c["outcome"] for c in result.claims}
         assert set(outcomes) <= {f"{layer}.{h}" for layer, h in PLANTED} | {None}, seed
-        made["key heads"] += sorted(map(tuple, result.confirmed_key_heads)) == PLANTED
+        keys_found += sorted(map(tuple, result.confirmed_key_heads)) == PLANTED
+        each_found += [h in map(tuple, result.confirmed_key_heads) for h in PLANTED]
         made["top vs random"] += outcomes[None] == "confirmed"
         claims = allforone.necessity.necessity(setup, windows=(1,)).claims
         windows = {c["subject"]: c["outcome"] for c in claims}
@@ -198,6 +242,8 @@ def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer
         null["two resample seeds differ"] += resample_seeds_differ(setup, seed)
     assert all(count >= 0.8 * SEEDS for count in made.values()), made
     assert all(count <= NULL_SEEDS for count in null.values()), null
+    assert keys_found >= 0.7 * SEEDS, keys_found  # both planted heads key, against their answer-keeping control
+    assert all(sum(each_found[i :: len(PLANTED)]) >= 0.75 * SEEDS for i in range(len(PLANTED))), each_found
 
 
 @pytest.mark.slow
@@ -270,6 +316,53 @@ def test_attention_that_sees_position_alone_is_not_given_a_meaning_term_over_20_
         (meaning,) = [c for c in heldout_claims(ModelAdapter(model), tokenizer, seed) if c["kind"] == "meaning_term"]
         made += meaning["outcome"] == "confirmed"
     assert made == 0, made
+
+
+@pytest.mark.slow
+def test_the_operator_counterfactual_claims_no_key_head_of_a_random_weight_model_over_20_seeds(tokenizer):
+    """Nothing is there to carry: a fitted tiny llama's heads are random. The operator replaced by a null symbol moves
+    every answer's logit the same way in every problem, so the relative change of the correct logit called heads
+    that read the operator key: a key head was confirmed in 4 of 20 seeds at 9ebc886 (the rule below allows 3).
+    The null symbol defines no answer, so the heads are ranked by the relative change descriptively (they pass the
+    threshold on the selection part: measured 4 to 8 heads a seed) and no key head is claimed."""
+    made = described = 0
+    for seed in range(SEEDS):
+        model = fitted_tiny_model("llama", [SPEC], tokenizer, seed=seed)
+        lm = LoadedModel(model, tokenizer, ModelAdapter(model), {"spec": f"random-{seed}"})
+        result = heads.study.study(lm, SPEC, study_settings(seed, "operator"), second_kind=None, compare_specs=[])
+        assert result.metric == "relative" and result.share_layer_head is None, seed
+        described += bool(result.key_heads)
+        made += any(c["kind"] == "key_head" for c in result.claims)
+    assert described >= 0.8 * SEEDS, described  # the heads a reviewer would have been shown are still there
+    assert made <= 3, made  # measured: 0 (no claim is made)
+
+
+READER = (0, 0)  # the planted operator reader: layer 0, below the planted heads
+
+
+@pytest.mark.slow
+def test_a_planted_operator_reader_is_never_a_key_head_over_5_seeds(tokenizer):
+    """A head that reads the constant operator and writes the same vector in every problem (`plant_reader`) moves
+    every answer's logit when the operator is replaced (the old metric's only key head in 4 of 5 seeds; in the fifth
+    it raises the correct logit, by 2.6 %), but it
+    carries nothing that depends on the operands: the operand counterfactual leaves what it writes exactly as it is,
+    so its share is 0 and it is never a key head, nor claimed; the operator counterfactual claims none (it defines
+    no answer). Measured: its relative change under the operator counterfactual -0.11 to -0.54 where it is key, its
+    share 0 in every seed. By construction, so 5 seeds."""
+    found = 0
+    for seed in range(5):
+        lm = planted_model(tokenizer, seed, reader=READER)
+        operator = heads.study.study(
+            lm, SPEC, study_settings(seed, "operator", SELECTION), second_kind=None, compare_specs=[]
+        )
+        found += operator.key_heads == [list(READER)]  # what it reads is there to be found
+        assert not any(c["kind"] == "key_head" for c in operator.claims), seed
+        result = heads.study.study(lm, SPEC, study_settings(seed, "a", SELECTION), second_kind=None, compare_specs=[])
+        assert result.metric == "share" and result.share_layer_head is not None, seed
+        assert abs(result.share_layer_head[READER[0]][READER[1]] or 0.0) < 1e-6, seed
+        assert list(READER) not in result.key_heads and list(READER) not in result.confirmed_key_heads, seed
+        assert result.key_heads and all(c["kind"] != "key_head" or c["subject"] != "0.0" for c in result.claims)
+    assert found >= 4, found
 
 
 DISTRACTED = (  # a word before each sum that the answer does not read; the counterfactual replaces it

@@ -326,3 +326,57 @@ def test_no_n_beyond_max_n_is_named_to_decide_a_claim():
     assert near["outcome"] == "not confirmed" and 8 < (near["n_to_decide"] or 0) <= claims.MAX_N
     above = claims.interval_above("k", "above", 0.5, [0.49, 0.51], 0.4999, [0.49, 0.49999], "here", 8)
     assert above["outcome"] == "not confirmed" and above["n_to_decide"] is None
+
+
+def test_the_share_claim_is_the_ratio_of_means_and_holds_its_rate_where_the_share_sits_on_the_margin(monkeypatch):
+    """The estimate is sum(change - keep) / sum(gap); nothing is decided where the counterfactual moves nothing; at a
+    true share difference equal to the margin the claim is confirmed at most at its nominal 2.5 %, and an exact
+    binomial test over 4,000 simulated studies tells that from twice it (5 %)."""
+    import numpy as np
+    from scipy.stats import binomtest
+
+    from af1 import claims
+
+    gap = [-2.0, -1.0, -3.0, -2.0]
+    claim = claims.share_above("key_head", "s", [-1.0, -0.2, -1.5, -0.9], [0.0, 0.0, -0.3, 0.1], gap, 0.05, "here")
+    assert claim["estimate"] == pytest.approx((-1.0 - 0.2 - 1.2 - 1.0) / -8.0)
+    still = claims.share_above("key_head", "s", [0.1, 0.2], [0.0, 0.0], [0.0, 0.5], 0.05, "here")
+    assert still["outcome"] == "not confirmed" and still["p_value"] == 1.0 and still["p_against"] == 1.0
+    monkeypatch.setattr(claims, "BOOTSTRAP", 10)  # the interval decides nothing: keep the simulation cheap
+    rng = np.random.default_rng(0)
+    made = 0
+    for _ in range(4000):
+        gap_P = -rng.uniform(0.5, 3.0, 30)
+        keep_P = rng.normal(0, 0.3, 30)
+        change_P = keep_P + 0.05 * gap_P + rng.standard_t(4, 30) * 0.2  # the share difference is the margin
+        made += claims.share_above("k", "s", change_P, keep_P, gap_P, 0.05, "here")["outcome"] == "confirmed"
+    assert made / 4000 <= 0.03 and binomtest(made, 4000, 0.05, alternative="less").pvalue < 1e-6, made
+
+
+def test_runs_are_compared_as_units_exactly():
+    """Five runs each way, every precise run above every random one: the exact one-sided p is 1 / C(10, 5)."""
+    from af1.claims import groups_greater
+
+    claim = groups_greater("precise_vs_random", "s", [0.9, 0.8, 0.85, 0.95, 0.88], [0.5, 0.6, 0.4, 0.55, 0.45], "x")
+    assert claim["p_value"] == pytest.approx(1 / 252) and claim["outcome"] == "confirmed" and claim["n"] == 10
+    assert claim["estimate"] == pytest.approx(0.876 - 0.5)
+    one = groups_greater("precise_vs_random", "s", [0.9], [0.5], "x")
+    assert one["outcome"] == "not confirmed" and one["p_value"] == 1.0
+
+
+def test_a_claim_against_random_draws_resamples_the_draws_as_well_as_the_problems():
+    """Draws that all leave a problem right where the top set does not: confirmed, even over only 10 draws; draws that
+    split, half as low as the top set on every problem: the draws' spread keeps it undecided, where a test over
+    problems alone (the draws' mean per problem, held fixed) would confirm it."""
+    from af1.claims import over_problems_and_draws, paired_greater
+
+    top = [0.0] * 40
+    every = over_problems_and_draws("top_vs_random", "s", top, [[1.0] * 40] * 10, "x", top_lower=True)
+    assert every["outcome"] == "confirmed" and every["estimate"] == 1.0 and every["p_value"] == pytest.approx(1e-4)
+    split = [[1.0] * 40] * 2 + [[0.0] * 40] * 2  # 4 draws: 2 harmless, 2 as harmful as the top set
+    held = paired_greater("top_vs_random", "s", [0.5] * 40, top, "x")
+    assert held["outcome"] == "confirmed"
+    both = over_problems_and_draws("top_vs_random", "s", top, split, "x", top_lower=True)
+    assert both["outcome"] == "not confirmed" and both["p_value"] > 0.05
+    peek = over_problems_and_draws("top_peek_vs_random", "s", [1.0] * 40, [[0.0] * 40] * 10, "x", top_lower=False)
+    assert peek["outcome"] == "confirmed" and peek["estimate"] == 1.0

@@ -218,7 +218,9 @@ def test_knockout_and_key_heads(task, tokenizer):
         == (last_logits(adapter.model, task.input_ids_PT).argmax(-1) == task.answer_ids_P).tolist()
     )
     effect = torch.tensor([[0.0, -0.2, -0.01, -0.06], [0.1, -0.5, 0.0, 0.0]])
-    assert heads.ranking.key_heads(effect) == [(1, 1), (0, 1), (0, 3)]
+    assert heads.ranking.key_heads(effect, -0.05, "relative") == [(1, 1), (0, 1), (0, 3)]
+    assert heads.ranking.key_heads(-effect, 0.05, "share") == [(1, 1), (0, 1), (0, 3)]  # a share: above it
+    assert heads.ranking.top_heads(-effect, 2, "share") == heads.ranking.top_heads(effect, 2, "relative")
     shared = heads.ranking.overlap([(1, 1), (0, 1)], [(0, 1), (2, 2)], heads_per_layer=4)
     assert {k: shared[k] for k in ("jaccard", "top_k_overlap", "k")} == {"jaccard": 1 / 3, "top_k_overlap": 0.5, "k": 2}
     # the second list redrawn within its layers: (0, 1) comes back in layer 0 one time in 4, layer 2 holds none of
@@ -497,12 +499,20 @@ def test_compare_chooses_each_learning_rate_on_validation_and_runs_every_seed(to
         "same layer": 0,
         "nearest layer": 0,
     }
-    kinds = [(c["kind"], c["family"]) for c in result.claims]  # paired on the same held-out problems, adjusted
+    kinds = [(c["kind"], c["family"]) for c in result.claims]  # the run as the unit, adjusted together
     assert kinds == [
         ("precise_vs_random", "fine-tuning: 2 tests, Holm"),
         ("precise_vs_full", "fine-tuning: 2 tests, Holm"),
     ]
-    assert all(c["n"] == 12 for c in result.claims) and len(result.base_correct) == 12
+    precise_vs_random, precise_vs_full = result.claims  # 2 runs and 3 draws: 5 units; 2 and 2 runs: 4
+    assert precise_vs_random["n"] == 5 and precise_vs_full["n"] == 4 and len(result.base_correct) == 12
+    accuracies = {
+        name: [run["arithmetic_accuracy"] for run in getattr(result, name)["runs"]]
+        for name in ("precise", "random_heads")
+    }
+    mean_gap = sum(accuracies["precise"]) / 2 - sum(accuracies["random_heads"]) / 3
+    assert precise_vs_random["estimate"] == pytest.approx(mean_gap)
+    assert (precise_vs_random["p_value"] or 0) >= 1 / 10  # 2 against 3 runs: at least 1 / C(5, 2)
     assert all(len(run["correct"]) == 12 for name in ("precise", "full") for run in getattr(result, name)["runs"])
     assert result.precise["lr_at_edge"] is True  # a grid of two: whichever is chosen is its edge
     low, high = result.base["perplexity_ci"]
@@ -603,9 +613,11 @@ def test_the_full_answer_ranking_finds_the_head_of_each_answer_token_and_the_fir
     assert float(others.abs().max()) < 1e-6  # no other head writes
     # the first token reads the second token's head only through the final norm's scale (measured: 0.0035 vs 0.17)
     assert float(only_first[1, 2].abs()) < 0.1 * float(full[1, 2].abs())
-    assert set(heads.ranking.top_heads(full, 2)) == {(0, 1), (1, 2)}
-    assert set(heads.ranking.key_heads(full)) == {(0, 1), (1, 2)}
-    assert heads.ranking.key_heads(only_first) == [(0, 1)]  # the first-token ranking misses the second token's head
+    assert set(heads.ranking.top_heads(full, 2, "relative")) == {(0, 1), (1, 2)}
+    assert set(heads.ranking.key_heads(full, -0.05, "relative")) == {(0, 1), (1, 2)}
+    assert heads.ranking.key_heads(only_first, -0.05, "relative") == [
+        (0, 1)
+    ]  # the first-token ranking misses the second token's head
     assert pp["full"]["answer_steps_n"] == {"0": 12, "1": 12} and pp["first"]["answer_steps_n"] == {"0": 12}
 
 
@@ -634,19 +646,37 @@ def test_knock_outs_leave_each_problems_own_state_out_of_its_mean(tokenizer):
     assert float(((old.p_correct_P - loo.p_correct_P) / loo.p_correct_P).abs().max()) > 1e-3  # it matters
 
 
-def test_an_operand_counterfactual_is_drawn_per_problem_and_keeps_the_layout(tokenizer):
+def test_an_operand_counterfactual_is_drawn_per_problem_with_its_answer_and_an_answer_keeping_control(tokenizer):
+    """Operand b takes another value of the same digits; operand a then takes one that changes the answer (the
+    counterfactual) and one that keeps it (its control), so both change the same positions; each problem's
+    counterfactual answer is written as its own answer is, and the draws do not depend on the sample."""
     task = build_task(TaskSpec(operation="a+b", style="calculate", digits=2, shots=2, n=10, seed=3), tokenizer)
     cf = counterfactual(task, tokenizer, "b")
-    assert cf.kind == "B" and cf.input_ids_PT.shape == task.input_ids_PT.shape
-    assert all(task.layout[t] == "B" for t in cf.changed_positions)
-    for i, (p, value) in enumerate(zip(task.problems, cf.replacements, strict=True)):
-        assert value != str(p.operands[1]) and len(value) == 2
-        text = p.text[: len(p.text) - len(p.prompt)] + p.prompt.replace(str(p.operands[1]), value, 1)
-        if p.operands[0] != p.operands[1]:  # the replaced one is the second operand
-            assert tokenizer(text)["input_ids"] == cf.input_ids_PT[i].tolist()
+    assert cf.kind == "B" and cf.input_ids_PT.shape == task.input_ids_PT.shape and cf.defines_answers
+    assert {task.layout[t] for t in cf.changed_positions} == {"A", "B"}
+    control = cf.controlled()
+    assert control is not None and all(c is not None for c in cf.control)
+    for i, p in enumerate(task.problems):
+        drawn = dict(part.split("=") for part in cf.replacements[i].split(", "))
+        a, b = int(drawn["A"]), int(drawn["B"])
+        assert b != p.operands[1] and a != p.operands[0] and len(drawn["A"]) == len(drawn["B"]) == 2
+        prefix = p.text[: len(p.text) - len(p.prompt)]
+        assert tokenizer(prefix + f"Calculate: {a} + {b} = ")["input_ids"] == cf.input_ids_PT[i].tolist()
+        assert cf.answer_ids[i] == tuple(tokenizer(f"{a + b}")["input_ids"]) and a + b != p.answer
+        kept = tokenizer.decode(control.input_ids_PT[i, -8:])  # the same b, the answer kept
+        a_kept = int(kept.split("Calculate: ")[-1].split(" +")[0])
+        assert f"+ {b} =" in kept and a_kept + b == p.answer
+        changed = (control.input_ids_PT[i] != task.input_ids_PT[i]).nonzero().flatten().tolist()
+        assert {task.layout[t] for t in changed} == {"A", "B"}
     again = counterfactual(task.subset([3, 7]), tokenizer, "b")  # drawn per problem: the same in any sample
     assert again.replacements == [cf.replacements[3], cf.replacements[7]]
-    assert cf.rows()[0] == {"counterfactual_input_ids": cf.input_ids_PT[0].tolist(), "replacement": cf.replacements[0]}
+    row = cf.rows()[0]
+    assert row["counterfactual_input_ids"] == cf.input_ids_PT[0].tolist() and row["replacement"] == cf.replacements[0]
+    assert (
+        row["counterfactual_answer_ids"] == list(cf.answer_ids[0] or []) and row["control_input_ids"] == cf.control[0]
+    )
+    operator = counterfactual(task, tokenizer, "operator")
+    assert not operator.defines_answers and operator.controlled() is None
     with pytest.raises(Af1Error, match="operator or one of a, b"):
         counterfactual(task, tokenizer, "z")
 
@@ -665,14 +695,15 @@ def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokeniz
     lm = LoadedModel(model, tokenizer, ModelAdapter(model))
     done = Evaluated(task, everything, id(model))
     settings = heads.ranking.Settings(
-        threshold=-0.05, k=3, draws=2, path="direct", metric="relative", split=(0.5, 4), split_from="test", kind="b"
+        threshold=0.3, k=3, draws=2, path="direct", metric="share", split=(0.5, 4), split_from="test", kind="b"
     )
     result = heads.study.study(lm, spec, settings, second_kind=None, compare_specs=[], done=done)
     from af1.stats import split_indices
 
     sel, conf = split_indices(len(task), 0.5, 4)
     assert result.split["n_selection"] == len(sel) and result.knockout["n"] == len(conf)
-    alone = heads.ranking.ranked(lm.adapter, task.subset(sel), tokenizer, "direct", "relative", 3, "b")
+    alone = heads.ranking.ranked(lm.adapter, task.subset(sel), tokenizer, "direct", "share", 3, "b", threshold=0.3)
+    assert result.key_heads, "a head to judge"
     assert result.top_heads == [list(h) for h in alone["top_heads"]]
     chosen = {tuple(h) for h in result.top_heads + result.key_heads}
     assert all(not chosen & {tuple(h) for h in heads_} for heads_ in result.knockout["random_heads"])
@@ -686,7 +717,7 @@ def test_the_study_chooses_heads_on_one_half_and_tests_them_on_the_other(tokeniz
     confirmed = {c["subject"] for c in result.claims if c["kind"] == "key_head" and c["outcome"] == "confirmed"}
     assert {f"{h[0]}.{h[1]}" for h in result.confirmed_key_heads} == confirmed
     rows = result.counterfactual_problems
-    assert [r["solved_index"] for r in rows] == sel and all(len(r["replacement"]) == 1 for r in rows)
+    assert [r["solved_index"] for r in rows] == sel and all(r["replacement"].startswith("B=") for r in rows)
     assert result.path_patching_scoring["scoring"] == "full" and result.answer_steps_n["1"] > 0
     looks = result.attention_over_tokens  # one confirmation problem, token by token, for the report
     assert looks is not None
@@ -717,7 +748,7 @@ def test_the_heads_study_runs_where_the_mlp_logit_lens_cannot_read(tokenizer, tm
     lm = LoadedModel(model, tokenizer, ModelAdapter(model), {"spec": "tiny-gemma2"})
     monkeypatch.setattr(af1.api, "load_model", lambda *a, **k: lm)
     args = ["--model", "smollm2", "--task", "a+b", "--shots", "1", "--n", "16", "--seed", "1", "--out", str(tmp_path)]
-    code, _, err = run_cli(capsys, "heads", *args, "--draws", "2", "--k", "1", "--threshold", "-100", "--no-rank-both")
+    code, _, err = run_cli(capsys, "heads", *args, "--draws", "2", "--k", "1", "--threshold", "100", "--no-rank-both")
     assert code == 0, err
     result = json.loads((tmp_path / "heads.json").read_text())
     assert result["mlp_logit_lens_layer"] is None and result["path"] == "wang" and len(result["top_heads"]) > 0
@@ -728,7 +759,7 @@ def test_each_problems_effects_average_to_the_effects_and_patching_some_layers_m
     adapter = ModelAdapter(tiny_model("llama"))
     cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
     pp = heads.patching.path_patching(adapter, task, cf, path, batch_size=5)
-    for metric in heads.ranking.METRICS:
+    for metric in ("relative", "logit_diff"):
         per_problem = heads.ranking.problem_effects(pp, metric)
         assert per_problem.shape == (len(task), adapter.n_layers, adapter.n_heads)
         assert torch.allclose(per_problem.mean(0), heads.ranking.effect_of(pp, metric), atol=1e-6)

@@ -180,8 +180,10 @@ def test_heads_are_patched_per_layout_and_pooled_by_n(mixed, tokenizer):
     kept = prepare(lm, spec).kept
     pp, _ = heads.patching.layout_path_patching(lm.adapter, kept, tokenizer, "direct")
     parts = []
-    for alone_spec in (short, long):
-        alone = prepare(lm, alone_spec).kept
+    for alone in kept.groups:  # each layout alone (a problem's counterfactual is drawn from the same file's values)
+        assert {p.prompt for p in alone.problems} in [
+            {p.prompt for p in prepare(lm, s).kept.problems} for s in (short, long)
+        ]
         part, _ = heads.patching.layout_path_patching(lm.adapter, alone, tokenizer, "direct")
         parts.append((len(alone), part["relative_logit_change_layer_head"]))
     expected = (parts[0][0] * parts[0][1] + parts[1][0] * parts[1][1]) / (parts[0][0] + parts[1][0])

@@ -302,6 +302,70 @@ def mean_interval(values: Sequence[float], seed: int = 0) -> list[float]:
     return [float(ci.low), float(ci.high)]
 
 
+def _mean_p(x: np.ndarray, threshold: float, alternative: Literal["less", "greater"]) -> float:
+    """One-sided one-sample t test of the mean against `threshold` (a sign test where the values do not spread)."""
+    if len(x) >= 2 and float(x.std()) > 0:
+        test: Any = scipy_stats.ttest_1samp(x, threshold, alternative=alternative)  # untyped in scipy
+        return float(test.pvalue)
+    side = x < threshold if alternative == "less" else x > threshold
+    return 0.5 ** len(x) if len(x) >= 2 and bool(side.all()) else 1.0  # one problem, or no spread: a sign test
+
+
+def share_above(
+    kind: str,
+    statement: str,
+    change_P: Sequence[float],
+    keep_P: Sequence[float],
+    gap_P: Sequence[float],
+    margin: float,
+    measured_on: str,
+    subject: str | None = None,
+    seed: int = 0,
+) -> Claim:
+    """'The share of the way to the counterfactual's answer moved under the answer-changing counterfactual exceeds
+    the share under the answer-keeping one by more than `margin`': per problem the changes of the logit difference
+    (`change_P`, `keep_P`) and the counterfactual run's own (`gap_P`); the estimate is sum(change - keep) / sum(gap)
+    with its bootstrap interval (problems resampled). With sum(gap) < 0 the claim is mean((change - keep) - margin *
+    gap) < 0: a one-sided t test, rejected by the test the other way; a counterfactual that does not move the
+    answer towards its own (sum(gap) >= 0) decides nothing."""
+    c, k, g = (np.asarray(v, dtype=float) for v in (change_P, keep_P, gap_P))
+    keep = np.isfinite(c) & np.isfinite(k) & np.isfinite(g)
+    d, g = (c - k)[keep], g[keep]
+    moved = len(g) >= 1 and float(g.sum()) < 0
+    x = d - margin * g
+    estimate = float(d.sum() / g.sum()) if moved else float("nan")
+    ci = [estimate, estimate]
+    if moved and len(d) >= 2 and float(np.abs(d).max()) > 0:
+        interval = scipy_stats.bootstrap(
+            (d, g),
+            lambda a, b, axis: a.sum(axis) / b.sum(axis),
+            paired=True,
+            vectorized=True,
+            confidence_level=0.95,
+            n_resamples=BOOTSTRAP,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        ).confidence_interval
+        ci = [float(interval.low), float(interval.high)]
+    return tested(
+        kind,
+        statement,
+        f"share difference sum(change - keep) / sum(gap) against {margin}: one-sided t test of (change - keep) - "
+        f"{margin} * gap below 0 over problems (a sign test where the values do not spread; nothing is decided where "
+        "the counterfactual does not move the answer towards its own); rejected by the one-sided test above it",
+        measured_on,
+        len(d),
+        estimate,
+        ci,
+        _mean_p(x, 0.0, "less") if moved else 1.0,
+        "greater",
+        margin,
+        baseline=margin,
+        subject=subject,
+        p_against=_mean_p(x, 0.0, "greater") if moved else 1.0,
+    )
+
+
 def mean_below(
     kind: str,
     statement: str,
@@ -318,11 +382,7 @@ def mean_below(
     x = x[np.isfinite(x)]
 
     def p_of(alternative: Literal["less", "greater"]) -> float:
-        if len(x) >= 2 and float(x.std()) > 0:
-            test: Any = scipy_stats.ttest_1samp(x, threshold, alternative=alternative)  # untyped in scipy
-            return float(test.pvalue)
-        side = x < threshold if alternative == "less" else x > threshold
-        return 0.5 ** len(x) if len(x) >= 2 and bool(side.all()) else 1.0  # one problem, or no spread: a sign test
+        return _mean_p(x, threshold, alternative)
 
     return tested(
         kind,
@@ -391,6 +451,117 @@ def paired_greater(
         baseline=0.0,
         subject=subject,
         p_against=p_of("less") if one_sided else None,
+    )
+
+
+def groups_greater(
+    kind: str,
+    statement: str,
+    first: Sequence[float],
+    second: Sequence[float],
+    measured_on: str,
+    alternative: Literal["greater", "two-sided"] = "greater",
+    unit: str = "runs",
+    seed: int = 0,
+) -> Claim:
+    """'`first`'s units are larger than `second`'s on average' (or, two-sided, 'differ'), the units independent
+    (training runs, each with its own seed): a permutation test of the difference of means over the units' labels
+    (exact where the splits are fewer than its resamples), with the bootstrap interval of the difference; one-sided,
+    rejected by the test the other way. With n1 and n2 units the smallest p is 1 / C(n1 + n2, n1) (5 and 5: 1/252)."""
+    a, b = np.asarray(first, dtype=float), np.asarray(second, dtype=float)
+
+    def p_of(side: Literal["greater", "less", "two-sided"]) -> float:
+        if len(a) < 2 or len(b) < 2 or float(np.ptp(np.concatenate([a, b]))) == 0:
+            return 1.0  # a variant of one run cannot be told from another
+        return float(
+            scipy_stats.permutation_test(
+                (a, b),
+                lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),
+                permutation_type="independent",
+                alternative=side,
+                n_resamples=RESAMPLES,
+                vectorized=True,
+                rng=np.random.default_rng(seed),
+            ).pvalue
+        )
+
+    estimate = float(a.mean() - b.mean()) if len(a) and len(b) else float("nan")
+    ci = [estimate, estimate]
+    if len(a) >= 2 and len(b) >= 2 and float(np.ptp(np.concatenate([a, b]))) > 0:
+        interval = scipy_stats.bootstrap(
+            (a, b),
+            lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),
+            vectorized=True,
+            confidence_level=0.95,
+            n_resamples=BOOTSTRAP,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        ).confidence_interval
+        ci = [float(interval.low), float(interval.high)]
+    one_sided = alternative == "greater"
+    smallest = 1 / math.comb(len(a) + len(b), len(a)) if len(a) and len(b) else 1.0
+    return tested(
+        kind,
+        statement,
+        f"permutation test of the difference of means over {unit} ({len(a)} and {len(b)}, independent; "
+        f"{'one-sided' if one_sided else 'two-sided'}; exact where the splits are fewer than {RESAMPLES:,}; at least "
+        f"{smallest:.3g})" + ("; rejected by the one-sided test the other way" if one_sided else ""),
+        measured_on,
+        len(a) + len(b),
+        estimate,
+        ci,
+        p_of(alternative),
+        alternative,
+        0.0,
+        baseline=0.0,
+        p_against=p_of("less") if one_sided else None,
+    )
+
+
+def over_problems_and_draws(
+    kind: str,
+    statement: str,
+    top_P: Sequence[float],
+    random_DP: Sequence[Sequence[float]],
+    measured_on: str,
+    top_lower: bool,
+    seed: int = 0,
+) -> Claim:
+    """'The top set's value per problem is lower (`top_lower`; else higher) than random draws' on average', over
+    problems and over draws as random effects: a hierarchical bootstrap that resamples the draws, then the problems
+    (9,999 resamples), of the mean difference (the random draws' mean minus the top set's, or the reverse), the
+    claim confirmed where the share of resamples at or below 0 is small (p = (1 + those) / 10,000) and rejected the
+    other way; its interval the resamples' 95 % percentile interval."""
+    t = np.asarray(top_P, dtype=float)
+    y = np.asarray(random_DP, dtype=float).reshape(-1, len(t))
+    sign = 1.0 if top_lower else -1.0
+    d_obs = sign * (float(y.mean()) - float(t.mean())) if len(t) and len(y) else float("nan")
+    p, against, ci = 1.0, 1.0, [d_obs, d_obs]
+    if len(t) >= 2 and len(y) >= 2:
+        rng = np.random.default_rng(seed)
+        D, P = y.shape
+        counts_BD = np.stack([np.bincount(r, minlength=D) for r in rng.integers(0, D, (RESAMPLES, D))])
+        counts_BP = np.stack([np.bincount(r, minlength=P) for r in rng.integers(0, P, (RESAMPLES, P))])
+        random_B = ((counts_BD @ y) * counts_BP).sum(1) / (D * P)
+        stat_B = sign * (random_B - counts_BP @ t / P)
+        p = float((1 + (stat_B <= 0).sum()) / (RESAMPLES + 1))
+        against = float((1 + (stat_B >= 0).sum()) / (RESAMPLES + 1))
+        ci = [float(np.percentile(stat_B, 2.5)), float(np.percentile(stat_B, 97.5))]
+    return tested(
+        kind,
+        statement,
+        f"hierarchical bootstrap over the {len(y)} draws and then the {len(t)} problems ({RESAMPLES:,} resamples, "
+        f"one-sided; at least 1 / {RESAMPLES + 1:,}) of the draws' mean minus the top set's; rejected by the "
+        "resamples the other way",
+        measured_on,
+        len(t),
+        d_obs,
+        ci,
+        p,
+        "greater",
+        0.0,
+        baseline=0.0,
+        p_against=against,
     )
 
 

@@ -38,26 +38,39 @@ class Options(base.GatedOptions):
         "the confirmation part's knock-outs and key-head claims stay exact. An estimate can miss a saturating head "
         "(SmolLM2's strongest ranks last): `af1 attribution` compares both",
     )
-    metric: Literal["relative", "logit_diff"] = Field(
-        default="relative",
-        description="key heads by the relative change of the correct logit, or by the change of (correct - top "
-        "wrong) as a share of the clean logit difference",
+    metric: Literal["share", "relative", "logit_diff"] = Field(
+        default="share",
+        description="share: heads by the share of the way they move (correct - the counterfactual's answer) towards "
+        "the counterfactual run's, key heads claimed against the answer-keeping control (a counterfactual with no "
+        "answer, the operator's, falls back to relative and claims no key head); relative: the relative change of "
+        "the correct logit; logit_diff: the change of (correct - top wrong) over the clean difference (both "
+        "descriptive)",
     )
-    threshold: float = Field(default=-0.05, description="the metric's value below which a head is a key head")
+    threshold: float | None = Field(
+        default=None,
+        description="where a head is key: a share above it (default 0.05), a relative or logit_diff change below it "
+        "(default -0.05)",
+    )
     k: int | None = Field(
         default=None, ge=1, description="heads knocked out, top-k vs random-k (default: 10, at most a quarter)"
     )
-    draws: int = Field(default=10, ge=1, description="random draws of k heads (from the heads not chosen)")
+    draws: int = Field(
+        default=39,
+        ge=1,
+        description="random draws of k heads (from the heads not chosen, matched on place and ablation size); the "
+        "top set's rank among them decides the claim with the problems' test: 39 draws reach p 0.025",
+    )
     counterfactual: str | None = Field(
         default=None,
-        description="built-in tasks: operator (the operator replaced by a null symbol or word) or an operand, a, b, "
-        "... (replaced per problem by another value of the same token length); a task file replaces the slot it "
-        "names. It ranks the key and top heads that are knocked out and compared with AF1 (default: operator)",
+        description="built-in tasks: an operand, a, b, ... (replaced per problem by another value of the same token "
+        "length, another operand redrawn so that the positions match an answer-keeping control) or operator (a "
+        "null symbol or word: no answer, so no key-head claim); a task file replaces the slot it names. It ranks "
+        "the key and top heads that are knocked out and compared with AF1 (default: a)",
     )
     rank_both: bool = Field(
         default=True,
-        description="built-in tasks: also path-patch with the other counterfactual (operand a beside the operator, "
-        "the operator beside an operand) on the same selection part, to show both rankings side by side (path "
+        description="built-in tasks: also path-patch with the other counterfactual (the operator beside an operand, "
+        "operand a beside the operator) on the same selection part, to show both rankings side by side (path "
         "patching only: about doubles its time, no knock-outs)",
     )
     selection: float = Field(
@@ -112,14 +125,14 @@ class Heads(base.Experiment):
         if not 1 <= k <= n_heads // 2:
             raise Af1Error(f"k {k} is out of range: the model has {n_heads} heads, and random-k draws need k others")
         others = compare_specs(spec, options.compare)
-        kind = options.counterfactual
+        kind = options.counterfactual or (None if spec.file is not None else "a")
         if spec.file is not None and kind not in (None, "operator"):
             raise Af1Error(
                 f"counterfactual {kind!r}: a task file names the slot it replaces (counterfactual: {{slot: ...}})"
             )
         second = None
         if spec.file is None and options.rank_both:
-            second = "a" if kind in (None, "operator") else "operator"
+            second = "a" if kind == "operator" else "operator"
         search = searched(inputs)
         split, split_from = (options.selection, options.split_seed), heads.ranking.OWN_SPLIT
         if search is not None:  # the search's split: the heads are chosen on its selection half only

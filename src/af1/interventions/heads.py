@@ -3,6 +3,7 @@ mean-ablated to), and random heads matched to chosen ones."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -67,11 +68,16 @@ def head_sums(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> HeadSu
 
 
 def matched_heads(
-    adapter: ModelAdapter, like: list[tuple[int, int]], seed: int, exclude: list[tuple[int, int]]
+    adapter: ModelAdapter,
+    like: list[tuple[int, int]],
+    seed: int,
+    exclude: list[tuple[int, int]],
+    size_LH: torch.Tensor | None = None,
 ) -> tuple[list[tuple[int, int]], dict[str, int]]:
     """As many heads as `like`, drawn (seeded) head by head from the same layer and key/value group, else the same
-    layer, else the nearest layer with one left, never an excluded head or one drawn already; with how many were
-    matched at each level."""
+    layer, else the nearest layer with one left, never an excluded head or one drawn already; with `size_LH` (how
+    far ablating each head moves the state) from the half of those candidates nearest in size (by ratio); with how
+    many were matched at each level."""
     rng = random.Random(seed)
     taken = set(exclude) | set(like)
     group = max(1, adapter.n_heads // adapter.n_kv_heads)
@@ -90,6 +96,8 @@ def matched_heads(
             free = [x for x in pool if x not in taken]
             if level == "nearest layer":  # the closest layer that has a head left
                 free = [x for x in free if abs(x[0] - layer) == abs(free[0][0] - layer)] if free else []
+            if free and size_LH is not None:
+                free = _nearest_half(free, size_LH, float(size_LH[layer, h]))
             if free:
                 pick = rng.choice(free)
                 drawn.append(pick)
@@ -101,10 +109,21 @@ def matched_heads(
     return drawn, levels
 
 
+def _nearest_half(free: list[tuple[int, int]], size_LH: torch.Tensor, size: float) -> list[tuple[int, int]]:
+    """The half of the candidates (at least one) whose size is nearest `size` by ratio, in their own order."""
+    distance = {x: abs(math.log((float(size_LH[x]) + 1e-12) / (size + 1e-12))) for x in free}
+    nearest = set(sorted(free, key=lambda x: distance[x])[: max(1, math.ceil(len(free) / 2))])
+    return [x for x in free if x in nearest]
+
+
 def matched_draws(
-    adapter: ModelAdapter, like: list[tuple[int, int]], seeds: range, exclude: list[tuple[int, int]]
+    adapter: ModelAdapter,
+    like: list[tuple[int, int]],
+    seeds: range,
+    exclude: list[tuple[int, int]],
+    size_LH: torch.Tensor | None = None,
 ) -> tuple[list[list[tuple[int, int]]], dict[str, int]]:
     """One `matched_heads` draw per seed, and over all of them how many heads were matched at each level."""
-    draws = [matched_heads(adapter, like, seed, exclude) for seed in seeds]
+    draws = [matched_heads(adapter, like, seed, exclude, size_LH) for seed in seeds]
     levels = {level: sum(counts[level] for _, counts in draws) for level in (draws[0][1] if draws else {})}
     return [drawn for drawn, _ in draws], levels

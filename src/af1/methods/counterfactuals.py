@@ -4,7 +4,6 @@ another value, or a task file's slot by another of its values, drawn per problem
 from __future__ import annotations
 
 import dataclasses
-import random
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from af1.errors import Af1Error
+from af1.methods.replacements import Slots, answer_ids, draw_pair, splice
 from af1.tasks.builtin import NAMES, OPERATIONS, prompt_template
+from af1.tasks.files import answer_of as file_answer
 from af1.tasks.files import read_task_file, slot_values
 from af1.tasks.task import Task
 
@@ -39,30 +40,74 @@ NULL_WORDS = ("nothing", "thing", "stuff", "none", "null", "blank")
 @dataclass
 class Counterfactual:
     """One counterfactual prompt per problem (same length and positions as its clean prompt), what was put in:
-    `replacement` says it in one line, `replacements` per problem (drawn per problem for an operand or a slot), and
-    the positions that change in some problem."""
+    `replacement` says it in one line, `replacements` per problem (drawn per problem for an operand or a slot), the
+    positions that change in some problem, each problem's answer under it (`answer_ids`, None where it defines none:
+    a null operator or value) and the matched answer-keeping counterfactual (`control`: the same positions changed,
+    the answer kept; its rows are None where a problem has none)."""
 
     input_ids_PT: torch.Tensor
     replacement: str
     changed_positions: list[int]  # the positions the counterfactual changes (the operator, an operand or a slot)
     replacements: list[str] = field(default_factory=list)
     kind: str = "operator"  # operator, an operand's name (A, B, ...) or, for a task file, "slot <name>"
+    answer_ids: list[tuple[int, ...] | None] = field(default_factory=list)
+    control: list[list[int] | None] = field(default_factory=list)  # per problem: the answer-keeping prompt's ids
 
     def at_step(self, step: Task) -> Counterfactual:
         """The counterfactual of an answer step (`Task.steps()`): each of its rows' counterfactual prompt followed by
         the same teacher-forced answer tokens as the clean row."""
-        rows = step.rows_in_parent
+        rows = step.rows_in_parent.tolist()
         T = self.input_ids_PT.shape[1]
         ids = torch.cat([self.input_ids_PT[rows], step.input_ids_PT[:, T:]], 1)
-        drawn = [self.replacements[i] for i in rows.tolist()] if self.replacements else []
-        return dataclasses.replace(self, input_ids_PT=ids, replacements=drawn)
+        return dataclasses.replace(
+            self,
+            input_ids_PT=ids,
+            replacements=[self.replacements[i] for i in rows] if self.replacements else [],
+            answer_ids=[self.answer_ids[i] for i in rows] if self.answer_ids else [],
+            control=[self.control[i] for i in rows] if self.control else [],
+        )
+
+    @property
+    def defines_answers(self) -> bool:
+        """Whether some problem's counterfactual has a known answer other than its own (`contrast_P`)."""
+        return any(a is not None for a in self.answer_ids)
+
+    def contrast_P(self, step: Task) -> tuple[torch.Tensor, torch.Tensor]:
+        """At an answer step (this counterfactual `at_step` it): each row's counterfactual answer token r' and whether
+        it is defined there (a known answer long enough whose token differs from the clean answer's r)."""
+        k = step.step or 0
+        r_P = step.answer_ids_P
+        tokens, defined = r_P.clone(), torch.zeros(len(r_P), dtype=torch.bool)
+        for j, a in enumerate(self.answer_ids or [None] * len(r_P)):
+            if a is not None and len(a) > k and a[k] != int(r_P[j]):
+                tokens[j], defined[j] = a[k], True
+        return tokens, defined
+
+    def controlled(self) -> Counterfactual | None:
+        """The answer-keeping counterfactual (of the prompts, before `at_step`), contrasted with this one's answers;
+        rows without a control keep this one's prompt and are left out of the paired claims. None where no problem
+        has one."""
+        if not any(c is not None for c in self.control):
+            return None
+        rows = zip(self.control, self.input_ids_PT, strict=True)
+        ids = [torch.tensor(c) if c is not None else row for c, row in rows]
+        return dataclasses.replace(self, input_ids_PT=torch.stack(ids), kind=f"{self.kind} (answer kept)", control=[])
 
     def rows(self) -> list[dict[str, Any]]:
-        """Per problem: the counterfactual's token ids and what was put in (enough to rerun it)."""
-        drawn = self.replacements or [self.replacement] * len(self.input_ids_PT)
+        """Per problem: the counterfactual's token ids, what was put in, its answer's tokens and the answer-keeping
+        control's ids (enough to rerun it)."""
+        P = len(self.input_ids_PT)
+        drawn = self.replacements or [self.replacement] * P
+        answers = self.answer_ids or [None] * P
+        controls = self.control or [None] * P
         return [
-            {"counterfactual_input_ids": ids, "replacement": r}
-            for ids, r in zip(self.input_ids_PT.tolist(), drawn, strict=True)
+            {
+                "counterfactual_input_ids": ids,
+                "replacement": r,
+                "counterfactual_answer_ids": None if a is None else list(a),
+                "control_input_ids": c,
+            }
+            for ids, r, a, c in zip(self.input_ids_PT.tolist(), drawn, answers, controls, strict=True)
         ]
 
 
@@ -93,64 +138,29 @@ def _spans(
 def _splice(task: Task, tokenizer: Tokenizer, i: int, spans: list[tuple[int, int]], value: str) -> list[int]:
     """Problem i's whole input (few-shot prefix and the BOS af1 prepends included) with `value` in every span of
     its own prompt."""
-    p = task.problems[i]
-    offset = len(p.text) - len(p.prompt)
-    text = p.text
-    for a, b in sorted(spans, reverse=True):  # right to left
-        text = text[: offset + a] + value + text[offset + b :]
-    return task.encode(text, tokenizer)
+    return splice(task, tokenizer, i, [(a, b, value) for a, b in spans])
 
 
-def _draw(
-    task: Task,
-    tokenizer: Tokenizer,
-    i: int,
-    spans: list[tuple[int, int]],
-    candidates: list[str],
-    role: str,
-) -> tuple[list[int], str, list[int]] | None:
-    """The first candidate (in a seeded order per problem: the task's seed and the prompt) that, put in every span,
-    keeps the token layout and changes nothing but the `role` positions: (ids, value, changed positions)."""
-    candidates = list(candidates)
-    random.Random(f"{task.spec.seed}:{task.problems[i].prompt}").shuffle(candidates)
-    for value in candidates:
-        ids = _splice(task, tokenizer, i, spans, value)
-        if len(ids) != task.n_positions:
-            continue
-        changed = (torch.tensor(ids) != task.input_ids_PT[i]).nonzero().flatten().tolist()
-        if all(task.layout[t] == role for t in changed):
-            return ids, value, changed
-    return None
-
-
-def _drawn(
-    task: Task,
-    tokenizer: Tokenizer,
-    choices: Callable[[int], tuple[list[tuple[int, int]], list[str], str]],
-    role: str,
-    replacement: str,
-    kind: str,
-) -> Counterfactual:
-    """Every problem's drawn counterfactual (`_draw`); `choices(i)` gives its spans, its candidates and the error
-    to raise when none keeps the layout."""
-    rows, drawn, positions = [], [], set()
+def _drawn(task: Task, tokenizer: Tokenizer, slots_of: Callable[[int], Slots], name: str, kind: str) -> Counterfactual:
+    """Every problem's `draw_pair` for `name`; a problem none keeps the layout of is an error."""
+    rows, drawn, answers, controls, positions = [], [], [], [], set()
     for i in range(len(task)):
-        spans, candidates, error = choices(i)
-        found = _draw(task, tokenizer, i, spans, candidates, role)
+        found = draw_pair(task, tokenizer, i, slots_of(i), name)
         if found is None:
-            raise Af1Error(error)
-        rows.append(found[0])
-        drawn.append(found[1])
-        positions |= set(found[2])
-    return Counterfactual(torch.tensor(rows), replacement, sorted(positions), drawn, kind)
+            raise Af1Error(f"no other value of {name} keeps the token layout of {task.problems[i].prompt!r}")
+        rows.append(found.ids)
+        drawn.append(", ".join(f"{n}={v}" for n, v in found.values.items()))
+        answers.append(answer_ids(task, tokenizer, i, found.answer))
+        controls.append(found.control)
+        positions |= set((torch.tensor(found.ids) != task.input_ids_PT[i]).nonzero().flatten().tolist())
+    what = f"another value of {name}, with its answer-keeping control where one keeps the layout"
+    return Counterfactual(torch.tensor(rows), what, sorted(positions), drawn, kind, answers, controls)
 
 
 def slot_counterfactual(task: Task, tokenizer: Tokenizer) -> Counterfactual:
-    """A task file's prompts with the slot it names replaced, everywhere it stands, by its null value, or else by
-    another of the slot's values that keeps the token layout, changing only that slot's tokens. The value is drawn
-    per problem from the file's values, seeded by the task's seed and the prompt alone (so a problem gets the same
-    counterfactual in any sample or layout group); in a `distinct` task it is none of the problem's other slot
-    values."""
+    """A task file's prompts with the slot it names replaced, everywhere it stands: by its null value (which defines
+    no answer), or by another of the slot's values drawn per problem (`draw_pair`: with the answer it then has and
+    an answer-keeping control); in a `distinct` task by none of the problem's other slot values."""
 
     assert task.spec.file is not None
     described = read_task_file(task.spec.file)
@@ -159,41 +169,79 @@ def slot_counterfactual(task: Task, tokenizer: Tokenizer) -> Counterfactual:
         raise Af1Error(
             f"task file {task.spec.file} names no counterfactual slot (counterfactual: {{slot: ..., null_value: ...}})"
         )
-    values = sorted(set(slot_values(task.spec.file, described, named.slot)))
+    if named.null_value is not None:
+        return _null_slot(task, tokenizer, named.slot, named.null_value)
+    names = list(dict.fromkeys(n for p in task.problems for n, _, _ in p.spans))
+    values = {n: sorted(set(slot_values(task.spec.file, described, n))) for n in names}
+    answer = described.answer
 
-    def choices(i: int) -> tuple[list[tuple[int, int]], list[str], str]:
+    def slots_of(i: int) -> Slots:
         p = task.problems[i]
-        spans = [(a, b) for n, a, b in p.spans if n == named.slot]
-        if not spans:
+        if not any(n == named.slot for n, _, _ in p.spans):
             raise Af1Error(f"problem {p.prompt!r} has no slot '{named.slot}'")
-        own = p.prompt[spans[0][0] : spans[0][1]]
-        taken = set(p.operands) if described.distinct else {own}  # a distinct task's other slots stay distinct
-        candidates = [named.null_value] if named.null_value is not None else [v for v in values if v not in taken]
-        error = f"no value of slot '{named.slot}' keeps the token layout of {p.prompt!r} " + (
-            "(its null value has another token length)" if named.null_value is not None else ""
-        )
-        return spans, candidates, error
+        own = dict(zip(names, map(str, p.operands), strict=True))
 
-    replacement = named.null_value if named.null_value is not None else f"another value of {named.slot}"
-    return _drawn(task, tokenizer, choices, named.slot, replacement, f"slot {named.slot}")
+        def answer_of(new: dict[str, str]) -> str | None:
+            if answer is None:
+                return None
+            found = file_answer(task.spec.file or "", answer, names, new)
+            return None if found is None else answer.prefix + found
+
+        spans = {n: [(a, b) for m, a, b in p.spans if m == n] for n in names}
+        # a distinct task's slots stay distinct: no slot takes a value another slot of the problem holds
+        candidates = {n: [v for v in values[n] if not described.distinct or v not in own.values()] for n in names}
+        return Slots(own, spans, candidates, answer_of)
+
+    return _drawn(task, tokenizer, slots_of, named.slot, f"slot {named.slot}")
+
+
+def _null_slot(task: Task, tokenizer: Tokenizer, slot: str, null: str) -> Counterfactual:
+    """The slot replaced by its null value in every problem (no answer defined)."""
+    rows = []
+    for i, p in enumerate(task.problems):
+        spans = [(a, b) for n, a, b in p.spans if n == slot]
+        if not spans:
+            raise Af1Error(f"problem {p.prompt!r} has no slot '{slot}'")
+        ids = _splice(task, tokenizer, i, spans, null)
+        same_length = len(ids) == task.n_positions
+        changed = (torch.tensor(ids) != task.input_ids_PT[i]).nonzero().flatten().tolist() if same_length else []
+        if not same_length or not all(task.layout[t] == slot for t in changed):
+            raise Af1Error(
+                f"no value of slot '{slot}' keeps the token layout of {p.prompt!r} "
+                "(its null value has another token length)"
+            )
+        rows.append(ids)
+    cf = torch.tensor(rows)
+    positions = (cf != task.input_ids_PT).any(0).nonzero().flatten().tolist()
+    return Counterfactual(cf, null, positions, [null] * len(rows), f"slot {slot}", [None] * len(rows), [])
 
 
 def operand_counterfactual(task: Task, tokenizer: Tokenizer, operand: str) -> Counterfactual:
     """A built-in task's prompts with one operand replaced by another value of its range with the same digits that
-    keeps the token layout (only that operand's tokens change), drawn per problem like a task file's slot."""
+    keeps the token layout, drawn per problem (`draw_pair`: another operand takes a value that changes the answer,
+    and in the answer-keeping control one that keeps it)."""
     spec = task.spec
-    if operand not in NAMES[: OPERATIONS[spec.operation].n_operands]:
-        names = ", ".join(n.lower() for n in NAMES[: OPERATIONS[spec.operation].n_operands])
-        raise Af1Error(f"unknown counterfactual '{operand.lower()}' for {spec.operation}: operator or one of {names}")
+    operation = OPERATIONS[spec.operation]
+    names = list(NAMES[: operation.n_operands])
+    if operand not in names:
+        raise Af1Error(
+            f"unknown counterfactual '{operand.lower()}' for {spec.operation}: operator or one of "
+            + ", ".join(n.lower() for n in names)
+        )
 
-    def choices(i: int) -> tuple[list[tuple[int, int]], list[str], str]:
+    def slots_of(i: int) -> Slots:
         p = task.problems[i]
-        own = str(p.operands[NAMES.index(operand)])
-        spans = _spans(p.prompt, spec.style, spec.operation, p.operands, operand)
-        candidates = [str(v) for v in spec.operand_range if str(v) != own and len(str(v)) == len(own)]
-        return spans, candidates, f"no other value of operand {operand.lower()} keeps the token layout of {p.prompt!r}"
+        own = {n: str(v) for n, v in zip(names, p.operands, strict=True)}
+        spans = {n: _spans(p.prompt, spec.style, spec.operation, p.operands, n) for n in names}
+        candidates = {n: [str(v) for v in spec.operand_range if len(str(v)) == len(own[n])] for n in names}
 
-    return _drawn(task, tokenizer, choices, operand, f"another value of operand {operand.lower()}", operand)
+        def answer_of(new: dict[str, str]) -> str | None:
+            value = operation.apply(tuple(int(new[n]) for n in names))
+            return str(value) if value >= 0 or spec.allow_negative else None
+
+        return Slots(own, spans, candidates, answer_of)
+
+    return _drawn(task, tokenizer, slots_of, operand, operand)
 
 
 def counterfactual(task: Task, tokenizer: Tokenizer, kind: str | None = None) -> Counterfactual:
@@ -227,8 +275,20 @@ def counterfactual(task: Task, tokenizer: Tokenizer, kind: str | None = None) ->
             cf = torch.tensor(rows)
             diff = (cf != task.input_ids_PT).any(0).nonzero().flatten().tolist()
             if diff == changed and len(diff) > 0:
-                return Counterfactual(cf, null, diff, [null] * len(rows), "operator")
+                return Counterfactual(cf, null, diff, [null] * len(rows), "operator", [None] * len(rows), [])
     raise Af1Error(f"no null replacement of the operator keeps the token layout of {operation} ({style})")
+
+
+def defines_answers(task: Task, tokenizer: Tokenizer, kind: str | None) -> bool:
+    """Whether the counterfactual of `kind` gives some problem of the task (its first token layout) an answer of
+    its own: an operand, or a slot whose replacement changes the answer, does; a null operator or null value, or a
+    slot the answer does not read, does not."""
+    if task.spec.file is None and kind in (None, "operator"):
+        return False
+    try:
+        return counterfactual(task.groups[0] if task.groups else task, tokenizer, kind).defines_answers
+    except Af1Error:  # no counterfactual at all: path patching says why
+        return False
 
 
 def counterfactual_problems(

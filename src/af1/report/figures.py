@@ -203,12 +203,14 @@ def positional_figures(result: Positional, path: Path) -> Path:
 def heads_figures(result: HeadsStudy, path: Path) -> Path:
     """Path-patching effect per [layer, head] and per MLP layer, and the MLP logit lens."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), gridspec_kw={"width_ratios": [2, 1, 1]})
-    effect = np.array(result.relative_logit_change_layer_head, dtype=float)
-    lim = max(1e-6, float(np.abs(effect).max()))
-    image = axes[0].imshow(effect, origin="lower", aspect="auto", cmap="RdBu", vmin=-lim, vmax=lim)
+    name, values, key_high = result.ranked_effect()
+    effect = np.array(values, dtype=float)
+    lim = max(1e-6, float(np.nan_to_num(np.abs(effect)).max()))
+    cmap = "RdBu_r" if key_high else "RdBu"  # key heads red either way
+    image = axes[0].imshow(effect, origin="lower", aspect="auto", cmap=cmap, vmin=-lim, vmax=lim)
     axes[0].set_xlabel("head")
     axes[0].set_ylabel("layer")
-    axes[0].set_title(f"relative change of the correct logit (path patching: {result.path})")
+    axes[0].set_title(f"{name} (path patching: {result.path})", fontsize=10)
     fig.colorbar(image, ax=axes[0])
     mlp = np.array(result.relative_logit_change_mlp_layer, dtype=float)
     axes[1].barh(range(len(mlp)), mlp)

@@ -614,7 +614,8 @@ def neuron_patterns_plot(patterns: list[Pattern]) -> str:
 def heads_map(result: HeadsStudy) -> str:
     """The path-patching effect per (layer, head), layer on the y-axis, key and top heads marked; hover gives each
     head's effect and rank."""
-    effect = clean(result.relative_logit_change_layer_head)
+    name, values, key_high = result.ranked_effect()
+    effect = clean(values)
     L, H = len(effect), len(effect[0]) if effect else 0
     flat = [v for row in effect for v in row if v is not None]
     lim = max([1e-6, *(abs(v) for v in flat)])
@@ -623,7 +624,7 @@ def heads_map(result: HeadsStudy) -> str:
     where = f"on {result.split['n_selection']} selection problems, path patching: {result.path}"
     text = [
         [
-            f"layer {layer}, head {h}<br>relative change of the correct logit {fmt(effect[layer][h])}<br>"
+            f"layer {layer}, head {h}<br>{name} {fmt(effect[layer][h])}<br>"
             + ("past the key threshold here" if (layer, h) in keys else "not past the key threshold here")
             + (f", top {top.index((layer, h)) + 1}" if (layer, h) in top else "")
             + f"<br>{where}"
@@ -640,8 +641,8 @@ def heads_map(result: HeadsStudy) -> str:
             "zmin": -lim,
             "zmax": lim,
             "colorscale": "RdBu",
-            "reversescale": True,  # negative (the correct logit falls: a key head) red, as in the PNG
-            "colorbar": {"title": {"text": "relative change"}},
+            "reversescale": not key_high,  # a key head red either way, as in the PNG
+            "colorbar": {"title": {"text": "share" if key_high else "relative change"}},
             "text": text,
             "hovertemplate": "%{text}<extra></extra>",
             "xgap": 1,
@@ -664,7 +665,7 @@ def heads_map(result: HeadsStudy) -> str:
             }
         )
     layout = {
-        "title": {"text": f"relative change of the correct logit ({html.escape(where)})", "font": {"size": 13}},
+        "title": {"text": f"{name} ({html.escape(where)})", "font": {"size": 13}},
         "xaxis": {"title": {"text": "head"}, "dtick": 1},
         "yaxis": {"title": {"text": "layer"}, "dtick": 1},
         "height": min(900, 300 + 18 * L),

@@ -302,14 +302,15 @@ def _template_items(path: Path, task: TaskFile) -> list[Item]:
             if name:
                 spans.append((name, len(prompt), len(prompt) + len(chosen[name])))
                 prompt += chosen[name]
-        answer = _answer(path, task.answer, names, chosen)
+        answer = answer_of(path, task.answer, names, chosen)
         if answer is None:
             continue  # a combination the table does not answer is not a problem of the task
         items.append(Item(prompt, task.answer.prefix + answer, None, tuple(chosen.items()), tuple(spans)))
     return items
 
 
-def _answer(path: Path, answer: Answer, names: list[str], chosen: dict[str, str]) -> str | None:
+def answer_of(path: str | Path, answer: Answer, names: list[str], chosen: dict[str, str]) -> str | None:
+    """A template row's answer for these slot values (without its prefix); None where a table does not answer it."""
     if answer.table is not None:
         return answer.table.get("|".join(chosen[n] for n in names))
     if answer.slot is not None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, adjust, paired_greater
+from af1.claims import Claim, adjust, groups_greater
 from af1.errors import Af1Error
 from af1.interventions.heads import matched_draws
 from af1.methods.finetune.slices import GQA_CHOICE, check_frozen, head_slices, save_slices
@@ -294,25 +294,31 @@ def share_right(variant: Variant) -> list[float]:
     return bits.mean(0).tolist()
 
 
+def run_accuracies(variant: Variant) -> list[float]:
+    """Each run's held-out accuracy: the unit the claims generalise over (a run is a seed, or a draw of heads)."""
+    return [run["arithmetic_accuracy"] for run in variant["runs"]]
+
+
 def compared_claims(done: dict[str, Variant], draws: int, n_held_out: int) -> list[Claim]:
-    """Precise against random heads (one-sided) and against full tuning (two-sided), paired over the same held-out
-    problems, adjusted together (Holm)."""
-    on = f"the {n_held_out} held-out problems"
-    precise = share_right(done["precise"])
+    """Precise against random heads (one-sided) and against full tuning (two-sided), with the training run as the
+    unit (each variant's runs' held-out accuracies, an exact permutation test), adjusted together (Holm)."""
+    on = f"the {n_held_out} held-out problems, each run's accuracy one unit"
+    precise = run_accuracies(done["precise"])
     claims = [
-        paired_greater(
+        groups_greater(
             "precise_vs_random",
-            f"tuning the chosen heads leaves more held-out problems right than tuning these {draws} draws "
-            "of matched random heads (held fixed)",
+            f"tuning the chosen heads leaves more held-out problems right than tuning matched random heads (over "
+            f"training runs: {len(precise)} seeds against {draws} draws of random heads, each its own run)",
             precise,
-            share_right(done["random_heads"]),
+            run_accuracies(done["random_heads"]),
             on,
         ),
-        paired_greater(
+        groups_greater(
             "precise_vs_full",
-            "tuning the chosen heads and tuning the whole model differ on the held-out problems",
+            "tuning the chosen heads and tuning the whole model differ on the held-out problems (over training "
+            "runs: the seeds of each)",
             precise,
-            share_right(done["full"]),
+            run_accuracies(done["full"]),
             on,
             alternative="two-sided",
         ),

@@ -59,11 +59,13 @@ def attribution_step(
     batch_size: int = 16,
     weight_P: torch.Tensor | None = None,
     layers: Sequence[int] | None = None,
+    contrast_P: torch.Tensor | None = None,
 ) -> EffectSums:
     """Attribution patching of every head and MLP (of `layers`, else every layer) on one answer step, as
     `downstream_path_patching` measures them exactly: per problem (rows weighted by weight_P) the estimated relative
     change of the correct logit, (gradient of the correct logit) . (counterfactual - clean value) / |clean logit|,
-    and the estimated change of (correct - clean top wrong)."""
+    and the estimated change of (correct - clean top wrong, or `contrast_P` where given); the counterfactual run's
+    change of that difference is measured, not estimated."""
     L, H, d = adapter.n_layers, adapter.n_heads, adapter.head_dim
     P = len(task)
     sums = EffectSums.zeros(P, L, H, layers)
@@ -72,18 +74,21 @@ def attribution_step(
     sites = [s for layer in patched for s in (head_inputs(layer), mlp_output(layer))]
     for sl in batches(P, batch_size):
         with torch.no_grad(), record(adapter, sites, last_only=True) as corrupt:
-            forward_last(adapter.model, cf.input_ids_PT[sl], task.context_len)
+            cf_BV = forward_last(adapter.model, cf.input_ids_PT[sl], task.context_len)
         with last_position_leaves(adapter, sites) as (clean, zeros):
             logits_BV = forward_last(adapter.model, task.input_ids_PT[sl], task.context_len)
             answer_B = task.answer_ids_P[sl]
             wrong_BV = logits_BV.detach().clone()
             wrong_BV[torch.arange(len(answer_B)), answer_B] = -math.inf
             correct_B = logits_BV.gather(1, answer_B[:, None])[:, 0]
-            wrong_B = logits_BV.gather(1, wrong_BV.argmax(-1, keepdim=True))[:, 0]
+            against_B = wrong_BV.argmax(-1) if contrast_P is None else contrast_P[sl].to(logits_BV.device)
+            wrong_B = logits_BV.gather(1, against_B[:, None])[:, 0]
             leaves = [zeros[s] for s in sites]
             grad_correct = torch.autograd.grad(correct_B.sum(), leaves, retain_graph=True)
             grad_diff = torch.autograd.grad((correct_B - wrong_B).sum(), leaves)
         w_B = weight_P[sl]
+        cf_gap_B = cf_BV.gather(1, answer_B[:, None].to(cf_BV.device)) - cf_BV.gather(1, against_B[:, None])
+        sums.gap_P[sl] = (cf_gap_B[:, 0].float().cpu() - (correct_B - wrong_B).detach().float().cpu()) * w_B
         scale_B = w_B / correct_B.detach().abs().clamp(min=1e-6)
         for i, site in enumerate(sites):
             change = (corrupt[site] - clean[site]).float()

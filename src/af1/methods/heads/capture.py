@@ -40,11 +40,20 @@ class AnswerRows:
     bias_BR: torch.Tensor | None
 
     @classmethod
-    def of(cls, adapter: ModelAdapter, clean_logits_BV: torch.Tensor, answer_B: torch.Tensor) -> AnswerRows:
-        """The rows of each problem's correct token and of the clean run's best wrong token."""
-        wrong = clean_logits_BV.clone()
-        wrong[torch.arange(len(answer_B)), answer_B] = -float("inf")
-        return cls.read(adapter, torch.stack([answer_B, wrong.argmax(-1)], -1))
+    def of(
+        cls,
+        adapter: ModelAdapter,
+        clean_logits_BV: torch.Tensor,
+        answer_B: torch.Tensor,
+        contrast_B: torch.Tensor | None = None,
+    ) -> AnswerRows:
+        """The rows of each problem's correct token and of the token it is contrasted with: the counterfactual's
+        answer token where given, else the clean run's best wrong token."""
+        if contrast_B is None:
+            wrong = clean_logits_BV.clone()
+            wrong[torch.arange(len(answer_B)), answer_B] = -float("inf")
+            contrast_B = wrong.argmax(-1)
+        return cls.read(adapter, torch.stack([answer_B, contrast_B.to(answer_B.device)], -1))
 
     @classmethod
     def read(cls, adapter: ModelAdapter, pair_B2: torch.Tensor) -> AnswerRows:
@@ -73,6 +82,16 @@ def direct_effects(
     return logit_change_rows(answer.logits(adapter, final_BD[None] + both), weight_B)
 
 
+def counterfactual_gap(
+    adapter: ModelAdapter, unembed: AnswerRows, clean_BD: torch.Tensor, corrupt_BD: torch.Tensor, weight_B: torch.Tensor
+) -> torch.Tensor:
+    """[B]: how far the counterfactual run moves each problem's logit difference (its final state against the
+    clean one, through the same arithmetic), weighted."""
+    both = unembed.logits(adapter, torch.stack([clean_BD, corrupt_BD.to(clean_BD.device)]))
+    ld_ZB = both[..., 0] - both[..., 1]
+    return ((ld_ZB[1] - ld_ZB[0]) * weight_B.to(ld_ZB.device)).cpu()
+
+
 def logit_change_rows(
     logits_ZBR: torch.Tensor, weight_B: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,14 +105,16 @@ def logit_change_rows(
 
 
 class Effects(TypedDict):
-    """Per sender the mean path-patching effects ([layer, head]; [layer] for the MLPs) and the clean logit
-    difference they are measured against."""
+    """Per sender the mean path-patching effects ([layer, head]; [layer] for the MLPs), the clean logit difference
+    they are measured against, and the counterfactual run's change of it (`counterfactual_gap`: the whole way to
+    the counterfactual's answer, where the logit difference is against that answer; `CONTRASTS`)."""
 
     relative_logit_change_layer_head: torch.Tensor
     logit_diff_change_layer_head: torch.Tensor
     relative_logit_change_mlp_layer: torch.Tensor
     logit_diff_change_mlp_layer: torch.Tensor
     clean_logit_diff: float
+    counterfactual_gap: float
 
 
 class ProblemEffects(Effects):
@@ -101,6 +122,11 @@ class ProblemEffects(Effects):
 
     relative_logit_change_problem_layer_head: torch.Tensor
     logit_diff_change_problem_layer_head: torch.Tensor
+    counterfactual_gap_problem: torch.Tensor  # [P]
+
+
+# what the logit difference is taken against: the counterfactual's answer (the share metric), or the clean top wrong
+CONTRASTS = {True: "the counterfactual's answer token", False: "the clean run's top wrong token"}
 
 
 @dataclass
@@ -112,6 +138,7 @@ class EffectSums:
     diff_PLH: torch.Tensor
     rel_L: torch.Tensor
     diff_L: torch.Tensor
+    gap_P: torch.Tensor  # per problem row, the counterfactual run's change of the logit difference (weighted)
     clean_diff: float = 0.0
 
     @classmethod
@@ -121,7 +148,7 @@ class EffectSums:
         if layers is not None:
             unpatched = [layer for layer in range(L) if layer not in layers]
             heads[:, unpatched], mlps[unpatched] = float("nan"), float("nan")
-        return cls(heads, heads.clone(), mlps, mlps.clone())
+        return cls(heads, heads.clone(), mlps, mlps.clone(), torch.zeros(P))
 
     def add_rows(self, rows_P: torch.Tensor, other: EffectSums) -> None:
         """Add an answer step's sums, whose problem rows are `rows_P` of these."""
@@ -129,6 +156,7 @@ class EffectSums:
         self.diff_PLH[rows_P] += other.diff_PLH
         self.rel_L += other.rel_L
         self.diff_L += other.diff_L
+        self.gap_P[rows_P] += other.gap_P
         self.clean_diff += other.clean_diff
 
     def means(self) -> ProblemEffects:
@@ -140,8 +168,10 @@ class EffectSums:
             relative_logit_change_mlp_layer=self.rel_L / P,
             logit_diff_change_mlp_layer=self.diff_L / P,
             clean_logit_diff=self.clean_diff / P,
+            counterfactual_gap=float(self.gap_P.sum()) / P,
             relative_logit_change_problem_layer_head=self.rel_PLH,
             logit_diff_change_problem_layer_head=self.diff_PLH,
+            counterfactual_gap_problem=self.gap_P,
         )
 
 

@@ -82,7 +82,7 @@ def second_ranking(
         counterfactual_kind=second["counterfactual_kind"],
         measured="path patching only, on the same selection part (no knock-outs)",
         top_heads=[list(h) for h in second["top_heads"]],
-        key_heads=[list(h) for h in key_heads(second["effect"], s.threshold)],
+        key_heads=[list(h) for h in key_heads(second["effect"], second["threshold"], second["metric"])],
         effect_layer_head=second["effect"].tolist(),
         top_k_overlap=shared["top_k_overlap"],
         top_k_overlap_chance=shared["top_k_overlap_chance"],
@@ -101,11 +101,11 @@ def task_overlap(
         o_kept = solved(o.task, o.base)
         require_solved(len(o_kept), other)
         o_sel, _ = problem_split(len(o_kept), s.split)
-        o_effect = s.rank(lm, o_kept.subset(o_sel), s.kind)["effect"]
+        theirs = s.rank(lm, o_kept.subset(o_sel), s.kind)
     except Af1Error as exc:
         return TaskOverlap(task=other.operation, style=other.style, error=str(exc))
-    shared = overlap(top, top_heads(o_effect, s.k), lm.adapter.n_heads, s.k)
-    o_keys = key_heads(o_effect, s.threshold)
+    shared = overlap(top, top_heads(theirs["effect"], s.k, theirs["metric"]), lm.adapter.n_heads, s.k)
+    o_keys = key_heads(theirs["effect"], theirs["threshold"], theirs["metric"])
     return TaskOverlap(
         task=other.operation,
         style=other.style,

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, paired_differs, paired_greater
+from af1.claims import Claim, over_problems_and_draws, paired_differs
 from af1.interventions.af1 import AF1Config
 from af1.interventions.heads import matched_draws
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
@@ -62,7 +61,7 @@ class Consistency(TypedDict):
     claims: list[Claim]  # raw: the study adjusts them with its own as one family
 
 
-RANDOM_DRAWS = 10
+RANDOM_DRAWS = 39  # draws of random heads: the claim treats them as a sample, as it does the problems
 KEY_PEEK = "only the heads chosen as key (selection half) peek"
 
 
@@ -155,14 +154,15 @@ def random_peek(
     draws, matched = matched_draws(on.adapter, top_here, range(RANDOM_DRAWS), [h for h in every if h not in others])
     drawn = pruned_scores(on, config, [[h for h in transfer_heads if h not in d] for d in draws])
     spread = mean_std([s.accuracy for s in drawn])
-    claim = paired_greater(
+    claim = over_problems_and_draws(
         "top_peek_vs_random",
         f"letting only the {k_top} top heads of the transfer layers peek keeps more problems right than "
-        f"letting as many random heads of the same layers and key/value groups peek (these {RANDOM_DRAWS} draws, "
-        "held fixed; none of the top or key heads)",
+        f"letting as many random heads of the same layers and key/value groups peek (over these problems and over "
+        f"such draws: {RANDOM_DRAWS} made; none of the top or key heads)",
         top_only.correct_P.float().tolist(),
-        torch.stack([s.correct_P.float() for s in drawn]).mean(0).tolist(),
+        [s.correct_P.float().tolist() for s in drawn],
         f"the search's confirmation split ({len(on.kept)} solved problems)",
+        top_lower=False,
     )
     row = RandomPeekRow(
         variant=f"{k_top} random heads of the same layers and key/value groups, none of the top or key heads, peek "

@@ -8,9 +8,10 @@ import torch
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, paired_greater
+from af1.claims import Claim, over_problems_and_draws
 from af1.interventions.heads import HeadSums, head_sums, matched_draws
 from af1.interventions.sites import Site, edit_sites, head_inputs, record
+from af1.methods.heads.capture import head_deltas
 from af1.methods.heads.ranking import Settings
 from af1.models.adapter import ModelAdapter
 from af1.models.forward import forward_last, suffix_start
@@ -115,6 +116,8 @@ class Knockout(TypedDict):
     accuracy_top_k_ci: list[float]
     random_drawn_from: str
     random_matched: dict[str, int]  # over all draws: heads matched by layer and key/value group, by layer, nearest
+    ablation_size_top: float  # the top set's summed ablation size (`ablation_sizes`)
+    ablation_size_random_mean: float  # the random sets' mean of theirs
     random_heads: list[list[list[int]]]
     top_rank_among_random: int  # random sets that leave as few problems right as the top set, or fewer
     top_rank_p: float  # (1 + those) / (draws + 1): the top set's rank among the draws, at least 1 / (draws + 1)
@@ -127,6 +130,28 @@ class Knockout(TypedDict):
 
 
 CONFIRMATION = "the confirmation part of the solved problems"
+
+
+@torch.no_grad()
+def ablation_sizes(adapter: ModelAdapter, tested_on: Task, means: dict[Any, HeadSums], batch_size: int = 32):
+    """[L, H]: per head, the mean over problems of the norm of what mean-ablating it adds to the residual stream at
+    the last position of the prompt (its output's change through o_proj): how far its knock-out moves the state,
+    what random heads are matched on beside their place."""
+    L, H = adapter.n_layers, adapter.n_heads
+    total, n = torch.zeros(L, H), 0
+    for step in tested_on.steps():
+        if step.step:
+            continue
+        mean_of = means[step.part_key]
+        for sl in batches(len(step), batch_size):
+            with record(adapter, [head_inputs(layer) for layer in range(L)], last_only=True) as own:
+                forward_last(adapter.model, step.input_ids_PT[sl], step.context_len)
+            for layer in range(L):
+                z_BE = own[head_inputs(layer)]
+                mean_BE = mean_of.mean(layer)[-1].to(z_BE.device, z_BE.dtype).expand_as(z_BE)
+                total[layer] += head_deltas(adapter, layer, z_BE, mean_BE).float().norm(dim=-1).sum(1).cpu()
+            n += len(step.input_ids_PT[sl])
+    return total / max(n, 1)
 
 
 def knocked_out(
@@ -142,7 +167,8 @@ def knocked_out(
     paired claim that the top set leaves fewer problems right."""
     chosen = list(dict.fromkeys(top + keys))
     means = head_sums_by_step(adapter, task)
-    rand_sets, matched = matched_draws(adapter, top, range(s.draws), chosen)
+    size_LH = ablation_sizes(adapter, tested_on, means)
+    rand_sets, matched = matched_draws(adapter, top, range(s.draws), chosen, size_LH)
     with progress_stage(f"knock-outs: top {s.k} and {s.draws} random sets"):
         top_scores, *rand_scores = knockouts(adapter, tested_on, [top, *rand_sets], means)
     randoms_detail = [r.rate(tested_on) for r in rand_scores]
@@ -163,8 +189,12 @@ def knocked_out(
         accuracy_top_k=top_rate["value"],
         accuracy_top_k_ci=top_rate["ci"],
         random_drawn_from=f"for each top head, one of the same layer and key/value group (else the same layer, else "
-        f"the nearest), among the {n_heads - len(chosen)} heads neither in the top {s.k} nor key heads",
+        f"the nearest), among the {n_heads - len(chosen)} heads neither in the top {s.k} nor key heads, from the half "
+        "of those nearest it in ablation size (the norm of the change its mean-ablation makes to the last position's "
+        "state)",
         random_matched=matched,
+        ablation_size_top=float(sum(size_LH[h] for h in top)),
+        ablation_size_random_mean=float(torch.tensor([sum(float(size_LH[h]) for h in r) for r in rand_sets]).mean()),
         random_heads=[[list(h) for h in heads] for heads in rand_sets],
         top_rank_among_random=sum(r <= top_rate["value"] for r in randoms),
         top_rank_p=(1 + sum(r <= top_rate["value"] for r in randoms)) / (s.draws + 1),
@@ -183,16 +213,15 @@ def knockout_warning(knockout: Knockout, scoring: str) -> str | None:
 
 
 def top_vs_random_claim(top: Scores, randoms: list[Scores], k: int, measured_on: str) -> Claim:
-    """'Knocking out the top k heads leaves fewer problems right than knocking out matched random sets of k': per
-    problem, the share of random sets that leave it right against whether the top set does (paired permutation
-    test over problems)."""
-    random_correct = torch.stack([s.correct_P.float() for s in randoms])  # [random set, problem]
-    return paired_greater(
+    """'Knocking out the top k heads leaves fewer problems right than knocking out matched random sets of k', over
+    the problems and over such sets (`over_problems_and_draws`: each problem right or not under each set)."""
+    return over_problems_and_draws(
         "top_vs_random",
-        f"mean-ablating the top {k} heads leaves fewer problems right than these {len(randoms)} random sets of {k} "
-        "from the same layers and key/value groups (the draws held fixed; the top set's rank among them, "
-        f"`top_rank_p`, can be no smaller than 1/{len(randoms) + 1})",
-        random_correct.mean(0).tolist(),
+        f"mean-ablating the top {k} heads leaves fewer problems right than random sets of {k} from the same layers "
+        f"and key/value groups, matched on ablation size (over these problems and over such sets: {len(randoms)} "
+        "drawn)",
         top.correct_P.float().tolist(),
+        [s.correct_P.float().tolist() for s in randoms],
         measured_on,
+        top_lower=True,
     )

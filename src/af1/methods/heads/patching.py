@@ -10,7 +10,10 @@ correct token's logit, and the change of the logit difference) is averaged over 
 problems, so that each problem counts once and the threshold of -5 % keeps its meaning per token. (The
 change of the whole answer's log-probability would need the full softmax of every patched row; the
 relative logit change is what Zhang et al. threshold.) First-token scoring is the task's `--scoring first`,
-reported with its first-token constant guess.
+reported with its first-token constant guess. Where the counterfactual gives each problem an answer r' of its
+own, the logit difference is logit(r) - logit(r') at the steps where r' has a token other than r's, and the
+counterfactual run's own change of it is kept per problem: a head's share of the way is then its mean change
+over that mean change (`ranking.effect_of`), which a shift common to every logit cannot move.
 Three definitions of what else changes (`PATHS`):
 
 - wang (Wang et al. 2023, which Zhang et al. use): every other head's output stays at its clean
@@ -30,7 +33,7 @@ and backward of the clean prompts and one forward of the counterfactual ones, wh
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import ConfigDict, with_config
@@ -52,18 +55,19 @@ from af1.interventions.sites import (
 from af1.methods.counterfactuals import Counterfactual, counterfactual
 from af1.methods.heads.attribution import ESTIMATE, attribution_step
 from af1.methods.heads.capture import (
+    CONTRASTS,
     AnswerRows,
     EffectSums,
     ProblemEffects,
     check_direct_paths,
-    direct_effects,
+    counterfactual_gap,
     head_deltas,
     logit_change_rows,
     per_layout,
     pooled,
-    run_last,
     scored_steps,
 )
+from af1.methods.heads.direct import direct_path_patching
 from af1.models.adapter import ModelAdapter, execution_device
 from af1.models.forward import forward_last
 from af1.progress import progress
@@ -76,11 +80,12 @@ if TYPE_CHECKING:
 
 class PathPatching(ProblemEffects):
     """Path patching on problems of one token layout (`path_patching`): the effects, by which path, what was
-    scored, and how many problems have each answer step."""
+    scored, how many problems have each answer step, and what the logit difference is against."""
 
     path: str
     scoring: str
     answer_steps_n: dict[str, int]
+    contrast: str
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -107,6 +112,7 @@ class PooledPathPatching(PathPatching):
     layouts_not_patched: NotRequired[list[LayoutNotPatched]]
 
 
+Contrast = Literal["top wrong", "answer", "answer kept"]  # `layout_path_patching`'s: what the difference is against
 PATHS = ("wang", "direct", "total")  # exact; ESTIMATE ("attribution") is path patching's first-order estimate
 
 
@@ -118,12 +124,15 @@ def path_patching(
     batch_size: int = 32,
     scoring: str | None = None,
     layers: Sequence[int] | None = None,
+    contrast: bool = False,
 ) -> PathPatching:
     """The effect of every head and MLP (of `layers`, else every layer) on the last-position logits, by one of
     `PATHS` (or estimated: `ESTIMATE`), over every teacher-forced answer step (first-token scoring: the first;
     `SCORED` says how they are averaged): per sender the mean relative change of the correct logit and the mean
     change of (correct - clean top wrong), each problem's too, with the clean logit difference they are measured
-    against. `task` is of one token layout."""
+    against. With `contrast`, the logit difference is against each step's counterfactual answer token (steps
+    where it defines none, or the same token, weigh nothing), with the counterfactual run's change of it per
+    problem (`counterfactual_gap_problem`). `task` is of one token layout."""
     if path not in (*PATHS, ESTIMATE):
         raise Af1Error(f"unknown path '{path}': one of {', '.join((*PATHS, ESTIMATE))}")
     if path == "direct":
@@ -136,15 +145,22 @@ def path_patching(
     total = EffectSums.zeros(len(task), adapter.n_layers, adapter.n_heads, layers)
     for step, weight in steps:
         step_cf = cf.at_step(step)
+        against = None
+        if contrast:
+            against, defined = step_cf.contrast_P(step)
+            weight = weight * defined
         if path == "direct":
-            sums = direct_path_patching(adapter, step, step_cf, batch_size, weight, layers)
+            sums = direct_path_patching(adapter, step, step_cf, batch_size, weight, layers, against)
         elif path == ESTIMATE:
-            sums = attribution_step(adapter, step, step_cf, max(1, batch_size // 2), weight, layers)
+            sums = attribution_step(adapter, step, step_cf, max(1, batch_size // 2), weight, layers, against)
         else:
-            sums = downstream_path_patching(adapter, step, step_cf, path == "total", batch_size, weight, layers)
+            recompute = path == "total"
+            sums = downstream_path_patching(adapter, step, step_cf, recompute, batch_size, weight, layers, against)
         total.add_rows(step.rows_in_parent, sums)
     steps_n = {str(step.step or 0): len(step) for step, _ in steps}
-    return PathPatching(**total.means(), path=path, scoring=scored, answer_steps_n=steps_n)
+    return PathPatching(
+        **total.means(), path=path, scoring=scored, answer_steps_n=steps_n, contrast=CONTRASTS[contrast]
+    )
 
 
 def _rows_of(adapter: ModelAdapter, value_ZBD: torch.Tensor, layer: int, dtype: torch.dtype) -> torch.Tensor:
@@ -172,10 +188,12 @@ def downstream_path_patching(
     batch_size: int = 32,
     weight_P: torch.Tensor | None = None,
     layers: Sequence[int] | None = None,
+    contrast_P: torch.Tensor | None = None,
 ) -> EffectSums:
     """Wang's path patching (heads frozen, MLPs recompute) or, with recompute_attention, activation patching
     at the last position, on one answer step (its rows weighted by weight_P), the senders of `layers` (else every
-    layer). Per layer one last-token pass with rows [clean, H heads, the MLP] x problems."""
+    layer), the logit difference against `contrast_P` where given. Per layer one last-token pass with rows
+    [clean, H heads, the MLP] x problems."""
 
     L, H = adapter.n_layers, adapter.n_heads
     P = len(task)
@@ -194,13 +212,16 @@ def downstream_path_patching(
         with record(adapter, sites, last_only=True) as clean:
             base = forward_last(adapter.model, ids, task.context_len).to(adapter.device)
         with record(
-            adapter, [s for layer in range(L) for s in (head_inputs(layer), mlp_output(layer))], last_only=True
+            adapter,
+            [FINAL, *(s for layer in range(L) for s in (head_inputs(layer), mlp_output(layer)))],
+            last_only=True,
         ) as corrupt:
             forward_last(adapter.model, cf.input_ids_PT[sl], task.context_len)
         kv = capture_problem_kv(adapter, ids, task.context_len) if recompute_attention else None
         answer = task.answer_ids_P[sl].to(base.device)
         B = len(answer)
-        unembed = AnswerRows.of(adapter, base, answer)
+        unembed = AnswerRows.of(adapter, base, answer, None if contrast_P is None else contrast_P[sl])
+        sums.gap_P[sl] = counterfactual_gap(adapter, unembed, clean[FINAL], corrupt[FINAL], weight_P[sl])
         inputs = last_token_inputs(adapter, ids.repeat(Z, 1))
         problem_of_row = torch.arange(B).repeat(Z)
         for layer in patched:
@@ -235,43 +256,11 @@ def downstream_path_patching(
     return sums
 
 
-@torch.no_grad()
-def direct_path_patching(
-    adapter: ModelAdapter,
-    task: Task,
-    cf: Counterfactual,
-    batch_size: int = 32,
-    weight_P: torch.Tensor | None = None,
-    layers: Sequence[int] | None = None,
-) -> EffectSums:
-    """Direct-path effect of every head and MLP (of `layers`, else every layer) on the last-position logits of the
-    correct answer, on one answer step (its rows weighted by weight_P): relative changes of the correct logit and
-    changes of (correct - clean top wrong)."""
-    check_direct_paths(adapter)
-    L, H = adapter.n_layers, adapter.n_heads
-    P = len(task)
-    sums = EffectSums.zeros(P, L, H, layers)
-    weight_P = torch.ones(P) if weight_P is None else weight_P
-    for sl in batches(P, batch_size):
-        clean, base = run_last(adapter, task.input_ids_PT[sl], task.context_len)
-        corrupt, _ = run_last(adapter, cf.input_ids_PT[sl], task.context_len)
-        unembed = AnswerRows.of(adapter, base, task.answer_ids_P[sl].to(base.device))
-        w = weight_P[sl]
-        c0, w0 = unembed.logits(adapter, clean[FINAL][None])[0].unbind(-1)
-        sums.clean_diff += float(((c0 - w0) * w.to(c0.device)).sum())
-        for layer in sorted(layers) if layers is not None else range(L):
-            deltas = head_deltas(adapter, layer, clean[head_inputs(layer)], corrupt[head_inputs(layer)])
-            r, g = direct_effects(adapter, clean[FINAL], deltas, unembed, w)
-            sums.rel_PLH[sl, layer] = r.T
-            sums.diff_PLH[sl, layer] = g.T
-            dm = (corrupt[mlp_output(layer)] - clean[mlp_output(layer)])[None]
-            r, g = direct_effects(adapter, clean[FINAL], dm, unembed, w)
-            sums.rel_L[layer] += r[0].sum()
-            sums.diff_L[layer] += g[0].sum()
-    return sums
-
-
-PER_PROBLEM = ("relative_logit_change_problem_layer_head", "logit_diff_change_problem_layer_head")
+PER_PROBLEM = (
+    "relative_logit_change_problem_layer_head",
+    "logit_diff_change_problem_layer_head",
+    "counterfactual_gap_problem",
+)
 
 
 def layout_path_patching(
@@ -282,16 +271,23 @@ def layout_path_patching(
     kind: str | None = None,
     scoring: str | None = None,
     layers: Sequence[int] | None = None,
+    contrast: Contrast = "top wrong",
 ) -> tuple[PooledPathPatching, Counterfactual]:
     """Path patching per token layout (each with its own counterfactual of `kind`), pooled over layouts by their n;
     a layout where no replacement keeps its token layout is left out and said so; the first layout's
     counterfactual describes them. `counterfactual_rows`: per problem of `kept`, its counterfactual (None where its
-    layout was left out); each problem's effects in `kept`'s order (NaN where its layout was left out)."""
+    layout was left out); each problem's effects in `kept`'s order (NaN where its layout was left out). `contrast`:
+    the logit difference against the clean top wrong token, against the counterfactual's answer (`path_patching`),
+    or against that answer with the senders patched from the matched answer-keeping control instead (a layout with
+    no control is then an error)."""
     runs: list[tuple[Task, Counterfactual]] = []
     skipped: list[LayoutNotPatched] = []
     for _, group in per_layout(kept):
         try:  # a layout where no value of the slot (or its null value) keeps the token layout has none
-            runs.append((group, counterfactual(group, tokenizer, kind)))
+            cf = counterfactual(group, tokenizer, kind)
+            if contrast == "answer kept" and (cf := cf.controlled()) is None:
+                raise Af1Error(f"no problem of layout {group.layout_id} has an answer-keeping counterfactual")
+            runs.append((group, cf))
         except Af1Error as exc:
             if not kept.groups:
                 raise
@@ -300,7 +296,11 @@ def layout_path_patching(
         raise Af1Error(f"no token layout has a counterfactual: {skipped[0]['reason']}")
     n = sum(len(group) for group, _ in runs)
     parts = [
-        (len(group) / n, path_patching(adapter, group, cf, path, scoring=scoring, layers=layers)) for group, cf in runs
+        (
+            len(group) / n,
+            path_patching(adapter, group, cf, path, scoring=scoring, layers=layers, contrast=contrast != "top wrong"),
+        )
+        for group, cf in runs
     ]
     steps_n: dict[str, int] = {}
     for _, part in parts:  # layouts may have answers of different lengths: their steps' counts add up
@@ -320,6 +320,7 @@ def layout_path_patching(
         **effects,
         relative_logit_change_problem_layer_head=every[PER_PROBLEM[0]],
         logit_diff_change_problem_layer_head=every[PER_PROBLEM[1]],
+        counterfactual_gap_problem=every[PER_PROBLEM[2]],
         answer_steps_n=steps_n,
         counterfactual_rows=rows,
     )

@@ -12,6 +12,7 @@ from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
+from af1.methods.counterfactuals import defines_answers
 from af1.methods.heads.attribution import ESTIMATE
 from af1.methods.heads.capture import SCORED, Effects, ProblemEffects
 from af1.methods.heads.patching import PooledPathPatching, layout_path_patching
@@ -24,24 +25,35 @@ if TYPE_CHECKING:
     from af1.models.loading import LoadedModel
     from af1.tasks.task import Tokenizer
 
-METRICS = ("relative", "logit_diff")
+METRICS = ("share", "relative", "logit_diff")
+# where a head counts as key by default: the share of the way to the counterfactual's answer above 5 %, or the
+# correct logit (or its difference from the top wrong one) lowered by more than 5 %
+THRESHOLDS = {"share": 0.05, "relative": -0.05, "logit_diff": -0.05}
+SIGN = {"share": -1.0, "relative": 1.0, "logit_diff": 1.0}  # times the effect: lower is a stronger head
+DESCRIPTIVE = "relative"  # the share needs a counterfactual answer: without one, heads are ranked by this alone
 
 
 OWN_SPLIT = "the heads study's own seeded split"  # where the heads are chosen without a search's split
 
 
 def problem_effects(pp: ProblemEffects, metric: str) -> torch.Tensor:
-    """[problem, layer, head] by one metric (`effect_of`'s, per problem; its mean over problems is `effect_of`)."""
+    """[problem, layer, head] by one of the old metrics (`effect_of`'s, per problem; its mean over problems is
+    `effect_of`). The share is a ratio of means (`effect_of`), not a mean of per-problem ratios."""
     if metric == "relative":
         return pp["relative_logit_change_problem_layer_head"]
     if metric == "logit_diff":
         return pp["logit_diff_change_problem_layer_head"] / max(abs(pp["clean_logit_diff"]), 1e-6)
-    raise Af1Error(f"unknown metric '{metric}': one of {', '.join(METRICS)}")
+    raise Af1Error(f"no per-problem effect for metric '{metric}': one of relative, logit_diff")
 
 
 def effect_of(pp: Effects, metric: str) -> torch.Tensor:
-    """[layer, head] by one metric: the relative change of the correct logit, or the change of (correct - clean
-    top wrong) as a share of the clean logit difference; negative: the head supports the answer."""
+    """[layer, head] by one metric: the share of the way the head moves the logit difference (correct - the
+    counterfactual's answer) towards the counterfactual run's, mean change over mean change (positive: it carries
+    the answer); the relative change of the correct logit; or the change of (correct - clean top wrong) as a share
+    of the clean logit difference (negative: the head supports the answer)."""
+    if metric == "share":
+        gap = pp["counterfactual_gap"]
+        return pp["logit_diff_change_layer_head"] / (gap if gap != 0 else float("nan"))
     if metric == "relative":
         return pp["relative_logit_change_layer_head"]
     if metric == "logit_diff":
@@ -49,9 +61,12 @@ def effect_of(pp: Effects, metric: str) -> torch.Tensor:
     raise Af1Error(f"unknown metric '{metric}': one of {', '.join(METRICS)}")
 
 
-def key_heads(effect_LH: torch.Tensor, threshold: float = -0.05) -> list[tuple[int, int]]:
-    """Heads whose path-patching effect is below the threshold, strongest first."""
-    found = [(float(effect_LH[layer, h]), layer, h) for layer, h in (effect_LH < threshold).nonzero().tolist()]
+def key_heads(effect_LH: torch.Tensor, threshold: float, metric: str) -> list[tuple[int, int]]:
+    """Heads past the threshold (a share above it; a relative change below it), strongest first."""
+    oriented = SIGN[metric] * effect_LH
+    found = [
+        (float(oriented[layer, h]), layer, h) for layer, h in (oriented < SIGN[metric] * threshold).nonzero().tolist()
+    ]
     return [(layer, h) for _, layer, h in sorted(found)]
 
 
@@ -99,9 +114,9 @@ def overlap(
     )
 
 
-def top_heads(effect_LH: torch.Tensor, k: int) -> list[tuple[int, int]]:
-    """The k heads with the most negative effect."""
-    order = effect_LH.flatten().argsort()[:k].tolist()
+def top_heads(effect_LH: torch.Tensor, k: int, metric: str) -> list[tuple[int, int]]:
+    """The k strongest heads by the metric (the largest share; the most negative relative change)."""
+    order = (SIGN[metric] * effect_LH).nan_to_num(float("inf")).flatten().argsort()[:k].tolist()
     H = effect_LH.shape[1]
     return [(i // H, i % H) for i in order]
 
@@ -141,10 +156,13 @@ def scoring_note(on: Task, scored: str) -> ScoringNote:
 
 
 class Ranked(TypedDict):
-    """Heads ranked by path patching with one counterfactual (`ranked`): the patching, the effect by the chosen
-    metric, the top k, what was scored, and the counterfactual."""
+    """Heads ranked by path patching with one counterfactual (`ranked`): the patching, the metric it ranks by (the
+    share where the counterfactual defines an answer, else `DESCRIPTIVE`) and its threshold, the effect by it, the
+    top k, what was scored, and the counterfactual."""
 
     pp: PooledPathPatching
+    metric: str
+    threshold: float
     counterfactual: str
     counterfactual_kind: str
     top_heads: list[tuple[int, int]]
@@ -160,18 +178,25 @@ def ranked(
     metric: str,
     k: int,
     kind: str | None = None,
-    scoring: str | None = None,
+    threshold: float | None = None,
 ) -> Ranked:
     """Path patching on these problems with one counterfactual and the heads it ranks: the effects, the top k
-    (by `metric`), what was scored, the counterfactual and each problem's counterfactual input."""
-    pp, cf = layout_path_patching(adapter, on, tokenizer, path, kind, scoring)
+    (by `metric`; the share falls back to `DESCRIPTIVE` where the counterfactual defines no answer), what was
+    scored, the counterfactual and each problem's counterfactual input."""
+    if metric == "share" and not defines_answers(on, tokenizer, kind):
+        metric, threshold = DESCRIPTIVE, None
+    pp, cf = layout_path_patching(
+        adapter, on, tokenizer, path, kind, contrast="answer" if metric == "share" else "top wrong"
+    )
     effect = effect_of(pp, metric)
     patched = on.subset([i for i, row in enumerate(pp["counterfactual_rows"]) if row is not None])
     return Ranked(
         pp=pp,
+        metric=metric,
+        threshold=THRESHOLDS[metric] if threshold is None else threshold,
         counterfactual=cf.replacement,
         counterfactual_kind=cf.kind,
-        top_heads=top_heads(effect, k),
+        top_heads=top_heads(effect, k, metric),
         effect=effect,
         scoring=scoring_note(patched, pp["scoring"]),
     )
@@ -224,7 +249,7 @@ def choose_heads(lm: LoadedModel, done: Evaluated, k: int, path: str = "wang", m
     them on other problems): the heads, what was scored and on how many."""
     kept = solved(done.task, done.base)
     require_solved(len(kept), done.task.spec)
-    found = ranked(lm.adapter, kept, lm.tokenizer, path, metric, k)
+    found = ranked(lm.adapter, kept, lm.tokenizer, path, metric, k, kind="a" if done.task.spec.file is None else None)
     return ChosenHeads(top_heads=found["top_heads"], n_solved=len(kept), path=path, scoring=found["scoring"])
 
 
@@ -234,9 +259,10 @@ class Settings:
     task's default), key heads by `metric` below `threshold`, the top `k` knocked out against `draws` matched
     random sets, all chosen on the selection part of `split` (fraction, seed; `split_from` says whose split). With
     `ranked_by` "attribution" the heads are chosen by the first-order estimate of path patching ('total'); the
-    claims on the confirmation part stay exact (knock-outs, and path patching by `path` of the key heads)."""
+    claims on the confirmation part stay exact (knock-outs, and path patching by `path` of the key heads).
+    `threshold` None: the metric's own (`THRESHOLDS`)."""
 
-    threshold: float
+    threshold: float | None
     k: int
     draws: int
     path: str
@@ -248,4 +274,4 @@ class Settings:
 
     def rank(self, lm: LoadedModel, on: Task, kind: str | None) -> Ranked:
         path = ESTIMATE if self.ranked_by == ESTIMATE else self.path
-        return ranked(lm.adapter, on, lm.tokenizer, path, self.metric, self.k, kind)
+        return ranked(lm.adapter, on, lm.tokenizer, path, self.metric, self.k, kind, threshold=self.threshold)

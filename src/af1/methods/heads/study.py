@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from af1.claims import Claim, adjust, confirmed, mean_below
+from af1.claims import Claim, adjust, confirmed, share_above
+from af1.errors import Af1Error
 from af1.methods.counterfactuals import counterfactual_problems
 from af1.methods.heads.attention import TokenAttention, last_query_attention, token_attention
 from af1.methods.heads.compared import (
@@ -18,14 +19,13 @@ from af1.methods.heads.knockouts import CONFIRMATION, Knockout, knocked_out, kno
 from af1.methods.heads.lens import mlp_logit_lens
 from af1.methods.heads.patching import LayoutNotPatched, LayoutPatched, layout_path_patching
 from af1.methods.heads.ranking import (
-    METRICS,
+    THRESHOLDS,
     Ranked,
     ScoringNote,
     Settings,
     Split,
     effect_of,
     key_heads,
-    problem_effects,
     problem_split,
 )
 from af1.models.adapter import ModelAdapter
@@ -61,16 +61,19 @@ class HeadsStudy(Part):
     n_heads: int
     threshold: float
     path: str
-    metric: str
+    metric: str  # what ranked the heads: the share where the counterfactual defines an answer, else relative
+    contrast: str  # what the logit difference is against
     key_heads: list[list[int]]
     key_head_share: float
     key_heads_by_metric: dict[str, list[list[int]]]
     top_heads: list[list[int]]
+    share_layer_head: list[list[float | None]] | None  # None: a counterfactual with no answer of its own
     relative_logit_change_layer_head: list[list[float | None]]
     logit_diff_change_layer_head: list[list[float | None]]
     relative_logit_change_mlp_layer: list[float | None]
     logit_diff_change_mlp_layer: list[float | None]
     clean_logit_diff: float
+    counterfactual_gap: float  # the counterfactual run's mean change of the logit difference: the whole way
     answer_steps_n: dict[str, int]  # solved problems of the selection part with an answer step k, by k
     layouts_patched: list[LayoutPatched] | None = None  # a task of several layouts: those path patching measured
     layouts_not_patched: list[LayoutNotPatched] | None = None  # and those it left out, with why
@@ -85,36 +88,51 @@ class HeadsStudy(Part):
     confirmed_key_heads: list[list[int]]  # key heads whose claim is confirmed on the confirmation part
     claims: list[Claim]  # each key head's, and the top heads' against matched random heads: one family
 
+    def ranked_effect(self) -> tuple[str, list[list[float | None]], bool]:
+        """What ranked the heads, per [layer, head], and whether a key head is high (the share) or low."""
+        if self.share_layer_head is not None:
+            return "share of the way to the counterfactual's answer", self.share_layer_head, True
+        return "relative change of the correct logit", self.relative_logit_change_layer_head, False
+
 
 def key_head_claims(
-    adapter: ModelAdapter,
-    tested_on: Task,
-    tokenizer: Tokenizer,
-    candidates: list[tuple[int, int]],
-    *,
-    threshold: float,
-    path: str,
-    metric: str,
-    kind: str | None,
+    adapter: ModelAdapter, tested_on: Task, tokenizer: Tokenizer, main: Ranked, keys: list[tuple[int, int]], s: Settings
 ) -> list[Claim]:
-    """Each key head chosen on the selection part, judged on the confirmation part: path patching of its layers
-    there, its per-problem effects' mean against the threshold (one-sided t test, bootstrap interval)."""
-    if not candidates:
+    """Each key head chosen on the selection part, judged on the confirmation part where the counterfactual defines
+    an answer (the share metric): path patching of its layers there from the answer-changing counterfactual and
+    from its matched answer-keeping control, the share difference against the threshold (`share_above`), on the
+    problems that have a control. A counterfactual without an answer ranks heads but claims none."""
+    if not keys or main["metric"] != "share":
         return []
-    layers = sorted({layer for layer, _ in candidates})
-    with progress_stage(f"key heads confirmed: path patching of {len(layers)} layers on the confirmation part"):
-        pp, _ = layout_path_patching(adapter, tested_on, tokenizer, path, kind, layers=layers)
-    effect_PLH = problem_effects(pp, metric)
+    layers = sorted({layer for layer, _ in keys})
+    with progress_stage(f"key heads confirmed: path patching of {len(layers)} layers on the confirmation part, twice"):
+        try:
+            keep, _ = layout_path_patching(
+                adapter, tested_on, tokenizer, s.path, s.kind, layers=layers, contrast="answer kept"
+            )
+        except Af1Error:  # no problem has an answer-keeping control: nothing to pair the claim with
+            return []
+        change, _ = layout_path_patching(
+            adapter, tested_on, tokenizer, s.path, s.kind, layers=layers, contrast="answer"
+        )
+    controlled = [row is not None and row["control_input_ids"] is not None for row in change["counterfactual_rows"]]
+    rows = [i for i, has in enumerate(controlled) if has]
+    gap_P = change["counterfactual_gap_problem"][rows]
+    on = f"the confirmation part ({len(rows)} solved problems that did not choose the head and have a control)"
     return [
-        mean_below(
+        share_above(
             "key_head",
-            f"head {layer}.{h} is a key head (path-patching effect below {threshold})",
-            effect_PLH[:, layer, h].tolist(),
-            threshold,
-            f"the confirmation part ({len(tested_on)} solved problems that did not choose the head)",
+            f"head {layer}.{h} carries the answer: patched from the counterfactual it moves the answer more than "
+            f"{main['threshold']} of the way to the counterfactual's answer beyond what it moves patched from the "
+            "answer-keeping control (over these problems; the counterfactual's draws are one per problem)",
+            change["logit_diff_change_problem_layer_head"][rows, layer, h].tolist(),
+            keep["logit_diff_change_problem_layer_head"][rows, layer, h].tolist(),
+            gap_P.tolist(),
+            main["threshold"],
+            on,
             subject=f"{layer}.{h}",
         )
-        for layer, h in candidates
+        for layer, h in keys
     ]
 
 
@@ -149,14 +167,9 @@ def study(
     sel, conf = problem_split(len(kept), s.split)
     chosen_on, tested_on = kept.subset(sel), kept.subset(conf)
     main = s.rank(lm, chosen_on, s.kind)
-    keys = key_heads(main["effect"], s.threshold)
+    keys = key_heads(main["effect"], main["threshold"], main["metric"])
     knockout, top_claim = knocked_out(adapter, done.task, tested_on, main["top_heads"], keys, s)
-    claims = [
-        *key_head_claims(
-            adapter, tested_on, lm.tokenizer, keys, threshold=s.threshold, path=s.path, metric=s.metric, kind=s.kind
-        ),
-        top_claim,
-    ]
+    claims = [*key_head_claims(adapter, tested_on, lm.tokenizer, main, keys, s), top_claim]
     result = HeadsStudy(
         model=lm.info.get("spec"),
         task=spec.name,
@@ -168,7 +181,7 @@ def study(
         base_accuracy_all=done.base.accuracy,
         split=split_record(s, len(sel), len(conf)),
         counterfactual_problems=counterfactual_problems(kept, sel, main["pp"]["counterfactual_rows"]),
-        **patching_fields(main, keys, s, adapter.n_layers * adapter.n_heads),
+        **patching_fields(main, keys, adapter.n_layers * adapter.n_heads),
         knockout=knockout,
         **looks(lm, kept, tested_on, main["top_heads"], keys),
         warnings=[w for w in [main["scoring"]["warning"], knockout_warning(knockout, spec.scoring)] if w],
@@ -201,26 +214,30 @@ def split_record(s: Settings, n_selection: int, n_confirmation: int) -> Split:
     )
 
 
-def patching_fields(main: Ranked, keys: list[tuple[int, int]], s: Settings, n_heads: int) -> dict[str, Any]:
+def patching_fields(main: Ranked, keys: list[tuple[int, int]], n_heads: int) -> dict[str, Any]:
     """What path patching measured on the selection part and the heads it chose."""
     pp = main["pp"]
+    measured = ("share", "relative") if main["metric"] == "share" else ("relative", "logit_diff")
     return {
         "path_patching_scoring": main["scoring"],
         "counterfactual": main["counterfactual"],
         "counterfactual_kind": main["counterfactual_kind"],
         "n_heads": n_heads,
-        "threshold": s.threshold,
+        "threshold": main["threshold"],
         "path": pp["path"],
-        "metric": s.metric,
+        "metric": main["metric"],
+        "contrast": pp["contrast"],
         "key_heads": [list(h) for h in keys],
         "key_head_share": len(keys) / n_heads,
-        "key_heads_by_metric": {m: [list(h) for h in key_heads(effect_of(pp, m), s.threshold)] for m in METRICS},
+        "key_heads_by_metric": {m: [list(h) for h in key_heads(effect_of(pp, m), THRESHOLDS[m], m)] for m in measured},
         "top_heads": [list(h) for h in main["top_heads"]],
+        "share_layer_head": effect_of(pp, "share").tolist() if main["metric"] == "share" else None,
         "relative_logit_change_layer_head": pp["relative_logit_change_layer_head"].tolist(),
         "logit_diff_change_layer_head": pp["logit_diff_change_layer_head"].tolist(),
         "relative_logit_change_mlp_layer": pp["relative_logit_change_mlp_layer"].tolist(),
         "logit_diff_change_mlp_layer": pp["logit_diff_change_mlp_layer"].tolist(),
         "clean_logit_diff": float(pp["clean_logit_diff"]),
+        "counterfactual_gap": float(pp["counterfactual_gap"]),
         "answer_steps_n": pp["answer_steps_n"],
     }
 
