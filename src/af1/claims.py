@@ -439,7 +439,8 @@ def paired_greater(
         kind,
         statement,
         f"paired permutation test over {unit} ({RESAMPLES:,} resamples, "
-        f"{'one-sided' if one_sided else 'two-sided'}; at least 1 / {RESAMPLES + 1:,})"
+        f"{'one-sided' if one_sided else 'two-sided'}; at least 1 / {min(RESAMPLES + 1, 2 ** len(d)):,}: exact "
+        "where the sign flips are fewer than the resamples)"
         + ("; rejected by the one-sided test the other way" if one_sided else ""),
         measured_on,
         len(d),

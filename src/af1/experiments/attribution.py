@@ -1,4 +1,5 @@
-"""attribution: how well attribution patching (one forward and backward) ranks heads against exact path patching.
+"""attribution: how well attribution patching (one forward and backward) ranks heads against exact activation
+patching (path patching by `total`).
 
 On the same solved problems, every head's effect estimated to first order and measured exactly by activation
 patching at the last position (path 'total', which the estimate approximates): Spearman's rho with its bootstrap
@@ -70,7 +71,7 @@ class Attribution(base.Experiment):
     def section(self, result: Result, out_dir: Path) -> list[str]:
         speed = result.exact_seconds / max(result.estimate_seconds, 1e-9)
         return [
-            "<h2>Attribution patching against exact path patching</h2>",
+            "<h2>Attribution patching against exact activation patching (path patching by `total`)</h2>",
             f"<p>Every head's relative change of the correct logit when its output at the last position takes the "
             f"counterfactual's ({html.escape(result.counterfactual_kind)}: {html.escape(result.counterfactual)}), "
             f"on the same {result.n_patched} solved problems: estimated to first order (one forward and backward) and "

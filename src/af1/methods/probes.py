@@ -166,19 +166,25 @@ def ridge_predict(
 
 
 def held_out(
-    states_PD: torch.Tensor, probes: list[tuple[torch.Tensor, str]], folds: list[torch.Tensor], periods: Sequence[int]
+    states_PD: torch.Tensor,
+    probes: list[tuple[torch.Tensor, str]],
+    folds: list[torch.Tensor],
+    periods: Sequence[int],
+    fit_PD: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """For each probe (labels [P, M]: the true ones, permutations of them; and its kind), every problem's decoded
     label by the fold that did not train on it [P, M]: the label among all values whose features lie nearest the
     prediction, each output weighted by its leave-one-out error (an output the state cannot predict counts for
-    little). One ridge fit per fold serves every probe (its outputs side by side, each with its own penalty)."""
+    little). One ridge fit per fold serves every probe (its outputs side by side, each with its own penalty).
+    `fit_PD`: the states the probes are fitted on (default: the states they read)."""
+    fit_PD = states_PD if fit_PD is None else fit_PD
     values = [labels_PM[:, 0].unique() for labels_PM, _ in probes]
     decoded = [torch.empty_like(labels_PM) for labels_PM, _ in probes]
     for k, test in enumerate(folds):
         train = torch.cat([f for j, f in enumerate(folds) if j != k])
         targets = [features(labels_PM[train], kind, periods) for labels_PM, kind in probes]
         flat = torch.cat([t.reshape(len(train), -1) for t in targets], 1)
-        predicted, error = ridge_predict(states_PD[train], flat, states_PD[test])
+        predicted, error = ridge_predict(fit_PD[train], flat, states_PD[test])
         start = 0
         for (_, kind), target_PMO, values_Y, out in zip(probes, targets, values, decoded, strict=True):
             _, m, o = target_PMO.shape
@@ -211,14 +217,23 @@ def first_above_chance(curve: Curve, start: int = 0) -> int | None:
 
 
 def curves(
-    states_PLD: torch.Tensor, targets: dict[str, list[int]], folds: int, seed: int, periods: Sequence[int]
+    states_PLD: torch.Tensor,
+    targets: dict[str, list[int]],
+    folds: int,
+    seed: int,
+    periods: Sequence[int],
+    fit_PLD: torch.Tensor | None = None,
 ) -> tuple[list[Curve], dict[tuple[str, str], torch.Tensor]]:
-    """Every target's probes block by block, and each probe's right/wrong per problem and block [P, L]."""
+    """Every target's probes block by block, and each probe's right/wrong per problem and block [P, L]; `fit_PLD`:
+    the states the probes are fitted on (default: the states they read)."""
     parts = split_folds(len(states_PLD), folds, seed)
     labels = {name: torch.tensor(values) for name, values in targets.items()}
     probed = [(name, kind) for name in targets for kind in KINDS]
     columns = [(with_shuffle(labels[name], seed), kind) for name, kind in probed]  # true labels, one shuffle
-    by_layer = [held_out(states_PLD[:, layer], columns, parts, periods) for layer in range(states_PLD.shape[1])]
+    fit = states_PLD if fit_PLD is None else fit_PLD
+    by_layer = [
+        held_out(states_PLD[:, layer], columns, parts, periods, fit[:, layer]) for layer in range(states_PLD.shape[1])
+    ]
     made, right = [], {}
     for i, (name, kind) in enumerate(probed):
         label, got = labels[name], [layer[i] for layer in by_layer]
@@ -269,7 +284,8 @@ def stage_claims(
 ) -> list[Claim]:
     """What AF1's stages say the probes should find, per probe (a number may sit on a line or on circles), each a
     paired permutation test over problems. Against the matched control, the same CAMA with no transfer layers
-    (whose last token keeps only the leave-one-out trace of its own state): every operand read better after the
+    (whose last token keeps only the leave-one-out trace of its own state; the probes are fitted on unmodified
+    states, so they cannot learn that trace): every operand read better after the
     last transfer block, the computed target (`computed_target`) read better after the last block. And the computed
     target read better after the last block than after the last transfer block. One family, Holm. Problems that
     share a training fold share its probe, so their outcomes are not independent: the p-values are approximate."""
@@ -283,7 +299,7 @@ def stage_claims(
             for name, block in [*((t, after) for t in targets if len(t) == 1), *([(result, last)] if result else [])]:
                 statement = (
                     f"{spoken(name)} is read better after block {block} under AF1 than with no transfer layers (the "
-                    f"same CAMA, its trace alone; {kind} probe)"
+                    f"same CAMA, its trace alone; {kind} probe fitted on the unmodified model's states)"
                 )
                 a, b = right[name, kind][:, block].double(), control[name, kind][:, block].double()
                 claims.append(paired_greater("probe_transferred", statement, a.tolist(), b.tolist(), where, name))
@@ -310,15 +326,18 @@ def probes(setup: Setup, config: AF1Config | None, *, folds: int, seed: int, mea
         raise Af1Error(f"{n} problems are too few to probe in {folds} folds (at least {max(MIN_PROBLEMS, 2 * folds)})")
     if not targets:
         raise Af1Error("no target to probe: the task's operands and answer are not integers, or never vary")
-    unmodified, _ = curves(last_token_states(setup, None), targets, folds, seed, PERIODS)
+    clean_PLD = last_token_states(setup, None)
+    unmodified, _ = curves(clean_PLD, targets, folds, seed, PERIODS)
     found = Probes(n_probed=n, folds=folds, periods=list(PERIODS), targets=list(targets), unmodified=unmodified)
     if config is None:
         return found
-    under, right = curves(last_token_states(setup, config), targets, folds, seed, PERIODS)
+    # probes fitted on the unmodified states read the intervened ones: they cannot learn the trace a problem leaves
+    # in CAMA's leave-one-out means (which no unmodified state holds)
+    under, right = curves(last_token_states(setup, config), targets, folds, seed, PERIODS, clean_PLD)
     control, control_right = [], None
     if config.transfer > 0:
         alone = config.model_copy(update={"transfer": 0})
-        control, control_right = curves(last_token_states(setup, alone), targets, folds, seed, PERIODS)
+        control, control_right = curves(last_token_states(setup, alone), targets, folds, seed, PERIODS, clean_PLD)
     claims = stage_claims(list(targets), right, control_right, config, measured_on)
     update = {"under_af1": under, "no_transfer": control, "wait": config.wait, "transfer": config.transfer}
     return found.model_copy(update={**update, "claims": claims})

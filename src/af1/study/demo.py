@@ -27,7 +27,8 @@ OPERAND_HEADS = {"counterfactual": "a"}  # heads ranked, knocked out and set aga
 FULL_ADDS = (
     "the whole (L_wait, L_transfer) grid, CAMA and ABP alone, alternatives, head pruning, the operator's ranking "
     "beside the operand's, the heads of two other tasks, input styles, probes of the last token, the neurons of the "
-    "compute stage, attribution patching against exact path patching and the position+meaning study"
+    "compute stage, attribution patching against exact activation patching (path patching by `total`) and the "
+    "position+meaning study"
 )
 FOCUSED = (
     "The focused demo: on each model the evaluation and the search (measuring only the cells its rule needs), and "
