@@ -239,7 +239,33 @@ def test_a_meaning_term_gain_within_float_rounding_is_no_gain():
     real gain, however small against the windows' spread, is still tested."""
     pos_LHN = torch.full((2, 3, 8), 0.5)
     shuffled_LHN = pos_LHN.clone()
-    rounding, _ = positional.study.window_claims(pos_LHN + 3e-8, pos_LHN, shuffled_LHN, "8 windows", 0)
+    rounding, _ = positional.study.window_claims(pos_LHN + 3e-8, pos_LHN, pos_LHN, shuffled_LHN, "8 windows", 0)
     assert rounding["estimate"] == 0.0 and rounding["p_value"] == 1.0 and rounding["outcome"] == "not confirmed"
-    real, _ = positional.study.window_claims(pos_LHN + 1e-3, pos_LHN, shuffled_LHN, "8 windows", 0)
+    real, _ = positional.study.window_claims(pos_LHN + 1e-3, pos_LHN, pos_LHN, shuffled_LHN, "8 windows", 0)
     assert real["outcome"] == "confirmed" and (real["p_value"] or 1.0) < 0.01
+    assert "at least 1 / 256" in real["rule"]  # 8 windows: 2^8 sign flips, the exact floor
+    chance, _ = positional.study.window_claims(pos_LHN + 1e-3, pos_LHN, pos_LHN + 1e-3, shuffled_LHN, "8 windows", 0)
+    assert chance["outcome"] != "confirmed"  # no more than the same term read with token identities permuted
+
+
+def test_a_sink_on_the_first_key_is_position_not_meaning():
+    """Logits that are a distance term plus a large score on the first key alone (a sink), with no token term: the
+    first key's own positional term absorbs it, so the token term adds nothing on held-out windows; and a real token
+    term is found, but not when its identities are permuted across the split."""
+    gen = torch.Generator().manual_seed(0)
+    N, T, V = 8, 12, 5
+    ids_NT = torch.randint(0, V, (N, T), generator=gen)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None]
+    distance_TT = -0.3 * (i - j).clamp(min=0).float()
+    sink_TT = 6.0 * (j == 0).float().expand(T, T)
+    logits = (distance_TT + sink_TT).expand(1, N, T, T).clone()
+    train = torch.tensor([0, 2, 4, 6])
+    with_token = positional.fit.token_fit_heldout(logits, ids_NT, train)
+    position = positional.fit.token_fit_heldout(logits, ids_NT, train, with_token=False)
+    assert float((with_token - position).abs().max()) < 1e-4 and float(position.min()) > 0.999
+    meaning_V = torch.randn(V, generator=gen) * 2
+    meant = logits + meaning_V[ids_NT][:, None, :].expand(N, T, T)[None]
+    real = positional.fit.token_fit_heldout(meant, ids_NT, train)
+    chance = positional.fit.token_fit_heldout(meant, ids_NT, train, permuted=1)
+    alone = positional.fit.token_fit_heldout(meant, ids_NT, train, with_token=False)
+    assert float(real.min()) > 0.99 and float((real - alone).min()) > 0.05 and float((chance - real).max()) < -0.05

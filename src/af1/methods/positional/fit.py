@@ -73,13 +73,20 @@ def additive_fit(
 
 
 def token_fit_heldout(
-    logits_FNTT: torch.Tensor, ids_NT: torch.Tensor, train_N: torch.Tensor, with_token: bool = True, iters: int = 30
+    logits_FNTT: torch.Tensor,
+    ids_NT: torch.Tensor,
+    train_N: torch.Tensor,
+    with_token: bool = True,
+    iters: int = 30,
+    permuted: int | None = None,
 ) -> torch.Tensor:
-    """The falsifiable decomposition: W[n, i, j] ~ a[i-j] + b[n, i] + c[token of key j], the meaning term a function
-    of the key's token shared across windows and positions (position alone without `with_token`), fitted by
-    backfitting on the `train_N` windows only. Per matrix family F (a layer and head) and held-out window, the
-    row-centred Pearson r there, a and c carried over (an unseen token takes the mean meaning; the query term drops
-    out, as a constant per row changes no softmax): [F, held-out window]."""
+    """The falsifiable decomposition: W[n, i, j] ~ a[i-j] + s[j = 0] + b[n, i] + c[token of key j], the meaning term
+    a function of the key's token shared across windows and positions (position alone without `with_token`; the
+    first key, where a sink sits, has its own positional term s, so that no token term is needed to absorb it),
+    fitted by backfitting on the `train_N` windows only. Per matrix family F (a layer and head) and held-out window,
+    the row-centred Pearson r there, a, s and c carried over (an unseen token takes the mean meaning; the query term
+    drops out, as a constant per row changes no softmax): [F, held-out window]. `permuted` (a seed): the held-out
+    windows read the meaning of another token, the identities permuted across the split (the chance null)."""
     F, N, T, _ = logits_FNTT.shape
     mask_TT = torch.ones(T, T, dtype=torch.bool).tril()
     mask_TT[0] = False  # the first query's single logit says nothing once its row is centred
@@ -97,18 +104,26 @@ def token_fit_heldout(
     y = logits_FNTT[:, train_N][:, :, mask_TT].reshape(F, -1).float()
     dist, token = (i - j).repeat(len(train_N)), token_NT[train_N][:, j].flatten()
     row = (torch.arange(len(train_N))[:, None] * T + i[None]).flatten()
+    first = (j == 0).long().repeat(len(train_N))  # 1 at the first key, 0 elsewhere
     a, b, c = torch.zeros(F, T), torch.zeros(F, len(train_N) * T), torch.zeros(F, V)
+    s0 = torch.zeros(F, 2)  # the first key's own positional term (column 0 held at 0)
     seen = torch.zeros(V)
     for _ in range(iters):
-        a, _ = group_mean(y - b[:, row] - c[:, token], dist, T)
-        b, _ = group_mean(y - a[:, dist] - c[:, token], row, len(train_N) * T)
+        a, _ = group_mean(y - b[:, row] - c[:, token] - s0[:, first], dist, T)
+        s0, _ = group_mean(y - a[:, dist] - b[:, row] - c[:, token], first, 2)
+        s0[:, 0] = 0
+        b, _ = group_mean(y - a[:, dist] - c[:, token] - s0[:, first], row, len(train_N) * T)
         if with_token:
-            c, seen = group_mean(y - a[:, dist] - b[:, row], token, V)
+            c, seen = group_mean(y - a[:, dist] - b[:, row] - s0[:, first], token, V)
     unseen = seen == 0
     c[:, unseen] = ((c * seen).sum(1, keepdim=True) / seen.sum().clamp(min=1)).expand(F, int(unseen.sum()))
+    if permuted is not None:  # each token reads another token's meaning
+        c = c[:, torch.randperm(V, generator=torch.Generator().manual_seed(permuted))]
     test_N = torch.tensor([n for n in range(N) if n not in set(train_N.tolist())], dtype=torch.long)
     y_held = logits_FNTT[:, test_N][:, :, mask_TT].float().transpose(1, 2)  # [F, masked entry, held-out window]
-    fit_held = (a[:, i - j][:, :, None] + c[:, token_NT[test_N][:, j].T]).expand_as(y_held)
+    sink = s0[:, 1:] * (j == 0).float()[None]  # [F, masked entry]
+    fit_held = (a[:, i - j] + sink)[:, :, None] + c[:, token_NT[test_N][:, j].T]
+    fit_held = fit_held.expand_as(y_held)
     query_row = i - 1  # rows 1..T-1 of each window
 
     def row_centred(values: torch.Tensor) -> torch.Tensor:
