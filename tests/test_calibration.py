@@ -202,7 +202,7 @@ def test_the_planted_heads_are_found_confirmed_and_alone_over_20_seeds(tokenizer
         found = allforone.search.search(setup, AF1Config(seed=seed), threshold=0.9, selection=SELECTION, seed=seed)
         assert found.cell() == (0, 1), seed  # the last token reads in layer 1 alone
         made["subgraph confirmed"] += found.found
-        chosen = heads.consistency.Chosen(key=result.key_heads, top=result.top_heads, counterfactual="a")
+        chosen = heads.consistency.Chosen(key=result.key_heads, top=result.top_heads, counterfactual="a", draws=3)
         on = allforone.search.confirmation(setup, SELECTION, seed)
         peek = heads.consistency.consistency(on, AF1Config(wait=0, transfer=1, seed=seed), chosen)["claims"]
         decided, _ = heads.study.decide([*result.claims, *peek])  # one family with the study's own, as a study does
@@ -401,7 +401,9 @@ def test_no_head_is_claimed_to_carry_a_word_the_answer_does_not_read_over_20_see
         cell = found.cell()
         if found.chosen and cell is not None and cell[1]:  # the heads' split is the search's: same seed
             on = allforone.search.confirmation(setup, 0.5, seed)
-            chosen = heads.consistency.Chosen(key=result.key_heads, top=result.top_heads, counterfactual="slot w")
+            chosen = heads.consistency.Chosen(
+                key=result.key_heads, top=result.top_heads, counterfactual="slot w", draws=3
+            )
             config = AF1Config(wait=cell[0], transfer=cell[1], seed=seed)
             peek = heads.consistency.consistency(on, config, chosen)["claims"]
         claims, _ = heads.study.decide([*result.claims, *peek])

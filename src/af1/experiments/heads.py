@@ -169,6 +169,7 @@ class Heads(base.Experiment):
                     key=result.key_heads,
                     top=result.top_heads,
                     counterfactual=f"{result.counterfactual_kind} ({result.counterfactual})",
+                    draws=options.draws,
                 )
                 result.af1_consistency = heads.consistency.consistency(on, config, peek)
                 result.claims, result.confirmed_key_heads = heads.study.decide(

@@ -61,17 +61,19 @@ class Consistency(TypedDict):
     claims: list[Claim]  # raw: the study adjusts them with its own as one family
 
 
-RANDOM_DRAWS = 39  # draws of random heads: the claim treats them as a sample, as it does the problems
+RANDOM_DRAWS = 39  # draws of random heads by default: the claim treats them as a sample, as it does the problems
 KEY_PEEK = "only the heads chosen as key (selection half) peek"
 
 
 @dataclass(frozen=True)
 class Chosen:
-    """The heads the study chose on the search's selection split, and the counterfactual that ranked them."""
+    """The heads the study chose on the search's selection split, the counterfactual that ranked them, and how many
+    random draws their control makes (the study's, as for its knock-out)."""
 
     key: list[list[int]]
     top: list[list[int]]
     counterfactual: str
+    draws: int = RANDOM_DRAWS
 
 
 def consistency(on: Setup, config: AF1Config, chosen: Chosen) -> Consistency:
@@ -118,7 +120,9 @@ def consistency(on: Setup, config: AF1Config, chosen: Chosen) -> Consistency:
     others = [h for h in transfer_heads if h not in top and h not in keys]  # random heads: never the chosen ones
     top_here = [h for h in transfer_heads if h in top]
     if 0 < len(top_here) <= len(others):  # as many matched random heads, not top ones: is the top set special?
-        random_row, claim = random_peek(on, config, transfer_heads, others, top_here, scores[top_name], full)
+        random_row, claim = random_peek(
+            on, config, transfer_heads, others, top_here, scores[top_name], full, chosen.draws
+        )
         rows.insert(3, random_row)
         claims.append(claim)
     return Consistency(
@@ -145,20 +149,21 @@ def random_peek(
     top_here: list[tuple[int, int]],
     top_only: Scores,
     full: Scores,
+    n_draws: int = RANDOM_DRAWS,
 ) -> tuple[RandomPeekRow, Claim]:
     """As many random heads as the top heads of the transfer layers, each of a top head's layer and key/value group
     where one is left (`matched_heads`; never a top or key head, never outside the transfer layers), let peek in
-    RANDOM_DRAWS seeded draws (recorded), and the paired claim that the top heads alone keep more problems right."""
+    `n_draws` seeded draws (recorded), and the paired claim that the top heads alone keep more problems right."""
     k_top = len(top_here)
     every = [(m, j) for m in range(on.adapter.n_layers) for j in range(on.adapter.n_heads)]
-    draws, matched = matched_draws(on.adapter, top_here, range(RANDOM_DRAWS), [h for h in every if h not in others])
+    draws, matched = matched_draws(on.adapter, top_here, range(n_draws), [h for h in every if h not in others])
     drawn = pruned_scores(on, config, [[h for h in transfer_heads if h not in d] for d in draws])
     spread = mean_std([s.accuracy for s in drawn])
     claim = over_problems_and_draws(
         "top_peek_vs_random",
         f"letting only the {k_top} top heads of the transfer layers peek keeps more problems right than "
         f"letting as many random heads of the same layers and key/value groups peek (over these problems and over "
-        f"such draws: {RANDOM_DRAWS} made; none of the top or key heads)",
+        f"such draws: {n_draws} made; none of the top or key heads)",
         top_only.correct_P.float().tolist(),
         [s.correct_P.float().tolist() for s in drawn],
         f"the search's confirmation split ({len(on.kept)} solved problems)",
@@ -166,7 +171,7 @@ def random_peek(
     )
     row = RandomPeekRow(
         variant=f"{k_top} random heads of the same layers and key/value groups, none of the top or key heads, peek "
-        f"({RANDOM_DRAWS} draws)",
+        f"({n_draws} draws)",
         peeking=k_top,
         random_heads=[sorted(list(h) for h in d) for d in draws],
         random_matched=matched,
