@@ -787,6 +787,21 @@ def test_matched_random_heads_share_the_layers_and_groups_and_never_a_chosen_hea
     assert group == 2
 
 
+def test_matched_random_heads_come_from_the_half_nearest_in_ablation_size():
+    """Layer 1's free heads of group 0 and 1 sized 1, 2, 4 and 8 against a top head of size 3: only the two nearest
+    by ratio (2 and 4) are ever drawn, at the same level of place matching."""
+    from af1.interventions.heads import matched_heads
+
+    adapter = ModelAdapter(tiny_model("llama"))
+    size_LH = torch.ones(adapter.n_layers, adapter.n_heads)
+    size_LH[1] = torch.tensor([3.0, 1.0, 2.0, 8.0])  # head (1, 0) is the top head; (1, 1..3) are free
+    drawn = {matched_heads(adapter, [(1, 0)], seed, [(1, 0)], size_LH)[0][0] for seed in range(20)}
+    assert drawn == {(1, 1)}  # its own key/value group holds one free head: place comes first
+    size_LH[1] = torch.tensor([1.0, 1.0, 3.0, 8.0])
+    anywhere = {matched_heads(adapter, [(1, 0)], seed, [(1, 0), (1, 1)], size_LH)[0][0] for seed in range(20)}
+    assert anywhere == {(1, 2)}  # the same layer: of (1, 2) and (1, 3), the half nearest size 1
+
+
 def test_a_head_with_no_effect_is_never_a_confirmed_key_head(task):
     """Only head (1, 2) writes to the residual stream: every other head's effect is exactly zero on every
     problem, so its key-head claim is rejected, whatever the threshold's side."""

@@ -526,6 +526,7 @@ def over_problems_and_draws(
     random_DP: Sequence[Sequence[float]],
     measured_on: str,
     top_lower: bool,
+    subject: str | None = None,
     seed: int = 0,
 ) -> Claim:
     """'The top set's value per problem is lower (`top_lower`; else higher) than random draws' on average', over
@@ -562,6 +563,7 @@ def over_problems_and_draws(
         "greater",
         0.0,
         baseline=0.0,
+        subject=subject,
         p_against=against,
     )
 
