@@ -255,7 +255,8 @@ def study(
         over_problems_and_draws(
             "neurons_vs_random",
             f"mean-ablating the top {k} neurons of the compute layers leaves fewer problems right under AF1 than "
-            f"random sets of {k} from the same layers (over these problems and over such sets: {draws} drawn)",
+            f"random sets of {k} from the same layers do on average (over such sets, {draws} drawn, and over these "
+            "problems)",
             t.correct_P.float().tolist(),
             [s.correct_P.float().tolist() for s in per],
             measured_on,

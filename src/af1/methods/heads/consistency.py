@@ -162,8 +162,8 @@ def random_peek(
     claim = over_problems_and_draws(
         "top_peek_vs_random",
         f"letting only the {k_top} top heads of the transfer layers peek keeps more problems right than "
-        f"letting as many random heads of the same layers and key/value groups peek (over these problems and over "
-        f"such draws: {n_draws} made; none of the top or key heads)",
+        f"letting as many random heads of the same layers and key/value groups peek does on average (over such "
+        f"draws, {n_draws} made, and over these problems; none of the top or key heads)",
         top_only.correct_P.float().tolist(),
         [s.correct_P.float().tolist() for s in drawn],
         f"the search's confirmation split ({len(on.kept)} solved problems)",

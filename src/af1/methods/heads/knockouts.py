@@ -218,8 +218,8 @@ def top_vs_random_claim(top: Scores, randoms: list[Scores], k: int, measured_on:
     return over_problems_and_draws(
         "top_vs_random",
         f"mean-ablating the top {k} heads leaves fewer problems right than random sets of {k} from the same layers "
-        f"and key/value groups, matched on ablation size (over these problems and over such sets: {len(randoms)} "
-        "drawn)",
+        f"and key/value groups, matched on ablation size, do on average (over such sets, {len(randoms)} drawn, and "
+        "over these problems)",
         top.correct_P.float().tolist(),
         [s.correct_P.float().tolist() for s in randoms],
         measured_on,
