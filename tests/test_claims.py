@@ -331,7 +331,7 @@ def test_no_n_beyond_max_n_is_named_to_decide_a_claim():
 def test_the_share_claim_is_the_ratio_of_means_and_holds_its_rate_where_the_share_sits_on_the_margin(monkeypatch):
     """The estimate is sum(change - keep) / sum(gap); nothing is decided where the counterfactual moves nothing; at a
     true share difference equal to the margin the claim is confirmed at most at its nominal 2.5 %, and an exact
-    binomial test over 4,000 simulated studies tells that from twice it (5 %)."""
+    binomial test over 4,000 simulated studies tells that from twice it (5 %). Measured: 89 of 4,000 (2.2 %)."""
     import numpy as np
     from scipy.stats import binomtest
 
