@@ -740,7 +740,9 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     analysed = next(m for m, has in found.items() if has)
     heads = results[f"{analysed}/a+b.original.1d.1shot.n30/heads"]
     assert heads["placement"] and {p["stage"] for p in heads["placement"]} <= {"wait", "transfer", "compute"}
-    assert heads["path"] == "wang" and len(heads["knockout"]["accuracy_random_k"]) == 10
+    from af1.experiments.heads import Options as HeadsOptions
+
+    assert heads["path"] == "wang" and len(heads["knockout"]["accuracy_random_k"]) == HeadsOptions().draws
     assert heads["counterfactual_kind"] != "operator" and heads["second_counterfactual"] is None  # the operand alone
     search = results[f"{analysed}/a+b.original.1d.1shot.n30/search"]
     # heads chosen on the search's selection half, knocked out on its confirmation half

@@ -16,6 +16,7 @@ from af1.claims import Claim, adjust, paired_greater
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config, af1_intervention
 from af1.interventions.sites import Site, record, residual
+from af1.methods.ridge import ridge_predict
 from af1.methods.setup import Setup
 from af1.models.forward import forward_last
 from af1.results import Part
@@ -24,7 +25,6 @@ from af1.tasks.evaluation import batches
 from af1.tasks.task import Task
 
 PERIODS = (2, 5, 10, 100)  # the Fourier probe reads cos and sin of 2 pi value / T for each period T
-ALPHAS = tuple(10.0**k for k in range(-2, 6))  # ridge penalties: each fold picks one per output by leave-one-out
 KINDS = ("fourier", "linear")
 MIN_PROBLEMS = 10  # fewer problems than this cannot be cross-validated in folds worth reading
 
@@ -138,31 +138,6 @@ def fourier_features(values: torch.Tensor, periods: Sequence[int]) -> torch.Tens
 def features(labels: torch.Tensor, kind: str, periods: Sequence[int]) -> torch.Tensor:
     """What a probe regresses for labels [...]: the value itself (linear) or its circles (Fourier) [..., O]."""
     return labels.double()[..., None] if kind == "linear" else fourier_features(labels, periods)
-
-
-def ridge_predict(
-    train_PD: torch.Tensor, targets_PO: torch.Tensor, test_PD: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ridge regression on standardized features, each output's penalty chosen among ALPHAS by its exact
-    leave-one-out error on the training rows: the test rows' predictions [P, O] and each output's leave-one-out mean
-    squared error at its penalty [O] (how far to trust it when decoding)."""
-    mean, std = train_PD.mean(0), train_PD.std(0).clamp_min(1e-8)
-    x = (train_PD - mean) / std
-    y_mean = targets_PO.mean(0)
-    y = targets_PO - y_mean
-    u, s, vh = torch.linalg.svd(x, full_matrices=False)
-    uty = u.T @ y
-    best_O = torch.zeros(y.shape[1], dtype=torch.long)
-    loo_O = torch.full((y.shape[1],), math.inf, dtype=y.dtype)
-    for i, alpha in enumerate(ALPHAS):
-        shrink = s**2 / (s**2 + alpha)
-        leverage = (u**2 @ shrink + 1 / len(x)).clamp_max(1 - 1e-9)  # the intercept's share included
-        loo = ((y - u @ (shrink[:, None] * uty)) / (1 - leverage)[:, None]).pow(2).mean(0)
-        better = loo < loo_O
-        best_O[better], loo_O[better] = i, loo[better]
-    alphas_O = torch.tensor(ALPHAS, dtype=x.dtype)[best_O]
-    weights_DO = vh.T @ ((s[:, None] / (s[:, None] ** 2 + alphas_O[None])) * uty)
-    return ((test_PD - mean) / std) @ weights_DO + y_mean, loo_O
 
 
 def held_out(

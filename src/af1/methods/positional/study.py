@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, adjust, interval_above, paired_greater, prediction_interval
+from af1.claims import Claim, adjust, interval_above, prediction_interval
 from af1.methods.positional.corpus import CORPUS_SOURCE, corpus_windows, load_corpus, shuffled, window_warnings
 from af1.methods.positional.fit import (
     Spread,
@@ -41,6 +41,7 @@ from af1.methods.positional.fit import (
 )
 from af1.methods.positional.perturbation import perturbation_curve
 from af1.methods.positional.rope import RopeParts, rope_parts
+from af1.methods.positional.windows import window_claims
 from af1.models.adapter import ModelAdapter
 from af1.tasks.task import document_start
 
@@ -142,7 +143,6 @@ class Positional(RopeParts):
 
 
 RANDOM_SEEDS = 5  # random-weight controls of the held-out test
-ROUNDING = 1e-6  # a held-out r gain this small is float32 rounding: position alone fits the logits as well
 
 
 LEARNED = {  # the learned claims, by whether the random weights are rescaled to the trained model's norms
@@ -228,46 +228,6 @@ def heldout_study(
         r_norm_matched_range=list(falls[True][1]),
         claims=adjust(claims, "the positional study"),
     )
-
-
-def window_claims(
-    r_LHN: torch.Tensor,
-    pos_LHN: torch.Tensor,
-    permuted_LHN: torch.Tensor,
-    shuffled_LHN: torch.Tensor,
-    where: str,
-    seed: int,
-) -> tuple[Claim, Claim]:
-    """The held-out window-by-window claims: the meaning term adds to position alone (the first key's own term
-    included) more than the same term read with token identities permuted across the split, and word order shapes
-    the decomposition (the median head's r per window against the same tokens shuffled); paired permutation tests."""
-
-    def gain(fit_LHN: torch.Tensor) -> list[float]:
-        gain_N = median((fit_LHN - pos_LHN).flatten(0, 1), dim=0)  # per held-out window, the median head's gain
-        return torch.where(gain_N.abs() > ROUNDING, gain_N, 0.0).tolist()  # within float rounding: no gain
-
-    meaning = paired_greater(
-        "meaning_term",
-        "a meaning term that is a function of the key's token, fitted on other windows, adds to position alone (the "
-        "first key, a sink's place, its own positional term) on held-out windows more than the same term read with "
-        "the token identities permuted across the split (row-centred r)",
-        gain(r_LHN),
-        gain(permuted_LHN),
-        where,
-        seed=seed,
-        unit="held-out windows",
-    )
-    word_order = paired_greater(
-        "word_order",
-        "the text's word order makes it fit better: on each held-out window, the median head's r on the text is "
-        "above that on the same tokens shuffled",
-        median(r_LHN.flatten(0, 1), dim=0).tolist(),
-        median(shuffled_LHN.flatten(0, 1), dim=0).tolist(),
-        where,
-        seed=seed,
-        unit="held-out windows",
-    )
-    return meaning, word_order
 
 
 def study(
