@@ -256,7 +256,7 @@ def choose_heads(lm: LoadedModel, done: Evaluated, k: int, path: str = "wang", m
 @dataclass(frozen=True)
 class Settings:
     """How the study ranks and tests heads: path patching by `path` with the counterfactual `kind` (None: the
-    task's default), key heads by `metric` below `threshold`, the top `k` knocked out against `draws` matched
+    task's default), key heads by `metric` past `threshold`, the top `k` knocked out against `draws` matched
     random sets, all chosen on the selection part of `split` (fraction, seed; `split_from` says whose split). With
     `ranked_by` "attribution" the heads are chosen by the first-order estimate of path patching ('total'); the
     claims on the confirmation part stay exact (knock-outs, and path patching by `path` of the key heads).
