@@ -759,8 +759,11 @@ def test_each_problems_effects_average_to_the_effects_and_patching_some_layers_m
     adapter = ModelAdapter(tiny_model("llama"))
     cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
     pp = heads.patching.path_patching(adapter, task, cf, path, batch_size=5)
-    for metric in ("relative", "logit_diff"):
-        per_problem = heads.ranking.problem_effects(pp, metric)
+    clean = max(abs(pp["clean_logit_diff"]), 1e-6)
+    for metric, per_problem in (
+        ("relative", pp["relative_logit_change_problem_layer_head"]),
+        ("logit_diff", pp["logit_diff_change_problem_layer_head"] / clean),
+    ):
         assert per_problem.shape == (len(task), adapter.n_layers, adapter.n_heads)
         assert torch.allclose(per_problem.mean(0), heads.ranking.effect_of(pp, metric), atol=1e-6)
     some = heads.patching.path_patching(adapter, task, cf, path, batch_size=5, layers=[1])
@@ -808,7 +811,7 @@ def test_a_head_with_no_effect_is_never_a_confirmed_key_head(task):
     adapter = ModelAdapter(one_head_writes())
     cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
     pp = heads.patching.path_patching(adapter, task, cf, "direct", layers=[0, 1])
-    effect_P = heads.ranking.problem_effects(pp, "relative")
+    effect_P = pp["relative_logit_change_problem_layer_head"]
     from af1.claims import adjust, mean_below
 
     family = adjust(

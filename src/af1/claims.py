@@ -285,21 +285,30 @@ RESAMPLES = 9999  # permutation tests: the smallest p is 1 / 10,000
 BOOTSTRAP = 2000
 
 
-def mean_interval(values: Sequence[float], seed: int = 0) -> list[float]:
-    """95 % percentile-bootstrap interval of the mean over problems (the interval every per-problem effect gets)."""
-    x = np.asarray(values, dtype=float)
-    if len(x) < 2 or float(x.std()) == 0.0:
-        mean = float(x.mean()) if len(x) else float("nan")
-        return [mean, mean]
+def percentile_interval(
+    samples: tuple[np.ndarray, ...], statistic: Any, seed: int = 0, paired: bool = False, vectorized: bool = True
+) -> list[float]:
+    """95 % percentile-bootstrap interval (BOOTSTRAP resamples, seeded) of `statistic` over `samples`."""
     ci = scipy_stats.bootstrap(
-        (x,),
-        np.mean,
+        samples,
+        statistic,
+        paired=paired,
+        vectorized=vectorized,
         confidence_level=0.95,
         n_resamples=BOOTSTRAP,
         method="percentile",
         rng=np.random.default_rng(seed),
     ).confidence_interval
     return [float(ci.low), float(ci.high)]
+
+
+def mean_interval(values: Sequence[float], seed: int = 0) -> list[float]:
+    """95 % percentile-bootstrap interval of the mean over problems (the interval every per-problem effect gets)."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2 or float(x.std()) == 0.0:
+        mean = float(x.mean()) if len(x) else float("nan")
+        return [mean, mean]
+    return percentile_interval((x,), np.mean, seed)
 
 
 def _mean_p(x: np.ndarray, threshold: float, alternative: Literal["less", "greater"]) -> float:
@@ -336,17 +345,7 @@ def share_above(
     estimate = float(d.sum() / g.sum()) if moved else float("nan")
     ci = [estimate, estimate]
     if moved and len(d) >= 2 and float(np.abs(d).max()) > 0:
-        interval = scipy_stats.bootstrap(
-            (d, g),
-            lambda a, b, axis: a.sum(axis) / b.sum(axis),
-            paired=True,
-            vectorized=True,
-            confidence_level=0.95,
-            n_resamples=BOOTSTRAP,
-            method="percentile",
-            rng=np.random.default_rng(seed),
-        ).confidence_interval
-        ci = [float(interval.low), float(interval.high)]
+        ci = percentile_interval((d, g), lambda a, b, axis: a.sum(axis) / b.sum(axis), seed, paired=True)
     return tested(
         kind,
         statement,
@@ -489,16 +488,7 @@ def groups_greater(
     estimate = float(a.mean() - b.mean()) if len(a) and len(b) else float("nan")
     ci = [estimate, estimate]
     if len(a) >= 2 and len(b) >= 2 and float(np.ptp(np.concatenate([a, b]))) > 0:
-        interval = scipy_stats.bootstrap(
-            (a, b),
-            lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),
-            vectorized=True,
-            confidence_level=0.95,
-            n_resamples=BOOTSTRAP,
-            method="percentile",
-            rng=np.random.default_rng(seed),
-        ).confidence_interval
-        ci = [float(interval.low), float(interval.high)]
+        ci = percentile_interval((a, b), lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis), seed)
     one_sided = alternative == "greater"
     smallest = 1 / math.comb(len(a) + len(b), len(a)) if len(a) and len(b) else 1.0
     return tested(

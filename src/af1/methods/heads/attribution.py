@@ -17,7 +17,7 @@ import torch
 from scipy import stats as scipy_stats
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import BOOTSTRAP
+from af1.claims import percentile_interval
 from af1.interventions.sites import Site, edit_sites, head_inputs, mlp_output, record
 from af1.methods.counterfactuals import Counterfactual
 from af1.methods.heads.capture import EffectSums
@@ -130,22 +130,19 @@ def agreement(estimate_PZ: torch.Tensor, exact_PZ: torch.Tensor, k: int, seed: i
     keep = ~(estimate_PZ.isnan().any(0) | exact_PZ.isnan().any(0))
     a, b = estimate_PZ[:, keep].double().numpy(), exact_PZ[:, keep].double().numpy()
     rho = _spearman(a.mean(0), b.mean(0))
-    interval = scipy_stats.bootstrap(  # problems resampled as a whole: their rows of both
+    interval = percentile_interval(  # problems resampled as a whole: their rows of both
         (np.arange(len(a)),),
         lambda rows: _spearman(a[rows.astype(int)].mean(0), b[rows.astype(int)].mean(0)),
+        seed,
         vectorized=False,
-        confidence_level=0.95,
-        n_resamples=BOOTSTRAP,
-        method="percentile",
-        rng=np.random.default_rng(seed),
-    ).confidence_interval
+    )
     k = min(k, int(keep.sum()))
     top_a, top_b = set(np.argsort(a.mean(0))[:k].tolist()), set(np.argsort(b.mean(0))[:k].tolist())
     return RankAgreement(
         n=len(a),
         n_ranked=int(keep.sum()),
         spearman=rho,
-        spearman_ci=[float(interval.low), float(interval.high)],
+        spearman_ci=interval,
         k=k,
         top_k_shared=len(top_a & top_b) / k if k else 1.0,
     )

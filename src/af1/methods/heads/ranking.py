@@ -14,7 +14,7 @@ from typing_extensions import TypedDict  # pydantic reads TypedDicts from here b
 from af1.errors import Af1Error
 from af1.methods.counterfactuals import defines_answers
 from af1.methods.heads.attribution import ESTIMATE
-from af1.methods.heads.capture import SCORED, Effects, ProblemEffects
+from af1.methods.heads.capture import SCORED, Effects
 from af1.methods.heads.patching import PooledPathPatching, layout_path_patching
 from af1.models.adapter import ModelAdapter
 from af1.stats import baseline_warning, constant_baseline, split_indices
@@ -34,16 +34,6 @@ DESCRIPTIVE = "relative"  # the share needs a counterfactual answer: without one
 
 
 OWN_SPLIT = "the heads study's own seeded split"  # where the heads are chosen without a search's split
-
-
-def problem_effects(pp: ProblemEffects, metric: str) -> torch.Tensor:
-    """[problem, layer, head] by one of the old metrics (`effect_of`'s, per problem; its mean over problems is
-    `effect_of`). The share is a ratio of means (`effect_of`), not a mean of per-problem ratios."""
-    if metric == "relative":
-        return pp["relative_logit_change_problem_layer_head"]
-    if metric == "logit_diff":
-        return pp["logit_diff_change_problem_layer_head"] / max(abs(pp["clean_logit_diff"]), 1e-6)
-    raise Af1Error(f"no per-problem effect for metric '{metric}': one of relative, logit_diff")
 
 
 def effect_of(pp: Effects, metric: str) -> torch.Tensor:
