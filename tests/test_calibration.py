@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from af1.claims import paired_differs
+from af1.claims import About, paired_differs
 from af1.experiments.necessity import necessary
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, heads, positional, probes
@@ -164,7 +164,9 @@ def resample_seeds_differ(setup, seed: int) -> bool:
     """Whether the exact McNemar test of the alternatives, ABP variants, consistency table and transfer confirms
     that two interventions alike in distribution (resample ablation at L_wait 0, L_transfer 1, two seeds) differ."""
     a, b = (faithfulness(setup, AF1Config(wait=0, transfer=1, ablation="resample", seed=2 * seed + i)) for i in (0, 1))
-    claim = paired_differs("alternative", "two resample seeds differ", a.correct_P.tolist(), b.correct_P.tolist(), "")
+    claim = paired_differs(
+        About("alternative", "two resample seeds differ", ""), a.correct_P.tolist(), b.correct_P.tolist()
+    )
     return claim["outcome"] == "confirmed"
 
 

@@ -10,6 +10,7 @@ import pytest
 from scipy.stats import binom
 
 from af1 import claims
+from af1.claims import About
 from af1.methods import allforone
 from af1.stats import exact_interval
 
@@ -19,18 +20,18 @@ SEEDS = 200
 def test_a_rate_claim_is_decided_by_exact_tests_on_both_sides():
     """Qwen's old cell, 47 of 49: not confirmed, and the n named is where the exact test would confirm 0.959 with 80 %
     power; SmolLM2's 28 of 35 (exact one-sided p 0.055) is not rejected, though its Wilson interval lay below 0.9."""
-    qwen = claims.rate_above("af1_subgraph", "s", [True] * 47 + [False] * 2, 0.9, "conf", 0.12)
+    qwen = claims.rate_above(About("af1_subgraph", "s", "conf", None, 0.12), [True] * 47 + [False] * 2, 0.9)
     low, high = qwen["ci"]
     assert qwen["outcome"] == "not confirmed" and low is not None and high is not None and low < 0.9 < high
     assert (low, high) == pytest.approx(exact_interval(47, 49)) and qwen["p_value"] == pytest.approx(0.12, abs=0.005)
     n = qwen["n_to_decide"]
     assert n is not None and exact_power(47 / 49, n) >= 0.8 > exact_power(47 / 49, n - 1)  # where power crosses 0.8
     assert 99 < n < 250  # the issue's powers: about 0.6 at n 99, about 0.95 at n 250
-    assert claims.rate_above("k", "s", [True] * 49, 0.9, "conf", None)["outcome"] == "confirmed"  # 0.9 ** 49
-    smollm2 = claims.rate_above("k", "s", [True] * 28 + [False] * 7, 0.9, "c", None)
+    assert claims.rate_above(About("k", "s", "conf"), [True] * 49, 0.9)["outcome"] == "confirmed"  # 0.9 ** 49
+    smollm2 = claims.rate_above(About("k", "s", "c"), [True] * 28 + [False] * 7, 0.9)
     assert smollm2["outcome"] == "not confirmed" and smollm2["p_against"] == pytest.approx(0.0552, abs=1e-4)
     assert (smollm2["n_to_decide"] or 0) > 35
-    lower = claims.rate_above("k", "s", [True] * 20 + [False] * 20, 0.9, "c", None)
+    lower = claims.rate_above(About("k", "s", "c"), [True] * 20 + [False] * 20, 0.9)
     assert lower["outcome"] == "rejected" and lower["n_to_decide"] is None
     assert "would decide it" in claims.outcome_text(qwen) and "p against" in claims.outcome_text(lower)
 
@@ -62,7 +63,7 @@ def test_a_rate_claim_errs_on_each_side_in_at_most_2_5_percent_at_its_threshold_
 
 def rate_outcome(k: int, n: int, threshold: float) -> str:
     """The claim's outcome for k right of n, read from the claims layer itself (the rule under test)."""
-    return claims.rate_above("k", "s", [True] * k + [False] * (n - k), threshold, "c", None)["outcome"]
+    return claims.rate_above(About("k", "s", "c"), [True] * k + [False] * (n - k), threshold)["outcome"]
 
 
 def families_confirming(rate_claim, rng: np.random.Generator) -> float:
@@ -70,7 +71,7 @@ def families_confirming(rate_claim, rng: np.random.Generator) -> float:
     `rate_claim` (adjusted over the family) confirms anything."""
     wrong = 0
     for _ in range(SEEDS):
-        family = [rate_claim("k", "s", list(rng.random(49) < 0.9), 0.9, "c", None) for _ in range(20)]
+        family = [rate_claim(About("k", "s", "c"), list(rng.random(49) < 0.9), 0.9) for _ in range(20)]
         wrong += any(c["outcome"] == "confirmed" for c in claims.adjust(family, "f"))
     return wrong / SEEDS
 
@@ -81,9 +82,9 @@ def test_a_window_claimed_necessary_is_so_in_at_most_its_family_error_rate():
     confirmed, one that breaks none is rejected (its interval lies wholly above the threshold), one near it is not
     confirmed."""
     assert families_confirming(claims.rate_below, np.random.default_rng(0)) <= 0.025
-    broken = claims.rate_below("w", "s", [True] * 20 + [False] * 29, 0.9, "c", None)
-    intact = claims.rate_below("w", "s", [True] * 49, 0.9, "c", None)  # 1.000 [0.927, 1.000]
-    near = claims.rate_below("w", "s", [True] * 45 + [False] * 4, 0.9, "c", None)  # 0.918 [0.81, 0.97]
+    broken = claims.rate_below(About("w", "s", "c"), [True] * 20 + [False] * 29, 0.9)
+    intact = claims.rate_below(About("w", "s", "c"), [True] * 49, 0.9)  # 1.000 [0.927, 1.000]
+    near = claims.rate_below(About("w", "s", "c"), [True] * 45 + [False] * 4, 0.9)  # 0.918 [0.81, 0.97]
     assert broken["outcome"] == "confirmed" and intact["p_value"] == 1.0
     assert intact["outcome"] == "rejected" and intact["n_to_decide"] is None
     assert near["outcome"] == "not confirmed"
@@ -99,8 +100,8 @@ def test_a_family_of_rates_claimed_to_keep_the_threshold_stays_silent_at_it():
     threshold are confirmed in at most 2.5 % of families; one solved throughout on 49 problems is confirmed, one at
     half is rejected."""
     assert families_confirming(claims.rate_above, np.random.default_rng(2)) <= 0.025
-    kept = claims.rate_above("k", "s", [True] * 49, 0.9, "c", None)  # p = 0.9 ** 49 = 0.0057
-    half = claims.rate_above("k", "s", [True] * 25 + [False] * 24, 0.9, "c", None)
+    kept = claims.rate_above(About("k", "s", "c"), [True] * 49, 0.9)  # p = 0.9 ** 49 = 0.0057
+    half = claims.rate_above(About("k", "s", "c"), [True] * 25 + [False] * 24, 0.9)
     assert kept["outcome"] == "confirmed" and half["outcome"] == "rejected"
     adjusted = claims.adjust([kept, half], "f")
     assert [c["outcome"] for c in adjusted] == ["confirmed", "rejected"]  # adjusting keeps a rejection
@@ -143,7 +144,10 @@ def test_the_search_confirms_a_planted_subgraph():
 
 def test_holm_and_benjamini_hochberg():
     assert claims.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
-    family = [claims.tested("k", "s", "r", "m", 30, 0.1, [0.0, 0.2], p, "two-sided", 0.0) for p in (0.01, 0.02, 0.04)]
+    family = [
+        claims.tested(About("k", "s", "m"), "r", 30, 0.1, [0.0, 0.2], 0.0, "two-sided", (p, None))
+        for p in (0.01, 0.02, 0.04)
+    ]
     holm = claims.adjust(family, "f")
     assert [c["p_adjusted"] for c in holm] == pytest.approx([0.03, 0.04, 0.04])
     assert [c["outcome"] for c in holm] == ["confirmed"] * 3
@@ -151,9 +155,14 @@ def test_holm_and_benjamini_hochberg():
     bh = claims.adjust(family, "f", method="bh")
     assert [c["p_adjusted"] for c in bh] == pytest.approx([0.03, 0.03, 0.04])
     assert holm[0]["family"] == "f: 3 tests, Holm"
-    alone = claims.adjust([*family, claims.tested("k", "s", "r", "m", 30, 0.1, [0.0, 0.2], 0.2, "two-sided", 0.0)], "f")
+    alone = claims.adjust(
+        [*family, claims.tested(About("k", "s", "m"), "r", 30, 0.1, [0.0, 0.2], 0.0, "two-sided", (0.2, None))], "f"
+    )
     assert alone[2]["outcome"] == "not confirmed" and alone[2]["n_to_decide"] is not None
-    weak = [claims.tested("k", "s", "r", "m", 30, 0.1, [0.0, 0.2], p, "two-sided", 0.0) for p in (0.4, 0.5, 0.6)]
+    weak = [
+        claims.tested(About("k", "s", "m"), "r", 30, 0.1, [0.0, 0.2], 0.0, "two-sided", (p, None))
+        for p in (0.4, 0.5, 0.6)
+    ]
     capped = claims.adjust(weak, "f")  # Holm caps each at 1: the n still carries each p's own multiplier, 3, 2, 1
     assert [c["p_adjusted"] for c in capped] == [1.0] * 3
     assert [c["n_to_decide"] for c in capped] == [
@@ -169,7 +178,7 @@ def test_key_heads_where_none_is_key_are_confirmed_in_at_most_the_family_error_r
     any_made = 0
     for _ in range(60):
         family = [
-            claims.mean_below("key_head", "s", list(rng.normal(-0.05, 0.1, 40)), -0.05, "c", subject=str(h))
+            claims.mean_below(About("key_head", "s", "c", str(h)), list(rng.normal(-0.05, 0.1, 40)), -0.05)
             for h in range(20)
         ]
         any_made += bool(claims.confirmed(claims.adjust(family, "heads"), "key_head"))
@@ -181,14 +190,16 @@ def test_planted_key_heads_are_confirmed_and_a_head_with_no_effect_is_rejected()
     hits = 0
     for _ in range(20):
         family = [
-            claims.mean_below("key_head", "s", list(rng.normal(-0.3 if h < 3 else 0.0, 0.1, 40)), -0.05, "c", str(h))
+            claims.mean_below(
+                About("key_head", "s", "c", str(h)), list(rng.normal(-0.3 if h < 3 else 0.0, 0.1, 40)), -0.05
+            )
             for h in range(20)
         ]
         adjusted = claims.adjust(family, "heads")
         hits += claims.confirmed(adjusted, "key_head") == ["0", "1", "2"]
         assert {c["outcome"] for c in adjusted[3:]} <= {"rejected", "not confirmed"}
     assert hits >= 16
-    nil = claims.mean_below("key_head", "s", [0.0] * 30, -0.05, "c")
+    nil = claims.mean_below(About("key_head", "s", "c"), [0.0] * 30, -0.05)
     assert nil["outcome"] == "rejected" and claims.adjust([nil], "f")[0]["outcome"] == "rejected"
 
 
@@ -198,9 +209,9 @@ def test_top_heads_against_random_heads_stay_silent_where_they_are_alike():
     for _ in range(60):
         top = list((rng.random(40) < 0.8).astype(float))
         random_share = list(np.mean(rng.random((10, 40)) < 0.8, axis=0))
-        made += claims.paired_greater("top_vs_random", "s", random_share, top, "c")["outcome"] == "confirmed"
+        made += claims.paired_greater(About("top_vs_random", "s", "c"), random_share, top)["outcome"] == "confirmed"
     assert made / 60 <= 0.1
-    strong = claims.paired_greater("top_vs_random", "s", [0.95] * 35, [1.0] * 10 + [0.0] * 25, "c")
+    strong = claims.paired_greater(About("top_vs_random", "s", "c"), [0.95] * 35, [1.0] * 10 + [0.0] * 25)
     p = strong["p_value"]
     assert strong["outcome"] == "confirmed" and p is not None and p < 0.001 and (strong["ci"][0] or 0) > 0
 
@@ -208,22 +219,24 @@ def test_top_heads_against_random_heads_stay_silent_where_they_are_alike():
 def test_a_paired_greater_claim_is_rejected_where_its_interval_lies_below_zero():
     """The one-sided claim 'first is larger' is rejected where the whole interval says smaller, and an estimate that
     points away names the n at which the interval would clear 0; two-sided, nothing is rejected."""
-    below = claims.paired_greater("top_vs_random", "s", [0.0] * 20, [1.0] * 15 + [0.0] * 5, "c")
+    below = claims.paired_greater(About("top_vs_random", "s", "c"), [0.0] * 20, [1.0] * 15 + [0.0] * 5)
     assert below["outcome"] == "rejected" and (below["ci"][1] or 0) < 0 and below["n_to_decide"] is None
     assert claims.adjust([below], "f")[0]["outcome"] == "rejected"
-    away = claims.paired_greater("top_vs_random", "s", [0.0] * 18 + [1.0] * 2, [1.0] * 3 + [0.0] * 17, "c")
+    away = claims.paired_greater(About("top_vs_random", "s", "c"), [0.0] * 18 + [1.0] * 2, [1.0] * 3 + [0.0] * 17)
     assert away["outcome"] == "not confirmed" and (away["n_to_decide"] or 0) > 20
-    both = claims.paired_greater("alternative", "s", [0.0] * 20, [1.0] * 15 + [0.0] * 5, "c", alternative="two-sided")
+    both = claims.paired_greater(
+        About("alternative", "s", "c"), [0.0] * 20, [1.0] * 15 + [0.0] * 5, alternative="two-sided"
+    )
     assert both["outcome"] == "confirmed"
 
 
 def test_paired_differs_reads_mcnemar_and_a_claim_not_confirmed_names_its_n():
-    same = claims.paired_differs("alternative", "s", [True] * 30, [True] * 30, "c")
+    same = claims.paired_differs(About("alternative", "s", "c"), [True] * 30, [True] * 30)
     assert same["p_value"] == 1.0 and same["outcome"] == "not confirmed" and same["n_to_decide"] is None
-    apart = claims.paired_differs("alternative", "s", [False] * 20 + [True] * 10, [True] * 30, "c")
+    apart = claims.paired_differs(About("alternative", "s", "c"), [False] * 20 + [True] * 10, [True] * 30)
     assert apart["outcome"] == "confirmed" and apart["estimate"] == pytest.approx(-20 / 30)
     assert claims.n_to_decide_text(same) == "none at this estimate" and claims.n_to_decide_text(apart) == ""
-    near = claims.paired_differs("alternative", "s", [False] * 3 + [True] * 27, [True] * 30, "c")
+    near = claims.paired_differs(About("alternative", "s", "c"), [False] * 3 + [True] * 27, [True] * 30)
     assert near["outcome"] == "not confirmed" and claims.n_to_decide_text(near) == f"{near['n_to_decide']:,}"
 
 
@@ -237,12 +250,12 @@ def test_variants_that_differ_from_cama_only_by_chance_are_confirmed_in_at_most_
     for _ in range(SEEDS):
         cama = rng.random(49) < 0.9
         family = [
-            claims.paired_differs("alternative", "s", list(rng.random(49) < 0.9), list(cama), "c", str(v))
+            claims.paired_differs(About("alternative", "s", "c", str(v)), list(rng.random(49) < 0.9), list(cama))
             for v in range(8)
         ]
         any_made += any(c["outcome"] == "confirmed" for c in claims.adjust(family, "alternatives"))
     assert any_made / SEEDS <= 0.05
-    lost = claims.paired_differs("alternative", "s", [False] * 20 + [True] * 29, [True] * 49, "c")
+    lost = claims.paired_differs(About("alternative", "s", "c"), [False] * 20 + [True] * 29, [True] * 49)
     assert claims.adjust([lost, *family[1:]], "alternatives")[0]["outcome"] == "confirmed"
 
 
@@ -250,9 +263,9 @@ def test_identical_claims_in_one_family_are_decided_alike():
     """Tied p-values share their rank in the family, so two identical claims get the same adjusted p and the same n
     to decide, wherever they stand in the list."""
     same = [True] * 45 + [False] * 4  # 0.918, p about 0.45, the family's smallest: Holm caps both at 1
-    family = [claims.rate_above("k", "s", same, 0.9, "c", None, subject=str(i)) for i in range(2)]
+    family = [claims.rate_above(About("k", "s", "c", str(i)), same, 0.9) for i in range(2)]
     below = [True] * 43 + [False] * 6
-    family[1:1] = [claims.rate_above("k", "s", below, 0.9, "c", None, subject=f"other {i}") for i in range(2)]
+    family[1:1] = [claims.rate_above(About("k", "s", "c", f"other {i}"), below, 0.9) for i in range(2)]
     first, *_, last = claims.adjust(family, "styles")
     assert first["p_adjusted"] == last["p_adjusted"] == 1.0
     assert first["n_to_decide"] == last["n_to_decide"] is not None
@@ -273,13 +286,15 @@ def test_a_best_cell_that_did_not_pass_selection_is_never_confirmed():
 
 
 def test_a_key_head_needs_more_than_one_problem_and_a_one_sided_test_its_half_level():
-    assert claims.mean_below("key_head", "s", [-0.9], -0.05, "c")["outcome"] != "confirmed"
-    flat = claims.mean_below("key_head", "s", [-0.5] * 8, -0.05, "c")  # no spread: a sign test, 1 / 256
+    assert claims.mean_below(About("key_head", "s", "c"), [-0.9], -0.05)["outcome"] != "confirmed"
+    flat = claims.mean_below(About("key_head", "s", "c"), [-0.5] * 8, -0.05)  # no spread: a sign test, 1 / 256
     assert flat["p_value"] == 0.5**8 and flat["outcome"] == "confirmed" and flat["alpha"] == 0.025
-    short = claims.mean_below("key_head", "s", [-0.5] * 5, -0.05, "c")  # 1 / 32 > 0.025: one more problem decides
+    short = claims.mean_below(
+        About("key_head", "s", "c"), [-0.5] * 5, -0.05
+    )  # 1 / 32 > 0.025: one more problem decides
     assert short["outcome"] == "not confirmed" and short["n_to_decide"] == 6
     assert [c["n_to_decide"] for c in claims.adjust([short] * 3, "f")] == [7] * 3  # 0.5 ** 7 < 0.025 / 3
-    wrong_way = claims.paired_greater("k", "s", [0.0] * 20, [1.0] * 10 + [0.0] * 10, "c")
+    wrong_way = claims.paired_greater(About("k", "s", "c"), [0.0] * 20, [1.0] * 10 + [0.0] * 10)
     assert wrong_way["outcome"] == "rejected" and wrong_way["n_to_decide"] is None  # its interval lies below 0
 
 
@@ -287,12 +302,12 @@ def test_a_rate_tested_against_a_threshold_names_the_n_that_decides_it_against_t
     """The n to decide a rate claim is measured from its threshold, on whichever side the rate lies, by the exact
     test on that side (its own: confirmation; the opposite: rejection) at the level its family asks, never from the
     constant guess."""
-    away = claims.rate_above("style", "s", [True] * 43 + [False] * 6, 0.9, "c", 0.1)  # 0.878 [0.75, 0.95]
+    away = claims.rate_above(About("style", "s", "c", None, 0.1), [True] * 43 + [False] * 6, 0.9)  # 0.878 [0.75, 0.95]
     assert away["outcome"] == "not confirmed" and away["n_to_decide"] == claims.n_to_decide_rate(43 / 49, 0.9)
     assert away["n_to_decide"] is not None and away["n_to_decide"] > 600  # not 50
-    near = claims.rate_below("window", "s", [True] * 45 + [False] * 4, 0.9, "c", 0.1)  # 0.918 [0.80, 0.98]
+    near = claims.rate_below(About("window", "s", "c", None, 0.1), [True] * 45 + [False] * 4, 0.9)  # 0.918 [0.80, 0.98]
     assert near["n_to_decide"] == claims.n_to_decide_rate(45 / 49, 0.9)
-    towards = claims.rate_below("window", "s", [True] * 40 + [False] * 9, 0.9, "c", 0.5)  # 0.816, p 0.04
+    towards = claims.rate_below(About("window", "s", "c", None, 0.5), [True] * 40 + [False] * 9, 0.9)  # 0.816, p 0.04
     n = towards["n_to_decide"]
     assert towards["outcome"] == "not confirmed" and n == claims.n_to_decide_rate(40 / 49, 0.9)
     assert n is not None and n > 49
@@ -307,9 +322,9 @@ def test_an_estimate_against_where_one_random_model_falls_names_the_n_that_clear
     """'Learned': the trained model's interval shrinks with its windows, the random models' range does not. So the n
     to decide is where this interval alone clears the other (on either side), and none where the estimate lies
     inside the other's range."""
-    above = claims.interval_above("learned", "s", 0.3, [0.2, 0.4], 0.2, [0.14, 0.27], "w", 8)
-    inside = claims.interval_above("learned", "s", 0.25, [0.15, 0.35], 0.2, [0.14, 0.27], "w", 8)
-    below = claims.interval_above("learned", "s", 0.1, [0.05, 0.15], 0.2, [0.14, 0.27], "w", 8)
+    above = claims.interval_above(About("learned", "s", "w"), 0.3, [0.2, 0.4], 0.2, [0.14, 0.27], 8)
+    inside = claims.interval_above(About("learned", "s", "w"), 0.25, [0.15, 0.35], 0.2, [0.14, 0.27], 8)
+    below = claims.interval_above(About("learned", "s", "w"), 0.1, [0.05, 0.15], 0.2, [0.14, 0.27], 8)
     assert [c["outcome"] for c in (above, inside, below)] == ["not confirmed"] * 3
     assert above["n_to_decide"] == math.ceil(8 * (0.1 / 0.03) ** 2) and inside["n_to_decide"] is None
     assert below["n_to_decide"] == math.ceil(8 * (0.05 / 0.04) ** 2) and below["null"] == 0.2
@@ -319,12 +334,12 @@ def test_no_n_beyond_max_n_is_named_to_decide_a_claim():
     """An effect far smaller than its spread would need more than MAX_N units: 'none at this estimate', as a rate
     on its line says, never an n above MAX_N (100,000)."""
     first = [1.0003, -0.9997] * 4  # mean difference 0.0003 against a spread of 1
-    claim = claims.decided(claims.paired_greater("k", "first is larger", first, [0.0] * 8, "here"))
+    claim = claims.decided(claims.paired_greater(About("k", "first is larger", "here"), first, [0.0] * 8))
     assert claim["outcome"] == "not confirmed" and claim["n_to_decide"] is None
     assert claims.n_to_decide_text(claim) == "none at this estimate"
-    near = claims.decided(claims.paired_greater("k", "first is larger", [1.3, -0.7] * 4, [0.0] * 8, "here"))
+    near = claims.decided(claims.paired_greater(About("k", "first is larger", "here"), [1.3, -0.7] * 4, [0.0] * 8))
     assert near["outcome"] == "not confirmed" and 8 < (near["n_to_decide"] or 0) <= claims.MAX_N
-    above = claims.interval_above("k", "above", 0.5, [0.49, 0.51], 0.4999, [0.49, 0.49999], "here", 8)
+    above = claims.interval_above(About("k", "above", "here"), 0.5, [0.49, 0.51], 0.4999, [0.49, 0.49999], 8)
     assert above["outcome"] == "not confirmed" and above["n_to_decide"] is None
 
 
@@ -338,9 +353,11 @@ def test_the_share_claim_is_the_ratio_of_means_and_holds_its_rate_where_the_shar
     from af1 import claims
 
     gap = [-2.0, -1.0, -3.0, -2.0]
-    claim = claims.share_above("key_head", "s", [-1.0, -0.2, -1.5, -0.9], [0.0, 0.0, -0.3, 0.1], gap, 0.05, "here")
+    claim = claims.share_above(
+        About("key_head", "s", "here"), [-1.0, -0.2, -1.5, -0.9], [0.0, 0.0, -0.3, 0.1], gap, 0.05
+    )
     assert claim["estimate"] == pytest.approx((-1.0 - 0.2 - 1.2 - 1.0) / -8.0)
-    still = claims.share_above("key_head", "s", [0.1, 0.2], [0.0, 0.0], [0.0, 0.5], 0.05, "here")
+    still = claims.share_above(About("key_head", "s", "here"), [0.1, 0.2], [0.0, 0.0], [0.0, 0.5], 0.05)
     assert still["outcome"] == "not confirmed" and still["p_value"] == 1.0 and still["p_against"] == 1.0
     monkeypatch.setattr(claims, "BOOTSTRAP", 10)  # the interval decides nothing: keep the simulation cheap
     rng = np.random.default_rng(0)
@@ -349,7 +366,7 @@ def test_the_share_claim_is_the_ratio_of_means_and_holds_its_rate_where_the_shar
         gap_P = -rng.uniform(0.5, 3.0, 30)
         keep_P = rng.normal(0, 0.3, 30)
         change_P = keep_P + 0.05 * gap_P + rng.standard_t(4, 30) * 0.2  # the share difference is the margin
-        claim = claims.share_above("k", "s", change_P.tolist(), keep_P.tolist(), gap_P.tolist(), 0.05, "here")
+        claim = claims.share_above(About("k", "s", "here"), change_P.tolist(), keep_P.tolist(), gap_P.tolist(), 0.05)
         made += claim["outcome"] == "confirmed"
     assert made / 4000 <= 0.03 and binomtest(made, 4000, 0.05, alternative="less").pvalue < 1e-6, made
 
@@ -358,10 +375,12 @@ def test_runs_are_compared_as_units_exactly():
     """Five runs each way, every precise run above every random one: the exact one-sided p is 1 / C(10, 5)."""
     from af1.claims import groups_greater
 
-    claim = groups_greater("precise_vs_random", "s", [0.9, 0.8, 0.85, 0.95, 0.88], [0.5, 0.6, 0.4, 0.55, 0.45], "x")
+    claim = groups_greater(
+        About("precise_vs_random", "s", "x"), [0.9, 0.8, 0.85, 0.95, 0.88], [0.5, 0.6, 0.4, 0.55, 0.45]
+    )
     assert claim["p_value"] == pytest.approx(1 / 252) and claim["outcome"] == "confirmed" and claim["n"] == 10
     assert claim["estimate"] == pytest.approx(0.876 - 0.5)
-    one = groups_greater("precise_vs_random", "s", [0.9], [0.5], "x")
+    one = groups_greater(About("precise_vs_random", "s", "x"), [0.9], [0.5])
     assert one["outcome"] == "not confirmed" and one["p_value"] == 1.0
 
 
@@ -372,14 +391,16 @@ def test_a_claim_against_random_draws_resamples_the_draws_as_well_as_the_problem
     from af1.claims import over_problems_and_draws, paired_greater
 
     top = [0.0] * 40
-    every = over_problems_and_draws("top_vs_random", "s", top, [[1.0] * 40] * 10, "x", top_lower=True)
+    every = over_problems_and_draws(About("top_vs_random", "s", "x"), top, [[1.0] * 40] * 10, top_lower=True)
     assert every["outcome"] == "confirmed" and every["estimate"] == 1.0 and every["p_value"] == pytest.approx(1e-4)
     split = [[1.0] * 40] * 2 + [[0.0] * 40] * 2  # 4 draws: 2 harmless, 2 as harmful as the top set
-    held = paired_greater("top_vs_random", "s", [0.5] * 40, top, "x")
+    held = paired_greater(About("top_vs_random", "s", "x"), [0.5] * 40, top)
     assert held["outcome"] == "confirmed"
-    both = over_problems_and_draws("top_vs_random", "s", top, split, "x", top_lower=True)
+    both = over_problems_and_draws(About("top_vs_random", "s", "x"), top, split, top_lower=True)
     assert both["outcome"] == "not confirmed" and (both["p_value"] or 0.0) > 0.05
-    peek = over_problems_and_draws("top_peek_vs_random", "s", [1.0] * 40, [[0.0] * 40] * 10, "x", top_lower=False)
+    peek = over_problems_and_draws(
+        About("top_peek_vs_random", "s", "x"), [1.0] * 40, [[0.0] * 40] * 10, top_lower=False
+    )
     assert peek["outcome"] == "confirmed" and peek["estimate"] == 1.0
 
 
@@ -400,5 +421,7 @@ def test_the_claim_against_random_draws_holds_its_rate_where_the_top_set_is_an_a
         base = rng.uniform(-1, 2, 40)
         shift = np.r_[0.0, rng.normal(0, 0.5, 10)]  # the top set first, at the average
         y = (rng.uniform(size=(11, 40)) < 1 / (1 + np.exp(-(base[None] + shift[:, None])))).astype(float)
-        made += claims.over_problems_and_draws("k", "s", y[0], y[1:], "x", top_lower=True)["outcome"] == "confirmed"
+        made += (
+            claims.over_problems_and_draws(About("k", "s", "x"), y[0], y[1:], top_lower=True)["outcome"] == "confirmed"
+        )
     assert made / 1000 <= 0.035 and binomtest(made, 1000, 0.05, alternative="less").pvalue < 1e-3, made

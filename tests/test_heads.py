@@ -812,14 +812,14 @@ def test_a_head_with_no_effect_is_never_a_confirmed_key_head(task):
     cf = Counterfactual(task.input_ids_PT.flip(0), "", [])
     pp = heads.patching.path_patching(adapter, task, cf, "direct", layers=[0, 1])
     effect_P = pp["relative_logit_change_problem_layer_head"]
-    from af1.claims import adjust, mean_below
+    from af1.claims import About, adjust, mean_below
 
     family = adjust(
-        [mean_below("key_head", "s", effect_P[:, 0, h].tolist(), -0.05, "c", f"0.{h}") for h in range(4)], "f"
+        [mean_below(About("key_head", "s", "c", f"0.{h}"), effect_P[:, 0, h].tolist(), -0.05) for h in range(4)], "f"
     )
     assert [c["outcome"] for c in family] == ["rejected"] * 4
     moving = float(effect_P[:, 1, 2].mean())
-    planted = mean_below("key_head", "s", effect_P[:, 1, 2].tolist(), moving + 0.5, "c")
+    planted = mean_below(About("key_head", "s", "c"), effect_P[:, 1, 2].tolist(), moving + 0.5)
     assert planted["outcome"] == "confirmed"  # well below a threshold above its mean: made
 
 

@@ -65,6 +65,11 @@ def test_every_module_imports_only_its_own_layer_or_those_below():
     assert upward == []
 
 
+def test_no_module_imports_from_the_package_root():
+    """The root only re-exports: a module that reads a name from `af1` itself runs back up every layer."""
+    assert sorted(m for m, targets in GRAPH.items() if m != "af1" and "af1" in targets) == []
+
+
 def test_no_module_imports_itself_back():
     """No circle of imports between af1's modules (the package root, which only re-exports, left out)."""
     modules = {m: {n for n in targets if n in GRAPH and n != "af1"} for m, targets in GRAPH.items() if m != "af1"}

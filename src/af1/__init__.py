@@ -9,12 +9,18 @@ from af1.errors import Af1Error
 if TYPE_CHECKING:
     from af1.models import LoadedModel, ModelAdapter, load_model
 
-__version__ = "0.1.0"
+    __version__: str
+
 __all__ = ["Af1Error", "LoadedModel", "ModelAdapter", "__version__", "load_model"]
 
 
 def __getattr__(name: str) -> Any:
-    """The model names import torch, so only when asked for: `af1 --help` and plan checks stay fast."""
+    """The model names and the version (kept with the results' provenance) import torch, so only when asked for:
+    `af1 --help` and plan checks stay fast."""
+    if name == "__version__":
+        from af1.results import VERSION
+
+        return VERSION
     if name in {"LoadedModel", "ModelAdapter", "load_model"}:
         from af1 import models
 

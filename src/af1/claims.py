@@ -5,6 +5,7 @@ reads its outcome from here (`outcome_text`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,19 @@ REJECTED: Outcome = "rejected"
 MAX_N = 100_000  # beyond this an observed rate that sits on its threshold is called undecidable
 POWER = 0.8  # "n to decide": the n at which the observed effect would be decided this often
 RATE_TEST = "one-sided exact binomial test of the rate against"  # how `_rate_tested` claims' rules begin
+
+
+@dataclasses.dataclass(frozen=True)
+class About:
+    """What a claim is about, said by its caller: its kind, the statement, where it was measured, which one of its
+    kind (a head "16.11", a variant; None where a result holds one) and the constant guess it is read against (a
+    rule against a null of its own, 0 or a margin, reads it against that null)."""
+
+    kind: str
+    statement: str
+    measured_on: str
+    subject: str | None = None
+    baseline: float | None = None
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -90,44 +104,21 @@ def n_to_decide_rate(rate: float, threshold: float, level: float = ALPHA / 2) ->
     return above
 
 
-def rate_below(
-    kind: str,
-    statement: str,
-    correct: Sequence[bool],
-    threshold: float,
-    measured_on: str,
-    baseline: float | None,
-    subject: str | None = None,
-) -> Claim:
+def rate_below(about: About, correct: Sequence[bool], threshold: float) -> Claim:
     """'The rate is below `threshold`': one-sided exact binomial tests (scipy's binomtest), adjusted with its family
     (`adjust`); confirmed by the test below the threshold, rejected by the test above it."""
-    return _rate_tested(kind, statement, correct, threshold, measured_on, baseline, subject, "less")
+    return _rate_tested(about, correct, threshold, "less")
 
 
-def rate_above(
-    kind: str,
-    statement: str,
-    correct: Sequence[bool],
-    threshold: float,
-    measured_on: str,
-    baseline: float | None,
-    subject: str | None = None,
-) -> Claim:
+def rate_above(about: About, correct: Sequence[bool], threshold: float) -> Claim:
     """'The rate is at least `threshold`': one-sided exact binomial tests (scipy's binomtest), adjusted with its
     family (`adjust`; alone, a family of one); confirmed by the test above the threshold, rejected by the test below
     it. At a true rate of exactly the threshold each side errs in at most 2.5 % (tested exactly for n 8 to 300)."""
-    return _rate_tested(kind, statement, correct, threshold, measured_on, baseline, subject, "greater")
+    return _rate_tested(about, correct, threshold, "greater")
 
 
 def _rate_tested(
-    kind: str,
-    statement: str,
-    correct: Sequence[bool],
-    threshold: float,
-    measured_on: str,
-    baseline: float | None,
-    subject: str | None,
-    alternative: Literal["less", "greater"],
+    about: About, correct: Sequence[bool], threshold: float, alternative: Literal["less", "greater"]
 ) -> Claim:
     """A rate against a threshold by the one-sided exact binomial test on its side (confirmation) and on the other
     (rejection), with the exact interval."""
@@ -139,47 +130,23 @@ def _rate_tested(
     )
     rule = f"{RATE_TEST} {threshold} ({alternative}); rejected by the one-sided test on the other side ({opposite})"
     value = k / n if n else float("nan")
-    return tested(
-        kind,
-        statement,
-        rule,
-        measured_on,
-        n,
-        value,
-        list(exact_interval(k, n)),
-        p,
-        alternative,
-        threshold,
-        baseline,
-        subject,
-        p_against=q,
-    )
+    return tested(about, rule, n, value, list(exact_interval(k, n)), threshold, alternative, (p, q))
 
 
 def interval_claim(
-    kind: str,
-    statement: str,
-    rule: str,
-    measured_on: str,
-    n: int,
-    estimate: float,
-    ci: Sequence[float],
-    baseline: float | None,
-    null: float,
-    outcome: Outcome,
-    subject: str | None = None,
+    about: About, rule: str, n: int, estimate: float, ci: Sequence[float], null: float, outcome: Outcome
 ) -> Claim:
     """A claim decided by a rule on intervals alone: no test, no family (its n to decide is the caller's)."""
     return Claim(
-        kind=kind,
-        subject=subject,
-        statement=statement,
+        kind=about.kind,
+        subject=about.subject,
+        statement=about.statement,
         rule=rule,
-        measured_on=measured_on,
+        measured_on=about.measured_on,
         n=n,
         estimate=estimate,
         ci=list(ci),
-        baseline=baseline,
+        baseline=about.baseline,
         null=null,
         p_value=None,
         p_adjusted=None,
@@ -202,27 +169,24 @@ def capped(claim: Claim, outcome: Outcome, why: str) -> Claim:
 
 
 def tested(
-    kind: str,
-    statement: str,
+    about: About,
     rule: str,
-    measured_on: str,
     n: int,
     estimate: float,
     ci: Sequence[float],
-    p_value: float,
-    alternative: Alternative,
     null: float,
-    baseline: float | None = None,
-    subject: str | None = None,
-    p_against: float | None = None,
+    alternative: Alternative,
+    p: tuple[float, float | None],
 ) -> Claim:
-    """A claim decided by a test against `null`: confirmed where its p (adjusted over its family, once `adjust` has
-    run) is below ALPHA (one-sided: ALPHA / 2, the level its 95 % interval shows); a one-sided claim is rejected
-    where its opposite test's p (`p_against`, adjusted over the same family) is below that level; otherwise not
-    confirmed, with the n at which the observed effect would decide it with 80 % power."""
+    """A claim decided by a test against `null` with p's `(p_value, p_against)`: confirmed where its p (adjusted
+    over its family, once `adjust` has run) is below ALPHA (one-sided: ALPHA / 2, the level its 95 % interval shows);
+    a one-sided claim is rejected where its opposite test's p (`p_against`, adjusted over the same family; None: no
+    opposite test) is below that level; otherwise not confirmed, with the n at which the observed effect would
+    decide it with 80 % power."""
+    p_value, p_against = p
     alpha = ALPHA if alternative == "two-sided" else ALPHA / 2
     rule = f"{rule}; each p adjusted over its family, below {alpha}"
-    claim = interval_claim(kind, statement, rule, measured_on, n, estimate, ci, baseline, null, NOT_CONFIRMED, subject)
+    claim = interval_claim(about, rule, n, estimate, ci, null, NOT_CONFIRMED)
     test = {"p_value": p_value, "p_adjusted": p_value, "alternative": alternative, "alpha": alpha}
     against = {"p_against": p_against, "p_against_adjusted": p_against}
     return decided(Claim(**{**claim, **test, **against}))
@@ -321,14 +285,11 @@ def _mean_p(x: np.ndarray, threshold: float, alternative: Literal["less", "great
 
 
 def share_above(
-    kind: str,
-    statement: str,
+    about: About,
     change_P: Sequence[float],
     keep_P: Sequence[float],
     gap_P: Sequence[float],
     margin: float,
-    measured_on: str,
-    subject: str | None = None,
     seed: int = 0,
 ) -> Claim:
     """'The share of the way to the counterfactual's answer moved under the answer-changing counterfactual exceeds
@@ -347,33 +308,20 @@ def share_above(
     if moved and len(d) >= 2 and float(np.abs(d).max()) > 0:
         ci = percentile_interval((d, g), lambda a, b, axis: a.sum(axis) / b.sum(axis), seed, paired=True)
     return tested(
-        kind,
-        statement,
+        dataclasses.replace(about, baseline=margin),
         f"share difference sum(change - keep) / sum(gap) against {margin}: one-sided t test of (change - keep) - "
         f"{margin} * gap below 0 over problems (a sign test where the values do not spread; nothing is decided where "
         "the counterfactual does not move the answer towards its own); rejected by the one-sided test above it",
-        measured_on,
         len(d),
         estimate,
         ci,
-        _mean_p(x, 0.0, "less") if moved else 1.0,
-        "greater",
         margin,
-        baseline=margin,
-        subject=subject,
-        p_against=_mean_p(x, 0.0, "greater") if moved else 1.0,
+        "greater",
+        (_mean_p(x, 0.0, "less") if moved else 1.0, _mean_p(x, 0.0, "greater") if moved else 1.0),
     )
 
 
-def mean_below(
-    kind: str,
-    statement: str,
-    values: Sequence[float],
-    threshold: float,
-    measured_on: str,
-    subject: str | None = None,
-    seed: int = 0,
-) -> Claim:
+def mean_below(about: About, values: Sequence[float], threshold: float, seed: int = 0) -> Claim:
     """'The mean over problems is below `threshold`', by one-sided one-sample t tests (a sign test where the values
     do not spread), with the mean's bootstrap interval: confirmed by the test below the threshold, rejected by the
     test above it, each p adjusted over its family (`adjust`)."""
@@ -384,30 +332,22 @@ def mean_below(
         return _mean_p(x, threshold, alternative)
 
     return tested(
-        kind,
-        statement,
+        dataclasses.replace(about, baseline=threshold),
         f"one-sided t test of the mean against {threshold} (a sign test where the values do not spread); rejected by "
         "the one-sided test above it",
-        measured_on,
         len(x),
         float(x.mean()) if len(x) else float("nan"),
         mean_interval(x.tolist(), seed),
-        p_of("less"),
-        "less",
         threshold,
-        baseline=threshold,
-        subject=subject,
-        p_against=p_of("greater"),
+        "less",
+        (p_of("less"), p_of("greater")),
     )
 
 
 def paired_greater(
-    kind: str,
-    statement: str,
+    about: About,
     first_P: Sequence[float],
     second_P: Sequence[float],
-    measured_on: str,
-    subject: str | None = None,
     seed: int = 0,
     alternative: Literal["greater", "two-sided"] = "greater",
     unit: str = "problems",
@@ -435,31 +375,24 @@ def paired_greater(
 
     one_sided = alternative == "greater"
     return tested(
-        kind,
-        statement,
+        dataclasses.replace(about, baseline=0.0),
         f"paired permutation test over {unit} ({RESAMPLES:,} resamples, "
         f"{'one-sided' if one_sided else 'two-sided'}; at least 1 / {min(RESAMPLES + 1, 2 ** len(d)):,}: exact "
         "where the sign flips are fewer than the resamples)"
         + ("; rejected by the one-sided test the other way" if one_sided else ""),
-        measured_on,
         len(d),
         float(d.mean()) if len(d) else float("nan"),
         mean_interval(d.tolist(), seed),
-        p_of(alternative),
-        alternative,
         0.0,
-        baseline=0.0,
-        subject=subject,
-        p_against=p_of("less") if one_sided else None,
+        alternative,
+        (p_of(alternative), p_of("less") if one_sided else None),
     )
 
 
 def groups_greater(
-    kind: str,
-    statement: str,
+    about: About,
     first: Sequence[float],
     second: Sequence[float],
-    measured_on: str,
     alternative: Literal["greater", "two-sided"] = "greater",
     unit: str = "runs",
     seed: int = 0,
@@ -492,32 +425,21 @@ def groups_greater(
     one_sided = alternative == "greater"
     smallest = 1 / math.comb(len(a) + len(b), len(a)) if len(a) and len(b) else 1.0
     return tested(
-        kind,
-        statement,
+        dataclasses.replace(about, baseline=0.0),
         f"permutation test of the difference of means over {unit} ({len(a)} and {len(b)}, independent; "
         f"{'one-sided' if one_sided else 'two-sided'}; exact where the splits are fewer than {RESAMPLES:,}; at least "
         f"{smallest:.3g})" + ("; rejected by the one-sided test the other way" if one_sided else ""),
-        measured_on,
         len(a) + len(b),
         estimate,
         ci,
-        p_of(alternative),
-        alternative,
         0.0,
-        baseline=0.0,
-        p_against=p_of("less") if one_sided else None,
+        alternative,
+        (p_of(alternative), p_of("less") if one_sided else None),
     )
 
 
 def over_problems_and_draws(
-    kind: str,
-    statement: str,
-    top_P: Sequence[float],
-    random_DP: Sequence[Sequence[float]],
-    measured_on: str,
-    top_lower: bool,
-    subject: str | None = None,
-    seed: int = 0,
+    about: About, top_P: Sequence[float], random_DP: Sequence[Sequence[float]], top_lower: bool, seed: int = 0
 ) -> Claim:
     """'The top set's value per problem is lower (`top_lower`; else higher) than random draws' on average', over
     problems and over draws as random effects: a hierarchical bootstrap that resamples the draws, then the problems
@@ -540,62 +462,39 @@ def over_problems_and_draws(
         against = float((1 + (stat_B >= 0).sum()) / (RESAMPLES + 1))
         ci = [float(np.percentile(stat_B, 2.5)), float(np.percentile(stat_B, 97.5))]
     return tested(
-        kind,
-        statement,
+        dataclasses.replace(about, baseline=0.0),
         f"hierarchical bootstrap over the {len(y)} draws and then the {len(t)} problems ({RESAMPLES:,} resamples, "
         f"one-sided; at least 1 / {RESAMPLES + 1:,}) of the draws' mean minus the top set's; rejected by the "
         "resamples the other way",
-        measured_on,
         len(t),
         d_obs,
         ci,
-        p,
-        "greater",
         0.0,
-        baseline=0.0,
-        subject=subject,
-        p_against=against,
+        "greater",
+        (p, against),
     )
 
 
-def paired_differs(
-    kind: str,
-    statement: str,
-    first_P: Sequence[bool],
-    second_P: Sequence[bool],
-    measured_on: str,
-    subject: str | None = None,
-) -> Claim:
+def paired_differs(about: About, first_P: Sequence[bool], second_P: Sequence[bool]) -> Claim:
     """'On the same problems the two sides differ', by the exact McNemar test (two-sided); the estimate is the
     difference of the rates, with the bootstrap interval of the paired difference."""
     test = mcnemar_exact(list(first_P), list(second_P))
     n = len(first_P)
     diff = (sum(map(bool, first_P)) - sum(map(bool, second_P))) / n if n else float("nan")
     return tested(
-        kind,
-        statement,
+        dataclasses.replace(about, baseline=0.0),
         "exact McNemar test (two-sided)",
-        measured_on,
         n,
         diff,
         mean_interval([float(x) - float(y) for x, y in zip(first_P, second_P, strict=True)]),
-        test["p_value"],
-        "two-sided",
         0.0,
-        baseline=0.0,
-        subject=subject,
+        "two-sided",
+        (test["p_value"], None),
     )
 
 
 def interval_above(
-    kind: str,
-    statement: str,
-    estimate: float,
-    ci: Sequence[float | None],
-    other: float,
-    other_ci: Sequence[float | None],
-    measured_on: str,
-    n: int,
+    about: About, estimate: float, ci: Sequence[float | None], other: float, other_ci: Sequence[float | None], n: int
 ) -> Claim:
     """'This estimate is above the other', decided by their 95 % intervals: confirmed where this one's lies wholly
     above the other's, rejected where it lies wholly below, otherwise not confirmed, with about the n at which this
@@ -605,15 +504,12 @@ def interval_above(
     other_low, other_high = (float("nan") if v is None else float(v) for v in other_ci)
     outcome = CONFIRMED if low > other_high else REJECTED if high < other_low else NOT_CONFIRMED
     claim = interval_claim(
-        kind,
-        statement,
+        dataclasses.replace(about, baseline=other),
         f"confirmed where its 95 % interval lies wholly above the other's ({other:.3f} [{other_low:.2f}, "
         f"{other_high:.2f}]), rejected where wholly below, otherwise not confirmed",
-        measured_on,
         n,
         estimate,
         [low, high],
-        other,
         other,
         outcome,
     )

@@ -9,12 +9,15 @@ import os
 import platform
 import subprocess
 import tempfile
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Self
+
+VERSION = metadata.version("af1")  # declared once, in pyproject.toml
 
 
 class Part(BaseModel):
@@ -58,11 +61,11 @@ def provenance(model_info: dict[str, Any] | None = None, **extra: Any) -> dict[s
     """Where a result came from: model source, library versions, machine, git revision, time."""
     import transformers
 
-    from af1 import __version__, threads
+    from af1 import threads
 
     return {
         "model": model_info or {},
-        "af1_version": __version__,
+        "af1_version": VERSION,
         "git_revision": git_revision(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

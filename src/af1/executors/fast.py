@@ -380,7 +380,6 @@ def fast_sweep_wait(
     means: PositionMeans | None,
     transfers: list[int],
     batch_size: int = 128,
-    ctx: ProblemKV | None = None,
     greedy: bool = False,
     kv: TokenLocalKV | None = None,
 ) -> dict[int, torch.Tensor]:
@@ -392,7 +391,7 @@ def fast_sweep_wait(
     wanted = sorted(transfers)
     if (reason := supports(adapter, task, config)) is not None:
         raise ValueError(f"fast executor unsupported: {reason}")
-    kv = kv or token_local_kv(adapter, task, config, means, ctx)
+    kv = kv or token_local_kv(adapter, task, config, means)
     L, w = adapter.n_layers, config.wait
     result: dict[int, list[torch.Tensor]] = {k: [] for k in wanted}
     dtype = next(adapter.model.parameters()).dtype

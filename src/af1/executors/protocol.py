@@ -16,7 +16,7 @@ import torch
 
 from af1.executors.fast import fast_logits, supports
 from af1.executors.reference import reference_logits
-from af1.executors.shared_context import shared_context_logits, supports_shared
+from af1.executors.shared_context import Clean, shared_context_logits, supports_shared
 from af1.executors.step import StepSetup
 from af1.interventions.af1 import AF1Config
 from af1.models import ModelAdapter
@@ -71,8 +71,7 @@ class SharedContext:
             step.means,
             donors=step.donors,
             ctx=step.context(),
-            clean=step.clean_all(),
-            clean_rows=step.kept_rows(),
+            clean=Clean(step.clean_all(), step.kept_rows()),
         )
 
 

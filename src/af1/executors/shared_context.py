@@ -10,6 +10,8 @@ suffix (about a fifth of a few-shot prompt). This covers what the fast executor 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from af1.executors.fast import ProblemKV, context_kv
@@ -101,6 +103,14 @@ def first_changed_layer(config: AF1Config, masks: dict[int, LayerPlan], zero: di
     return min([*masks, *zero, *ablated], default=L)
 
 
+class Clean(NamedTuple):
+    """The unmodified run's suffix states per block (`clean_suffix_states`) and where the task's problems are in
+    them (None: in order; rows where they hold more problems than the task)."""
+
+    states: list[torch.Tensor]
+    rows: torch.Tensor | None = None
+
+
 @torch.no_grad()
 def shared_context_logits(
     adapter: ModelAdapter,
@@ -108,23 +118,20 @@ def shared_context_logits(
     config: AF1Config,
     means: PositionMeans | None,
     batch_size: int = 64,
-    extra_masks: dict[int, torch.Tensor] | None = None,
     donors: Task | None = None,
     ctx: ProblemKV | None = None,
-    clean: list[torch.Tensor] | None = None,
-    clean_rows: torch.Tensor | None = None,
+    clean: Clean | None = None,
 ) -> torch.Tensor:
     """Last-position logits [P, V] under AF1 (any ablation and ABP variant), equal to `reference_logits` up to
     float rounding; the resample donors come from `donors` (the task itself when None). With `clean`
     (`clean_suffix_states`), each problem resumes from the unmodified run at the first block the config changes
-    (a resample's donors run to `wait` per batch: only the drawn ones, never the whole distribution); `clean_rows`
-    says where the task's problems are in `clean` when it holds more of them."""
+    (a resample's donors run to `wait` per batch: only the drawn ones, never the whole distribution)."""
     reason = supports_shared(adapter, task)
     if reason is not None:
         raise ValueError(f"shared context unsupported: {reason}")
     c = task.context_len
     ctx = ctx or context_kv(adapter, task)
-    masks = plans_for(task, config, adapter, extra_masks)
+    masks = plans_for(task, config, adapter)
     zero = {layer: [p - c for p in rows] for layer, rows in zeroed_outputs(task, config, adapter.n_layers).items()}
     ablate = config.wait >= 0 and config.ablation != "none"
     start = ablation_start(config, task) - c  # index into the suffix
@@ -139,7 +146,7 @@ def shared_context_logits(
         if first == 0 or clean is None:
             h = inputs.hidden_BTD
         else:
-            h = clean[first - 1][sl if clean_rows is None else clean_rows[sl]].to(adapter.device)
+            h = clean.states[first - 1][sl if clean.rows is None else clean.rows[sl]].to(adapter.device)
         if ablate:
             donor = suffix_states(adapter, donors, ctx, config.wait, pick[sl]) if pick is not None else None
             edit = overwrite_from(config, means, ids, donor, start)

@@ -14,7 +14,7 @@ import torch
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, adjust, over_problems_and_draws
+from af1.claims import About, Claim, adjust, over_problems_and_draws
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config, af1_intervention
 from af1.interventions.sites import edit_sites, neurons
@@ -253,15 +253,17 @@ def study(
     random_rates = [[s.rate(kept)["value"] for s in per] for per in random_scores]
     claims = [
         over_problems_and_draws(
-            "neurons_vs_random",
-            f"mean-ablating the top {k} neurons of the compute layers leaves fewer problems right under AF1 than "
-            f"random sets of {k} from the same layers do on average (over such sets, {draws} drawn, and over these "
-            "problems)",
+            About(
+                "neurons_vs_random",
+                f"mean-ablating the top {k} neurons of the compute layers leaves fewer problems right under AF1 than "
+                f"random sets of {k} from the same layers do on average (over such sets, {draws} drawn, and over "
+                "these problems)",
+                measured_on,
+                str(k),
+            ),
             t.correct_P.float().tolist(),
             [s.correct_P.float().tolist() for s in per],
-            measured_on,
             top_lower=True,
-            subject=str(k),
         )
         for k, t, per in zip(sizes, top_scores, random_scores, strict=True)
     ]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, adjust, paired_greater
+from af1.claims import About, Claim, adjust, paired_greater
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config, af1_intervention
 from af1.interventions.sites import Site, record, residual
@@ -277,7 +277,9 @@ def stage_claims(
                     f"same CAMA, its trace alone; {kind} probe fitted on the unmodified model's states)"
                 )
                 a, b = right[name, kind][:, block].double(), control[name, kind][:, block].double()
-                claims.append(paired_greater("probe_transferred", statement, a.tolist(), b.tolist(), where, name))
+                claims.append(
+                    paired_greater(About("probe_transferred", statement, where, name), a.tolist(), b.tolist())
+                )
         if result is not None and after < last:
             read = right[result, kind].double()
             statement = (
@@ -286,7 +288,7 @@ def stage_claims(
             )
             claims.append(
                 paired_greater(
-                    "probe_computed", statement, read[:, last].tolist(), read[:, after].tolist(), where, result
+                    About("probe_computed", statement, where, result), read[:, last].tolist(), read[:, after].tolist()
                 )
             )
     return adjust(claims, "probes under AF1")

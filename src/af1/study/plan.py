@@ -16,6 +16,7 @@ from af1.errors import Af1Error
 from af1.experiments import REGISTRY
 from af1.experiments.base import Options
 from af1.experiments.sweep import Options as SweepOptions
+from af1.results import VERSION
 from af1.tasks.builtin import STYLES
 from af1.tasks.spec import TaskSpec
 
@@ -178,8 +179,6 @@ def expand(plan: StudyPlan) -> list[Unit]:
     and task by task; per-model ones after a model's tasks; cross-model ones last, the last model first (it is
     still loaded when its chain ends).
     """
-    from af1 import __version__
-
     ordered = order()
     exps: dict[str, Any] = {e: opts for e in ordered if (opts := getattr(plan.experiments, e, None)) is not None}
     added = True
@@ -201,7 +200,7 @@ def expand(plan: StudyPlan) -> list[Unit]:
         options = exps[experiment]
         key = content_key(
             {
-                "af1": __version__,
+                "af1": VERSION,
                 "model": model.load_options(),
                 "task": _task_key(task),
                 "experiment": experiment,

@@ -519,8 +519,7 @@ def tokenize_task(
             spec,
             examples,
             [problems[i] for i in rows],
-            [encoded[i][0] for i in rows],
-            encoded[rows[0]][1],
+            [encoded[i] for i in rows],
             [tuple(answers[i] or ()) for i in rows],
             [stops[i] for i in rows] if stops else [],
             tokenizer,
@@ -609,15 +608,16 @@ def _layout_task(
     spec: TaskSpec,
     examples: list[Problem],
     problems: list[Problem],
-    ids: list[list[int]],
-    prompt_roles: tuple[str, ...],
+    encoded: list[tuple[list[int], tuple[str, ...]]],
     answers: list[tuple[int, ...]],
     stops: list[int],
     tokenizer: Tokenizer,
     like: Task | None,
 ) -> Task:
-    """Problems of one token layout: the constant context and, when the first token varies, a prepended BOS."""
-    input_ids = torch.tensor(ids, dtype=torch.long)
+    """Problems of one token layout (`encoded`: each one's ids and the layout's roles): the constant context and,
+    when the first token varies, a prepended BOS."""
+    input_ids = torch.tensor([ids for ids, _ in encoded], dtype=torch.long)
+    prompt_roles = encoded[0][1]
     bos = like.bos if like is not None else None
     excluded = 0
     # an operand's token is never context, even when a small sample happens to hold it constant

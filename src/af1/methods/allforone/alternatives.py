@@ -7,7 +7,7 @@ import torch
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, adjust, paired_differs, paired_greater
+from af1.claims import About, Claim, adjust, paired_differs, paired_greater
 from af1.interventions.af1 import ABLATIONS, AF1Config
 from af1.interventions.masks import ABP_VARIANTS
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
@@ -72,7 +72,9 @@ def alternatives(
 
     def differs(name: str, scores: Scores) -> None:
         statement = f"{name} changes faithfulness from {configured}"
-        claims.append(paired_differs("alternative", statement, scores.correct_P.tolist(), reference_correct, on, name))
+        claims.append(
+            paired_differs(About("alternative", statement, on, name), scores.correct_P.tolist(), reference_correct)
+        )
 
     def entry(scores: Scores) -> Alternative:
         return Alternative(
@@ -97,7 +99,10 @@ def alternatives(
                 reference = [float(c) for c in reference_correct]
                 claims.append(
                     paired_greater(
-                        "alternative", statement, share_P, reference, on, "ablation resample", alternative="two-sided"
+                        About("alternative", statement, on, "ablation resample"),
+                        share_P,
+                        reference,
+                        alternative="two-sided",
                     )
                 )
         else:

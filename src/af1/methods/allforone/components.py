@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from af1.claims import Claim, adjust, rate_below
+from af1.claims import About, Claim, adjust, rate_below
 from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.faithfulness import faithfulness
 from af1.methods.setup import Setup
@@ -48,13 +48,15 @@ def components(setup: Setup, waits: list[int], *, transfer: int, threshold: floa
     on = f"the {len(setup.kept)} solved problems"
     claims = [
         rate_below(
-            "component_alone",
-            f"with {part} alone at L_wait {w}{how}, the last token answers less often than {threshold}",
+            About(
+                "component_alone",
+                f"with {part} alone at L_wait {w}{how}, the last token answers less often than {threshold}",
+                on,
+                f"{part} alone, L_wait {w}",
+                baseline,
+            ),
             s.correct_P.tolist(),
             threshold,
-            on,
-            baseline,
-            subject=f"{part} alone, L_wait {w}",
         )
         for part, how, scored in (("CAMA", " (no attention mask)", cama), ("ABP", " (no ablation)", abp))
         for w, s in scored.items()

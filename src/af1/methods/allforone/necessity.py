@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, adjust, rate_below
+from af1.claims import About, Claim, adjust, rate_below
 from af1.executors.fast import knockout_logits
 from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
@@ -72,14 +72,16 @@ def necessity(
     baseline = constant_baseline(setup.kept.targets(), setup.kept.layout_P.tolist())
     claims = [
         rate_below(
-            "necessary_window",
-            f"kept from reading the other tokens in {_layers_text(s)}, the last token answers less often than "
-            f"{threshold}",
+            About(
+                "necessary_window",
+                f"kept from reading the other tokens in {_layers_text(s)}, the last token answers less often than "
+                f"{threshold}",
+                f"the {len(setup.kept)} solved problems",
+                _layers_text(s),
+                baseline,
+            ),
             scores.correct_P.tolist(),
             threshold,
-            f"the {len(setup.kept)} solved problems",
-            baseline,
-            subject=_layers_text(s),
         )
         for s, scores in zip(sets, scored, strict=True)
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, rate_below
+from af1.claims import About, Claim, rate_below
 from af1.errors import Af1Error
 from af1.executors.fast import fast_pruned_logits
 from af1.interventions.af1 import AF1Config
@@ -149,12 +149,13 @@ def pruned_claims(n_pruned: int, margin: float, full: Scores, pruned: Scores) ->
     faithfulness, fixed before the confirmation split is read."""
     return [
         rate_below(
-            "pruned_keeps",
-            f"the {n_pruned} heads chosen on the selection half need not peek: kept from peeking, they break fewer "
-            f"than {margin:.3f} of the problems (what the selection split's rule lets fall)",
+            About(
+                "pruned_keeps",
+                f"the {n_pruned} heads chosen on the selection half need not peek: kept from peeking, they break "
+                f"fewer than {margin:.3f} of the problems (what the selection split's rule lets fall)",
+                f"the confirmation split ({len(full.correct_P)} solved problems)",
+            ),
             (full.correct_P & ~pruned.correct_P).tolist(),  # right unpruned, wrong pruned
             margin,
-            f"the confirmation split ({len(full.correct_P)} solved problems)",
-            None,
         )
     ]

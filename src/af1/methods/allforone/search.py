@@ -12,7 +12,7 @@ from __future__ import annotations
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import CONFIRMED, NOT_CONFIRMED, Claim, capped, n_to_decide_rate, rate_above
+from af1.claims import CONFIRMED, NOT_CONFIRMED, About, Claim, capped, n_to_decide_rate, rate_above
 from af1.errors import Af1Error
 from af1.executors.cells import Cells
 from af1.executors.protocol import recorded
@@ -96,12 +96,14 @@ def subgraph_claim(
     one) is never confirmed, nor one whose interval does not clear the constant guess."""
     w, k = cell
     claim = rate_above(
-        "af1_subgraph",
-        f"an AF1 subgraph at faithfulness >= {threshold} (L_wait {w}, L_transfer {k})",
+        About(
+            "af1_subgraph",
+            f"an AF1 subgraph at faithfulness >= {threshold} (L_wait {w}, L_transfer {k})",
+            f"the confirmation split ({len(correct_conf)} solved problems that did not choose the cell)",
+            baseline=baseline,
+        ),
         correct_conf,
         threshold,
-        f"the confirmation split ({len(correct_conf)} solved problems that did not choose the cell)",
-        baseline,
     )
     low, value = claim["ci"][0], claim["estimate"]
     towards = value is not None and value > threshold  # only a confirmation could decide it

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import ConfigDict, with_config
 from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, adjust, rate_above
+from af1.claims import About, Claim, adjust, rate_above
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.faithfulness import faith_fields, faithfulness, setup_inputs
@@ -95,14 +95,16 @@ def styles_table(
             if spec != judged_by_search:
                 claims.append(
                     rate_above(
-                        "style_keeps",
-                        f"at L_wait {config.wait}, L_transfer {config.transfer} the last token still answers at "
-                        f"least {threshold} of {style} {op}",
+                        About(
+                            "style_keeps",
+                            f"at L_wait {config.wait}, L_transfer {config.transfer} the last token still answers at "
+                            f"least {threshold} of {style} {op}",
+                            f"{where} ({len(on.kept)})",
+                            f"{style} {op}",
+                            constant_baseline(on.kept.targets(), on.kept.layout_P.tolist()),
+                        ),
                         scores.correct_P.tolist(),
                         threshold,
-                        f"{where} ({len(on.kept)})",
-                        constant_baseline(on.kept.targets(), on.kept.layout_P.tolist()),
-                        subject=f"{style} {op}",
                     )
                 )
             rows.append(

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import ConfigDict, with_config
 from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, adjust, paired_differs
+from af1.claims import About, Claim, adjust, paired_differs
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
@@ -92,12 +92,14 @@ def transfer_config(
         out = Mapped(wait=to.wait, transfer=to.transfer, **faith_fields(setup, scores))
         if own_scores is not None and own is not None and (to.wait, to.transfer) != (own.wait, own.transfer):
             out["vs_own"] = paired_differs(
-                "transfer",
-                f"the config mapped here (L_wait {to.wait}, L_transfer {to.transfer}) differs in faithfulness from "
-                f"this model's own (L_wait {own.wait}, L_transfer {own.transfer})",
+                About(
+                    "transfer",
+                    f"the config mapped here (L_wait {to.wait}, L_transfer {to.transfer}) differs in faithfulness "
+                    f"from this model's own (L_wait {own.wait}, L_transfer {own.transfer})",
+                    f"{len(setup.kept)} solved problems",
+                ),
                 scores.correct_P.tolist(),
                 own_scores.correct_P.tolist(),
-                f"{len(setup.kept)} solved problems",
             )
         return out
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, adjust, groups_greater
+from af1.claims import About, Claim, adjust, groups_greater
 from af1.errors import Af1Error
 from af1.interventions.heads import matched_draws
 from af1.methods.finetune.slices import GQA_CHOICE, check_frozen, head_slices, save_slices
@@ -306,20 +306,24 @@ def compared_claims(done: dict[str, Variant], draws: int, n_held_out: int) -> li
     precise = run_accuracies(done["precise"])
     claims = [
         groups_greater(
-            "precise_vs_random",
-            f"tuning the chosen heads leaves more held-out problems right than tuning matched random heads (over "
-            f"training runs: {len(precise)} seeds against {draws} draws of random heads, each its own run)",
+            About(
+                "precise_vs_random",
+                f"tuning the chosen heads leaves more held-out problems right than tuning matched random heads (over "
+                f"training runs: {len(precise)} seeds against {draws} draws of random heads, each its own run)",
+                on,
+            ),
             precise,
             run_accuracies(done["random_heads"]),
-            on,
         ),
         groups_greater(
-            "precise_vs_full",
-            "tuning the chosen heads and tuning the whole model differ on the held-out problems (over training "
-            "runs: the seeds of each)",
+            About(
+                "precise_vs_full",
+                "tuning the chosen heads and tuning the whole model differ on the held-out problems (over training "
+                "runs: the seeds of each)",
+                on,
+            ),
             precise,
             run_accuracies(done["full"]),
-            on,
             alternative="two-sided",
         ),
     ]

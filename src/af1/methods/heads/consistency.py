@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, over_problems_and_draws, paired_differs
+from af1.claims import About, Claim, over_problems_and_draws, paired_differs
 from af1.interventions.af1 import AF1Config
 from af1.interventions.heads import matched_draws
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
@@ -98,12 +98,9 @@ def consistency(on: Setup, config: AF1Config, chosen: Chosen) -> Consistency:
     measured = f"the search's confirmation split ({len(on.kept)} solved problems)"
     claims = [
         paired_differs(
-            "peek_variant",
-            f"'{name}' changes faithfulness from 'all heads peek'",
+            About("peek_variant", f"'{name}' changes faithfulness from 'all heads peek'", measured, name),
             scores[name].correct_P.tolist(),
             full.correct_P.tolist(),
-            measured,
-            subject=name,
         )
         for i, name in enumerate(variants)
         if variants[name] and variants[name] not in list(variants.values())[i + 1 :]  # a duplicate row: one test
@@ -160,13 +157,15 @@ def random_peek(
     drawn = pruned_scores(on, config, [[h for h in transfer_heads if h not in d] for d in draws])
     spread = mean_std([s.accuracy for s in drawn])
     claim = over_problems_and_draws(
-        "top_peek_vs_random",
-        f"letting only the {k_top} top heads of the transfer layers peek keeps more problems right than "
-        f"letting as many random heads of the same layers and key/value groups peek does on average (over such "
-        f"draws, {n_draws} made, and over these problems; none of the top or key heads)",
+        About(
+            "top_peek_vs_random",
+            f"letting only the {k_top} top heads of the transfer layers peek keeps more problems right than "
+            f"letting as many random heads of the same layers and key/value groups peek does on average (over such "
+            f"draws, {n_draws} made, and over these problems; none of the top or key heads)",
+            f"the search's confirmation split ({len(on.kept)} solved problems)",
+        ),
         top_only.correct_P.float().tolist(),
         [s.correct_P.float().tolist() for s in drawn],
-        f"the search's confirmation split ({len(on.kept)} solved problems)",
         top_lower=False,
     )
     row = RandomPeekRow(

@@ -8,7 +8,7 @@ import torch
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, over_problems_and_draws
+from af1.claims import About, Claim, over_problems_and_draws
 from af1.interventions.heads import HeadSums, head_sums, matched_draws
 from af1.interventions.sites import Site, edit_sites, head_inputs, record
 from af1.methods.heads.capture import head_deltas
@@ -216,12 +216,14 @@ def top_vs_random_claim(top: Scores, randoms: list[Scores], k: int, measured_on:
     """'Knocking out the top k heads leaves fewer problems right than knocking out matched random sets of k', over
     the problems and over such sets (`over_problems_and_draws`: each problem right or not under each set)."""
     return over_problems_and_draws(
-        "top_vs_random",
-        f"mean-ablating the top {k} heads leaves fewer problems right than random sets of {k} from the same layers "
-        f"and key/value groups, matched on ablation size, do on average (over such sets, {len(randoms)} drawn, and "
-        "over these problems)",
+        About(
+            "top_vs_random",
+            f"mean-ablating the top {k} heads leaves fewer problems right than random sets of {k} from the same "
+            f"layers and key/value groups, matched on ablation size, do on average (over such sets, {len(randoms)} "
+            "drawn, and over these problems)",
+            measured_on,
+        ),
         top.correct_P.float().tolist(),
         [s.correct_P.float().tolist() for s in randoms],
-        measured_on,
         top_lower=True,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from af1.claims import Claim, adjust, confirmed, share_above
+from af1.claims import About, Claim, adjust, confirmed, share_above
 from af1.errors import Af1Error
 from af1.methods.counterfactuals import counterfactual_problems
 from af1.methods.heads.attention import TokenAttention, last_query_attention, token_attention
@@ -121,16 +121,18 @@ def key_head_claims(
     on = f"the confirmation part ({len(rows)} solved problems that did not choose the head and have a control)"
     return [
         share_above(
-            "key_head",
-            f"head {layer}.{h} carries the answer: patched from the counterfactual it moves the answer more than "
-            f"{main['threshold']} of the way to the counterfactual's answer beyond what it moves patched from the "
-            "answer-keeping control (over these problems; the counterfactual's draws are one per problem)",
+            About(
+                "key_head",
+                f"head {layer}.{h} carries the answer: patched from the counterfactual it moves the answer more than "
+                f"{main['threshold']} of the way to the counterfactual's answer beyond what it moves patched from "
+                "the answer-keeping control (over these problems; the counterfactual's draws are one per problem)",
+                on,
+                f"{layer}.{h}",
+            ),
             change["logit_diff_change_problem_layer_head"][rows, layer, h].tolist(),
             keep["logit_diff_change_problem_layer_head"][rows, layer, h].tolist(),
             gap_P.tolist(),
             main["threshold"],
-            on,
-            subject=f"{layer}.{h}",
         )
         for layer, h in keys
     ]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from af1.claims import Claim, adjust, interval_above, prediction_interval
+from af1.claims import About, Claim, adjust, interval_above, prediction_interval
 from af1.methods.positional.corpus import CORPUS_SOURCE, corpus_windows, load_corpus, shuffled, window_warnings
 from af1.methods.positional.fit import (
     Spread,
@@ -196,12 +196,10 @@ def heldout_study(
     meaning, word_order = window_claims(r_LHN, pos_LHN, permuted_LHN, shuffled_LHN, where, seed)
     learned = [
         interval_above(
-            kind,
-            f"{said} (a 95 % prediction interval over {len(seeds)} seeds)",
+            About(kind, f"{said} (a 95 % prediction interval over {len(seeds)} seeds)", where),
             r_median,
             ci,
             *falls[scaled],
-            where,
             len(test),
         )
         for scaled, (kind, said) in LEARNED.items()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from af1.claims import Claim, paired_greater
+from af1.claims import About, Claim, paired_greater
 from af1.methods.positional.fit import median
 
 ROUNDING = 1e-6  # a held-out r gain this small is float32 rounding: position alone fits the logits as well
@@ -28,23 +28,27 @@ def window_claims(
         return torch.where(gain_N.abs() > ROUNDING, gain_N, 0.0).tolist()  # within float rounding: no gain
 
     meaning = paired_greater(
-        "meaning_term",
-        "a meaning term that is a function of the key's token, fitted on other windows, adds to position alone (the "
-        "first key, a sink's place, its own positional term) on held-out windows more than the same term read with "
-        "the token identities permuted across the split (row-centred r)",
+        About(
+            "meaning_term",
+            "a meaning term that is a function of the key's token, fitted on other windows, adds to position alone "
+            "(the first key, a sink's place, its own positional term) on held-out windows more than the same term "
+            "read with the token identities permuted across the split (row-centred r)",
+            where,
+        ),
         gain(r_LHN),
         gain(permuted_LHN),
-        where,
         seed=seed,
         unit="held-out windows",
     )
     word_order = paired_greater(
-        "word_order",
-        "the text's word order makes it fit better: on each held-out window, the median head's r on the text is "
-        "above that on the same tokens shuffled",
+        About(
+            "word_order",
+            "the text's word order makes it fit better: on each held-out window, the median head's r on the text is "
+            "above that on the same tokens shuffled",
+            where,
+        ),
         median(r_LHN.flatten(0, 1), dim=0).tolist(),
         median(shuffled_LHN.flatten(0, 1), dim=0).tolist(),
-        where,
         seed=seed,
         unit="held-out windows",
     )
