@@ -245,8 +245,6 @@ def experiment_section(name: str, command: Any, shared: dict[str, Any]) -> list[
         facts.append("Reads, when there is one: " + ", ".join(f"`{n}`" for n in uses) + ".")
     if experiment.config_from_search:
         facts.append("Runs at the search's AF1 config unless `--wait` is given.")
-    if experiment.figure:
-        facts.append(f"Writes `{experiment.figure}` beside `{experiment.file}` with `--out`.")
     names = {p.name for p in command.params}
     groups = [title.lower() for title, keys in GROUPS.values() if set(keys) <= names]
     takes = "Takes the " + " and the ".join([", the ".join(groups[:-1]), groups[-1]] if len(groups) > 2 else groups)

@@ -27,6 +27,18 @@ def test_cli_reference_is_what_the_generator_writes_now() -> None:
     assert made.stdout == committed, f"docs/cli.md is out of date with the registry: run `{REGENERATE}`"
 
 
+def test_the_layout_lists_every_module_as_the_tree_holds_it() -> None:
+    """docs/layout.md's module list (each folder against its budget, each module's lines and docstring) is what
+    docs/gen_layout.py makes of the tree now: a new module is listed by regenerating, never by hand."""
+    made = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "gen_layout.py"), "--stdout"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    committed = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    assert made.stdout == committed, "docs/layout.md's module list is out of date: run `python docs/gen_layout.py`"
+    assert "`methods/heads/patching.py`" in committed and "`study/leases.py`" in committed
+
+
 def test_the_findings_claims_are_what_the_demos_results_decided() -> None:
     """Each generated part of docs/findings.md is the render of its committed data (the demo's, the full demo's),
     and that data holds the results' own claims: every verdict of the search among them, each with a rule and one of

@@ -235,12 +235,12 @@ def test_necessity_without_a_found_af1_is_a_typed_result_that_draws_its_windows_
     """No AF1 to move the transfer window in: the result says so with `shifted_transfer` null, and the figure draws
     the windows panel only (a declared null field once read as present and crashed the drawing)."""
     from af1.experiments.necessity import Result
-    from af1.report import figures
+    from af1.report import interactive
 
     nec = allforone.necessity.necessity(tiny_setup, windows=(1,), found=None)
     result = Result.of(tiny_setup.describe(), nec)
     assert result.shifted_transfer is None and result.n_solved == len(tiny_setup.kept)
-    assert figures.necessity_plot(result, tmp_path / "n.png").stat().st_size > 0
+    assert 'class="af1-plot"' in interactive.necessity_plot(result, result.n_solved)
     with pytest.raises(ValueError, match="Extra inputs are not permitted"):  # every field a result writes is declared
         Result.model_validate({**result.data(), "undeclared": 1})
 
@@ -302,7 +302,6 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
         assert c["outcome"] != "confirmed" or (c["estimate"] or 0) < 0.9
     with pytest.raises(Af1Error, match="transfer layers"):
         allforone.prune.prune_heads(tiny_setup, AF1Config(wait=0), selection=0.5, seed=0, whole_curve=False)
-    from af1.report import figures
     from af1.results import write_json
 
     described = tiny_setup.describe().model_dump()  # what every result measured on the setup carries
@@ -313,12 +312,9 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     write_json(tmp_path / "search.json", {**described, **found.model_dump(), "config": {}, "inputs": inputs})
     write_json(tmp_path / "alternatives.json", {**described, **alt.model_dump()})
     write_json(tmp_path / "prune.json", {**described, **pruning.model_dump()})  # each experiment's file is <name>.json
-    figures.pruning_plot(pruning, tmp_path / "pruning.png")
     html = build_report(tmp_path).read_text()
     assert "cannot show" not in html
     assert 'class="af1-plot"' in html and "Alternatives" in html and "Head pruning" in html  # interactive figures
-    static = build_report(tmp_path, static=True).read_text()
-    assert "<img" in static and "af1-plot" not in static and "need not peek" in static  # the PNGs (papers)
     assert "need not peek" in html and "constant guess" in html  # pruning judged by its claim
     for c in alt.claims:  # each alternative's claim with its numbers: the difference and its interval, its n
         assert f"<td>{escape(c['statement'])}</td><td>{with_ci(c['estimate'], c['ci'])}</td><td>{c['n']}</td>" in html
@@ -437,7 +433,7 @@ def test_map_config_by_relative_depth():
 
 
 def test_heatmap_marks_the_cells_whose_interval_clears_the_threshold():
-    from af1.report.figures import confident_cells
+    from af1.report.interactive import confident_cells
 
     low: list[list[float | None]] = [[None] * 5 for _ in range(5)]
     low[0][2], low[3][1], low[2][2] = 0.9375, 0.90625, 0.875  # L_wait -1 / transfer 2, 2 / 1, 1 / 2

@@ -1,6 +1,6 @@
 """The interactive report in a real browser (headless Chromium through playwright): it loads with no console error,
-no request leaves the file, a sweep cell's hover gives its numbers and a click lists its problems; tables sort; the
-static report keeps the PNGs only."""
+no request leaves the file, a sweep cell's hover gives its numbers and a click lists its problems; tables sort; each
+figure saves as SVG from its one declaration."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
@@ -145,14 +146,24 @@ def test_the_interactive_report_loads_offline_hovers_and_clicks_through(results,
     page.close()
 
 
-def test_the_static_report_keeps_the_pngs_only(results, capsys):
-    code, out, _ = run_cli(capsys, "report", str(results), "--static")
-    text = (results / "report.html").read_text()
+def test_each_figure_saves_as_svg_for_a_paper(results, browser, capsys):
+    """`af1 report` writes the page; each figure's camera button saves SVG, and plotly renders that SVG offline
+    from the figure's one declaration (the axis titles inside it)."""
+    code, out, _ = run_cli(capsys, "report", str(results))
     assert code == 0 and "wrote" in out
-    assert text.count("data:image/png;base64,") == 2 and "af1-plot" not in text and "Plotly" not in text
-    build_report(results)  # back to the default: interactive
-    text = (results / "report.html").read_text()
-    assert "<img" not in text and text.count('class="af1-plot"') == 2
+    opened = Opened(browser, results / "report.html")
+    page = opened.page
+    page.locator("div.af1-plot-area .main-svg").first.wait_for()
+    saved = page.evaluate(
+        """async () => Promise.all([...document.querySelectorAll('div.af1-plot-area')].map(async (gd) => [
+            gd._context.toImageButtonOptions.format, await Plotly.toImage(gd, {format: 'svg'})]))"""
+    )
+    assert len(saved) == 2 and all(fmt == "svg" for fmt, _ in saved)
+    svgs = [unquote(url.split(",", 1)[1]) for _, url in saved]
+    assert all(url.startswith("data:image/svg+xml") for _, url in saved)
+    assert all("<svg" in svg and "L_transfer" in svg for svg in svgs)
+    assert opened.errors == [] and opened.outside == []
+    page.close()
 
 
 def test_a_sortable_table_sorts_by_a_header_click(browser, tmp_path):
@@ -181,13 +192,12 @@ def test_a_missing_chromium_fails_saying_how_to_install_it(monkeypatch):
         chromium()
 
 
-def test_a_result_the_interactive_figure_cannot_read_falls_back_to_its_png(results):
+def test_a_result_the_figure_cannot_read_says_why_and_the_section_stands():
     from af1.report.markup import figure_html
 
     def old_result() -> str:
         raise KeyError("faithfulness_wait_transfer")
 
-    shown = figure_html(results, "sweep.png", old_result)
-    assert "No interactive figure (KeyError" in shown and "data:image/png;base64," in shown
-    with interactive.static_report():
-        assert figure_html(results, "sweep.png", old_result).startswith("<img")  # static: never called
+    assert (
+        figure_html(old_result) == "<p class='note'>No figure (KeyError: &#x27;faithfulness_wait_transfer&#x27;).</p>"
+    )

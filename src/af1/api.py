@@ -71,7 +71,7 @@ def run(
     {"search": {}} for heads). With out_dir, each one's JSON (with provenance) and figure are written there, and a
     sweep resumes from there. Returns the result, typed where `name` is the experiment's Result class."""
     from af1.study.plan import ModelEntry, expand
-    from af1.study.units import run_unit, unit_inputs
+    from af1.study.units import run_unit
 
     experiment = get(name if isinstance(name, str) else EXPERIMENT_OF_RESULT[name].name)
     name = experiment.name
@@ -99,7 +99,6 @@ def run(
             out.mkdir(parents=True, exist_ok=True)
             task_info = unit.task.described() if unit.task is not None else None
             write_json(out / exp.file, {**results[unit.id], "provenance": provenance(lm.info, task=task_info)})
-            exp.draw(last, out, unit_inputs(held, unit, deps, None))
         if unit.experiment == name:
             return cast(R, last)
     raise Af1Error(f"{name} did not run")  # expand always yields the asked experiment

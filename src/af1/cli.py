@@ -242,14 +242,6 @@ MeansOpt = Annotated[
     ),
 ]
 OutDir = Annotated[Path | None, typer.Option("--out", help="directory for results and figures", callback=out_directory)]
-StaticOpt = Annotated[
-    bool,
-    typer.Option(
-        "--static",
-        help="the report with its PNG figures only (for papers); default: interactive figures, plotly.js embedded, "
-        "still one offline file",
-    ),
-]
 ThresholdOpt = Annotated[
     float | None, typer.Option("--threshold", help="faithfulness the subgraph must keep (default: the search's)")
 ]
@@ -436,7 +428,6 @@ def study(
             help="run the units on Ray: alone, the cluster ray.init finds (or a new local one); or its ADDRESS",
         ),
     ] = None,
-    static: StaticOpt = False,
     estimate: EstimateOpt = False,
 ) -> None:
     """Run a plan's units (model x task x experiment) into a resumable store and write the cross-model report."""
@@ -450,7 +441,6 @@ def study(
         out_dir,
         ray=ray is not None,
         ray_address=None if ray in (None, RAY_ALONE) else ray,
-        static=static,
     )
     from af1.study.store import Store
 
@@ -472,13 +462,13 @@ def study(
 
 @app.command()
 def report(
-    out_dir: Annotated[Path, typer.Argument(help="a results directory or a study's store")], static: StaticOpt = False
+    out_dir: Annotated[Path, typer.Argument(help="a results directory or a study's store")],
 ) -> None:
     """One self-contained HTML report of the results in a directory (a study's store: its study report): interactive
-    by default, still one offline file; --static for the PNG figures only."""
+    figures, one offline file; each figure's camera button saves it as SVG."""
     from af1.study.report import build_report
 
-    out.print(f"wrote {build_report(out_dir, static)}")
+    out.print(f"wrote {build_report(out_dir)}")
 
 
 @app.command()
@@ -505,7 +495,6 @@ def demo(
     attn: AttnOpt = None,
     device_map: DeviceMapOpt = None,
     show_plan: Annotated[bool, typer.Option("--show-plan", help="print the demo's plan (YAML) and stop")] = False,
-    static: StaticOpt = False,
     estimate: EstimateOpt = False,
 ) -> None:
     """The main job: the built-in demo plan (AF1 study of 2-digit a+b on the bundled models, side by side), run by
@@ -527,7 +516,7 @@ def demo(
     if estimate:
         show_estimate(plan, out_dir)
         return
-    summary = builtin.run_demo(plan, out_dir, out.print, static)
+    summary = builtin.run_demo(plan, out_dir, out.print)
     if summary.failed:
         print(f"af1: {len(summary.failed)} of {len(summary.units)} units failed: see {summary.report}", file=sys.stderr)
         raise typer.Exit(1)

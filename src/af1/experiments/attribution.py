@@ -38,7 +38,6 @@ class Attribution(base.Experiment):
     name = "attribution"
     Options = Options
     Result = Result
-    figure = "attribution.png"
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         lm, spec = inputs.resources.lm(), inputs.spec
@@ -52,11 +51,6 @@ class Attribution(base.Experiment):
             ranked,
             inputs=ProblemInputs.of(setup.task, setup.base, solved=setup.kept),
         )
-
-    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
-        from af1.report import figures  # matplotlib: only when drawing
-
-        return figures.attribution_plot(result, out_dir / "attribution.png")
 
     def tables(self, result: Result) -> list[Tab]:
         a = result.agreement
@@ -80,8 +74,6 @@ class Attribution(base.Experiment):
             " The interval of rho resamples the problems.</p>",
             f"<p>{html.escape(strongest(result))}</p>",
             figure_html(
-                out_dir,
-                "attribution.png",
                 lambda: interactive.attribution_plot(result),
             ),
             *super().section(result, out_dir),

@@ -1,5 +1,6 @@
-"""The shape of every experiment: its options, its typed result, what it reads, how it runs, its figure and its
-report section. The CLI, plan files, the study runner, the HTML report and the Python API are derived from it."""
+"""The shape of every experiment: its options, its typed result, what it reads, how it runs and its report section
+(its tables, figures and prose). The CLI, plan files, the study runner, the HTML report and the Python API are
+derived from it."""
 
 from __future__ import annotations
 
@@ -92,19 +93,6 @@ class Resources(Protocol):
     def setup(self, spec: TaskSpec) -> Setup: ...
 
 
-class NoResources:
-    """Resources for work that reads results only (drawing a figure from a finished unit)."""
-
-    def lm(self) -> LoadedModel:
-        raise Af1Error("this step reads results only; it has no model")
-
-    def evaluated(self, spec: TaskSpec) -> Evaluated:
-        return self.lm()  # type: ignore[return-value]  # raises
-
-    def setup(self, spec: TaskSpec) -> Setup:
-        return self.lm()  # type: ignore[return-value]  # raises
-
-
 @dataclass
 class Inputs:
     """Everything a unit runs on: resources, its task (None for per-model experiments), the results it reads
@@ -190,7 +178,6 @@ class Experiment:
     Result: ClassVar[type[AnyResult]] = AnyResult
     # task: one unit per model and task; model: per model alone; models: per task, reading every model's results
     scope: ClassVar[Literal["task", "model", "models"]] = "task"
-    figure: ClassVar[str | None] = None  # the PNG it draws beside its JSON
     task_defaults: ClassVar[dict[str, Any]] = {}  # task options that differ from TaskSpec's on the command line
     overview_rank: ClassVar[int] = 0  # where its cross-model part stands in a study report (lower: earlier)
     config_from_search: ClassVar[bool] = False  # runs at the search's config unless its options give a wait
@@ -221,10 +208,6 @@ class Experiment:
 
     def run(self, inputs: Inputs, options: Any) -> Result:
         raise NotImplementedError
-
-    def draw(self, result: Any, out_dir: Path, inputs: Inputs) -> Path | None:
-        """Its figure in out_dir (None when it has none)."""
-        return None
 
     def tables(self, result: Any) -> list[Tab]:
         """Its tables, declared once: `section` shows them in the report, `show` on the terminal, each followed

@@ -112,7 +112,6 @@ class Heads(base.Experiment):
     name = "heads"
     Options = Options
     Result = Result
-    figure = "heads.png"
 
     def uses(self) -> tuple[str, ...]:
         return (base.SEARCH,)
@@ -218,11 +217,6 @@ class Heads(base.Experiment):
             )
         return {"heads_overlap": rows}, parts
 
-    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
-        from af1.report import figures  # matplotlib: only when drawing
-
-        return figures.heads_figures(result, out_dir / "heads.png")
-
     def tables(self, result: Result) -> list[Tab]:
         split = result.split
         named = [f"{layer}.{h}" for layer, h in result.top_heads]
@@ -312,7 +306,7 @@ class Heads(base.Experiment):
             )
             return interactive.heads_map(result) + interactive.mlp_plot(result) + looks
 
-        parts.append(figure_html(out_dir, "heads.png", figures))
+        parts.append(figure_html(figures))
         return parts
 
     def show(self, result: Result) -> list[Table | str]:

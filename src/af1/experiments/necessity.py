@@ -43,7 +43,6 @@ class Necessity(base.Experiment):
     name = "necessity"
     Options = Options
     Result = Result
-    figure = "necessity.png"
 
     def uses(self) -> tuple[str, ...]:
         return (base.SEARCH,)
@@ -76,11 +75,6 @@ class Necessity(base.Experiment):
             inputs=allforone.faithfulness.setup_inputs(setup, **halves),
         )
 
-    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
-        from af1.report import figures  # matplotlib: only when drawing
-
-        return figures.necessity_plot(result, out_dir / "necessity.png")
-
     def tables(self, result: Result) -> list[Tab]:
         lowest = []
         for w, values in result.windows.items():
@@ -104,7 +98,7 @@ class Necessity(base.Experiment):
             "<h2>Necessity</h2><p>In the unmodified model the last token is kept from reading every non-context "
             "position in one layer or a window of layers; right: inside the search's chosen cell the transfer "
             "window is moved later.</p>",
-            figure_html(out_dir, "necessity.png", lambda: interactive.necessity_plot(result, result.n_solved)),
+            figure_html(lambda: interactive.necessity_plot(result, result.n_solved)),
             *(t.html() for t in self.tables(result)),
             f"<p>{html.escape(sentence)}</p>" if sentence else "",
             claims_html(shown),

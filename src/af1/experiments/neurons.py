@@ -44,7 +44,6 @@ class Neurons(base.Experiment):
     name = "neurons"
     Options = Options
     Result = Result
-    figure = "neurons.png"
     config_from_search = True
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
@@ -67,11 +66,6 @@ class Neurons(base.Experiment):
             measured_on=where,
             inputs=allforone.faithfulness.setup_inputs(setup, selection=selection, confirmation=confirmation),
         )
-
-    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
-        from af1.report import figures  # matplotlib: only when drawing
-
-        return figures.neurons_plot(result, out_dir / "neurons.png")
 
     def tables(self, result: Result) -> list[Tab]:
         rows = []
@@ -96,7 +90,7 @@ class Neurons(base.Experiment):
             f". Knocked out on {result.n_confirmation} problems ({html.escape(result.measured_on)}) with means "
             f"from the selection part, beside random sets of the same size and layers.</p>",
             *(f"<p>{html.escape(line)}</p>" for line in reading(result)),
-            figure_html(out_dir, "neurons.png", lambda: interactive.neurons_plot(result)),
+            figure_html(lambda: interactive.neurons_plot(result)),
             *super().section(result, out_dir),
             *patterns_html(result),
         ]
@@ -123,7 +117,7 @@ def patterns_html(result: Result) -> list[str]:
         f"each grouping's means explain (eta squared), beside the 95th percentile of that share with the activations "
         f"shuffled across problems ({heuristics.SHUFFLES:,} shuffles); a neuron is tagged with the groupings above it. "
         "Descriptive and uncorrected: a first sketch of the heuristics, not a claim.</p>",
-        interactive.neuron_patterns_plot(result.patterns) if interactive.enabled() else "",
+        interactive.neuron_patterns_plot(result.patterns),
         table_html(["neuron", *(f"{g} (chance)" for g in heuristics.GROUPINGS), "tags"], rows),
     ]
 

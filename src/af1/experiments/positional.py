@@ -12,7 +12,8 @@ from rich.table import Table
 
 from af1.experiments import base
 from af1.methods import positional
-from af1.report.markup import Tab, claims_html, claims_lines, image_html
+from af1.report import interactive
+from af1.report.markup import Tab, claims_html, claims_lines, figure_html
 from af1.stats import with_ci
 
 
@@ -38,7 +39,6 @@ class Positional(base.Experiment):
     Options = Options
     Result = Result
     scope = "model"
-    figure = "positional.png"
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         lm = inputs.resources.lm()
@@ -46,11 +46,6 @@ class Positional(base.Experiment):
             window=options.window, n_windows=options.n_windows, seed=options.seed
         )
         return Result.of(positional.study.study(lm.adapter, lm.tokenizer, config, options.corpus))
-
-    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
-        from af1.report import figures  # matplotlib: only when drawing
-
-        return figures.positional_figures(result, out_dir / "positional.png")
 
     def tables(self, result: Result) -> list[Tab]:
         tabs = [
@@ -132,7 +127,7 @@ class Positional(base.Experiment):
             *parts,
             *(t.html() for t in self.tables(result)),
             claims_html(held["claims"] if held else None),
-            image_html(out_dir, "positional.png"),
+            figure_html(lambda: interactive.positional_plot(result)),
         ]
 
     def show(self, result: Result) -> list[Table | str]:

@@ -41,7 +41,6 @@ class Probes(base.Experiment):
     name = "probes"
     Options = Options
     Result = Result
-    figure = "probes.png"
 
     def uses(self) -> tuple[str, ...]:
         return (base.SEARCH,)
@@ -66,11 +65,6 @@ class Probes(base.Experiment):
             no_config=note,
             inputs=allforone.faithfulness.setup_inputs(setup, **halves),
         )
-
-    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
-        from af1.report import figures  # matplotlib: only when drawing
-
-        return figures.probes_plot(result, out_dir / "probes.png")
 
     def tables(self, result: Result) -> list[Tab]:
         under = {(c["target"], c["kind"]): c for c in result.under_af1}
@@ -110,7 +104,7 @@ class Probes(base.Experiment):
                 else html.escape(result.no_config or "")
             )
             + "</p>",
-            figure_html(out_dir, "probes.png", lambda: interactive.probes_plot(result)),
+            figure_html(lambda: interactive.probes_plot(result)),
             *(f"<p>{html.escape(line)}</p>" for line in reading(result)),
             *super().section(result, out_dir),
         ]

@@ -44,7 +44,6 @@ class Prune(base.Experiment):
     Options = Options
     Result = Result
     config_from_search = True
-    figure = "pruning.png"
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         config = config_of(inputs, options, inputs.resources.lm().adapter.n_layers)  # refused before any work
@@ -62,11 +61,6 @@ class Prune(base.Experiment):
         )
         return Result.of(setup.describe(), pruning)
 
-    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
-        from af1.report import figures  # matplotlib: only when drawing
-
-        return figures.pruning_plot(result, out_dir / "pruning.png")
-
     def tables(self, result: Result) -> list[Tab]:
         removed = ["none", *(f"{layer}.{head}" for layer, head in result.prune_order)]
         rows = [
@@ -81,7 +75,7 @@ class Prune(base.Experiment):
     def section(self, result: Result, out_dir: Path) -> list[str]:
         return [
             f"<h2>Head pruning in the transfer layers</h2><p>{html.escape(reading(result))}</p>",
-            figure_html(out_dir, "pruning.png", lambda: interactive.pruning_plot(result)),
+            figure_html(lambda: interactive.pruning_plot(result)),
             *super().section(result, out_dir),
         ]
 

@@ -65,7 +65,6 @@ class Search(base.Experiment):
     name = base.SEARCH
     Options = Options
     Result = Result
-    figure = "search.png"
     overview_rank = -1  # the verdicts open the report
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
@@ -85,18 +84,12 @@ class Search(base.Experiment):
         described = setup.describe().model_copy(update={"model": inputs.model_name})  # as the plan names it
         return Result.of(described, found, config=config, inputs=allforone.faithfulness.setup_inputs(setup, **halves))
 
-    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
-        """The cells the search measured, with the frontier and the judged cell."""
-        from af1.report import figures  # matplotlib: only when drawing
-
-        return figures.search_cells(result, result.n_layers, out_dir / "search.png")
-
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
         return overview_of(finished)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         plot = lambda: interactive.search_plot(result, result.n_layers)  # noqa: E731
-        parts = ["<h2>The AF1 search and its claim</h2>", figure_html(out_dir, "search.png", plot)]
+        parts = ["<h2>The AF1 search and its claim</h2>", figure_html(plot)]
         parts.append(f"<p>{html.escape(measured_line(result))}</p>")
         parts.append(f"<p><b>{html.escape(claim_line(result))}</b></p>")
         if result.chosen:

@@ -39,7 +39,6 @@ class Sweep(base.Experiment):
     name = "sweep"
     Options = Options
     Result = Result
-    figure = "sweep.png"
 
     def uses(self) -> tuple[str, ...]:
         return (base.SEARCH,)
@@ -66,11 +65,6 @@ class Sweep(base.Experiment):
                     f"the search's rule read off this grid does not choose as the search did: {on_grid.judged}"
                 )
         return Result.of(setup.describe(), grid, rule_on_grid=on_grid, agrees_with_search=agrees)
-
-    def draw(self, result: Result, out_dir: Path, inputs: base.Inputs) -> Path:
-        from af1.report import figures  # matplotlib: only when drawing
-
-        return figures.sweep_heatmap(result, result, out_dir / "sweep.png", result.rule_on_grid)
 
     def section(self, result: Result, out_dir: Path) -> list[str]:
         found = result.rule_on_grid
@@ -100,9 +94,9 @@ class Sweep(base.Experiment):
             + rule
             + " Red triangles: cells whose whole 95 % interval lies at or above the threshold (in-sample, uncorrected "
             "across cells: descriptive)."
-            + (" Hover a cell for its numbers; click it for its problems." if interactive.enabled() else "")
+            + " Hover a cell for its numbers; click it for its problems."
             + "</p>"
-            + figure_html(out_dir, "sweep.png", lambda: interactive.sweep_grid(result, result, found)),
+            + figure_html(lambda: interactive.sweep_grid(result, result, found)),
         ]
 
     def show(self, result: Result) -> list[Table | str]:

@@ -1,7 +1,7 @@
 """Interactive figures for the HTML report, still one offline file: plotly.js is embedded once per page (from the
 `plotly` package, never a CDN), each figure is its JSON beside a div that a small inline script draws, a sweep cell
-clicks through to its problems, and tables marked sortable sort by a header click. `static_report()` switches every
-section back to the PNG figures (for papers)."""
+clicks through to its problems, tables marked sortable sort by a header click, and each figure's camera button saves
+it as SVG (a paper's static copy, from the same declaration)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,6 @@ import gzip
 import html
 import json
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,27 +27,12 @@ if TYPE_CHECKING:  # the parts the figures read; importing them would load torch
     from af1.methods.heads.study import HeadsStudy
     from af1.methods.heuristics import Pattern
     from af1.methods.neurons import Neurons
+    from af1.methods.positional.study import Positional
     from af1.methods.probes import Probes
     from af1.methods.setup import SetupDescription
 
 PLOT_CLASS = "af1-plot"
 SORTABLE_CLASS = "sortable"
-_STATIC: ContextVar[bool] = ContextVar("af1_static_report", default=False)
-
-
-@contextmanager
-def static_report(static: bool = True) -> Iterator[None]:
-    """Within it, sections embed their PNG figures only (the report of today's papers); outside, interactive ones."""
-    token = _STATIC.set(static)
-    try:
-        yield
-    finally:
-        _STATIC.reset(token)
-
-
-def enabled() -> bool:
-    """Whether the report being written is the interactive one (the default)."""
-    return not _STATIC.get()
 
 
 @cache
@@ -156,7 +138,7 @@ def sweep_grid(grid: Grid, setup: SetupDescription, found: Found | None = None) 
         }
     ]
     threshold = found.threshold if found else 0.9
-    marked = [(w, k) for r, w in enumerate(waits) for c, k in enumerate(transfers) if (low[r][c] or -1) >= threshold]
+    marked = confident_cells(low, threshold)
     if marked:
         data.append(
             {
@@ -193,6 +175,12 @@ def sweep_grid(grid: Grid, setup: SetupDescription, found: Found | None = None) 
         "shapes": chosen_shape(found) if found else [],
     }
     return plot_html(data, layout, sweep_detail(grid, faith, low, high))
+
+
+def confident_cells(low_WK: list[list[float | None]], threshold: float) -> list[tuple[int, int]]:
+    """(L_wait, L_transfer) of the cells whose whole 95 % interval (its lower ends by L_wait row from -1 and
+    L_transfer column) lies at or above the threshold."""
+    return [(r - 1, c) for r, row in enumerate(low_WK) for c, v in enumerate(row) if v is not None and v >= threshold]
 
 
 def sweep_detail(grid: Grid, faith: list[list[Any]], low: list[list[Any]], high: list[list[Any]]) -> dict[str, Any]:
@@ -784,9 +772,7 @@ def boot_js() -> str:
 
 
 def page_head(body: str) -> str:
-    """What a page's <head> needs for its body: the style, plotly.js once when a figure is interactive, the script."""
-    if not enabled():
-        return ""
+    """What a page's <head> needs for its body: the style, and plotly.js once when it has a figure."""
     plots = f'class="{PLOT_CLASS}"' in body
     if not plots and f'class="{SORTABLE_CLASS}"' not in body:
         return ""
@@ -805,12 +791,74 @@ def packed_plotly_js() -> str:
 
 def page_script() -> str:
     """The script that draws the figures and sorts the tables, once at the end of the page."""
-    return f"<script>{boot_js()}</script>" if enabled() else ""
+    return f"<script>{boot_js()}</script>"
 
 
 def sortable(fragment: str) -> str:
-    """An HTML fragment whose tables sort by a click on a header (in the interactive report)."""
-    return fragment.replace("<table>", f'<table class="{SORTABLE_CLASS}">') if enabled() else fragment
+    """An HTML fragment whose tables sort by a click on a header."""
+    return fragment.replace("<table>", f'<table class="{SORTABLE_CLASS}">')
+
+
+# --- position and meaning in attention logits ---------------------------------------------------------------------
+
+
+def positional_plot(result: Positional) -> str:
+    """Pearson r of a[i-j] + b[i] + c[j] per (layer, head) on the trained model (in sample), the heads' r beside
+    random init's, and perplexity as adjacent tokens or position ids are swapped."""
+    data: list[dict[str, Any]] = [
+        {
+            "type": "heatmap",
+            "z": clean(result.r_layer_head),
+            "zmin": 0,
+            "zmax": 1,
+            "colorscale": "Viridis",
+            "colorbar": {"x": 0.265, "len": 0.9, "thickness": 12, "title": {"text": "r"}},
+            "hovertemplate": "layer %{y}, head %{x}<br>r %{z:.3f}<extra></extra>",
+            "showlegend": False,
+        }
+    ]
+    for r_LH, label in (
+        (result.r_layer_head, "trained"),
+        (result.r_row_centred_layer_head, "trained, row-centred"),
+        (result.r_random_init_layer_head, "random init"),
+    ):
+        r = [v for row in clean(r_LH) for v in row if v is not None]
+        bins = {"start": -0.2, "end": 1.0, "size": 0.03}
+        data.append(
+            {"type": "histogram", "x": r, "name": label, "opacity": 0.5, "xbins": bins, "xaxis": "x2", "yaxis": "y2"}
+        )
+    for curve, label in (
+        (result.perplexity_vs_swap, "adjacent tokens swapped"),
+        (result.perplexity_vs_position_swap, "position ids swapped"),
+    ):
+        data.append(curve_trace(curve, label))
+    layout = {
+        "barmode": "overlay",
+        "height": 400,
+        "title": {"text": "position + meaning: r per head (trained, in sample), against random init, and swaps"},
+        "xaxis": {"domain": [0, 0.25], "title": {"text": "head"}, "dtick": 1},
+        "yaxis": {"title": {"text": "layer"}, "dtick": 1},
+        "xaxis2": {"domain": [0.38, 0.64], "anchor": "y2", "title": {"text": "Pearson r per head"}},
+        "yaxis2": {"anchor": "x2", "title": {"text": "heads"}},
+        "xaxis3": {"domain": [0.74, 1.0], "anchor": "y3", "title": {"text": "fraction swapped"}},
+        "yaxis3": {"anchor": "x3", "title": {"text": "perplexity"}},
+        "legend": {"orientation": "h", "y": -0.22},
+    }
+    return plot_html(data, layout)
+
+
+def curve_trace(curve: dict[str, float | None], label: str) -> dict[str, Any]:
+    """Perplexity against the fraction swapped, on the third panel."""
+    x = [float(f) for f in curve]
+    return {
+        "type": "scatter",
+        "mode": "lines+markers",
+        "x": x,
+        "y": clean(list(curve.values())),
+        "name": label,
+        "xaxis": "x3",
+        "yaxis": "y3",
+    }
 
 
 # --- probes: what the last token holds, block by block ------------------------------------------------------------
@@ -864,29 +912,7 @@ def probes_plot(result: Probes) -> str:
                     **style,
                 )
             )
-    shapes = []
-    if result.wait is not None and result.transfer is not None:
-        n_layers = len(result.unmodified[0]["accuracy"]) if result.unmodified else 0
-        w, t = result.wait, result.transfer
-        spans = {"wait": (-0.5, w + 0.5), "transfer": (w + 0.5, w + t + 0.5), "compute": (w + t + 0.5, n_layers - 0.5)}
-        for xaxis in dict.fromkeys(p[1] for p in panels):
-            for stage, (x0, x1) in spans.items():
-                if x1 > x0:
-                    shapes.append(
-                        {
-                            "type": "rect",
-                            "xref": xaxis,
-                            "yref": f"{xaxis.replace('x', 'y')} domain",
-                            "x0": x0,
-                            "x1": x1,
-                            "y0": 0,
-                            "y1": 1,
-                            "fillcolor": STAGE_COLOURS[stage],
-                            "opacity": 0.12,
-                            "line": {"width": 0},
-                            "layer": "below",
-                        }
-                    )
+    shapes = stage_shapes(result, list(dict.fromkeys(p[1] for p in panels)))
     two = len(panels) > 1
     layout: dict[str, Any] = {
         "xaxis": {"title": {"text": "after block (unmodified)"}, "domain": [0, 0.47] if two else [0, 1]},
@@ -904,3 +930,30 @@ def probes_plot(result: Probes) -> str:
         layout["xaxis2"] = {"title": {"text": af1}, "domain": [0.53, 1], "anchor": "y2"}
         layout["yaxis2"] = {"range": [-0.02, 1.02], "anchor": "x2"}
     return plot_html(data, layout)
+
+
+def stage_shapes(result: Probes, x_axes: list[str]) -> list[dict[str, Any]]:
+    """AF1's wait, transfer and compute blocks shaded on each of the panels' x axes (none without a config)."""
+    if result.wait is None or result.transfer is None:
+        return []
+    n_layers = len(result.unmodified[0]["accuracy"]) if result.unmodified else 0
+    w, t = result.wait, result.transfer
+    spans = {"wait": (-0.5, w + 0.5), "transfer": (w + 0.5, w + t + 0.5), "compute": (w + t + 0.5, n_layers - 0.5)}
+    return [
+        {
+            "type": "rect",
+            "xref": xaxis,
+            "yref": f"{xaxis.replace('x', 'y')} domain",
+            "x0": x0,
+            "x1": x1,
+            "y0": 0,
+            "y1": 1,
+            "fillcolor": STAGE_COLOURS[stage],
+            "opacity": 0.12,
+            "line": {"width": 0},
+            "layer": "below",
+        }
+        for xaxis in x_axes
+        for stage, (x0, x1) in spans.items()
+        if x1 > x0
+    ]

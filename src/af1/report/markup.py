@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import re
@@ -29,14 +28,6 @@ pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.8em}
 .warnings{background:#fff8e1;border-left:3px solid #e0a800;padding:.3em .8em;margin:.5em 0;font-size:.92em}
 .guide{background:#f4f8fc;border-left:3px solid #4a7fb0;padding:.3em .8em;margin:.5em 0}
 """
-
-
-def image_html(d: Path, name: str) -> str:
-    path = d / name
-    if not path.is_file():
-        return ""
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
 
 
 def cell_text(v: Any) -> str:
@@ -99,8 +90,8 @@ def result_beside(out_dir: Path, experiment: str) -> dict[str, Any] | None:
 
 
 def page(title: str, parts: list[str]) -> str:
-    """A self-contained HTML page of the given sections; in the interactive report plotly.js is embedded once (when a
-    figure needs it) with the script that draws the figures and sorts tables, and nothing is fetched from elsewhere."""
+    """A self-contained HTML page of the given sections: plotly.js embedded once (when a figure needs it) with the
+    script that draws the figures and sorts tables; nothing is fetched from elsewhere."""
     title = html.escape(title)
     body = "".join(parts)
     return (
@@ -109,15 +100,12 @@ def page(title: str, parts: list[str]) -> str:
     )
 
 
-def figure_html(d: Path, name: str, interactive_figure: Callable[[], str] | None) -> str:
-    """A section's figure: the interactive one (the default report), else the PNG `name` in `d` (the static one)."""
-    if interactive_figure is None or not interactive.enabled():
-        return image_html(d, name)
+def figure_html(figure: Callable[[], str]) -> str:
+    """A section's figure, or a note saying why it could not be drawn (the section's tables stand)."""
     try:
-        return interactive_figure()
+        return figure()
     except (KeyError, IndexError, TypeError, ValueError) as exc:  # e.g. a result beside it that does not fit
-        note = f"<p class='note'>No interactive figure ({html.escape(type(exc).__name__)}: {html.escape(str(exc))})"
-        return note + (": its PNG instead.</p>" + image_html(d, name) if (d / name).is_file() else ".</p>")
+        return f"<p class='note'>No figure ({html.escape(type(exc).__name__)}: {html.escape(str(exc))}).</p>"
 
 
 LAYOUT_HEADERS = ["layout", "positions", "example input (its end)", "n", "rate [95 % CI]", "constant guess"]

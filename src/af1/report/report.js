@@ -46,7 +46,10 @@
   function draw(box) {
     var spec = JSON.parse(box.querySelector('script[type="application/json"]').textContent);
     var area = box.querySelector(".af1-plot-area");
-    Plotly.newPlot(area, spec.data, spec.layout, { responsive: true, displaylogo: false });
+    // the camera button saves the figure as SVG, from the same declaration (a paper's static copy)
+    Plotly.newPlot(area, spec.data, spec.layout, {
+      responsive: true, displaylogo: false, toImageButtonOptions: { format: "svg", filename: spec.name || "af1-figure" },
+    });
     if (spec.detail && spec.detail.kind === "cells") {
       var shapes = (spec.layout.shapes || []).slice();
       area.on("plotly_click", function (ev) {

@@ -101,9 +101,8 @@ def plan_yaml(plan: StudyPlan) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def run_demo(plan: StudyPlan, out_dir: Path, say: Callable[[str], None] = print, static: bool = False) -> StudySummary:
-    """Run the demo plan (resuming what is done), then say each model's verdict, the report (with `static`: its
-    PNG figures only) and the time."""
+def run_demo(plan: StudyPlan, out_dir: Path, say: Callable[[str], None] = print) -> StudySummary:
+    """Run the demo plan (resuming what is done), then say each model's verdict, the report and the time."""
     import json
 
     t0 = time.perf_counter()
@@ -115,7 +114,7 @@ def run_demo(plan: StudyPlan, out_dir: Path, say: Callable[[str], None] = print,
             result = SearchResult.model_validate(outcome["result"])
             say(f"{unit.model.name} after {time.perf_counter() - t0:.0f} s: {claim_line(result)}")
 
-    summary = run_study(plan, out_dir, static=static, on_end=verdict_first)
+    summary = run_study(plan, out_dir, on_end=verdict_first)
     report = json.loads((Path(out_dir) / "report.json").read_text())
     for line in report["verdicts"]:
         say(line)

@@ -12,7 +12,7 @@ from af1.errors import Af1Error
 from af1.experiments import REGISTRY
 from af1.experiments.base import Finished
 from af1.progress import note
-from af1.report.interactive import sortable, static_report
+from af1.report.interactive import sortable
 from af1.report.markup import READING_GUIDE, load_json, page, table_html, warnings_html
 from af1.results import read_json, write_atomic, write_json
 from af1.study.plan import StudyPlan, Unit, expand, task_label
@@ -127,16 +127,9 @@ def unit_sections(store: Store, units: list[Unit]) -> list[str]:
     return [part for parts in by_place.values() for part in parts]
 
 
-def build_study_report(
-    store: Store, plan: StudyPlan, units: list[Unit], static: bool = False, partial: bool = False
-) -> Path:
-    """DIR/report.json and a self-contained DIR/report.html: interactive figures, or with `static` the PNGs only;
-    `partial` while the study still runs (marked so on the page and in the JSON)."""
-    with static_report(static):
-        return _write_study_report(store, plan, units, partial)
-
-
-def _write_study_report(store: Store, plan: StudyPlan, units: list[Unit], partial: bool) -> Path:
+def build_study_report(store: Store, plan: StudyPlan, units: list[Unit], partial: bool = False) -> Path:
+    """DIR/report.json and a self-contained DIR/report.html; `partial` while the study still runs (marked so on the
+    page and in the JSON)."""
     data, overview = collect(store, units)
     data = {"name": plan.name, "partial": partial, **data}
     write_json(store.root / "report.json", data)
@@ -183,17 +176,16 @@ def _write_study_report(store: Store, plan: StudyPlan, units: list[Unit], partia
     return write_atomic(store.root / "report.html", page(f"af1 study: {plan.name}", parts))
 
 
-def build_report(d: str | Path, static: bool = False) -> Path:
-    """Write DIR/report.html from the experiments' result files found in DIR (or DIR's study store): with interactive
-    figures (plotly.js embedded, offline), or with `static` the PNG figures only."""
+def build_report(d: str | Path) -> Path:
+    """Write DIR/report.html from the experiments' result files found in DIR (or DIR's study store), one offline
+    file (plotly.js embedded)."""
 
     d = Path(d)
     if not d.is_dir():
         raise Af1Error(f"no such results directory: {d}")
     if (d / "plan.json").is_file() and (d / "units").is_dir():
-        return _study_report(d, static)
-    with static_report(static):
-        return _results_report(d)
+        return _study_report(d)
+    return _results_report(d)
 
 
 def _results_report(d: Path) -> Path:
@@ -219,10 +211,10 @@ def _results_report(d: Path) -> Path:
     return write_atomic(d / "report.html", page("af1 report", parts))
 
 
-def _study_report(d: Path, static: bool) -> Path:
+def _study_report(d: Path) -> Path:
 
     plan = StudyPlan.model_validate(read_json(d / "plan.json")["plan"])
-    return build_study_report(Store(d), plan, expand(plan), static)
+    return build_study_report(Store(d), plan, expand(plan))
 
 
 def peak_rss(row: dict[str, Any]) -> str:

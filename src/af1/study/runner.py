@@ -17,14 +17,13 @@ from typing import Any, Protocol
 
 from af1.errors import Af1Error
 from af1.experiments import REGISTRY
-from af1.experiments.base import NoResources
 from af1.progress import note, progress
 from af1.results import read_json, write_json
 from af1.study.leases import TIMEOUT_S, Leases
 from af1.study.plan import StudyPlan, Unit, expand
 from af1.study.report import build_study_report
 from af1.study.store import FINISHED, Store, now
-from af1.study.units import Worker, one_line, unit_inputs
+from af1.study.units import Worker, one_line
 
 Outcome = dict[str, Any]
 
@@ -53,13 +52,12 @@ def run_study(
     ray: bool = False,
     ray_address: str | None = None,
     ray_init: dict[str, Any] | None = None,
-    static: bool = False,
     lease_timeout_s: float = TIMEOUT_S,
     on_end: Callable[[Unit, Outcome], None] | None = None,
 ) -> StudySummary:
-    """Run every unfinished unit of the plan into out_dir and write the cross-model report (interactive; with
-    `static` its PNG figures only), partial while units remain (rewritten at most every REPORT_EVERY_S); `on_end`
-    hears of each unit this runner ends. Runners sharing out_dir split the units by leases (`study.leases`).
+    """Run every unfinished unit of the plan into out_dir and write the cross-model report, partial while units
+    remain (rewritten at most every REPORT_EVERY_S); `on_end` hears of each unit this runner ends. Runners sharing
+    out_dir split the units by leases (`study.leases`).
 
     With ray, ray_address None lets ray.init join the cluster it finds or start a local one
     (ray_init: more ray.init arguments); 'auto' or an address joins that cluster.
@@ -98,19 +96,18 @@ def run_study(
                     by_others.append(unit.id)
                     continue
                 outcome = {**outcome, "id": unit.id}
-                _draw(store, unit, outcome, outcomes)
                 outcomes[unit.id] = store.finished(unit, outcome)
                 leases.release(store.unit_dir(unit))
                 ran.append(unit.id)
                 if on_end is not None:
                     on_end(unit, outcomes[unit.id])
                 if time.monotonic() - reported >= REPORT_EVERY_S and len(ran) + len(by_others) < len(todo):
-                    build_study_report(store, plan, units, static, partial=True)
+                    build_study_report(store, plan, units, partial=True)
                     reported = time.monotonic()
         finally:
             backend.close()
     failed = [u.id for u in units if outcomes.get(u.id, {}).get("state") not in FINISHED]
-    report = build_study_report(store, plan, units, static)
+    report = build_study_report(store, plan, units)
     return StudySummary(units, ran, skipped, failed, report, by_others)
 
 
@@ -293,17 +290,3 @@ def _require_ray(address: str | None) -> Any:
         except OSError as exc:
             raise Af1Error(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from exc
     return ray
-
-
-def _draw(store: Store, unit: Unit, outcome: Outcome, outcomes: dict[str, Outcome]) -> None:
-    """The unit's figure beside its record; a figure that fails is noted, the result stands."""
-    experiment = REGISTRY[unit.experiment]
-    if experiment.figure is None or outcome.get("state") != "done":
-        return
-    deps = {d: outcomes[d]["result"] for d in unit.deps if outcomes.get(d, {}).get("state") == "done"}
-    try:
-        inputs = unit_inputs(NoResources(), unit, deps, None)
-        result = experiment.Result.model_validate(outcome["result"])
-        experiment.draw(result, store.unit_dir(unit), inputs)
-    except Exception as exc:
-        outcome["figure_error"] = one_line(exc)
