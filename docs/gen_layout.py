@@ -1,5 +1,5 @@
-"""Write the module list of docs/layout.md from the tree: each folder of `src/af1/` with its lines against its budget
-(the budget table above it) and each module with its lines and the first line of its docstring.
+"""Write the module list of docs/layout.md from the tree: each folder of `src/af1/` and each module in it with the
+first paragraph of its docstring (no line counts: an edit inside a module leaves the page as it is).
 
     python docs/gen_layout.py            # rewrite the list in docs/layout.md
     python docs/gen_layout.py --stdout   # print the page instead (what tests/test_docs.py compares)
@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import ast
-import re
 import sys
 from pathlib import Path
 
@@ -26,37 +25,23 @@ def summary(path: Path) -> str:
     return doc.split("\n\n")[0].replace("\n", " ").replace("|", "\\|")
 
 
-def lines(path: Path) -> int:
-    return len(path.read_text().splitlines())
-
-
-def budgets(text: str) -> dict[str, int]:
-    rows = re.findall(r"^\| `([^`]+)` \| ([\d,]+) \|$", text, re.M)
-    return {name.rstrip("/"): int(n.replace(",", "")) for name, n in rows}
-
-
-def module_list(text: str) -> list[str]:
-    allowed = budgets(text)
+def module_list() -> list[str]:
     groups = {LOOSE: sorted(SRC.glob("*.py"))}
     for folder in sorted(p for p in SRC.iterdir() if (p / "__init__.py").exists()):
         groups[folder.name] = sorted(folder.rglob("*.py"))
     out = [BEGIN, ""]
     for name, paths in groups.items():
-        held = sum(map(lines, paths))
-        title = name if name == LOOSE else f"{name}/"
-        out += [f"**`{title}`** {held:,} lines of {allowed.get(name, 0):,}", "", "| module | lines | what it holds |"]
-        out.append("|---|---|---|")
-        out += [f"| `{p.relative_to(SRC).as_posix()}` | {lines(p)} | {summary(p)} |" for p in paths]
+        out += [f"**`{name if name == LOOSE else name + '/'}`**", "", "| module | what it holds |", "|---|---|"]
+        out += [f"| `{p.relative_to(SRC).as_posix()}` | {summary(p)} |" for p in paths]
         out.append("")
-    total = sum(lines(p) for p in SRC.rglob("*.py"))
-    return [*out, f"In all {total:,} lines in {len(list(SRC.rglob('*.py')))} modules.", "", END]
+    return [*out, END]
 
 
 def render() -> str:
     text = TARGET.read_text(encoding="utf-8")
     head, rest = text.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
-    return head + "\n".join(module_list(text)) + tail
+    return head + "\n".join(module_list()) + tail
 
 
 def main(argv: list[str]) -> int:
