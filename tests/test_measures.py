@@ -258,9 +258,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
 
     claims = [{**c, "outcome": "rejected"} if i % 2 else c for i, c in enumerate(nec.claims)]  # both kinds shown
     assert {c["outcome"] for c in nec.claims} == {"confirmed"}  # a random model: every window breaks it
-    page = "".join(
-        Necessity().section(Result.of(tiny_setup.describe(), nec.model_copy(update={"claims": claims})), tmp_path)
-    )
+    page = "".join(Necessity().section(Result.of(tiny_setup.describe(), nec.model_copy(update={"claims": claims}))))
     for c in claims:  # every window's claim in the report with its outcome, the confirmed ones before the fold
         row = f"<td>{c['outcome']}</td><td>{escape(c['statement'])}</td>"
         assert row in page and (c["outcome"] == "confirmed") == (page.index(row) < page.index("<details"))
@@ -332,7 +330,7 @@ def test_each_transfer_claim_is_in_the_report_with_its_numbers(tiny_setup, tmp_p
     allforone.transfer.transfer_family([row])
     result = Result.of(tiny_setup.describe(), target="tiny", rows=[row], n_measured=len(tiny_setup.kept))
     assert [c["family"] for c in result.claims] == ["transfer: 2 tests, Holm"] * 2  # both mappings differ from own
-    page = "".join(Transfer().section(result, tmp_path))
+    page = "".join(Transfer().section(result))
     for c in result.claims:
         assert f"<td>{escape(c['statement'])}</td><td>{with_ci(c['estimate'], c['ci'])}</td><td>{c['n']}</td>" in page
 

@@ -133,9 +133,9 @@ def test_the_probes_json_reads_back_as_written(probed):
 def test_the_probes_section_and_terminal_show_the_same_table(probed):
     from af1.experiments import REGISTRY
 
-    result, out, _ = probed
+    result, _, _ = probed
     experiment = REGISTRY["probes"]
-    page = "".join(experiment.section(result, out))
+    page = "".join(experiment.section(result))
     assert "What the last token holds" in page and "first block read above chance" in page and "af1-plot" in page
     shown = experiment.show(result)
     assert any(isinstance(s, str) and s.startswith("Operand a after block 2") for s in shown)

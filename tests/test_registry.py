@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -149,8 +148,8 @@ class Toy(base.Experiment):
     def tables(self, result: ToyResult) -> list[Tab]:
         return [Tab(["toy value", "n"], [[result.value, result.n]])]  # the report and the terminal both show it
 
-    def section(self, result: ToyResult, out_dir: Path) -> list[str]:
-        return ["<h2>Toy section</h2>", *super().section(result, out_dir)]
+    def section(self, result: ToyResult) -> list[str]:
+        return ["<h2>Toy section</h2>", *super().section(result)]
 
 
 @pytest.fixture

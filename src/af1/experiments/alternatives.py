@@ -5,7 +5,6 @@ Each is paired with the configured intervention on the same problems (exact McNe
 from __future__ import annotations
 
 import html
-from pathlib import Path
 from typing import Any
 
 from af1.claims import Claim
@@ -74,7 +73,7 @@ class Alternatives(base.Experiment):
             Tab(["ABP variant (CAMA)", *HEADER], rows(result.abp_variants_detail, "ABP", result.claims)),
         ]
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         family = result.claims[0]["family"] if result.claims else ""
         return [
             f"<h2>Alternatives at L_wait = {result.wait}, L_transfer = {result.transfer}</h2>"

@@ -8,7 +8,6 @@ interval over problems, the top-k overlap, and the time each took."""
 from __future__ import annotations
 
 import html
-from pathlib import Path
 
 from pydantic import Field
 
@@ -62,7 +61,7 @@ class Attribution(base.Experiment):
             )
         ]
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         speed = result.exact_seconds / max(result.estimate_seconds, 1e-9)
         return [
             "<h2>Attribution patching against exact activation patching (path patching by `total`)</h2>",
@@ -73,10 +72,8 @@ class Attribution(base.Experiment):
             f"{result.estimate_seconds:.1f} s, the exact one {result.exact_seconds:.1f} s ({speed:.1f} times as long)."
             " The interval of rho resamples the problems.</p>",
             f"<p>{html.escape(strongest(result))}</p>",
-            figure_html(
-                lambda: interactive.attribution_plot(result),
-            ),
-            *super().section(result, out_dir),
+            figure_html(lambda: interactive.attribution_plot(result)),
+            *super().section(result),
         ]
 
 

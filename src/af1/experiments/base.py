@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import html
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
@@ -52,8 +51,7 @@ class Result(Part):
         if kind is None:
             return f"<pre>{html.escape(self.model_dump_json(indent=1)[:4000])}</pre>"
         experiment = kind()  # made here, when a notebook shows a result, never at import
-        with tempfile.TemporaryDirectory() as empty:  # a result alone: no PNG beside it
-            section = page(experiment.name, experiment.section(self, Path(empty)))
+        section = page(experiment.name, experiment.section(self))
         # the frame takes its content's height, and again when a click opens a cell's problems
         fit = (
             "const f=this,d=f.contentDocument,fit=()=>{f.style.height=(d.documentElement.scrollHeight+20)+'px'};"
@@ -214,8 +212,8 @@ class Experiment:
         by the result's claims."""
         return []
 
-    def section(self, result: Any, out_dir: Path) -> list[str]:
-        """Its part of the HTML report: headings, paragraphs and figures from out_dir around its tables."""
+    def section(self, result: Any) -> list[str]:
+        """Its part of the HTML report: headings, paragraphs and figures around its tables."""
         return [*(t.html() for t in self.tables(result)), claims_html(getattr(result, "claims", None))]
 
     def show(self, result: Any) -> list[Table | str]:

@@ -4,8 +4,6 @@ CAMA alone has no attention mask, ABP alone no ablation."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field
 
 from af1.experiments import base
@@ -56,9 +54,9 @@ class Components(base.Experiment):
         ]
         return [Tab(["L_wait", "CAMA alone [95 % CI]", "ABP alone [95 % CI]"], rows)]
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         return [
             "<h2>CAMA alone and ABP alone</h2><p>CAMA alone: the ablation at L_wait with no attention mask. "
             f"ABP alone: no ablation, the mask from L_wait+1 with {result.transfer} peek layers.</p>",
-            *super().section(result, out_dir),
+            *super().section(result),
         ]

@@ -5,7 +5,6 @@ With n, 95 % interval, constant-guess baseline and every problem."""
 from __future__ import annotations
 
 import html
-from pathlib import Path
 from typing import Any
 
 from af1.experiments import base
@@ -71,8 +70,8 @@ class Eval(base.Experiment):
             layout_tab("Base accuracy", result.base_accuracy_by_layout, result.task_layout["layouts"]),
         ]
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
-        return [f"<h2>Base accuracy on <code>{html.escape(result.task)}</code></h2>", *super().section(result, out_dir)]
+    def section(self, result: Result) -> list[str]:
+        return [f"<h2>Base accuracy on <code>{html.escape(result.task)}</code></h2>", *super().section(result)]
 
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
         """Per task, every two models' base accuracy paired on the same problems (exact McNemar)."""

@@ -6,7 +6,6 @@ weights."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -146,7 +145,7 @@ class Finetune(base.Experiment):
             warnings=[everything.end_note] if everything.end_note else [],
         )
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         return [
             "<h2>Precise fine-tuning</h2>",
             f"<p>{len(result.heads)} heads; {result.gqa}. {result.n_train} training problems, {result.n_val} "

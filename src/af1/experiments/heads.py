@@ -6,7 +6,6 @@ look, the MLP logit lens, overlap with other tasks, placement against AF1's stag
 from __future__ import annotations
 
 import html
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -284,7 +283,7 @@ class Heads(base.Experiment):
             )
         return tabs
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         scored = result.path_patching_scoring
         counterfactual = "slot" if result.style == FILE_STYLE else result.counterfactual_kind
         parts = [
@@ -295,7 +294,7 @@ class Heads(base.Experiment):
             f"the confirmation part. Path patching ({result.path}) scores {html.escape(scored['definition'])} "
             f"(constant guess of what it scores {scored['constant_guess']:.2f}).</p>",
             *(f"<p>{html.escape(line)}</p>" for line in reading(result)),
-            *super().section(result, out_dir),
+            *super().section(result),
         ]
 
         def figures() -> str:

@@ -5,7 +5,6 @@ Inside the search's chosen cell the transfer window is also moved later, on the 
 from __future__ import annotations
 
 import html
-from pathlib import Path
 
 from pydantic import Field, field_validator
 from rich.table import Table
@@ -92,7 +91,7 @@ class Necessity(base.Experiment):
             ),
         ]
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         shown, sentence = necessary(result.claims)
         return [
             "<h2>Necessity</h2><p>In the unmodified model the last token is kept from reading every non-context "

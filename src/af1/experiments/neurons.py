@@ -8,7 +8,6 @@ are its split."""
 from __future__ import annotations
 
 import html
-from pathlib import Path
 
 from pydantic import Field
 from rich.table import Table
@@ -81,7 +80,7 @@ class Neurons(base.Experiment):
             Tab(["layer", "neuron", "attribution (selection part)"], top, title="The top 10 neurons"),
         ]
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         return [
             "<h2>Neurons of the compute stage</h2>",
             f"<p>Under AF1 at L_wait {result.wait}, L_transfer {result.transfer}, the last token computes alone in "
@@ -91,7 +90,7 @@ class Neurons(base.Experiment):
             f"from the selection part, beside random sets of the same size and layers.</p>",
             *(f"<p>{html.escape(line)}</p>" for line in reading(result)),
             figure_html(lambda: interactive.neurons_plot(result)),
-            *super().section(result, out_dir),
+            *super().section(result),
             *patterns_html(result),
         ]
 

@@ -5,7 +5,6 @@ Against a random-init and a shuffled control, with the perplexity cost of pertur
 from __future__ import annotations
 
 import html
-from pathlib import Path
 
 from pydantic import Field
 from rich.table import Table
@@ -107,7 +106,7 @@ class Positional(base.Experiment):
             ]
         return tabs
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         held = result.heldout
         parts = [
             "<h2>Attention logits: position + meaning</h2>",

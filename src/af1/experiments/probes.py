@@ -8,7 +8,6 @@ search's config they are measured on its confirmation split."""
 from __future__ import annotations
 
 import html
-from pathlib import Path
 
 from pydantic import Field
 from rich.table import Table
@@ -81,7 +80,7 @@ class Probes(base.Experiment):
         headers = ["target", "probe", "first block read above chance", "after the last block"]
         return [Tab([*headers, "under AF1", "with no transfer layers (control)", "most common label"], rows)]
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         config = f"L_wait {result.wait}, L_transfer {result.transfer}" if result.wait is not None else None
         return [
             "<h2>What the last token holds, block by block</h2>",
@@ -106,7 +105,7 @@ class Probes(base.Experiment):
             + "</p>",
             figure_html(lambda: interactive.probes_plot(result)),
             *(f"<p>{html.escape(line)}</p>" for line in reading(result)),
-            *super().section(result, out_dir),
+            *super().section(result),
         ]
 
     def show(self, result: Result) -> list[Table | str]:

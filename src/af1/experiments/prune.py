@@ -7,7 +7,6 @@ checked on the confirmation split."""
 from __future__ import annotations
 
 import html
-from pathlib import Path
 
 from pydantic import Field
 from rich.table import Table
@@ -72,11 +71,11 @@ class Prune(base.Experiment):
         scored = f"faithfulness on {result.n_selection} selection problems [95 % CI]"
         return [Tab(["heads removed", "last removed (layer.head)", scored], rows)]
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         return [
             f"<h2>Head pruning in the transfer layers</h2><p>{html.escape(reading(result))}</p>",
             figure_html(lambda: interactive.pruning_plot(result)),
-            *super().section(result, out_dir),
+            *super().section(result),
         ]
 
     def show(self, result: Result) -> list[Table | str]:

@@ -4,8 +4,6 @@ Every problem listed."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field
 
 from af1.experiments import base
@@ -81,9 +79,9 @@ class Run(base.Experiment):
             stages_tab(r.stages),
         ]
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         return [
             f"<h2>AF1 at L_wait = {result.wait}, L_transfer = {result.transfer}</h2><p>On {result.n_solved} "
             f"problems ({result.measured_on}).</p>",
-            *super().section(result, out_dir),
+            *super().section(result),
         ]

@@ -6,7 +6,6 @@ other."""
 from __future__ import annotations
 
 import html
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -87,7 +86,7 @@ class Search(base.Experiment):
     def overview(self, finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
         return overview_of(finished)
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         plot = lambda: interactive.search_plot(result, result.n_layers)  # noqa: E731
         parts = ["<h2>The AF1 search and its claim</h2>", figure_html(plot)]
         parts.append(f"<p>{html.escape(measured_line(result))}</p>")

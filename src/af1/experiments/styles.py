@@ -5,7 +5,6 @@ not choose it); every other row is another task, measured on all its solved prob
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -70,10 +69,10 @@ class Styles(base.Experiment):
         headers += ["constant guess", "faithfulness measured on (n)"]
         return [Tab(headers, [row(r) for r in result.rows])]
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         return [
             f"<h2>Input styles (Table 4) at L_wait = {result.wait}, L_transfer = {result.transfer}</h2>",
-            *super().section(result, out_dir),
+            *super().section(result),
         ]
 
 

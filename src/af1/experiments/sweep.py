@@ -5,7 +5,6 @@ Per problem, on the solved problems."""
 from __future__ import annotations
 
 import html
-from pathlib import Path
 
 from pydantic import Field
 from rich.table import Table
@@ -66,7 +65,7 @@ class Sweep(base.Experiment):
                 )
         return Result.of(setup.describe(), grid, rule_on_grid=on_grid, agrees_with_search=agrees)
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         found = result.rule_on_grid
         rule = (
             ""

@@ -5,7 +5,6 @@ Measured on this model's confirmation split beside its own config (paired McNema
 from __future__ import annotations
 
 import html
-from pathlib import Path
 from typing import Any
 
 from af1.claims import Claim
@@ -170,9 +169,9 @@ class Transfer(base.Experiment):
         ]
         return [Tab(headers, rows + [[m, "no config", "", "", "", ""] for m in result.sources_without_config])]
 
-    def section(self, result: Result, out_dir: Path) -> list[str]:
+    def section(self, result: Result) -> list[str]:
         return [
             f"<h2>Other models' configs on {html.escape(result.target)}</h2><p>On {result.n_measured} problems "
             f"({result.measured_on}).</p>",
-            *super().section(result, out_dir),
+            *super().section(result),
         ]

@@ -118,7 +118,7 @@ def unit_sections(store: Store, units: list[Unit]) -> list[str]:
             seen = warned.setdefault(where, set())
             new = [w for w in result.warnings if w not in seen]
             seen.update(new)
-            section = [*REGISTRY[unit.experiment].section(result, store.unit_dir(unit)), warnings_html(new)]
+            section = [*REGISTRY[unit.experiment].section(result), warnings_html(new)]
         except Exception as exc:  # the report still renders, and the log says why a section is missing
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             note(f"report: {unit.id} cannot be shown ({reason})")
@@ -198,7 +198,7 @@ def _results_report(d: Path) -> Path:
         provenance = provenance or data.get("provenance")
         try:
             result = experiment.Result.model_validate({k: v for k, v in data.items() if k != "provenance"})
-            parts += [*experiment.section(result, d), warnings_html(result.warnings)]
+            parts += [*experiment.section(result), warnings_html(result.warnings)]
         except Exception as exc:  # a result file of another af1 version: say so, render the rest
             parts.append(
                 f"<p>{html.escape(experiment.file)}: cannot show ({html.escape(str(exc).splitlines()[0])})</p>"
