@@ -32,8 +32,8 @@ def quickstart(lm: af1.LoadedModel, n: int = 40) -> dict[str, Any]:
         "n_solved": base.n_solved,
         "config": [run.wait, run.transfer],
         "stages": run.stages,
-        "faithfulness": [run.faithfulness, run.faithfulness_ci],
-        "faithfulness_baseline": run.faithfulness_baseline,
+        "faithfulness": [run.faithfulness["value"], run.faithfulness["ci"]],
+        "faithfulness_baseline": run.faithfulness["baseline"],
         "executor": run.executor,
         "first_problem_input": base.problems[0]["input"],
         "search": {

@@ -315,7 +315,9 @@ def test_cli_heads_json_on_smollm2(capsys, cli_on_smollm2, tmp_path):
     for key in ("k", "accuracy_top_k", "accuracy_random_k_mean", "accuracy_random_k_std", "base_accuracy"):
         assert key in ko
     assert ko["k"] == 5 and 0 <= ko["accuracy_top_k"] <= 1
-    assert (tmp_path / "heads.json").is_file() and (tmp_path / "heads.png").is_file()
+    from af1.study.report import build_report
+
+    assert 'class="af1-plot"' in build_report(tmp_path).read_text()  # heads.json's figures, in its report
     code, _, err = run_cli(capsys, "heads", "--k", "999")
     assert code == 2 and "out of range" in err
 
@@ -839,10 +841,7 @@ def test_the_af1_consistency_rows_survive_a_json_round_trip():
     peek = {
         "variant": "all heads peek",
         "peeking": 8,
-        "faithfulness": 0.9,
-        "faithfulness_ci": [0.8, 0.95],
-        "faithfulness_baseline": 0.1,
-        "faithfulness_n": 20,
+        "faithfulness": {"value": 0.9, "k": 18, "n": 20, "ci": [0.8, 0.95], "baseline": 0.1, "near_constant": False},
         "executor": "fast",
         "fallback_reason": None,
         "mcnemar_vs_all": {"only_first": 0, "only_second": 0, "p_value": 1.0},
@@ -852,11 +851,9 @@ def test_the_af1_consistency_rows_survive_a_json_round_trip():
         "peeking": 2,
         "random_heads": [[[3, 0], [3, 2]], [[3, 2], [3, 3]]],
         "random_matched": {"same layer and key/value group": 3, "same layer": 1, "nearest layer": 0},
-        "faithfulness": 0.5,
-        "faithfulness_std": 0.1,
+        "faithfulness": {"mean": 0.5, "std": 0.1, "n": 2},
         "faithfulness_per_draw": [0.4, 0.6],
-        "faithfulness_ci": None,
-        "faithfulness_baseline": 0.1,
+        "baseline": 0.1,
         "mcnemar_vs_all": None,
     }
     c = {
@@ -875,6 +872,6 @@ def test_the_af1_consistency_rows_survive_a_json_round_trip():
     }
     back = Holder.model_validate_json(Holder(c=json.loads(json.dumps(c))).model_dump_json()).c  # type: ignore[arg-type]
     assert back["rows"] == [peek, drawn]
-    neither = {k: v for k, v in peek.items() if k != "faithfulness_n"}
+    neither = {k: v for k, v in peek.items() if k != "faithfulness"}
     with pytest.raises(ValidationError):
         Holder.model_validate({"c": {**c, "rows": [neither]}})

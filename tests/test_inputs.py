@@ -110,8 +110,8 @@ def test_eval_run_and_sweep_list_every_problem_too(written):
     model, out = written
     run, alternatives = read(out, "run"), read(out, "alternatives")
     # a result measured on a split describes the split: its n_solved is the n its rates are over
-    assert run["n_solved"] == run["faithfulness_n"]
-    assert alternatives["n_solved"] == alternatives["configured"]["faithfulness_n"]
+    assert run["n_solved"] == run["faithfulness"]["n"]
+    assert alternatives["n_solved"] == alternatives["configured"]["faithfulness"]["n"]
     check_row(model, read(out, "eval")["problems"][0])
     check_row(model, read(out, "run")["problems"][-1])
     kept = read(out, "sweep")["kept_problems"][0]  # solved: the greedy answer is the answer
@@ -128,10 +128,10 @@ def test_styles_own_row_is_on_the_searchs_confirmation_problems(written):
     own = next(r for r in styles["rows"] if r["style"] == SPEC.style and r["operation"] == SPEC.operation)
     judged = search["judged"]
     assert search["chosen"] and (styles["wait"], styles["transfer"]) == (judged["wait"], judged["transfer"])
-    assert own["faithfulness_n"] == search["n_confirmation"] < own["n_solved"]
+    assert own["faithfulness"]["n"] == search["n_confirmation"] < own["n_solved"]
     assert own["measured_on"] == "the search's confirmation split"
-    assert own["faithfulness"] == pytest.approx(judged["confirmation"]["value"])
-    assert own["faithfulness_ci"] == pytest.approx(judged["confirmation"]["ci"])
+    assert own["faithfulness"]["value"] == pytest.approx(judged["confirmation"]["value"])
+    assert own["faithfulness"]["ci"] == pytest.approx(judged["confirmation"]["ci"])
 
     def operands(rows: list[dict[str, Any]], at: list[int]) -> set[tuple[str, ...]]:
         return {tuple(re.findall(r"\d", rows[i]["prompt"])) for i in at}
@@ -143,5 +143,5 @@ def test_styles_own_row_is_on_the_searchs_confirmation_problems(written):
         if row is not own and "n_solved" in row:
             assert row["measured_on"] == "the solved problems whose operands did not choose the config"
             measured = row["inputs"]["sets"]["confirmation"]
-            assert len(measured) == row["faithfulness_n"] < row["n_solved"]
+            assert len(measured) == row["faithfulness"]["n"] < row["n_solved"]
             assert not operands(row["inputs"]["problems"], measured) & chose

@@ -250,8 +250,8 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     nec = allforone.necessity.necessity(tiny_setup, windows=(1, 2), found=config)
     L = tiny_setup.adapter.n_layers
     assert len(nec.windows["1"]) == L and len(nec.windows["2"]) == L - 1
-    assert all(lo <= v <= hi for v, (lo, hi) in zip(nec.windows["1"], nec.windows_ci["1"], strict=True))
-    assert [c["estimate"] for c in nec.claims] == nec.windows["1"] + nec.windows["2"]  # one per window
+    assert all(r["ci"][0] <= r["value"] <= r["ci"][1] for r in nec.windows["1"])
+    assert [c["estimate"] for c in nec.claims] == [r["value"] for r in nec.windows["1"] + nec.windows["2"]]
     assert all(c["family"] == f"necessity: every blocked window: {2 * L - 1} tests, Holm" for c in nec.claims)
     assert all(c["outcome"] != "confirmed" for c in nec.claims if (c["estimate"] or 0.0) >= 0.9)
     from af1.experiments.necessity import Necessity, Result
@@ -267,15 +267,18 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     alt = allforone.alternatives.alternatives(tiny_setup, config)
     assert set(alt.ablations) == {"cama", "zero", "mean", "resample", "none"}
     assert set(alt.abp_variants) == {"af1", "none", "sink", "all-peek", "zero-output"}
-    assert alt.ablations["cama"] == alt.abp_variants["af1"] == alt.configured["faithfulness"]
-    cama = alt.ablations_detail["cama"]
+    assert alt.ablations["cama"]["faithfulness"] == alt.abp_variants["af1"]["faithfulness"]
+    assert alt.abp_variants["af1"]["faithfulness"] == alt.configured["faithfulness"]
+    cama = alt.ablations["cama"]
     assert "mcnemar_vs_configured" in cama and cama["mcnemar_vs_configured"]["p_value"] == 1.0
-    resample = alt.ablations_detail["resample"]
+    resample = alt.ablations["resample"]
     assert "per_seed" in resample and resample["seeds"] == 5 and len(resample["per_seed"]) == 5
-    assert resample["faithfulness"] == pytest.approx(sum(r["faithfulness"] for r in resample["per_seed"]) / 5)
+    per_seed = [r["faithfulness"]["value"] for r in resample["per_seed"]]
+    assert resample["faithfulness"]["mean"] == pytest.approx(sum(per_seed) / 5)
     pruning = allforone.prune.prune_heads(tiny_setup, config, selection=0.5, seed=0, whole_curve=True)
     assert pruning.n_transfer_heads == 4 and len(pruning.faithfulness_vs_pruned) == 5
-    assert len(pruning.faithfulness_vs_pruned_ci) == 5 and pruning.faithfulness_full_ci[1] >= pruning.faithfulness_full
+    full = pruning.faithfulness_vs_pruned[0]
+    assert full["ci"][1] >= full["value"] and full["n"] == pruning.n_selection
     assert sorted(map(tuple, pruning.prune_order)) == [(1, h) for h in range(4)]
     assert pruning.n_selection + pruning.n_confirmation == len(tiny_setup.kept)
     assert set(pruning.confirmation) == {"unpruned", "pruned", "mcnemar"}
@@ -283,7 +286,7 @@ def test_necessity_alternatives_pruning_and_report(tiny_setup, tmp_path):
     if pruning.n_pruned_before_first_drop:  # the pruned set's claim: the share of problems it breaks, held out
         (kept,) = pruning.claims
         assert kept["kind"] == "pruned_keeps" and kept["n"] == n_conf and kept["measured_on"].startswith("the conf")
-        unpruned, pruned = (pruning.confirmation[k]["faithfulness"] for k in ("unpruned", "pruned"))
+        unpruned, pruned = (pruning.confirmation[k]["faithfulness"]["value"] for k in ("unpruned", "pruned"))
         assert (kept["estimate"] or 0.0) >= max(0.0, unpruned - pruned) - 1e-9  # breaks at least the net loss
         assert kept["outcome"] != "confirmed" or (kept["ci"][1] or 1) < 1
     else:
@@ -406,7 +409,7 @@ def test_pruning_ranks_past_float32_saturation_and_stops_at_the_first_dip(tiny_s
         tiny_setup, AF1Config(wait=0, transfer=1), selection=0.5, seed=0, whole_curve=True
     )
     assert [tuple(h) for h in result.prune_order] == [(1, 3), (1, 2), (1, 1), (1, 0)]  # largest margin first
-    assert result.faithfulness_vs_pruned == [1.0, 1.0, pytest.approx(0.5, abs=0.1), 1.0, 1.0]
+    assert [r["value"] for r in result.faithfulness_vs_pruned] == [1.0, 1.0, pytest.approx(0.5, abs=0.1), 1.0, 1.0]
     assert result.n_pruned_before_first_drop == 1
     assert result.mean_log_p_correct_vs_pruned[1] > result.mean_log_p_correct_vs_pruned[0]
     # by default the rounds stop at the first drop: the same pruned set, two rounds instead of four
@@ -468,10 +471,10 @@ def test_smollm2_cama_and_abp_alone_match_the_spec(smol_first):
     ABP needs > 25."""
     parts = allforone.components.components(smol_first, [0, 15, 25], transfer=2, threshold=0.9)
     assert 0.55 < smol_first.base.accuracy < 0.8
-    assert parts.cama_only[0] >= 0.93
-    assert 0.55 <= parts.cama_only[15] <= 0.85
-    assert parts.abp_only[25] >= 0.9
-    assert parts.abp_only[15] <= 0.3
+    assert parts.cama_only[0]["value"] >= 0.93
+    assert 0.55 <= parts.cama_only[15]["value"] <= 0.85
+    assert parts.abp_only[25]["value"] >= 0.9
+    assert parts.abp_only[15]["value"] <= 0.3
 
 
 def test_smollm2_fast_equals_reference(smol_setup):
@@ -513,11 +516,12 @@ def test_cli_run_json_and_errors(capsys, cli_on_smollm2, tmp_path):
         assert key in result
     assert result["executor"] == "fast" and result["fallback_reason"] is None
     assert result["stages"]["transfer"] == list(range(16, 22)) and result["scoring"] == "full"
-    low, high = result["faithfulness_ci"]
-    assert low <= result["faithfulness"] <= high and 0 < result["faithfulness_baseline"] < 0.5
+    faith = result["faithfulness"]
+    low, high = faith["ci"]
+    assert low <= faith["value"] <= high and 0 < faith["baseline"] < 0.5 and faith["n"] == result["n_solved"]
     kept = [p for p in result["problems"] if p["solved"]]
     assert len(kept) == result["n_solved"]
-    assert result["faithfulness"] == pytest.approx(sum(p["right_under_intervention"] for p in kept) / len(kept))
+    assert faith["value"] == pytest.approx(sum(p["right_under_intervention"] for p in kept) / len(kept))
     assert json.loads((tmp_path / "run.json").read_text())["provenance"]["model"]["sha256"]
     for args, message in [
         (["--wait", "30"], "out of range"),

@@ -100,8 +100,8 @@ def test_a_neuron_planted_to_carry_the_answer_is_ranked_first_and_confirmed_agai
     )
     assert found.compute_layers == [2] and found.sizes == [1, 2, 4]
     assert (found.top[0]["layer"], found.top[0]["neuron"]) == (2, PLANTED)
-    assert found.faithfulness == 1.0 and found.half_faithfulness_top == 1
-    assert found.top_faithfulness[0] <= 0.6  # the answer's sign is gone: about a coin's
+    assert found.faithfulness["value"] == 1.0 and found.half_faithfulness_top == 1
+    assert found.top_faithfulness[0]["value"] <= 0.6  # the answer's sign is gone: about a coin's
     assert min(found.random_faithfulness[0]) >= 0.9  # any other neuron of the layer barely matters
     assert found.half_faithfulness_random is None
     tops = {(n["layer"], n["neuron"]) for n in found.top[:4]}
@@ -133,7 +133,9 @@ def test_the_neurons_experiment_writes_what_it_measured(planted):
     held, spec, root = planted
     result = af1.api.run(Result, held, spec, out_dir=root / "out", wait=0, transfer=1, largest=2, draws=3)
     written = json.loads((root / "out" / "neurons.json").read_text())
-    assert (root / "out" / "neurons.png").read_bytes()[:4] == b"\x89PNG"  # the static report's figure
+    from af1.experiments import REGISTRY
+
+    assert 'class="af1-plot"' in "".join(REGISTRY["neurons"].section(result))  # its figure, drawn from the result
     assert written["top"][0] == json.loads(json.dumps(result.data()["top"][0]))
     assert result.measured_on == "the confirmation part of a seeded split of the solved problems"
     assert result.n_selection + result.n_confirmation == 50 and result.inputs is not None

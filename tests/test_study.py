@@ -93,7 +93,7 @@ def local_run(tiny_dirs, tmp_path_factory):
     return plan, root / "out", summary
 
 
-def test_plan_files_validate_and_expand(tmp_path, tiny_dirs):
+def test_plan_files_validate_and_expand(tmp_path, tiny_dirs, monkeypatch):
     yaml_plan = load_plan(write_plan(tmp_path / "p.yaml", tiny_dirs))
     toml = tmp_path / "p.toml"
     toml.write_text(
@@ -124,6 +124,17 @@ def test_plan_files_validate_and_expand(tmp_path, tiny_dirs):
     moved = {i for i in ids if new[i] != by_id[i].key}
     # (heads reads the search to place its top heads among the AF1 stages)
     assert moved == {i for i in ids if i.endswith(("/search", "/necessity", "/styles", "/heads", "/transfer"))}
+    # a result schema that changes makes its units (and those that read them) stale: never read as the new one
+    from af1.experiments import REGISTRY
+    from af1.study import plan as plans
+
+    plans.result_schema.cache_clear()
+    monkeypatch.setattr(REGISTRY["search"].Result, "model_json_schema", classmethod(lambda cls: {"older": 1}))
+    stale = {u.id: u.key for u in expand(yaml_plan)}
+    plans.result_schema.cache_clear()
+    monkeypatch.undo()
+    assert {i for i in ids if stale[i] != by_id[i].key} == moved
+    assert {u.id: u.key for u in expand(yaml_plan)} == {i: by_id[i].key for i in ids}
     # resources do not change results, so they do not change keys
     more = yaml_plan.model_copy(deep=True)
     more.models[0].gpus = 1
@@ -171,11 +182,11 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
         for r in rows:
             if r["source"] == r["target"]:
                 assert r["absolute"] == r["relative"]  # the diagonal is the model's own config
-    faith = {(r["model"], r["task"]): r["faithfulness"] for r in report["faithfulness"]}
+    faith = {(r["model"], r["task"]): r["faithfulness"]["value"] for r in report["faithfulness"]}
     for task, rows in report["transfer"].items():
         for r in rows:
             if r["source"] == r["target"]:
-                assert r["absolute"]["faithfulness"] == faith[r["source"], task]
+                assert r["absolute"]["faithfulness"]["value"] == faith[r["source"], task]
     record = json.loads((out / "units/tiny-llama/a+b.original.1d.1shot.n30/search/unit.json").read_text())
     assert record["state"] == "done" and len(record["key"]) == 64
     assert record["provenance"]["model"]["source"] == "directory" and record["provenance"]["task"]["n"] == 30
@@ -726,7 +737,7 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     results = Store(out).results()
     for row in rows:
         if row["target"] in with_config and row["absolute"]:  # on the target's confirmation split, beside its own
-            assert row["own"]["faithfulness_n"] == row["absolute"]["faithfulness_n"] == row["n"]
+            assert row["own"]["faithfulness"]["n"] == row["absolute"]["faithfulness"]["n"] == row["n"]
             for by in ("absolute", "relative"):  # each mapping that is not the target's own, tested against it
                 own = (row[by]["wait"], row[by]["transfer"]) == (row["own"]["wait"], row["own"]["transfer"])
                 claim = row[by].get("vs_own")
@@ -749,10 +760,10 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     assert heads["knockout"]["n"] == heads["split"]["n_confirmation"] == search["n_confirmation"]
     if search["judged"]["transfer"] > 0:  # the key heads against AF1, on the search's confirmation split
         rows = {r["variant"]: r for r in heads["af1_consistency"]["rows"]}
-        assert rows["all heads peek"]["faithfulness"] == search["judged"]["confirmation"]["value"]
+        assert rows["all heads peek"]["faithfulness"]["value"] == search["judged"]["confirmation"]["value"]
         assert (
             rows["no head peeks"]["peeking"] == 0
-            and rows["all heads peek"]["faithfulness_n"] == search["n_confirmation"]
+            and rows["all heads peek"]["faithfulness"]["n"] == search["n_confirmation"]
         )
         consistency = heads["af1_consistency"]
         chosen = {tuple(h) for h in heads["top_heads"] + heads["key_heads"]}
@@ -849,3 +860,41 @@ def test_an_optional_input_that_failed_is_left_out_a_required_one_fails_the_unit
     assert heads["state"] == "done" and heads["result"]["placement"] is None
     alternatives = worker.run(units["alternatives"], failed)
     assert alternatives["state"] == "failed" and alternatives["error"].startswith(f"needs {units['search'].id}")
+
+
+GOLDEN = Path(__file__).parent / "golden" / "study_keys.json"  # AF1_GOLDEN=write rewrites it (a schema change)
+FIELD = re.compile(r"^[a-z_][a-z0-9_]*$")  # a field name; any other key (a layer, a cell, a model) is data
+
+
+def key_paths(value: Any, at: str = "") -> set[str]:
+    """Every key path of a JSON value: a field by its name, a data key as *, a list's items as []."""
+    if isinstance(value, dict):
+        out = {at} if not value else set()
+        for k, v in value.items():
+            out |= key_paths(v, f"{at}.{k if FIELD.match(k) else '*'}")
+        return out
+    if isinstance(value, list):
+        return set().union(*(key_paths(v, f"{at}[]") for v in value)) if value else {f"{at}[]"}
+    return {at}
+
+
+def test_the_results_keep_their_keys_as_the_golden_study_holds_them(local_run):
+    """Every result a study writes (one unit of each experiment, and the study's report.json) has exactly the key
+    paths of the committed golden file: a field that moves, appears or goes is a schema change, made on purpose by
+    rewriting the file (AF1_GOLDEN=write) and said in the change; never by accident."""
+    _, out, summary = local_run
+    made: dict[str, list[str]] = {}
+    for unit in summary.units:
+        record = json.loads((out / "units" / unit.id / "unit.json").read_text())
+        paths = key_paths(record["result"])
+        made[unit.experiment] = sorted(set(made.get(unit.experiment, [])) | paths)
+    made["report.json"] = sorted(key_paths(json.loads((out / "report.json").read_text())))
+    if os.environ.get("AF1_GOLDEN") == "write":
+        GOLDEN.write_text(json.dumps(made, indent=1, sort_keys=True) + "\n")
+    golden = json.loads(GOLDEN.read_text())
+    for name in sorted(set(golden) | set(made)):
+        gone, new = (
+            set(golden.get(name, [])) - set(made.get(name, [])),
+            set(made.get(name, [])) - set(golden.get(name, [])),
+        )
+        assert not gone and not new, (name, sorted(gone), sorted(new))

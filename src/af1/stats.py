@@ -155,6 +155,13 @@ def mean_std(values: Sequence[float]) -> MeanStd:
     return {"mean": mean, "std": std, "n": n}
 
 
+def rate_text(rate: Rate | MeanStd) -> str:
+    """A rate as `with_ci` writes it; a mean over draws or seeds as mean ± std (n)."""
+    if "ci" in rate:
+        return with_ci(rate["value"], rate["ci"])
+    return f"{rate['mean']:.3f} ± {rate['std']:.3f} ({rate['n']})"
+
+
 def with_ci(value: float | str | None, ci: Sequence[float | None] | None = None) -> str:
     """A rate or estimate and its 95 % interval, the one way it is written (tables, terminals, hover texts,
     verdicts): 0.816 [0.69, 0.90]; "-" where there is no finite value, the value alone without a finite interval."""

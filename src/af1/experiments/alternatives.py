@@ -13,7 +13,7 @@ from af1.experiments.search import config_of, measured_on
 from af1.methods import allforone
 from af1.methods.setup import ALL_SOLVED
 from af1.report.markup import Tab, claims_html
-from af1.stats import with_ci
+from af1.stats import rate_text
 from af1.tasks.evaluation import ProblemInputs
 
 
@@ -34,10 +34,7 @@ def rows(detail: dict[str, Any], kind: str, claims: list[Claim]) -> list[list[st
     by_subject = {c["subject"]: c for c in claims}
     out = []
     for name, v in detail.items():
-        if "per_seed" in v:
-            cell = f"{v['faithfulness']:.3f} ± {v['faithfulness_std']:.3f} ({v['seeds']} seeds)"
-        else:
-            cell = with_ci(v["faithfulness"], v["faithfulness_ci"])
+        cell = rate_text(v["faithfulness"]) + (" seeds" if "per_seed" in v else "")
         claim = by_subject.get(f"{kind} {name}")
         if claim is None:
             out.append([name, cell, "configured", "", ""])
@@ -69,8 +66,8 @@ class Alternatives(base.Experiment):
 
     def tables(self, result: Result) -> list[Tab]:
         return [
-            Tab(["ablation at L_wait (ABP af1)", *HEADER], rows(result.ablations_detail, "ablation", result.claims)),
-            Tab(["ABP variant (CAMA)", *HEADER], rows(result.abp_variants_detail, "ABP", result.claims)),
+            Tab(["ablation at L_wait (ABP af1)", *HEADER], rows(result.ablations, "ablation", result.claims)),
+            Tab(["ABP variant (CAMA)", *HEADER], rows(result.abp_variants, "ABP", result.claims)),
         ]
 
     def section(self, result: Result) -> list[str]:

@@ -9,7 +9,7 @@ from pydantic import Field
 from af1.experiments import base
 from af1.methods import allforone
 from af1.report.markup import Tab
-from af1.stats import with_ci
+from af1.stats import rate_text
 from af1.tasks.evaluation import ProblemInputs
 
 
@@ -48,10 +48,7 @@ class Components(base.Experiment):
 
     def tables(self, result: Result) -> list[Tab]:
         r = result
-        rows = [
-            [w, with_ci(v, r.cama_only_ci.get(w)), with_ci(r.abp_only[w], r.abp_only_ci.get(w))]
-            for w, v in r.cama_only.items()
-        ]
+        rows = [[w, rate_text(v), rate_text(r.abp_only[w])] for w, v in r.cama_only.items()]
         return [Tab(["L_wait", "CAMA alone [95 % CI]", "ABP alone [95 % CI]"], rows)]
 
     def section(self, result: Result) -> list[str]:

@@ -18,7 +18,7 @@ from af1.experiments.search import searched, searched_config
 from af1.methods import allforone, heads
 from af1.report import interactive
 from af1.report.markup import Tab, figure_html, table_html
-from af1.stats import with_ci
+from af1.stats import rate_text, with_ci
 from af1.tasks.builtin import FILE_STYLE
 from af1.tasks.evaluation import ProblemInputs, solved
 from af1.tasks.spec import TaskSpec
@@ -337,10 +337,8 @@ def consistency_tab(c: heads.consistency.Consistency, confirmed: list[list[int]]
         [
             r["variant"],
             r["peeking"],
-            f"{r['faithfulness']:.3f} ± {r['faithfulness_std']:.3f}"
-            if "faithfulness_std" in r
-            else with_ci(r["faithfulness"], r["faithfulness_ci"]),
-            r["faithfulness_baseline"],
+            rate_text(r["faithfulness"]),
+            r["baseline"] if "baseline" in r else r["faithfulness"]["baseline"],
             f"{r['mcnemar_vs_all']['p_value']:.2g}" if r["mcnemar_vs_all"] else "-",
         ]
         for r in c["rows"]

@@ -16,7 +16,7 @@ from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
 from af1.report import interactive
 from af1.report.markup import Tab, claims_html, claims_lines, figure_html
-from af1.stats import with_ci
+from af1.stats import rate_text
 from af1.tasks.evaluation import ProblemInputs
 
 
@@ -76,11 +76,11 @@ class Necessity(base.Experiment):
 
     def tables(self, result: Result) -> list[Tab]:
         lowest = []
-        for w, values in result.windows.items():
-            at = min(range(len(values)), key=values.__getitem__)
-            lowest.append([w, with_ci(values[at], result.windows_ci[w][at]), at])
+        for w, rates in result.windows.items():
+            at = min(range(len(rates)), key=lambda i: rates[i]["value"])
+            lowest.append([w, rate_text(rates[at]), at])
         per_layer = [
-            [i, *(v[i] if i < len(v) else "" for v in result.windows.values())] for i in range(result.n_layers)
+            [i, *(v[i]["value"] if i < len(v) else "" for v in result.windows.values())] for i in range(result.n_layers)
         ]
         return [
             Tab(["window", "lowest faithfulness [95 % CI]", "at first layer"], lowest),

@@ -17,7 +17,7 @@ from af1.experiments.search import config_of, searched
 from af1.methods import allforone, heuristics, neurons
 from af1.report import interactive
 from af1.report.markup import Tab, figure_html, table_html
-from af1.stats import split_indices, with_ci
+from af1.stats import rate_text, split_indices
 from af1.tasks.evaluation import ProblemInputs
 
 OWN_SPLIT = "the confirmation part of a seeded split of the solved problems"
@@ -68,11 +68,8 @@ class Neurons(base.Experiment):
 
     def tables(self, result: Result) -> list[Tab]:
         rows = []
-        for k, top, ci, randoms in zip(
-            result.sizes, result.top_faithfulness, result.top_faithfulness_ci, result.random_faithfulness, strict=True
-        ):
-            mean = sum(randoms) / len(randoms)
-            rows.append([k, with_ci(top, ci), mean, min(randoms), max(randoms)])
+        for k, top, randoms in zip(result.sizes, result.top_faithfulness, result.random_faithfulness, strict=True):
+            rows.append([k, rate_text(top), sum(randoms) / len(randoms), min(randoms), max(randoms)])
         headers = ["k", "faithfulness, top k ablated [95 % CI]", "random sets of k: mean", "lowest", "highest"]
         top = [[n["layer"], n["neuron"], n["attribution"]] for n in result.top[:10]]
         return [
@@ -136,8 +133,8 @@ def reading(result: Result) -> list[str]:
         f"neurons (n {v['n']}), {v['top_k_shared']:.0%} of the exact top {v['k']} in the estimate's."
     )
     return [
-        f"Under AF1 alone: faithfulness {with_ci(result.faithfulness, result.faithfulness_ci)} on "
-        f"{result.n_confirmation} problems (constant guess {result.faithfulness_baseline:.3f}). By the point "
+        f"Under AF1 alone: faithfulness {rate_text(result.faithfulness)} on "
+        f"{result.n_confirmation} problems (constant guess {result.faithfulness['baseline']:.3f}). By the point "
         "estimate (descriptive, not tested), half of it is lost "
         f"with the top {half(result.half_faithfulness_top)} neurons (by the interval's upper end: "
         f"{half(result.half_faithfulness_top_interval)}); with random neurons of the same layers (the mean over "

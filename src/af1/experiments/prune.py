@@ -17,7 +17,7 @@ from af1.experiments.search import config_of, searched
 from af1.methods import allforone
 from af1.report import interactive
 from af1.report.markup import Tab, figure_html
-from af1.stats import with_ci
+from af1.stats import rate_text
 
 
 class Options(base.ConfigOptions):
@@ -63,10 +63,7 @@ class Prune(base.Experiment):
     def tables(self, result: Result) -> list[Tab]:
         removed = ["none", *(f"{layer}.{head}" for layer, head in result.prune_order)]
         rows = [
-            [i, h, with_ci(f, ci)]
-            for i, (h, f, ci) in enumerate(
-                zip(removed, result.faithfulness_vs_pruned, result.faithfulness_vs_pruned_ci, strict=True)
-            )
+            [i, h, rate_text(r)] for i, (h, r) in enumerate(zip(removed, result.faithfulness_vs_pruned, strict=True))
         ]
         scored = f"faithfulness on {result.n_selection} selection problems [95 % CI]"
         return [Tab(["heads removed", "last removed (layer.head)", scored], rows)]
@@ -89,9 +86,8 @@ def reading(result: Result) -> str:
     return (
         f"{result.n_transfer_heads} heads; ranked greedily by {result.measure}: {result.n_pruned_before_first_drop} "
         f"of them stop peeking before faithfulness first falls below {result.keep * 100:.0f} % of the unpruned "
-        f"{result.faithfulness_full:.3f} on {result.n_selection} selection problems (curve: {result.curve}). "
-        f"On the other {result.n_confirmation} (confirmation): pruned "
-        f"{with_ci(c['pruned']['faithfulness'], c['pruned']['faithfulness_ci'])} vs unpruned "
-        f"{with_ci(c['unpruned']['faithfulness'], c['unpruned']['faithfulness_ci'])}; whether they need not peek "
-        "is the claim's to say."
+        f"{result.faithfulness_vs_pruned[0]['value']:.3f} on {result.n_selection} selection problems (curve: "
+        f"{result.curve}). On the other {result.n_confirmation} (confirmation): pruned "
+        f"{rate_text(c['pruned']['faithfulness'])} vs unpruned {rate_text(c['unpruned']['faithfulness'])}; whether "
+        "they need not peek is the claim's to say."
     )

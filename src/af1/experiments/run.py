@@ -13,7 +13,7 @@ from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
 from af1.methods.setup import ALL_SOLVED
 from af1.report.markup import Tab, layout_tab, stages_tab
-from af1.stats import with_ci
+from af1.stats import rate_text
 
 
 class Options(base.ConfigOptions):
@@ -49,7 +49,6 @@ class Run(base.Experiment):
     def tables(self, result: Result) -> list[Tab]:
         r = result
         executor = r.executor + (f" ({r.fallback_reason})" if r.fallback_reason else "")
-        rate = with_ci(r.faithfulness, r.faithfulness_ci)
         return [
             Tab(
                 [
@@ -69,13 +68,13 @@ class Run(base.Experiment):
                         r.config.ablation,
                         r.config.abp,
                         r.n_solved,
-                        rate,
-                        r.faithfulness_baseline,
+                        rate_text(r.faithfulness),
+                        r.faithfulness["baseline"],
                         executor,
                     ]
                 ],
             ),
-            layout_tab("Faithfulness", r.faithfulness_by_layout, r.layouts),
+            layout_tab("Faithfulness", r.faithfulness.get("by_layout"), r.layouts),
             stages_tab(r.stages),
         ]
 

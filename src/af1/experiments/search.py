@@ -20,7 +20,7 @@ from af1.methods import allforone
 from af1.methods.setup import ALL_SOLVED, Setup
 from af1.report import interactive
 from af1.report.markup import Tab, figure_html, layout_tab, layouts_text, stages_tab, table_html
-from af1.stats import split_indices, with_ci
+from af1.stats import rate_text, split_indices, with_ci
 from af1.tasks.evaluation import ProblemInputs
 
 
@@ -178,11 +178,8 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
                 "outcome": result.claim["outcome"] if result.claim else "no eligible cell",
                 "wait": judged["wait"] if judged else None,
                 "transfer": judged["transfer"] if judged else None,
-                "faithfulness": conf["value"] if conf else None,
-                "faithfulness_ci": conf["ci"] if conf else None,
-                "faithfulness_baseline": conf["baseline"] if conf else None,
+                "faithfulness": conf,  # a rate on the confirmation split
                 "n_confirmation": result.n_confirmation,
-                "faithfulness_by_layout": conf.get("by_layout") if conf else None,
             }
         )
     parts = []
@@ -215,17 +212,17 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
                 "chosen" if r["chosen"] else f"best (< {r['threshold']})",
                 r["wait"],
                 r["transfer"],
-                with_ci(r["faithfulness"], r["faithfulness_ci"]),
+                rate_text(r["faithfulness"]) if r["faithfulness"] else "-",
                 r["n_confirmation"],
-                r["faithfulness_baseline"],
+                r["faithfulness"]["baseline"] if r["faithfulness"] else None,
                 r["outcome"],
             ]
             for r in faith
         ]
-        if any(r["faithfulness_by_layout"] for r in faith):  # a task of several token layouts: each one's part
+        if any((r["faithfulness"] or {}).get("by_layout") for r in faith):  # several token layouts: each one's part
             header.append("per token layout")
             for row, r in zip(rows, faith, strict=True):
-                row.append(layouts_text(r["faithfulness_by_layout"]) or "one layout")
+                row.append(layouts_text((r["faithfulness"] or {}).get("by_layout")) or "one layout")
         parts.append(table_html(header, rows))
     return {"verdicts": verdicts, "faithfulness": faith}, parts
 

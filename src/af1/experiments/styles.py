@@ -14,7 +14,7 @@ from af1.experiments import base
 from af1.experiments.search import config_of, measured_on, searched
 from af1.methods import allforone
 from af1.report.markup import Tab
-from af1.stats import with_ci
+from af1.stats import rate_text, with_ci
 from af1.tasks.builtin import STYLES
 
 
@@ -84,7 +84,7 @@ def row(r: allforone.styles.StyleRow) -> list[Any]:
         r.get("n"),
         with_ci(r["base_accuracy"], r.get("base_accuracy_ci")) if "base_accuracy" in r else r.get("error", ""),
         r.get("n_solved"),
-        with_ci(r.get("faithfulness"), r.get("faithfulness_ci")),
-        r.get("faithfulness_baseline"),
-        f"{r['measured_on']} ({r.get('faithfulness_n')})" if "measured_on" in r else "",
+        rate_text(r["faithfulness"]) if "faithfulness" in r else "-",
+        r["faithfulness"]["baseline"] if "faithfulness" in r else None,
+        f"{r['measured_on']} ({r['faithfulness']['n']})" if "measured_on" in r and "faithfulness" in r else "",
     ]

@@ -13,7 +13,7 @@ from af1.experiments.search import NO_CELL, searched_config
 from af1.experiments.search import Result as Searched
 from af1.methods import allforone
 from af1.report.markup import Tab, table_html
-from af1.stats import with_ci
+from af1.stats import rate_text
 from af1.tasks.evaluation import ProblemInputs
 
 
@@ -51,14 +51,13 @@ def own_text(row: allforone.transfer.Transferred) -> str:
             verdict = DIFFERS[claim["outcome"]]
             said.append(f"{by}: {verdict}, p {claim['p_value']:.2g}, adjusted {claim['p_adjusted']:.2g}")
     tests = f" ({'; '.join(said)})" if said else ""
-    return f"{own['wait']} / {own['transfer']}: {with_ci(own['faithfulness'], own['faithfulness_ci'])}{tests}"
+    return f"{own['wait']} / {own['transfer']}: {rate_text(own['faithfulness'])}{tests}"
 
 
 def _cell(part: dict[str, Any] | None) -> str:
     if part is None:
         return "no config (no eligible cell)"
-    ci = with_ci(part["faithfulness"], part.get("faithfulness_ci"))
-    return f"{ci} (wait {part['wait']}, transfer {part['transfer']})"
+    return f"{rate_text(part['faithfulness'])} (wait {part['wait']}, transfer {part['transfer']})"
 
 
 def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str]]:
@@ -158,11 +157,9 @@ class Transfer(base.Experiment):
                 r["source"].get("model"),
                 f"{r['source']['wait']} / {r['source']['transfer']}"
                 + ("" if r["source"].get("chosen", True) else " (best)"),
-                f"{r['absolute']['wait']} / {r['absolute']['transfer']}: "
-                + with_ci(r["absolute"]["faithfulness"], r["absolute"]["faithfulness_ci"]),
-                f"{r['relative']['wait']} / {r['relative']['transfer']}: "
-                + with_ci(r["relative"]["faithfulness"], r["relative"]["faithfulness_ci"]),
-                r["absolute"]["faithfulness_baseline"],
+                f"{r['absolute']['wait']} / {r['absolute']['transfer']}: " + rate_text(r["absolute"]["faithfulness"]),
+                f"{r['relative']['wait']} / {r['relative']['transfer']}: " + rate_text(r["relative"]["faithfulness"]),
+                r["absolute"]["faithfulness"]["baseline"],
                 own_text(r),
             ]
             for r in result.rows

@@ -25,6 +25,7 @@ from af1.methods.setup import Setup, executors
 from af1.models.forward import forward_last
 from af1.progress import progress
 from af1.results import Part
+from af1.stats import Rate
 from af1.tasks.evaluation import Scores, batches
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # knocked-out set sizes, each tested against random sets
@@ -67,12 +68,9 @@ class Neurons(Part):
     n_selection: int
     n_confirmation: int
     top: list[Neuron]  # the first 64 by attribution
-    faithfulness: float
-    faithfulness_ci: list[float]
-    faithfulness_baseline: float
+    faithfulness: Rate
     sizes: list[int]
-    top_faithfulness: list[float]
-    top_faithfulness_ci: list[list[float]]
+    top_faithfulness: list[Rate]
     random_faithfulness: list[list[float]]  # per size, one per draw
     random_drawn_from: str
     random_neurons: list[list[list[int]]]  # per draw, its set of the largest size ([layer, neuron]; size k: first k)
@@ -279,12 +277,9 @@ def study(
         n_selection=len(selection.kept),
         n_confirmation=len(kept),
         top=order[:64],
-        faithfulness=full["value"],
-        faithfulness_ci=full["ci"],
-        faithfulness_baseline=full["baseline"],
+        faithfulness=full,
         sizes=sizes,
-        top_faithfulness=[r["value"] for r in top_rates],
-        top_faithfulness_ci=[r["ci"] for r in top_rates],
+        top_faithfulness=top_rates,
         random_faithfulness=random_rates,
         random_drawn_from="per draw, for each top neuron of the largest size one of the same layer drawn at random "
         "(seeded) among those not in that top set and not drawn already; a size k's random set is the draw's first k",

@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from af1.stats import with_ci
+from af1.stats import Rate, with_ci
 
 if TYPE_CHECKING:  # the parts the figures read; importing them would load torch before a figure is drawn
     from af1.methods.allforone.necessity import Necessity
@@ -90,6 +90,11 @@ def rate_text(value: Any, ci: Any, n: Any, baseline: Any) -> str:
     rate = with_ci(value, [low, high]) + ("" if low is not None else " [interval not stored]")
     guess = fmt(baseline) if baseline is not None else "not stored"
     return f"faithfulness {rate}<br>n {fmt(n)}<br>constant guess {guess}"
+
+
+def rate_hover(r: Rate) -> str:
+    """A rate as hover text (`rate_text` of its parts)."""
+    return rate_text(r["value"], r["ci"], r["n"], r["baseline"])
 
 
 # --- the (L_wait, L_transfer) grid, the search's frontier and choice -----------------------------------------------
@@ -401,15 +406,12 @@ def necessity_plot(result: Necessity, n: int) -> str:
     """Faithfulness with the last token kept from reading the problem, per first blocked layer and window width; and,
     inside the search's chosen cell, with the transfer window moved later. Every point: its interval, n and constant
     guess."""
-    baseline = result.faithfulness_baseline
+    baseline = next((rates[0]["baseline"] for rates in result.windows.values() if rates), None)
     data = []
-    for width, values in result.windows.items():
-        cis = result.windows_ci[width]
-        hover = [
-            f"blocked layers {i}..{i + int(width) - 1}<br>" + rate_text(v, cis[i], n, baseline)
-            for i, v in enumerate(values)
-        ]
-        data.append(curve(list(range(len(values))), values, cis, f"{width} layer(s) from here", hover))
+    for width, rates in result.windows.items():
+        hover = [f"blocked layers {i}..{i + int(width) - 1}<br>" + rate_hover(r) for i, r in enumerate(rates)]
+        values, cis = [r["value"] for r in rates], [r["ci"] for r in rates]
+        data.append(curve(list(range(len(rates))), values, cis, f"{width} layer(s) from here", hover))
     layout: dict[str, Any] = {
         "xaxis": {"title": {"text": "first blocked layer"}, "dtick": 1},
         "yaxis": {"title": {"text": "faithfulness"}, "range": [-0.02, 1.02]},
@@ -420,16 +422,12 @@ def necessity_plot(result: Necessity, n: int) -> str:
     shifted = result.shifted_transfer
     if shifted:
         by = shifted["by_start"]
-        hover = [
-            f"transfer layers from {s['start']}<br>"
-            + rate_text(s["faithfulness"], s["faithfulness_ci"], s["faithfulness_n"], s["faithfulness_baseline"])
-            for s in by
-        ]
+        hover = [f"transfer layers from {s['start']}<br>" + rate_hover(s["faithfulness"]) for s in by]
         data.append(
             curve(
                 [s["start"] for s in by],
-                [s["faithfulness"] for s in by],
-                [s["faithfulness_ci"] for s in by],
+                [s["faithfulness"]["value"] for s in by],
+                [s["faithfulness"]["ci"] for s in by],
                 f"AF1 (wait {shifted['wait']}, transfer {shifted['transfer']}), window moved",
                 hover,
                 xaxis="x2",
@@ -441,7 +439,7 @@ def necessity_plot(result: Necessity, n: int) -> str:
             xaxis2={"title": {"text": "first transfer layer"}, "domain": [0.65, 1], "dtick": 1, "anchor": "y2"},
             yaxis2={"range": [-0.02, 1.02], "anchor": "x2"},
         )
-        moved = levels(guess(by[0]["faithfulness_baseline"] if by else None), xref="x2", yref="y2")
+        moved = levels(guess(by[0]["faithfulness"]["baseline"] if by else None), xref="x2", yref="y2")
         layout.update({k: layout[k] + v for k, v in moved.items()})
     return plot_html(data, layout)
 
@@ -449,15 +447,15 @@ def necessity_plot(result: Necessity, n: int) -> str:
 def pruning_plot(result: Pruning) -> str:
     """Faithfulness on the selection split as transfer heads stop peeking one by one, with intervals, n and the
     constant guess; the line at `keep` (95 %) of the unpruned."""
-    values, cis, order = result.faithfulness_vs_pruned, result.faithfulness_vs_pruned_ci, result.prune_order
-    n, baseline = result.n_selection, result.faithfulness_selection_baseline
+    rates, order = result.faithfulness_vs_pruned, result.prune_order
+    values, cis, baseline = [r["value"] for r in rates], [r["ci"] for r in rates], rates[0]["baseline"]
     hover = [
         (f"{i} heads pruned" + (f" (last: {order[i - 1][0]}.{order[i - 1][1]})" if 0 < i <= len(order) else ""))
         + "<br>"
-        + rate_text(v, cis[i], n, baseline)
-        for i, v in enumerate(values)
+        + rate_hover(r)
+        for i, r in enumerate(rates)
     ]
-    keep = result.keep * result.faithfulness_full
+    keep = result.keep * values[0]
     layout = {
         "xaxis": {
             "title": {"text": f"transfer heads that no longer peek (of {result.n_transfer_heads})"},
@@ -474,11 +472,8 @@ def neurons_plot(result: Neurons) -> str:
     """Faithfulness under AF1 on the confirmation part as the top k neurons of the compute layers are mean-ablated
     (with intervals), beside each random set of k from the same layers (points) and their mean; k on a log axis;
     AF1's own faithfulness and half of it as lines, the constant guess dotted."""
-    sizes, n, baseline = result.sizes, result.n_confirmation, result.faithfulness_baseline
-    hover = [
-        f"top {k}<br>" + rate_text(v, ci, n, baseline)
-        for k, v, ci in zip(sizes, result.top_faithfulness, result.top_faithfulness_ci, strict=True)
-    ]
+    sizes, baseline, tops = result.sizes, result.faithfulness["baseline"], result.top_faithfulness
+    hover = [f"top {k}<br>" + rate_hover(r) for k, r in zip(sizes, tops, strict=True)]
     randoms = result.random_faithfulness
     mean = [sum(r) / len(r) for r in randoms]
     points = {
@@ -498,7 +493,7 @@ def neurons_plot(result: Neurons) -> str:
         [f"{k} random: mean {fmt(m)}" for k, m in zip(sizes, mean, strict=True)],
         line={"color": "grey", "dash": "dash"},
     )
-    full = result.faithfulness
+    full = result.faithfulness["value"]
     layout = {
         "xaxis": {"title": {"text": "neurons mean-ablated at the last token (k)"}, "type": "log"},
         "yaxis": {"title": {"text": "faithfulness under AF1 (confirmation part)"}, "range": [-0.02, 1.02]},
@@ -509,7 +504,7 @@ def neurons_plot(result: Neurons) -> str:
         ),
         "height": 380,
     }
-    top = curve(sizes, result.top_faithfulness, result.top_faithfulness_ci, "top k by attribution", hover)
+    top = curve(sizes, [r["value"] for r in tops], [r["ci"] for r in tops], "top k by attribution", hover)
     return plot_html([top, random_mean, points], layout)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -171,6 +172,13 @@ def content_key(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
+@functools.cache
+def result_schema(experiment: str) -> str:
+    """A digest of the experiment's result schema: in a unit's key, so that a unit stored under another schema is
+    stale (run again), never read as this one."""
+    return content_key(REGISTRY[experiment].Result.model_json_schema())
+
+
 def expand(plan: StudyPlan) -> list[Unit]:
     """The plan's units in an order where every unit comes after the units it reads.
 
@@ -204,6 +212,7 @@ def expand(plan: StudyPlan) -> list[Unit]:
                 "model": model.load_options(),
                 "task": _task_key(task),
                 "experiment": experiment,
+                "schema": result_schema(experiment),
                 "options": options.model_dump(),
                 "deps": [units[d].key for d in deps],
             }

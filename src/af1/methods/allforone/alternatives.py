@@ -13,7 +13,7 @@ from af1.interventions.masks import ABP_VARIANTS
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
 from af1.methods.setup import ALL_SOLVED, Setup
 from af1.results import Part
-from af1.stats import McNemar, mcnemar_exact, mean_std
+from af1.stats import McNemar, MeanStd, mcnemar_exact, mean_std
 from af1.tasks.evaluation import Scores
 
 RESAMPLE_SEEDS = 5
@@ -31,8 +31,7 @@ class Resampled(TypedDict):
     """Resample ablation over several seeds: mean and spread of faithfulness and each seed's pairing (its test
     against the configured one is its claim: each problem's share of seeds right, paired)."""
 
-    faithfulness: float
-    faithfulness_std: float
+    faithfulness: MeanStd
     per_seed: list[Alternative]
     seeds: int
 
@@ -51,10 +50,8 @@ class Alternatives(Part):
     wait: int
     transfer: int
     configured: Configured
-    ablations: dict[str, float]
-    abp_variants: dict[str, float]
-    ablations_detail: dict[str, Alternative | Resampled]
-    abp_variants_detail: dict[str, Alternative]
+    ablations: dict[str, Alternative | Resampled]
+    abp_variants: dict[str, Alternative]
     claims: list[Claim]  # each alternative against the configured intervention: one family (Holm)
 
 
@@ -86,10 +83,8 @@ def alternatives(
     for name in ABLATIONS:
         if name == "resample":  # one paired test of each problem's share of seeds right (not when configured)
             runs = [faithfulness(setup, config.model_copy(update={"ablation": name, "seed": s})) for s in range(seeds)]
-            spread = mean_std([r.accuracy for r in runs])
             ablations[name] = Resampled(
-                faithfulness=spread["mean"],
-                faithfulness_std=spread["std"],
+                faithfulness=mean_std([r.accuracy for r in runs]),
                 per_seed=[entry(r) for r in runs],
                 seeds=seeds,
             )
@@ -120,9 +115,7 @@ def alternatives(
         wait=config.wait,
         transfer=config.transfer,
         configured=Configured(ablation=config.ablation, abp=config.abp, **faith_fields(setup, reference_scores)),
-        ablations={k: v["faithfulness"] for k, v in ablations.items()},
-        abp_variants={k: v["faithfulness"] for k, v in variants.items()},
-        ablations_detail=ablations,
-        abp_variants_detail=variants,
+        ablations=ablations,
+        abp_variants=variants,
         claims=adjust(claims, f"alternatives at L_wait {config.wait}, L_transfer {config.transfer}"),
     )

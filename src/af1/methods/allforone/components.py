@@ -15,17 +15,14 @@ from af1.tasks.evaluation import ExecutorChoice, Scores
 
 
 class Components(Part):
-    """CAMA alone and ABP alone per L_wait (`components`): faithfulness, interval and executor, and the constant
-    guess on the same problems."""
+    """CAMA alone and ABP alone per L_wait (`components`): faithfulness (a rate: interval, n, constant guess) and
+    the executor that measured it."""
 
     transfer: int
-    cama_only: dict[int, float]
-    cama_only_ci: dict[int, list[float]]
+    cama_only: dict[int, Rate]
     cama_only_executor: dict[int, ExecutorChoice | None]
-    abp_only: dict[int, float]
-    abp_only_ci: dict[int, list[float]]
+    abp_only: dict[int, Rate]
     abp_only_executor: dict[int, ExecutorChoice | None]
-    faithfulness_baseline: float
     threshold: float
     claims: list[Claim]  # each part alone at each L_wait breaks the answer: one family (Holm)
 
@@ -63,13 +60,10 @@ def components(setup: Setup, waits: list[int], *, transfer: int, threshold: floa
     ]
     return Components(
         transfer=transfer,
-        cama_only={w: r["value"] for w, r in cama_rates.items()},
-        cama_only_ci={w: r["ci"] for w, r in cama_rates.items()},
+        cama_only=cama_rates,
         cama_only_executor={w: s.executor for w, s in cama.items()},
-        abp_only={w: r["value"] for w, r in abp_rates.items()},
-        abp_only_ci={w: r["ci"] for w, r in abp_rates.items()},
+        abp_only=abp_rates,
         abp_only_executor={w: s.executor for w, s in abp.items()},
-        faithfulness_baseline=baseline,
         threshold=threshold,
         claims=adjust(claims, "components: each part alone at each L_wait"),
     )

@@ -9,7 +9,7 @@ from af1.executors.protocol import Executor, recorded
 from af1.interventions.af1 import AF1Config
 from af1.methods.setup import Setup, executors
 from af1.results import Part
-from af1.stats import LayoutRate
+from af1.stats import Rate
 from af1.tasks.evaluation import ProblemInputs, Scores, decoder
 from af1.tasks.task import ProblemRow
 
@@ -29,26 +29,17 @@ def scored(setup: Setup, config: AF1Config, chosen: list[tuple[Executor, str | N
 
 @with_config(ConfigDict(extra="forbid"))
 class Faithfulness(TypedDict):
-    """Faithfulness on the solved problems with its interval, constant guess and n (each layout's part, for a task
-    of several), and the executor that measured it (absent where several configs ran in one batched pass)."""
+    """Faithfulness on the solved problems as one rate (its interval, constant guess and n; each layout's part, for a
+    task of several), and the executor that measured it (absent where several configs ran in one batched pass)."""
 
-    faithfulness: float
-    faithfulness_ci: list[float]
-    faithfulness_baseline: float
-    faithfulness_n: int
-    faithfulness_by_layout: NotRequired[list[LayoutRate]]
+    faithfulness: Rate
     executor: NotRequired[str]
     fallback_reason: NotRequired[str | None]
 
 
 def faith_fields(setup: Setup, scores: Scores) -> Faithfulness:
-    """Faithfulness, its interval, baseline and n on the solved problems, with the executor that ran it."""
-    r = scores.rate(setup.kept)
-    fields = Faithfulness(
-        faithfulness=r["value"], faithfulness_ci=r["ci"], faithfulness_baseline=r["baseline"], faithfulness_n=r["n"]
-    )
-    if "by_layout" in r:
-        fields["faithfulness_by_layout"] = r["by_layout"]
+    """Faithfulness on the solved problems (a rate), with the executor that ran it."""
+    fields = Faithfulness(faithfulness=scores.rate(setup.kept))
     if scores.executor is not None:
         fields["executor"], fields["fallback_reason"] = scores.executor["executor"], scores.executor["fallback_reason"]
     return fields
@@ -91,11 +82,7 @@ class AtConfig(Part):
     transfer: int
     config: AF1Config
     stages: dict[str, list[int]]
-    faithfulness: float
-    faithfulness_ci: list[float]
-    faithfulness_baseline: float
-    faithfulness_n: int
-    faithfulness_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's part
+    faithfulness: Rate
     executor: str
     fallback_reason: str | None = None
     mean_p_correct: float

@@ -14,7 +14,7 @@ from af1.interventions.af1 import AF1Config
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
 from af1.methods.setup import Setup
 from af1.results import Part
-from af1.stats import constant_baseline
+from af1.stats import Rate, constant_baseline
 from af1.tasks.evaluation import Scores
 
 
@@ -36,13 +36,10 @@ class ShiftedTransfer(TypedDict):
 
 
 class Necessity(Part):
-    """Faithfulness with the last token kept from reading the operands in each window of layers, by width (the
-    windows' first layers in order), with intervals and the constant guess; and the chosen cell's moved transfer
-    window."""
+    """Faithfulness (a rate: interval, n, constant guess) with the last token kept from reading the operands in each
+    window of layers, by width (the windows' first layers in order); and the chosen cell's moved transfer window."""
 
-    windows: dict[str, list[float]]
-    windows_ci: dict[str, list[list[float]]]
-    faithfulness_baseline: float
+    windows: dict[str, list[Rate]]
     claims: list[Claim]  # per window, 'blocking it leaves faithfulness below the threshold': one family (Holm)
     shifted_transfer: ShiftedTransfer | None = None
 
@@ -62,8 +59,7 @@ def necessity(
     search's confirmation split) when given.
     """
     L = setup.adapter.n_layers
-    per_window: dict[str, list[float]] = {}
-    per_window_ci: dict[str, list[list[float]]] = {}
+    per_window: dict[str, list[Rate]] = {}
     widths = [w for w in dict.fromkeys(windows) if w <= L]
     sets = [list(range(s, s + width)) for width in widths for s in range(L - width + 1)]
     per_step = [knockout_logits(step.adapter, step.kept, sets, greedy=True) for step in setup.steps]
@@ -86,13 +82,9 @@ def necessity(
         for s, scores in zip(sets, scored, strict=True)
     ]
     for width in widths:
-        mine = [r for s, r in zip(sets, rates, strict=True) if len(s) == width]
-        per_window[str(width)] = [r["value"] for r in mine]
-        per_window_ci[str(width)] = [r["ci"] for r in mine]
+        per_window[str(width)] = [r for s, r in zip(sets, rates, strict=True) if len(s) == width]
     result = Necessity(
         windows=per_window,
-        windows_ci=per_window_ci,
-        faithfulness_baseline=baseline,
         claims=adjust(claims, "necessity: every blocked window"),
     )
     if found is not None and found.transfer > 0:

@@ -13,7 +13,7 @@ from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faith
 from af1.methods.setup import Setup, executors
 from af1.progress import progress
 from af1.results import Part
-from af1.stats import McNemar, mcnemar_exact, split_indices
+from af1.stats import McNemar, Rate, mcnemar_exact, split_indices
 from af1.tasks.evaluation import ProblemInputs, Scores
 
 
@@ -41,7 +41,7 @@ class PrunedConfirmation(TypedDict):
 
 class Pruning(Part):
     """Transfer-layer heads kept from peeking one at a time (`prune_heads`): the order, the curves on the selection
-    split with intervals and constant guess, the set before the first drop, and its confirmation."""
+    split (faithfulness a rate, the unpruned config first), the set before the first drop, and its confirmation."""
 
     wait: int
     transfer: int
@@ -50,12 +50,8 @@ class Pruning(Part):
     curve: str
     n_selection: int
     n_confirmation: int
-    faithfulness_full: float
-    faithfulness_full_ci: list[float]
     prune_order: list[list[int]]
-    faithfulness_vs_pruned: list[float]
-    faithfulness_vs_pruned_ci: list[list[float]]
-    faithfulness_selection_baseline: float
+    faithfulness_vs_pruned: list[Rate]
     mean_p_correct_vs_pruned: list[float]
     mean_log_p_correct_vs_pruned: list[float]
     keep: float
@@ -93,7 +89,7 @@ def prune_heads(
     on_sel, on_conf = setup.on(sel), setup.on(conf)
     heads = [(layer, h) for layer in config.peek_layers() for h in range(setup.adapter.n_heads)]
     order, curve = greedy_order(on_sel, config, heads, whole_curve=whole_curve, keep=keep)
-    faith_curve, rates = [c.accuracy for c in curve], [c.rate(on_sel.kept) for c in curve]
+    faith_curve = [c.accuracy for c in curve]
     # the last set before the curve first falls below keep x unpruned (a later recovery does not count)
     n_pruned = next((i for i, f in enumerate(faith_curve) if f < keep * faith_curve[0]), len(faith_curve)) - 1
     pruned = config.model_copy(update={"pruned_heads": order[:n_pruned]})
@@ -107,12 +103,8 @@ def prune_heads(
         curve="every head" if whole_curve else "up to the first drop below keep x unpruned",
         n_selection=len(sel),
         n_confirmation=len(conf),
-        faithfulness_full=faith_curve[0],
-        faithfulness_full_ci=rates[0]["ci"],
         prune_order=[list(hd) for hd in order],
-        faithfulness_vs_pruned=faith_curve,
-        faithfulness_vs_pruned_ci=[r["ci"] for r in rates],
-        faithfulness_selection_baseline=rates[0]["baseline"],  # the constant guess on the selection split
+        faithfulness_vs_pruned=[c.rate(on_sel.kept) for c in curve],
         mean_p_correct_vs_pruned=[c.mean_p_correct for c in curve],
         mean_log_p_correct_vs_pruned=[c.mean_log_p_correct for c in curve],
         keep=keep,

@@ -16,7 +16,7 @@ from af1.methods.setup import ALL_SOLVED, Setup, prepare
 from af1.models import LoadedModel
 from af1.progress import progress
 from af1.results import Part
-from af1.stats import LayoutRate, constant_baseline
+from af1.stats import Rate, constant_baseline
 from af1.tasks.spec import TaskSpec
 
 
@@ -34,11 +34,7 @@ class StyleRow(TypedDict):
     base_accuracy_ci: NotRequired[list[float] | None]
     base_accuracy_baseline: NotRequired[float | None]
     measured_on: NotRequired[str]
-    faithfulness: NotRequired[float]
-    faithfulness_ci: NotRequired[list[float]]
-    faithfulness_baseline: NotRequired[float]
-    faithfulness_n: NotRequired[int]
-    faithfulness_by_layout: NotRequired[list[LayoutRate]]
+    faithfulness: NotRequired[Rate]
     executor: NotRequired[str]
     fallback_reason: NotRequired[str | None]
     inputs: NotRequired[dict[str, Any]]  # ProblemInputs, dumped

@@ -14,7 +14,7 @@ from af1.interventions.heads import matched_draws
 from af1.methods.allforone.faithfulness import Faithfulness, faith_fields, faithfulness
 from af1.methods.allforone.prune import pruned_scores
 from af1.methods.setup import Setup
-from af1.stats import McNemar, mcnemar_exact, mean_std
+from af1.stats import McNemar, MeanStd, mcnemar_exact, mean_std
 from af1.tasks.evaluation import Scores
 
 
@@ -28,18 +28,16 @@ class PeekRow(Faithfulness):
 
 class RandomPeekRow(TypedDict):
     """As many random heads of the transfer layers as top heads there, matched by layer and key/value group, none of
-    the top or key ones, peek: mean ± std over draws (no interval: the draws are not problems), and the heads each
-    draw let peek."""
+    the top or key ones, peek: faithfulness as mean ± std over draws (no interval: the draws are not problems), the
+    constant guess on the same problems, and the heads each draw let peek."""
 
     variant: str
     peeking: int
     random_heads: list[list[list[int]]]
     random_matched: dict[str, int]  # over all draws, how many heads were matched at each level (`matched_heads`)
-    faithfulness: float
-    faithfulness_std: float
+    faithfulness: MeanStd
     faithfulness_per_draw: list[float]
-    faithfulness_ci: None
-    faithfulness_baseline: float
+    baseline: float
     mcnemar_vs_all: None
 
 
@@ -174,11 +172,9 @@ def random_peek(
         peeking=k_top,
         random_heads=[sorted(list(h) for h in d) for d in draws],
         random_matched=matched,
-        faithfulness=spread["mean"],
-        faithfulness_std=spread["std"],
+        faithfulness=spread,
         faithfulness_per_draw=[s.accuracy for s in drawn],
-        faithfulness_ci=None,
-        faithfulness_baseline=faith_fields(on, full)["faithfulness_baseline"],
+        baseline=full.rate(on.kept)["baseline"],
         mcnemar_vs_all=None,
     )
     return row, claim
