@@ -1,8 +1,8 @@
 """The cost estimate against the time each unit really took: for finished study stores (default: the focused and the
 full demo's, from `make demo` and `af1 demo --full --out results/full`), each unit's estimate on this machine beside
 its recorded seconds and peak memory, and their ratios. `--fit` prints the slowdowns that would make the
-estimates of these stores exact (the geometric mean per experiment), for `af1.study.cost.SLOWDOWN` (or
-`WITHOUT_BF16` on a CPU whose bfloat16 products do not pay).
+estimates of these stores exact (the geometric mean per experiment), for each experiment's `cost` (its `slowdown`,
+or `slowdown_without_bf16` on a CPU whose bfloat16 products do not pay).
 
 Run it on the machine the stores ran on, alone: the estimate measures this machine's matrix-product rate."""
 
@@ -20,7 +20,7 @@ from af1.study.store import Store
 
 from common import RESULTS, machine
 
-FITTED_ON = ("demo", "full")  # the stores `af1.study.cost.SLOWDOWN` was fitted on; any other is held out
+FITTED_ON = ("demo", "full")  # the stores the experiments' slowdowns were fitted on; any other is held out
 
 
 def compare(root: Path) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from af1.executors.fast import grid
+from af1.experiments import costs
 from af1.models.loading import load_tokenizer
 from af1.study import cost
 from af1.study.plan import StudyPlan, expand
@@ -21,7 +22,7 @@ from conftest import tiny_model
 @pytest.mark.parametrize("layers", [1, 5, 24, 30])
 @pytest.mark.parametrize("max_transfer", [None, 0, 3])
 def test_the_estimates_grid_is_the_executors_grid(layers, max_transfer):
-    passes, cells = cost.sweep_passes(layers, max_transfer)
+    passes, cells = costs.sweep_passes(layers, max_transfer)
     assert cells == len(grid(layers, max_transfer))
     # last-token passes: each cell runs from its wait to the top once, its transfer layers once more
     assert passes == sum(t + sum(layers - 1 - w - j for j in range(t + 1)) for w, t in _tops(layers, max_transfer))
@@ -35,8 +36,8 @@ def _tops(layers: int, max_transfer: int | None) -> list[tuple[int, int]]:
 
 
 def test_uncapped_grids_of_the_bundled_depths():
-    assert cost.sweep_passes(30, None) == (5425, 496)  # SmolLM2: L(L+1)/2 + L(L+1)(L+2)/6 passes
-    assert cost.sweep_passes(24, None) == (2900, 325)  # Qwen2.5-0.5B
+    assert costs.sweep_passes(30, None) == (5425, 496)  # SmolLM2: L(L+1)/2 + L(L+1)(L+2)/6 passes
+    assert costs.sweep_passes(24, None) == (2900, 325)  # Qwen2.5-0.5B
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +143,6 @@ def test_peak_memory_grows_with_the_weights_and_says_whether_it_fits(tiny_dir):
 def test_every_registered_experiment_has_a_cost_model(tiny_dir):
     from af1.experiments import REGISTRY
 
-    assert set(REGISTRY) == set(cost.SLOWDOWN)  # a new experiment adds its work to unit_work and its slowdown here
     units = expand(plan_of(tiny_dir, 20, {name: {} for name in REGISTRY}))
     assert {u.experiment for u in units} == set(REGISTRY)
     shape, task = cost.model_shape(tiny_dir, "float32"), _shape(20)
@@ -201,10 +201,11 @@ def test_units_asked_only_where_a_cell_is_chosen_are_counted_apart(tiny_dir, tmp
 @pytest.mark.parametrize("pays", [True, False])
 def test_the_slowdown_follows_whether_bfloat16_products_pay_on_this_cpu(monkeypatch, pays):
     from af1.executors import greedy
+    from af1.experiments import REGISTRY
 
     monkeypatch.setattr(greedy, "bf16_pays", lambda: pays)
-    assert set(cost.WITHOUT_BF16) <= set(cost.SLOWDOWN)
-    for name in cost.SLOWDOWN:
-        expected = cost.SLOWDOWN[name] if pays or name not in cost.WITHOUT_BF16 else cost.WITHOUT_BF16[name]
+    for name, experiment in REGISTRY.items():
+        fit = experiment.cost
+        expected = fit.slowdown if pays or fit.slowdown_without_bf16 is None else fit.slowdown_without_bf16
         assert cost.slowdown(name) == expected
-    assert (cost.slowdown("eval") == cost.SLOWDOWN["eval"]) is pays  # the evaluation's two fits differ
+    assert (cost.slowdown("eval") == REGISTRY["eval"].cost.slowdown) is pays  # the evaluation's two fits differ

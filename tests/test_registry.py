@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import af1.api
 from af1 import cli
-from af1.experiments import REGISTRY, base
+from af1.experiments import REGISTRY, base, costs
 from af1.report.markup import Tab
 from af1.study import plan as plan_module
 from af1.study.plan import StudyPlan, expand
@@ -134,9 +134,13 @@ class Toy(base.Experiment):
     help = "A toy experiment."
     Options = ToyOptions
     Result = ToyResult
+    cost = costs.Cost(slowdown=2.0, memory_factor=1.5)  # its cost, declared where it is: the estimate reads it
 
     def needs(self, options: ToyOptions) -> tuple[str, ...]:
         return ("eval",)
+
+    def work(self, options: ToyOptions, s: costs.Shapes) -> costs.Work:
+        return s.on.n * s.model.layers, s.on.n, 0.0  # one pass of each problem's last token, one unembedding
 
     def run(self, inputs: base.Inputs, options: ToyOptions) -> ToyResult:
         from af1.experiments.eval import Result as Evaluated
@@ -195,6 +199,14 @@ def test_a_new_experiment_is_one_module_and_one_registry_line(toy, tmp_path, tok
     plan = StudyPlan.model_validate({"models": [{"spec": "x"}], "experiments": {"toy": {"scale": 2}}})
     assert plan.experiments.toy.scale == 2
     assert [u.experiment for u in expand(plan)] == ["eval", "toy"]
+
+    # the cost estimate, from the experiment's own declaration
+    from af1.study import cost
+
+    unit = expand(plan)[1]
+    shapes = (cost.model_shape(tmp_path / "m", "float32"), costs.TaskShape(12, 5.0, 1.0, 1.0, 1))
+    assert cost.unit_work(unit, *shapes, costs.Found(12, 1, 1, True), []) == (12 * shapes[0].layers, 12, 0.0)
+    assert cost.slowdown("toy") == 2.0 and cost.peak_gb(unit, shapes[0]) == cost.RUNTIME_GB + 1.5 * shapes[0].weight_gb
     with pytest.raises(ValueError, match="scale"):
         StudyPlan.model_validate({"models": [{"spec": "x"}], "experiments": {"toy": {"scale": "big"}}})
 

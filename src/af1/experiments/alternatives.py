@@ -8,7 +8,7 @@ import html
 from typing import Any
 
 from af1.claims import Claim
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.experiments.search import config_of, measured_on
 from af1.methods import allforone
 from af1.methods.setup import ALL_SOLVED
@@ -50,7 +50,13 @@ class Alternatives(base.Experiment):
     name = "alternatives"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=1.2)
     config_from_search = True
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        t, after = s.on, s.model.layers - 1 - max(s.found.wait, 0)
+        shared = 10 * s.half * t.step_tokens() * after + 5 * s.half * t.step_tokens() * (s.found.wait + 1)
+        return shared + 4 * s.faith + s.clean, 14 * s.half * t.steps, 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         config = config_of(inputs, options, inputs.resources.lm().adapter.n_layers)  # refused before any work

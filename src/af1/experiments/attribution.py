@@ -12,7 +12,7 @@ import html
 from pydantic import Field
 
 from af1.errors import Af1Error
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.methods import heads
 from af1.report import interactive
 from af1.report.markup import Tab, figure_html
@@ -37,6 +37,13 @@ class Attribution(base.Experiment):
     name = "attribution"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=1.33)
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        """The estimate (clean forward and backward, counterfactual forward), then exact patching by 'total'."""
+        t, solved = s.on, s.found.solved
+        estimate = 4 * solved * t.step_tokens() * s.model.layers
+        return estimate + costs.patching(s.model, t, solved), solved * t.steps * (2 + s.model.heads), 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         lm, spec = inputs.resources.lm(), inputs.spec

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.table import Table
 
 from af1.errors import Af1Error
+from af1.experiments import costs
 from af1.experiments.helptext import command_help
 from af1.methods.setup import Setup, SetupDescription
 from af1.models import LoadedModel
@@ -179,6 +180,7 @@ class Experiment:
     task_defaults: ClassVar[dict[str, Any]] = {}  # task options that differ from TaskSpec's on the command line
     overview_rank: ClassVar[int] = 0  # where its cross-model part stands in a study report (lower: earlier)
     config_from_search: ClassVar[bool] = False  # runs at the search's config unless its options give a wait
+    cost: ClassVar[costs.Cost] = costs.Cost()  # how its FLOPs run and its memory, beside `work`
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Its help is its module's docstring unless it says otherwise. Remember which experiment writes each Result
@@ -206,6 +208,11 @@ class Experiment:
 
     def run(self, inputs: Inputs, options: Any) -> Result:
         raise NotImplementedError
+
+    def work(self, options: Any, s: costs.Shapes) -> costs.Work | None:
+        """What a unit of it computes, counted from the plan before it runs (`study.cost` makes seconds of it);
+        None: no cost model (an experiment registered from outside)."""
+        return None
 
     def tables(self, result: Any) -> list[Tab]:
         """Its tables, declared once: `section` shows them in the report, `show` on the terminal, each followed

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.methods import allforone
 from af1.report.markup import Tab
 from af1.stats import rate_text
@@ -35,6 +35,13 @@ class Components(base.Experiment):
     name = "components"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=1.17)
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        t, L, solved = s.on, s.model.layers, s.found.solved
+        waits = [w for w in options.waits or default_waits(L) if 0 <= w < L]
+        runs = sum(L - 1 - w for w in waits)
+        return 2 * runs * solved * t.step_tokens() + s.clean, 2 * len(waits) * solved * t.steps, 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         setup = inputs.resources.setup(inputs.spec)

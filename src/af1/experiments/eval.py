@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.report.markup import Tab, layout_tab
 from af1.stats import Paired, baseline_warning, mcnemar_exact, with_ci
 from af1.tasks.evaluation import decoder, problem_rows
@@ -29,9 +29,14 @@ class Eval(base.Experiment):
     name = "eval"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=0.5, slowdown_without_bf16=1.2, memory_factor=1.3)
 
     def evaluation_rows(self, result: dict[str, Any]) -> list[dict[str, Any]] | None:
         return result.get("problems")
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        t, L = s.on, s.model.layers
+        return t.n * (t.suffix + t.steps - 1) * L, t.n * t.steps, 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         spec = inputs.spec

@@ -12,11 +12,13 @@ from pydantic import Field
 from rich.table import Table
 
 from af1.errors import Af1Error
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.methods import finetune, heads, positional
 from af1.report.markup import Tab, claims_html, claims_lines
 from af1.tasks.evaluation import Evaluated, ProblemInputs, evaluate, evaluated, solved
 from af1.tasks.task import AnswerEnd, build_task
+
+SHOTS_TOKENS = 20  # the worked examples' tokens a fine-tuning row adds to its prompt (its cost)
 
 
 class Options(base.Options):
@@ -71,7 +73,15 @@ class Finetune(base.Experiment):
     name = "finetune"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=1.5)
     task_defaults = {"style": "calculate", "digits": 2, "shots": 3}  # worked examples: the end of an answer is checked
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        """Three variants per learning rate, then seeds of each and random draws: forward and backward."""
+        runs = 3 * len(options.lrs) + 2 * options.seeds + options.random_draws
+        t = s.on
+        tokens = float(options.steps) * finetune.train.FinetuneConfig().batch_size * (t.suffix + t.steps + SHOTS_TOKENS)
+        return runs * 3 * tokens * s.model.layers, runs * 3 * tokens, 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         spec = inputs.spec

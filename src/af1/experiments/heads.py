@@ -13,7 +13,7 @@ from rich.table import Table
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.errors import Af1Error
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.experiments.search import searched, searched_config
 from af1.methods import allforone, heads
 from af1.report import interactive
@@ -111,9 +111,21 @@ class Heads(base.Experiment):
     name = "heads"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=1.33, memory_factor=2.0)
 
     def uses(self) -> tuple[str, ...]:
         return (base.SEARCH,)
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        t, L, half, draws = s.on, s.model.layers, s.half, options.draws
+        ranked = 4 * half * t.step_tokens() * L if options.rank == "attribution" else costs.patching(s.model, t, half)
+        patch = ranked * (2 if options.rank_both and not s.from_file else 1)  # a task file ranks once
+        compared = sum(costs.patching(s.model, o, o.n / 2) + o.n * (o.suffix + o.steps) * L for o in s.others)
+        knockouts = (draws + 2) * half * t.step_tokens() * L
+        consistency = 14 * half * t.steps * (L - 1 - max(s.found.wait, 0)) if s.found.transfer else 0
+        means = t.n * t.step_tokens() * L
+        rows = t.n * t.steps + (draws + 2) * half * t.steps + sum(o.n * o.steps for o in s.others)
+        return patch + compared + knockouts + consistency + means, rows, 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         spec = inputs.spec

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 from rich.table import Table
 
 from af1.claims import Claim
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.experiments.search import NO_CELL, config_of, searched, searched_config
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone
@@ -42,9 +42,19 @@ class Necessity(base.Experiment):
     name = "necessity"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=1.4)
 
     def uses(self) -> tuple[str, ...]:
         return (base.SEARCH,)
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        t, L, found = s.on, s.model.layers, s.found
+        widths = [w for w in options.windows if w <= L]
+        sets = sum(L - w + 1 for w in widths)  # each window from its first layer to the top, one row each
+        passes = sum(L * (L + 1) / 2 - w * (w - 1) / 2 for w in widths)
+        moved = (L - found.transfer - max(found.wait, 0)) * s.faith if found.transfer else 0
+        capture = found.solved * t.step_tokens() * L
+        return capture + found.solved * t.steps * passes + moved, found.solved * t.steps * sets, 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         n_layers = inputs.resources.lm().adapter.n_layers

@@ -8,11 +8,12 @@ are its split."""
 from __future__ import annotations
 
 import html
+import math
 
 from pydantic import Field
 from rich.table import Table
 
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.experiments.search import config_of, searched
 from af1.methods import allforone, heuristics, neurons
 from af1.report import interactive
@@ -43,7 +44,15 @@ class Neurons(base.Experiment):
     name = "neurons"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=1.5)
     config_from_search = True
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        """A forward and backward on the selection half, then the knock-out sets' faithfulness (and 64 neurons
+        one by one)."""
+        sets = (1 + options.draws) * (1 + math.log2(max(options.largest, 1))) + 64
+        forward = 3 * s.half * s.on.step_tokens() * s.model.layers
+        return forward + sets * s.faith + s.clean, sets * s.half * s.on.steps, 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         config = config_of(inputs, options, inputs.resources.lm().adapter.n_layers)

@@ -9,11 +9,13 @@ import html
 from pydantic import Field
 from rich.table import Table
 
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.methods import positional
 from af1.report import interactive
 from af1.report.markup import Tab, claims_html, claims_lines, figure_html
 from af1.stats import with_ci
+
+FIT_FLOPS = 2.2e6  # FLOPs per attention logit in the study's fits (all their iterations; its cost)
 
 
 class Options(base.Options):
@@ -37,7 +39,13 @@ class Positional(base.Experiment):
     name = "positional"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=0.99, memory_factor=3.2)
     scope = "model"
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        """Corpus windows through the model about 22 times, and its fits over every attention logit."""
+        windows, width, L = float(options.n_windows), float(options.window), s.model.layers
+        return 22 * windows * width * L, 13 * windows * width, FIT_FLOPS * s.model.heads * L * windows * width**2
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         lm = inputs.resources.lm()

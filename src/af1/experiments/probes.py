@@ -12,7 +12,7 @@ import html
 from pydantic import Field
 from rich.table import Table
 
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.experiments.search import NO_CELL, config_of, measured_on, searched, searched_config
 from af1.interventions.af1 import AF1Config
 from af1.methods import allforone, probes
@@ -40,9 +40,14 @@ class Probes(base.Experiment):
     name = "probes"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=1.5)
 
     def uses(self) -> tuple[str, ...]:
         return (base.SEARCH,)
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        """The last token's states after every block, unmodified and under AF1 (its ridge fits left out)."""
+        return 2 * s.half * s.on.step_tokens() * s.model.layers + s.clean, 2 * s.half, 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         n_layers = inputs.resources.lm().adapter.n_layers

@@ -12,7 +12,7 @@ from pydantic import Field
 from rich.table import Table
 
 from af1.errors import Af1Error
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.experiments.search import config_of, searched
 from af1.methods import allforone
 from af1.report import interactive
@@ -42,7 +42,14 @@ class Prune(base.Experiment):
     name = "prune"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=1.5, memory_factor=2.0)
     config_from_search = True
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        """Greedy rounds over the transfer heads; the whole curve where it never drops."""
+        heads = s.found.transfer * s.model.heads
+        sets = heads * (heads + 1) / 2
+        return (sets + 3) * s.faith + s.clean, sets * s.half * s.on.steps, 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         config = config_of(inputs, options, inputs.resources.lm().adapter.n_layers)  # refused before any work

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.experiments.search import config_of, measured_on
 from af1.interventions.af1 import Ablation
 from af1.interventions.masks import ABPVariant
@@ -32,7 +32,11 @@ class Run(base.Experiment):
     name = "run"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=1.2)
     config_from_search = True
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        return s.faith + s.clean, s.half * s.on.steps, 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         config = config_of(inputs, options, inputs.resources.lm().adapter.n_layers)  # refused before any work

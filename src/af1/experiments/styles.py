@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from af1.errors import Af1Error
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.experiments.search import config_of, measured_on, searched
 from af1.methods import allforone
 from af1.report.markup import Tab
@@ -40,7 +40,14 @@ class Styles(base.Experiment):
     name = "styles"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=2.4, memory_factor=2.2)
     config_from_search = True
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        t = s.on
+        rows = len(options.styles) * len(options.operations or [None])
+        one = t.n * (t.suffix + t.steps) * s.model.layers + s.clean + s.faith
+        return rows * one, rows * t.n * t.steps, 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         spec = inputs.spec

@@ -9,7 +9,7 @@ import html
 from pydantic import Field
 from rich.table import Table
 
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.interventions.af1 import Ablation, AF1Config
 from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
@@ -38,9 +38,16 @@ class Sweep(base.Experiment):
     name = "sweep"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=1.1)
 
     def uses(self) -> tuple[str, ...]:
         return (base.SEARCH,)
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        t, L, solved = s.on, s.model.layers, s.found.solved
+        passes, cells = costs.sweep_passes(L, options.max_transfer)
+        kv = solved * t.suffix * L * (L - 1) / 2  # token-local keys and values, rebuilt for each wait
+        return solved * t.steps * passes + s.clean + kv, solved * t.steps * cells, 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         from af1.experiments.search import Result as Searched

@@ -8,7 +8,7 @@ import html
 from typing import Any
 
 from af1.claims import Claim
-from af1.experiments import base
+from af1.experiments import base, costs
 from af1.experiments.search import NO_CELL, searched_config
 from af1.experiments.search import Result as Searched
 from af1.methods import allforone
@@ -110,10 +110,15 @@ class Transfer(base.Experiment):
     name = "transfer"
     Options = Options
     Result = Result
+    cost = costs.Cost(slowdown=0.6)
     scope = "models"
 
     def needs(self, options: Options) -> tuple[str, ...]:
         return (base.SEARCH,)
+
+    def work(self, options: Options, s: costs.Shapes) -> costs.Work:
+        """Each distinct config once: its own, and the other model's by layers and by depth."""
+        return 3 * s.faith + s.clean, 3 * s.half * s.on.steps, 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         setup = inputs.resources.setup(inputs.spec)

@@ -21,100 +21,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from af1.experiments.components import default_waits
+from af1.experiments import REGISTRY
+from af1.experiments.costs import Cost, Found, ModelShape, Shapes, TaskShape, Work
 from af1.study.plan import ModelEntry, StudyPlan, Unit, expand
 from af1.study.store import Store
 from af1.tasks.spec import TaskSpec
 from af1.tasks.task import Task
 
-# how many times slower than the measured matrix-product rate each experiment's FLOPs run (skinny last-token
-# products, Python between them): fitted by benchmarks/estimate.py on the demos' units (on a CPU with AVX-512 and
-# bfloat16 products, and for the search, eval and transfer also on one with AVX2 only)
-SLOWDOWN: dict[str, float] = {
-    "eval": 0.5,  # fitted on AVX-512; without bfloat16 products, WITHOUT_BF16's
-    "sweep": 1.1,
-    "search": 0.36,  # fitted on an AVX2-only CPU (0.33 and 0.40 on two fresh clones' demos)
-    "run": 1.2,  # not in either demo: taken from the faithfulness runs of alternatives
-    "components": 1.17,
-    "necessity": 1.4,
-    "probes": 1.5,  # not in the focused demo: a guess, not fitted (its ridge fits and permutations are left out)
-    "neurons": 1.5,  # not in the focused demo: a guess, not fitted
-    "alternatives": 1.2,
-    "prune": 1.5,
-    "styles": 2.4,
-    "heads": 1.33,
-    "attribution": 1.33,  # not in the focused demo: the heads study's
-    "finetune": 1.5,  # not in either demo (nor its backward passes): a guess, not fitted
-    "positional": 0.99,
-    "transfer": 0.6,  # fitted on an AVX2-only CPU (0.53 and 0.69 on two fresh clones' demos)
-}
-# where bfloat16 products do not pay (AVX2 only), the experiments whose fit differs: the evaluation's other kernels
-# run slower beside the matrix products (fitted 0.97 and 1.42 on two fresh clones' demos, 2026-11-28)
-WITHOUT_BF16: dict[str, float] = {"eval": 1.2}
+
+def declared(experiment: str) -> Cost:
+    """The experiment's declared cost (the defaults for a name not registered: nothing fitted)."""
+    return REGISTRY[experiment].cost if experiment in REGISTRY else Cost()
 
 
 def slowdown(experiment: str) -> float:
-    """The experiment's slowdown on this CPU (1 for one registered from outside)."""
+    """The experiment's slowdown on this CPU, as it declares it (`Experiment.cost`)."""
     from af1.executors.greedy import bf16_pays  # measured once per process
 
-    if experiment in WITHOUT_BF16 and not bf16_pays():
-        return WITHOUT_BF16[experiment]
-    return SLOWDOWN.get(experiment, 1.0)
+    cost = declared(experiment)
+    return cost.slowdown_without_bf16 if cost.slowdown_without_bf16 is not None and not bf16_pays() else cost.slowdown
 
 
-# peak resident memory = RUNTIME_GB + the weights x this factor (the model, its means and caches, working copies)
-MEMORY_FACTOR: dict[str, float] = {"eval": 1.3, "positional": 3.2, "styles": 2.2, "heads": 2.0, "prune": 2.0}
-MEMORY_FACTOR_DEFAULT = 1.8
 RUNTIME_GB = 0.5  # torch, transformers and the study's own state
 LOAD_S, LOAD_GB_PER_S = 1.0, 0.4  # loading a model (its tokenizer, config and checks; its weights read)
-FIT_FLOPS = 2.2e6  # FLOPs per attention logit in the position+meaning study's fits (all their iterations)
-FINETUNE_SHOTS_TOKENS = 20  # the worked examples' tokens a fine-tuning row adds to its prompt
 CALL_S = 0.1  # the grid's fixed cost per (wait, answer step): its means, masks and bookkeeping
-# the share of the selection split the search measures per cell before the rule decides it (to the best cell's
-# misses where none reaches the threshold): 0.44 and 0.39 in the demo's two models
-SEARCH_SHARE = 0.5
 ASSUMED_WAIT = 0.5  # the searched cell's L_wait as a share of the layers, where the search has not run
 ABOUT = (
     "expected seconds and peak memory per unit, from the plan's work at this machine's measured matrix-product rate "
     "(slowdowns fitted on a 2-core CPU; on a GPU the rate is measured but the fit is the CPU's); inputs the plan "
     "cannot give (problems solved, the searched cell) are read from finished units (basis: measured) or assumed"
 )
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What a model's cost depends on, read from its config without its weights."""
-
-    layers: int
-    heads: int
-    layer_flops: float  # one token through one layer's matrices (2 x multiply-adds)
-    unembed_flops: float  # one unembedding row: 2 x D x V
-    weight_gb: float  # in the dtype the plan loads it in
-
-
-@dataclass(frozen=True)
-class TaskShape:
-    """What a task's cost depends on: its problems, the tokens each runs past the shared context, its steps."""
-
-    n: int
-    suffix: float  # mean prompt tokens after the shared context
-    steps: float  # mean scored steps per problem (answer tokens, and the end where it is checked)
-    answer_steps: float  # mean answer tokens
-    max_steps: int  # scored steps of the longest answer: the grid runs once per wait and step
-
-    def step_tokens(self) -> float:
-        """Tokens of one problem run once per scored step (each step's prompt is one token longer)."""
-        return self.steps * self.suffix + self.steps * (self.steps - 1) / 2
-
-
-@dataclass(frozen=True)
-class Found:
-    """What a unit reads from the units before it, or what is assumed before they ran."""
-
-    solved: int
-    wait: int
-    transfer: int
-    measured: bool  # read from finished units, not assumed
 
 
 @dataclass(frozen=True)
@@ -129,108 +65,14 @@ class Estimate:
     basis: str
 
 
-Work = tuple[float, float, float]  # (layer passes of one token, unembedding rows, other FLOPs)
-
-
-def sweep_passes(layers: int, max_transfer: int | None) -> tuple[int, int]:
-    """Last-token layer passes and cells of the (L_wait, L_transfer) grid, per problem step."""
-    passes = cells = 0
-    for wait in range(-1, layers):
-        top = min(layers - 1 - wait, layers if max_transfer is None else max_transfer)
-        passes += top + sum(layers - 1 - wait - j for j in range(top + 1))
-        cells += top + 1
-    return passes, cells
-
-
 def unit_work(
     unit: Unit, model: ModelShape, task: TaskShape | None, found: Found, others: list[TaskShape]
 ) -> Work | None:
-    """The unit's layer passes, unembedding rows and other FLOPs (`others`: the shapes of tasks it compares with)."""
-    L, opts = model.layers, unit.options.model_dump()
-    if task is None:  # position+meaning: corpus windows through the model ~22 times, and its fits over every logit
-        windows, width = float(opts["n_windows"]), float(opts["window"])
-        return 22 * windows * width * L, 13 * windows * width, FIT_FLOPS * model.heads * L * windows * width**2
-    n, solved, after = task.n, found.solved, L - 1 - max(found.wait, 0)
-    half = solved / 2
-    clean = solved * task.step_tokens() * L  # every solved problem's clean states, once per setup
-    faith = half * task.steps * after  # one faithfulness run on the confirmation half
-    experiment = unit.experiment
-    if experiment == "eval":
-        return n * (task.suffix + task.steps - 1) * L, n * task.steps, 0.0
-    if experiment == "sweep":
-        passes, cells = sweep_passes(L, opts["max_transfer"])
-        kv = solved * task.suffix * L * (L - 1) / 2  # token-local keys and values, rebuilt for each wait
-        return solved * task.steps * passes + clean + kv, solved * task.steps * cells, 0.0
-    if experiment == "run":
-        return faith + clean, half * task.steps, 0.0
-    if experiment == "components":
-        waits = [w for w in opts["waits"] or default_waits(L) if 0 <= w < L]
-        runs = sum(L - 1 - w for w in waits)
-        return 2 * runs * solved * task.step_tokens() + clean, 2 * len(waits) * solved * task.steps, 0.0
-    if experiment == "necessity":
-        widths = [w for w in opts["windows"] if w <= L]
-        sets = sum(L - w + 1 for w in widths)  # each window from its first layer to the top, one row each
-        passes = sum(L * (L + 1) / 2 - w * (w - 1) / 2 for w in widths)
-        moved = (L - found.transfer - max(found.wait, 0)) * faith if found.transfer else 0
-        capture = solved * task.step_tokens() * L
-        return capture + solved * task.steps * passes + moved, solved * task.steps * sets, 0.0
-    if experiment == "probes":  # the last token's states after every block, unmodified and under AF1
-        return 2 * half * task.step_tokens() * L + clean, 2 * half, 0.0
-    if experiment == "neurons":  # a forward and backward on the selection half, then knock-out sets' faithfulness
-        sets = (1 + opts["draws"]) * (1 + math.log2(max(opts["largest"], 1))) + 64  # and 64 neurons one by one
-        return 3 * half * task.step_tokens() * L + sets * faith + clean, sets * half * task.steps, 0.0
-    if experiment == "attribution":  # the estimate (clean forward and backward, counterfactual forward), then 'total'
-        estimate = 4 * solved * task.step_tokens() * L
-        return estimate + _patching(model, task, solved), solved * task.steps * (2 + model.heads), 0.0
-    if experiment == "alternatives":
-        shared = 10 * half * task.step_tokens() * after + 5 * half * task.step_tokens() * (found.wait + 1)
-        return shared + 4 * faith + clean, 14 * half * task.steps, 0.0
-    if experiment == "prune":  # greedy rounds over the transfer heads; the whole curve where it never drops
-        heads = found.transfer * model.heads
-        sets = heads * (heads + 1) / 2
-        return (sets + 3) * faith + clean, sets * half * task.steps, 0.0
-    if experiment == "styles":
-        rows = len(opts["styles"]) * len(opts["operations"] or [None])
-        one = n * (task.suffix + task.steps) * L + clean + faith
-        return rows * one, rows * n * task.steps, 0.0
-    if experiment == "heads":
-        return _heads_work(model, task, found, opts, others, file=unit.task is not None and unit.task.file is not None)
-    if experiment == "finetune":  # 3 variants per learning rate, then seeds of each and random draws: fwd + bwd
-        from af1.methods.finetune.train import FinetuneConfig
-
-        runs = 3 * len(opts["lrs"]) + 2 * opts["seeds"] + opts["random_draws"]
-        batch = FinetuneConfig().batch_size
-        tokens = float(opts["steps"]) * batch * (task.suffix + task.steps + FINETUNE_SHOTS_TOKENS)
-        return runs * 3 * tokens * L, runs * 3 * tokens, 0.0
-    if experiment == "transfer":  # each distinct config once: its own, and the other model's by layers and by depth
-        return 3 * faith + clean, 3 * half * task.steps, 0.0
-    if experiment == "search":  # every cell with a compute stage on some selection problems, the judged one on all
-        cells = L * (L + 1) / 2
-        pairs = cells * solved * opts["selection"] * SEARCH_SHARE + solved
-        return pairs * task.steps * (2 * L + 1) / 3 + clean, pairs * task.steps, 0.0
-    return None  # an experiment registered from outside: no cost model
-
-
-def _patching(model: ModelShape, task: TaskShape, problems: float) -> float:
-    """Wang's path patching of every head on `problems`: a clean and a counterfactual run, then each layer's heads
-    (and the two residual paths) patched through the layers above, per answer step."""
-    L, H = model.layers, model.heads
-    per_step = 2 * (task.suffix + task.answer_steps / 2) * L + (H + 2) * L * (L + 1) / 2
-    return problems * task.answer_steps * per_step
-
-
-def _heads_work(
-    model: ModelShape, task: TaskShape, found: Found, opts: dict[str, Any], others: list[TaskShape], file: bool
-) -> Work:
-    L, half, draws = model.layers, found.solved / 2, opts["draws"]
-    ranked = 4 * half * task.step_tokens() * L if opts["rank"] == "attribution" else _patching(model, task, half)
-    patch = ranked * (2 if opts["rank_both"] and not file else 1)  # a task file ranks once
-    compared = sum(_patching(model, o, o.n / 2) + o.n * (o.suffix + o.steps) * L for o in others)
-    knockouts = (draws + 2) * half * task.step_tokens() * L
-    consistency = 14 * half * task.steps * (L - 1 - max(found.wait, 0)) if found.transfer else 0
-    means = task.n * task.step_tokens() * L
-    rows = task.n * task.steps + (draws + 2) * half * task.steps + sum(o.n * o.steps for o in others)
-    return patch + compared + knockouts + consistency + means, rows, 0.0
+    """The unit's layer passes, unembedding rows and other FLOPs, as its experiment counts them (`others`: the
+    shapes of tasks it compares with)."""
+    from_file = unit.task is not None and unit.task.file is not None
+    shapes = Shapes(model, task, found, tuple(others), from_file)
+    return REGISTRY[unit.experiment].work(unit.options, shapes) if unit.experiment in REGISTRY else None
 
 
 def unit_seconds(
@@ -247,7 +89,9 @@ def unit_seconds(
 
 
 def peak_gb(unit: Unit, model: ModelShape) -> float:
-    return RUNTIME_GB + model.weight_gb * MEMORY_FACTOR.get(unit.experiment, MEMORY_FACTOR_DEFAULT)
+    """Peak resident memory: the runtime and the weights times the experiment's factor (the model, its means and
+    caches, working copies)."""
+    return RUNTIME_GB + model.weight_gb * declared(unit.experiment).memory_factor
 
 
 @functools.cache
