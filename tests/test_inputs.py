@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import af1.api
+from af1.experiments import REGISTRY
 from af1.tasks.evaluation import inputs_sha256
 from af1.tasks.spec import TaskSpec
 
@@ -19,18 +20,12 @@ from conftest import fitted_tiny_model
 
 SPEC = TaskSpec(operation="a+b", shots=1, n=30)
 SEARCH = {"search": {"threshold": 0.5}}
-# every experiment that lists its problems as `inputs`, with small options (a fixed config where the search's may
-# have no transfer layers)
+# every experiment that lists its problems as `inputs` (styles: each row's), with the small options it declares; the
+# search runs first for all of them
 RUNS: dict[str, dict[str, Any]] = {
-    "components": {"waits": [0, 1], "transfer": 1},
-    "necessity": {"windows": [1]},
-    "probes": {"folds": 3},
-    "alternatives": {},
-    "prune": {"wait": 0, "transfer": 1},
-    "styles": {"styles": ["original", "verbal"]},
-    "heads": {"k": 2, "draws": 2},
-    "transfer": {},
-    "finetune": {"heads": "0.1", "n_train": 6, "n_val": 4, "n_eval": 6, "steps": 2, "lrs": [1e-4], "seeds": 1},
+    name: experiment.small
+    for name, experiment in REGISTRY.items()
+    if {"inputs", "rows"} & set(experiment.Result.model_fields) and name != "search"
 }
 
 

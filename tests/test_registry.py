@@ -258,3 +258,10 @@ def test_no_result_field_is_declared_twice():
                     where.setdefault(field, []).append(f"{cls.__module__}.{cls.__qualname__}")
         declared_twice |= {f"{name}.{field}": classes for field, classes in where.items() if len(classes) > 1}
     assert declared_twice == {}
+
+
+def test_every_experiment_declares_a_small_run_its_options_accept():
+    """The small run each experiment declares (what the tests run it with on a tiny model) is valid options."""
+    for name, experiment in REGISTRY.items():
+        assert experiment.Options.model_validate(experiment.small).model_dump() is not None, name
+    assert REGISTRY["heads"].small and REGISTRY["neurons"].small and REGISTRY["attribution"].small

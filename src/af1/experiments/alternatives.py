@@ -50,6 +50,7 @@ class Alternatives(base.Experiment):
     name = "alternatives"
     Options = Options
     Result = Result
+    small = {}
     cost = costs.Cost(slowdown=1.2)
     config_from_search = True
 

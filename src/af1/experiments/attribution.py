@@ -37,6 +37,7 @@ class Attribution(base.Experiment):
     name = "attribution"
     Options = Options
     Result = Result
+    small = {"k": 2}
     cost = costs.Cost(slowdown=1.33)
 
     def work(self, options: Options, s: costs.Shapes) -> costs.Work:

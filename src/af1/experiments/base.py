@@ -181,6 +181,7 @@ class Experiment:
     overview_rank: ClassVar[int] = 0  # where its cross-model part stands in a study report (lower: earlier)
     config_from_search: ClassVar[bool] = False  # runs at the search's config unless its options give a wait
     cost: ClassVar[costs.Cost] = costs.Cost()  # how its FLOPs run and its memory, beside `work`
+    small: ClassVar[dict[str, Any]] = {}  # options of a small run on a tiny model: the tests run it so
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Its help is its module's docstring unless it says otherwise. Remember which experiment writes each Result

@@ -35,6 +35,7 @@ class Components(base.Experiment):
     name = "components"
     Options = Options
     Result = Result
+    small = {"waits": [0, 1], "transfer": 1}
     cost = costs.Cost(slowdown=1.17)
 
     def work(self, options: Options, s: costs.Shapes) -> costs.Work:

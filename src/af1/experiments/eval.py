@@ -29,6 +29,7 @@ class Eval(base.Experiment):
     name = "eval"
     Options = Options
     Result = Result
+    small = {}
     cost = costs.Cost(slowdown=0.5, slowdown_without_bf16=1.2, memory_factor=1.3)
 
     def evaluation_rows(self, result: dict[str, Any]) -> list[dict[str, Any]] | None:

@@ -73,6 +73,7 @@ class Finetune(base.Experiment):
     name = "finetune"
     Options = Options
     Result = Result
+    small = {"heads": "0.1", "n_train": 6, "n_val": 4, "n_eval": 6, "steps": 2, "lrs": [1e-4], "seeds": 1}
     cost = costs.Cost(slowdown=1.5)
     task_defaults = {"style": "calculate", "digits": 2, "shots": 3}  # worked examples: the end of an answer is checked
 

@@ -111,6 +111,7 @@ class Heads(base.Experiment):
     name = "heads"
     Options = Options
     Result = Result
+    small = {"k": 2, "draws": 2}
     cost = costs.Cost(slowdown=1.33, memory_factor=2.0)
 
     def uses(self) -> tuple[str, ...]:

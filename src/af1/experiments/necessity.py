@@ -42,6 +42,7 @@ class Necessity(base.Experiment):
     name = "necessity"
     Options = Options
     Result = Result
+    small = {"windows": [1]}
     cost = costs.Cost(slowdown=1.4)
 
     def uses(self) -> tuple[str, ...]:

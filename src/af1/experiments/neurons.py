@@ -44,6 +44,7 @@ class Neurons(base.Experiment):
     name = "neurons"
     Options = Options
     Result = Result
+    small = {"wait": 0, "transfer": 1, "largest": 2, "draws": 2}
     cost = costs.Cost(slowdown=1.5)
     config_from_search = True
 

@@ -39,6 +39,7 @@ class Positional(base.Experiment):
     name = "positional"
     Options = Options
     Result = Result
+    small = {"window": 32, "n_windows": 2}
     cost = costs.Cost(slowdown=0.99, memory_factor=3.2)
     scope = "model"
 

@@ -40,6 +40,7 @@ class Probes(base.Experiment):
     name = "probes"
     Options = Options
     Result = Result
+    small = {"folds": 3}
     cost = costs.Cost(slowdown=1.5)
 
     def uses(self) -> tuple[str, ...]:

@@ -42,6 +42,7 @@ class Prune(base.Experiment):
     name = "prune"
     Options = Options
     Result = Result
+    small = {"wait": 0, "transfer": 1}
     cost = costs.Cost(slowdown=1.5, memory_factor=2.0)
     config_from_search = True
 

@@ -32,6 +32,7 @@ class Run(base.Experiment):
     name = "run"
     Options = Options
     Result = Result
+    small = {"wait": 0, "transfer": 1}
     cost = costs.Cost(slowdown=1.2)
     config_from_search = True
 

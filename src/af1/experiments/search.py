@@ -68,6 +68,7 @@ class Search(base.Experiment):
     name = base.SEARCH
     Options = Options
     Result = Result
+    small = {"threshold": 0.5}
     cost = costs.Cost(slowdown=0.36)
     overview_rank = -1  # the verdicts open the report
 

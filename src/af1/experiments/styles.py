@@ -40,6 +40,7 @@ class Styles(base.Experiment):
     name = "styles"
     Options = Options
     Result = Result
+    small = {"styles": ["original", "verbal"]}
     cost = costs.Cost(slowdown=2.4, memory_factor=2.2)
     config_from_search = True
 

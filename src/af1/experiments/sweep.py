@@ -38,6 +38,7 @@ class Sweep(base.Experiment):
     name = "sweep"
     Options = Options
     Result = Result
+    small = {}
     cost = costs.Cost(slowdown=1.1)
 
     def uses(self) -> tuple[str, ...]:

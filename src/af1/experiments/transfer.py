@@ -110,6 +110,7 @@ class Transfer(base.Experiment):
     name = "transfer"
     Options = Options
     Result = Result
+    small = {}
     cost = costs.Cost(slowdown=0.6)
     scope = "models"
 
