@@ -26,8 +26,8 @@ def quickstart(lm: af1.LoadedModel, n: int = 40) -> dict[str, Any]:
     found = af1.run("search", held, task, threshold=0.9)  # stops every cell once its part in the rule is decided
     judged = found.judged
     return {
-        "base_accuracy": [base.base_accuracy, base.base_accuracy_ci],
-        "base_accuracy_baseline": base.base_accuracy_baseline,
+        "base_accuracy": [base.base_accuracy["value"], base.base_accuracy["ci"]],
+        "base_accuracy_baseline": base.base_accuracy["baseline"],
         "n": base.n,
         "n_solved": base.n_solved,
         "config": [run.wait, run.transfer],

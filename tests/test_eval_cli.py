@@ -57,12 +57,13 @@ def test_cli_eval_json(capsys, cli_on_smollm2):
     code, out, _ = run_cli(capsys, "eval", "--task", "a+b", "--shots", "3", "--json")
     assert code == 0
     result = json.loads(out)
-    assert result["n"] == 97 and result["scoring"] == "full" and 0 <= result["base_accuracy"] <= 1
+    base = result["base_accuracy"]
+    assert result["n"] == 97 and result["scoring"] == "full" and 0 <= base["value"] <= 1 and base["n"] == 97
     assert result["n_solved"] == sum(p["solved"] for p in result["problems"])
-    low, high = result["base_accuracy_ci"]
-    assert low < result["base_accuracy"] < high
+    low, high = base["ci"]
+    assert low < base["value"] < high
     answers = [p["answer"] for p in result["problems"]]
-    assert result["base_accuracy_baseline"] == max(answers.count(a) for a in set(answers)) / len(answers)
+    assert base["baseline"] == max(answers.count(a) for a in set(answers)) / len(answers)
     row = result["problems"][0]
     assert row["input"].endswith(row["prompt"]) and row["input_ids"] and row["answer_tokens"]
     assert row["predicted_text"] == cli_on_smollm2.tokenizer.decode(row["predicted_tokens"])  # ids read as text
@@ -71,7 +72,7 @@ def test_cli_eval_json(capsys, cli_on_smollm2):
         capsys, "eval", "--task", "a+b", "--digits", "2", "--n", "30", "--scoring", "first", "--json"
     )
     first = json.loads(out)
-    assert code == 0 and first["n"] == 30 and first["base_accuracy_baseline"] == 1.0  # every first token is "1"
+    assert code == 0 and first["n"] == 30 and first["base_accuracy"]["baseline"] == 1.0  # every first token is "1"
     assert "near constant" in err and first["warnings"]
 
 

@@ -216,7 +216,7 @@ def test_the_command_line_shows_each_layout(mixed, tmp_path, monkeypatch, capsys
     code, out, _ = run_cli(capsys, "eval", "--model", "smollm2", "--task-file", str(spec.file), "--out", str(tmp_path))
     assert code == 0 and "per token layout" in out and "constant guess" in out
     result = json.loads((tmp_path / "eval.json").read_text())
-    assert [r["n"] for r in result["base_accuracy_by_layout"]] == [21, 15]
+    assert [r["n"] for r in result["base_accuracy"]["by_layout"]] == [21, 15]
     assert [r["n"] for r in result["task_layout"]["layouts"]] == [21, 15]
     described = result["task_layout"]["spec"]  # a task file's spec names the file, not a built-in task or style
     assert described["file"] == str(spec.file) and not {"operation", "style", "digits"} & set(described)

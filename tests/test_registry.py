@@ -147,7 +147,7 @@ class Toy(base.Experiment):
 
         evaluated = inputs.one(Evaluated)
         assert evaluated is not None
-        return ToyResult(value=options.scale * evaluated.base_accuracy, n=evaluated.n)
+        return ToyResult(value=options.scale * evaluated.base_accuracy["value"], n=evaluated.n)
 
     def tables(self, result: ToyResult) -> list[Tab]:
         return [Tab(["toy value", "n"], [[result.value, result.n]])]  # the report and the terminal both show it
@@ -174,7 +174,7 @@ def test_a_new_experiment_is_one_module_and_one_registry_line(toy, tmp_path, tok
     # the Python API, with what it needs run first
     lm = af1.api.load_model(str(tmp_path / "m"))
     result = af1.api.run("toy", lm, spec, out_dir=tmp_path / "api", scale=2.0)
-    base_accuracy = json.loads((tmp_path / "api" / "eval.json").read_text())["base_accuracy"]
+    base_accuracy = json.loads((tmp_path / "api" / "eval.json").read_text())["base_accuracy"]["value"]
     assert result.value == 2.0 * base_accuracy and result.n == 12
     typed = af1.api.run(ToyResult, lm, spec, scale=2.0)  # named by its Result: the type checker knows `.value`
     assert isinstance(typed, ToyResult) and typed.value == result.value

@@ -215,7 +215,7 @@ def test_local_study_writes_every_unit_and_the_cross_model_report(local_run):
     assert all(c["kind"] == "style_keeps" and c["family"].startswith("styles at L_wait") for c in styles["claims"])
     # with the end of the answer checked it may solve none of them: that row is a one-line error, not a number
     assert verbal and all(
-        r["base_accuracy"] < 0.5 if "base_accuracy" in r else "solves none" in r["error"] for r in verbal
+        r["base_accuracy"]["value"] < 0.5 if "base_accuracy" in r else "solves none" in r["error"] for r in verbal
     ), verbal
 
     every = results(out)  # a result carries the warnings of the results it was built from, once each, shown

@@ -9,7 +9,7 @@ from typing import Any
 
 from af1.experiments import base, costs
 from af1.report.markup import Tab, layout_tab
-from af1.stats import Paired, baseline_warning, mcnemar_exact, with_ci
+from af1.stats import Paired, baseline_warning, mcnemar_exact, rate_text
 from af1.tasks.evaluation import decoder, problem_rows
 from af1.tasks.task import ProblemRow, TaskShape
 
@@ -55,10 +55,7 @@ class Eval(base.Experiment):
             scoring=spec.scoring,
             n=len(task),
             n_solved=r["k"],
-            base_accuracy=r["value"],
-            base_accuracy_ci=r["ci"],
-            base_accuracy_baseline=r["baseline"],
-            base_accuracy_by_layout=r.get("by_layout"),
+            base_accuracy=r,
             mean_p_correct=scores.mean_p_correct,
             warnings=[w for w in (task.sampling_note, task.exclusion_note, task.end_note, note) if w],
             task_layout=task.describe(),
@@ -67,13 +64,23 @@ class Eval(base.Experiment):
 
     def tables(self, result: Result) -> list[Tab]:
         r = result
-        rate = with_ci(r.base_accuracy, r.base_accuracy_ci)
         return [
             Tab(
                 ["task", "style", "shots", "scoring", "n", "solved", "base accuracy [95 % CI]", "constant guess"],
-                [[r.task, r.style, r.shots, r.scoring, r.n, r.n_solved, rate, r.base_accuracy_baseline]],
+                [
+                    [
+                        r.task,
+                        r.style,
+                        r.shots,
+                        r.scoring,
+                        r.n,
+                        r.n_solved,
+                        rate_text(r.base_accuracy),
+                        r.base_accuracy["baseline"],
+                    ]
+                ],
             ),
-            layout_tab("Base accuracy", result.base_accuracy_by_layout, result.task_layout["layouts"]),
+            layout_tab("Base accuracy", result.base_accuracy.get("by_layout"), result.task_layout["layouts"]),
         ]
 
     def section(self, result: Result) -> list[str]:

@@ -183,7 +183,6 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
                 "task": f.task,
                 "n_layers": result.n_layers,
                 "base_accuracy": result.base_accuracy,
-                "base_accuracy_ci": result.base_accuracy_ci,
                 "n_solved": result.n_solved,
                 "threshold": result.threshold,
                 "found": result.found,
@@ -220,7 +219,7 @@ def overview_of(finished: list[base.Finished]) -> tuple[dict[str, Any], list[str
                 r["model"],
                 r["task"],
                 r["n_layers"],
-                with_ci(r["base_accuracy"], r["base_accuracy_ci"]),
+                rate_text(r["base_accuracy"]),
                 r["n_solved"],
                 "chosen" if r["chosen"] else f"best (< {r['threshold']})",
                 r["wait"],
@@ -294,10 +293,7 @@ def verdict(search: Result, description: str | None = None) -> str:
     name = search.model or "model"
     if description:  # a bundled model: which weights exactly (quantisation included)
         name = f"{name} [{', '.join(description.split(', ')[:2])}]"
-    base_text = (
-        f"base accuracy {with_ci(search.base_accuracy, search.base_accuracy_ci)} on {search.n} problems "
-        f"({search.n_solved} solved)"
-    )
+    base_text = f"base accuracy {rate_text(search.base_accuracy)} on {search.n} problems ({search.n_solved} solved)"
     parts = search.judged["confirmation"].get("by_layout") if search.judged else None
     pooled = f"; pooled over token layouts ({layouts_text(parts)})" if parts else ""
     where = f"; the judged cell has it {stages_text(search.stages)}" if search.chosen and search.stages else ""

@@ -14,7 +14,7 @@ from af1.experiments import base, costs
 from af1.experiments.search import config_of, measured_on, searched
 from af1.methods import allforone
 from af1.report.markup import Tab
-from af1.stats import rate_text, with_ci
+from af1.stats import rate_text
 from af1.tasks.builtin import STYLES
 
 
@@ -90,7 +90,7 @@ def row(r: allforone.styles.StyleRow) -> list[Any]:
         r["style"],
         r["operation"],
         r.get("n"),
-        with_ci(r["base_accuracy"], r.get("base_accuracy_ci")) if "base_accuracy" in r else r.get("error", ""),
+        rate_text(r["base_accuracy"]) if "base_accuracy" in r else r.get("error", ""),
         r.get("n_solved"),
         rate_text(r["faithfulness"]) if "faithfulness" in r else "-",
         r["faithfulness"]["baseline"] if "faithfulness" in r else None,

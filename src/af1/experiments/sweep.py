@@ -15,7 +15,7 @@ from af1.interventions.masks import ABPVariant
 from af1.methods import allforone
 from af1.report import interactive
 from af1.report.markup import figure_html
-from af1.stats import with_ci
+from af1.stats import rate_text
 
 
 class Options(base.Options):
@@ -92,7 +92,7 @@ class Sweep(base.Experiment):
         return [
             "<h2>The (L_wait, L_transfer) grid</h2>",
             f"<p>{result.model} on <code>{html.escape(result.task)}</code> ({result.style}): {result.n_solved} "
-            f"solved problems of {result.n} (base accuracy {with_ci(result.base_accuracy, result.base_accuracy_ci)}, "
+            f"solved problems of {result.n} (base accuracy {rate_text(result.base_accuracy)}, "
             f"{result.scoring} answer scored); {result.n_cells} cells, executor {result.executor}. Faithfulness = "
             "accuracy under AF1 on the solved problems; a constant guess scores "
             f"{result.faithfulness_baseline or float('nan'):.3f} on them. Row L_wait -1 is no ablation, but from "

@@ -301,8 +301,8 @@ def inputs_sha256(rows: list[ProblemRow]) -> str:
 
 
 class TaskDescription(Part):
-    """A model evaluated on a task: the model and task, and the base accuracy with its interval and constant guess
-    (each layout's part, for a task of several); every result about one model on one task carries these."""
+    """A model evaluated on a task: the model and task, and the base accuracy (a rate: its interval, n and constant
+    guess, each layout's part for a task of several); every result about one model on one task carries these."""
 
     model: str | None = None
     task: str
@@ -311,10 +311,7 @@ class TaskDescription(Part):
     scoring: str
     n: int
     n_solved: int
-    base_accuracy: float
-    base_accuracy_ci: list[float] | None = None
-    base_accuracy_baseline: float | None = None
-    base_accuracy_by_layout: list[LayoutRate] | None = None  # a task of several token layouts: each one's part
+    base_accuracy: Rate
 
 
 class ProblemInputs(BaseModel):

@@ -30,9 +30,7 @@ class StyleRow(TypedDict):
     error: NotRequired[str]
     n: NotRequired[int]
     n_solved: NotRequired[int]
-    base_accuracy: NotRequired[float]
-    base_accuracy_ci: NotRequired[list[float] | None]
-    base_accuracy_baseline: NotRequired[float | None]
+    base_accuracy: NotRequired[Rate]
     measured_on: NotRequired[str]
     faithfulness: NotRequired[Rate]
     executor: NotRequired[str]
@@ -110,8 +108,6 @@ def styles_table(
                     n=described.n,
                     n_solved=described.n_solved,
                     base_accuracy=described.base_accuracy,
-                    base_accuracy_ci=described.base_accuracy_ci,
-                    base_accuracy_baseline=described.base_accuracy_baseline,
                     measured_on=where,
                     **faith_fields(on, scores),
                     inputs=setup_inputs(setup, **halves).model_dump(),
