@@ -312,9 +312,9 @@ def test_cli_heads_json_on_smollm2(capsys, cli_on_smollm2, tmp_path):
     result = json.loads(out)
     assert result["n_heads"] == 270 and result["key_head_share"] == len(result["key_heads"]) / 270
     ko = result["knockout"]
-    for key in ("k", "accuracy_top_k", "accuracy_random_k_mean", "accuracy_random_k_std", "base_accuracy"):
+    for key in ("k", "accuracy_top_k", "accuracy_random_k_spread", "accuracy_random_k", "base_accuracy"):
         assert key in ko
-    assert ko["k"] == 5 and 0 <= ko["accuracy_top_k"] <= 1
+    assert ko["k"] == 5 and 0 <= ko["accuracy_top_k"]["value"] <= 1 and ko["accuracy_top_k"]["n"] == ko["n"]
     from af1.study.report import build_report
 
     assert 'class="af1-plot"' in build_report(tmp_path).read_text()  # heads.json's figures, in its report

@@ -18,7 +18,7 @@ from af1.experiments.search import searched, searched_config
 from af1.methods import allforone, heads
 from af1.report import interactive
 from af1.report.markup import Tab, figure_html, table_html
-from af1.stats import rate_text, with_ci
+from af1.stats import rate_text
 from af1.tasks.builtin import FILE_STYLE
 from af1.tasks.evaluation import ProblemInputs, solved
 from af1.tasks.spec import TaskSpec
@@ -362,16 +362,16 @@ def consistency_tab(c: heads.consistency.Consistency, confirmed: list[list[int]]
 
 def knockout_tab(ko: heads.knockouts.Knockout) -> Tab:
     """The top heads knocked out against matched random sets, on the confirmation problems."""
-    scored = f"accuracy ({ko['scoring']} answer) on {ko['n']} confirmation problems"
+    scored, top = f"accuracy ({ko['scoring']} answer) on {ko['n']} confirmation problems", ko["accuracy_top_k"]
     random = (
         f"{ko['k']} random heads of the same layers and key/value groups ({len(ko['accuracy_random_k'])} draws: "
         f"mean ± std; {ko['top_rank_among_random']} leave as few right as the top set or fewer)"
     )
     return Tab(
-        ["knockout (mean ablation, leave-one-out)", f"{scored} (constant guess {ko['accuracy_baseline']:.2f})"],
+        ["knockout (mean ablation, leave-one-out)", f"{scored} (constant guess {top['baseline']:.2f})"],
         [
-            [f"top {ko['k']} heads", with_ci(ko["accuracy_top_k"], ko["accuracy_top_k_ci"])],
-            [random, f"{ko['accuracy_random_k_mean']:.3f} ± {ko['accuracy_random_k_std']:.3f}"],
+            [f"top {ko['k']} heads", rate_text(top)],
+            [random, rate_text(ko["accuracy_random_k_spread"])],
             ["none", ko["base_accuracy"]],
         ],
     )

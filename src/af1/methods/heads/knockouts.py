@@ -16,7 +16,7 @@ from af1.methods.heads.ranking import Settings
 from af1.models.adapter import ModelAdapter
 from af1.models.forward import forward_last, suffix_start
 from af1.progress import stage as progress_stage
-from af1.stats import baseline_warning
+from af1.stats import MeanStd, Rate, baseline_warning, mean_std
 from af1.tasks.evaluation import Scores, batches
 from af1.tasks.task import Task
 
@@ -103,7 +103,8 @@ def loo_fallbacks(kept: Task, means: dict[Any, HeadSums]) -> int:
 
 @with_config(ConfigDict(extra="forbid"))
 class Knockout(TypedDict):
-    """The top k heads mean-ablated against random sets of k, on the confirmation part, with intervals."""
+    """The top k heads mean-ablated against random sets of k, on the confirmation part: each set's accuracy a rate
+    (interval, n, constant guess), the random sets' spread over draws."""
 
     k: int
     heads: list[list[int]]
@@ -112,8 +113,7 @@ class Knockout(TypedDict):
     means_without_other_problems: int
     measured_on: str
     n: int
-    accuracy_top_k: float
-    accuracy_top_k_ci: list[float]
+    accuracy_top_k: Rate
     random_drawn_from: str
     random_matched: dict[str, int]  # over all draws: heads matched by layer and key/value group, by layer, nearest
     ablation_size_top: float  # the top set's summed ablation size (`ablation_sizes`)
@@ -121,12 +121,9 @@ class Knockout(TypedDict):
     random_heads: list[list[list[int]]]
     top_rank_among_random: int  # random sets that leave as few problems right as the top set, or fewer
     top_rank_p: float  # (1 + those) / (draws + 1): the top set's rank among the draws, at least 1 / (draws + 1)
-    accuracy_random_k_mean: float
-    accuracy_random_k_std: float
-    accuracy_random_k: list[float]
-    accuracy_random_k_ci: list[list[float]]
-    accuracy_baseline: float
-    base_accuracy: float
+    accuracy_random_k_spread: MeanStd
+    accuracy_random_k: list[Rate]
+    base_accuracy: float  # on the solved problems with nothing knocked out: 1 by construction
 
 
 CONFIRMATION = "the confirmation part of the solved problems"
@@ -171,9 +168,8 @@ def knocked_out(
     rand_sets, matched = matched_draws(adapter, top, range(s.draws), chosen, size_LH)
     with progress_stage(f"knock-outs: top {s.k} and {s.draws} random sets"):
         top_scores, *rand_scores = knockouts(adapter, tested_on, [top, *rand_sets], means)
-    randoms_detail = [r.rate(tested_on) for r in rand_scores]
-    randoms = [r["value"] for r in randoms_detail]
-    rand = torch.tensor(randoms)
+    random_rates = [r.rate(tested_on) for r in rand_scores]
+    randoms = [r["value"] for r in random_rates]
     top_rate = top_scores.rate(tested_on)
     n_heads = adapter.n_layers * adapter.n_heads
     knockout = Knockout(
@@ -186,8 +182,7 @@ def knocked_out(
         means_without_other_problems=loo_fallbacks(tested_on, means),
         measured_on=CONFIRMATION,
         n=len(tested_on),
-        accuracy_top_k=top_rate["value"],
-        accuracy_top_k_ci=top_rate["ci"],
+        accuracy_top_k=top_rate,
         random_drawn_from=f"for each top head, one of the same layer and key/value group (else the same layer, else "
         f"the nearest), among the {n_heads - len(chosen)} heads neither in the top {s.k} nor key heads, from the half "
         "of those nearest it in ablation size (the norm of the change its mean-ablation makes to the last position's "
@@ -198,18 +193,16 @@ def knocked_out(
         random_heads=[[list(h) for h in heads] for heads in rand_sets],
         top_rank_among_random=sum(r <= top_rate["value"] for r in randoms),
         top_rank_p=(1 + sum(r <= top_rate["value"] for r in randoms)) / (s.draws + 1),
-        accuracy_random_k_mean=float(rand.mean()),
-        accuracy_random_k_std=float(rand.std()) if s.draws > 1 else 0.0,
-        accuracy_random_k=randoms,
-        accuracy_random_k_ci=[r["ci"] for r in randoms_detail],
-        accuracy_baseline=top_rate["baseline"],
+        accuracy_random_k_spread=mean_std(randoms),
+        accuracy_random_k=random_rates,
         base_accuracy=1.0,
     )
     return knockout, top_vs_random_claim(top_scores, rand_scores, s.k, CONFIRMATION)
 
 
 def knockout_warning(knockout: Knockout, scoring: str) -> str | None:
-    return baseline_warning(f"the knock-outs ({scoring} answer)", knockout["accuracy_baseline"], knockout["n"])
+    top = knockout["accuracy_top_k"]
+    return baseline_warning(f"the knock-outs ({scoring} answer)", top["baseline"], knockout["n"])
 
 
 def top_vs_random_claim(top: Scores, randoms: list[Scores], k: int, measured_on: str) -> Claim:
