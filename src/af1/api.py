@@ -68,8 +68,9 @@ def run(
     of a one-model, one-task plan, so dependencies resolve as in a study. Its options are `options` (validated) or
     the `given` keywords, validated here once, before any work; they travel as that object to the unit that runs.
     `upstream` gives options of the experiments run first (and adds the ones it reads when present, e.g.
-    {"search": {}} for heads). With out_dir, each one's JSON (with provenance) and figure are written there, and a
-    sweep resumes from there. Returns the result, typed where `name` is the experiment's Result class."""
+    {"search": {}} for heads). With out_dir, each one's JSON (with provenance) is written there (`af1 report` draws
+    its figures), and a sweep resumes from there. Returns the result, typed where `name` is the experiment's Result
+    class."""
     from af1.study.plan import ModelEntry, expand
     from af1.study.units import run_unit
 
