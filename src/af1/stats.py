@@ -156,10 +156,10 @@ def mean_std(values: Sequence[float]) -> MeanStd:
 
 
 def rate_text(rate: Rate | MeanStd) -> str:
-    """A rate as `with_ci` writes it; a mean over draws or seeds as mean ± std (n)."""
+    """A rate as `with_ci` writes it; a mean over draws or seeds as mean ± std over n."""
     if "ci" in rate:
         return with_ci(rate["value"], rate["ci"])
-    return f"{rate['mean']:.3f} ± {rate['std']:.3f} ({rate['n']})"
+    return f"{rate['mean']:.3f} ± {rate['std']:.3f} over {rate['n']}"
 
 
 def with_ci(value: float | str | None, ci: Sequence[float | None] | None = None) -> str:
