@@ -44,15 +44,7 @@ def render() -> str:
     return head + "\n".join(module_list()) + tail
 
 
-def main(argv: list[str]) -> int:
-    text = render()
-    if "--stdout" in argv:
-        sys.stdout.write(text)
-        return 0
-    TARGET.write_text(text, encoding="utf-8")
-    print(f"wrote {TARGET.relative_to(ROOT)}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from gen_reference import emit  # beside this file: the one way a generated page is printed or written
+
+    sys.exit(emit(render(), TARGET, sys.argv[1:]))

@@ -306,15 +306,15 @@ def render() -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def main(argv: list[str]) -> int:
-    text = render()
+def emit(text: str, target: Path, argv: list[str]) -> int:
+    """A generated page: printed with --stdout (what tests/test_docs.py compares), else written to `target`."""
     if "--stdout" in argv:
         sys.stdout.write(text)
         return 0
-    TARGET.write_text(text, encoding="utf-8")
-    print(f"wrote {TARGET.relative_to(ROOT)}")
+    target.write_text(text, encoding="utf-8")
+    print(f"wrote {target.relative_to(ROOT)}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(emit(render(), TARGET, sys.argv[1:]))

@@ -1,1 +1,1 @@
-"""Figures (PNG) and the self-contained HTML report."""
+"""The interactive figures (plotly, each saved as SVG from the page) and the self-contained HTML report."""

@@ -84,7 +84,7 @@ def fmt(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def rate_text(value: Any, ci: Any, n: Any, baseline: Any) -> str:
+def hover_of(value: Any, ci: Any, n: Any, baseline: Any) -> str:
     """A rate as hover text: value [interval], n and the constant guess; a missing part says it is missing."""
     low, high = ci_of(ci)
     rate = with_ci(value, [low, high]) + ("" if low is not None else " [interval not stored]")
@@ -93,15 +93,15 @@ def rate_text(value: Any, ci: Any, n: Any, baseline: Any) -> str:
 
 
 def rate_hover(r: Rate) -> str:
-    """A rate as hover text (`rate_text` of its parts)."""
-    return rate_text(r["value"], r["ci"], r["n"], r["baseline"])
+    """A rate as hover text (`hover_of` its parts)."""
+    return hover_of(r["value"], r["ci"], r["n"], r["baseline"])
 
 
 # --- the (L_wait, L_transfer) grid, the search's frontier and choice -----------------------------------------------
 
 
 def sweep_grid(grid: Grid, setup: SetupDescription, found: Found | None = None) -> str:
-    """Faithfulness over (L_wait rows, L_transfer columns), layer on the y-axis as the PNG draws it; hover gives each
+    """Faithfulness over (L_wait rows, L_transfer columns), the layer on the y-axis; hover gives each
     cell's rate, 95 % interval, n, constant guess and executor; a click lists the cell's problems and whether each is
     right under it. With `found` (a search), its frontier and its chosen (or best) cell on top."""
     faith = clean(grid.faithfulness_wait_transfer)
@@ -117,7 +117,7 @@ def sweep_grid(grid: Grid, setup: SetupDescription, found: Found | None = None) 
             ""
             if faith[r][c] is None
             else f"L_wait {w}, L_transfer {k}<br>"
-            + rate_text(faith[r][c], [low[r][c], high[r][c]], n, baseline)
+            + hover_of(faith[r][c], [low[r][c], high[r][c]], n, baseline)
             + f"<br>executor {html.escape(grid.cell_executors.get(f'{w},{k}', grid.executor))}"
             + ("<br>click: its problems" if grid.cells else "")
             for c, k in enumerate(transfers)
@@ -227,8 +227,8 @@ def cell_hover(cell: Cell, found: Found) -> str:
     judged = found.judged
     if judged is not None and (judged["wait"], judged["transfer"]) == (cell["wait"], cell["transfer"]):
         sel, conf = judged["selection"], judged["confirmation"]
-        text += "<br>selection split: " + rate_text(sel["value"], sel["ci"], sel["n"], sel["baseline"])
-        text += "<br>confirmation split: " + rate_text(conf["value"], conf["ci"], conf["n"], conf["baseline"])
+        text += "<br>selection split: " + rate_hover(sel)
+        text += "<br>confirmation split: " + rate_hover(conf)
     return text
 
 
@@ -624,7 +624,7 @@ def heads_map(result: HeadsStudy) -> str:
             "zmin": -lim,
             "zmax": lim,
             "colorscale": "RdBu",
-            "reversescale": not key_high,  # a key head red either way, as in the PNG
+            "reversescale": not key_high,  # a key head red either way
             "colorbar": {"title": {"text": "share" if key_high else "relative change"}},
             "text": text,
             "hovertemplate": "%{text}<extra></extra>",
@@ -822,11 +822,13 @@ def positional_plot(result: Positional) -> str:
         data.append(
             {"type": "histogram", "x": r, "name": label, "opacity": 0.5, "xbins": bins, "xaxis": "x2", "yaxis": "y2"}
         )
-    for curve, label in (
+    for swapped, label in (
         (result.perplexity_vs_swap, "adjacent tokens swapped"),
         (result.perplexity_vs_position_swap, "position ids swapped"),
     ):
-        data.append(curve_trace(curve, label))
+        x, y = [float(f) for f in swapped], clean(list(swapped.values()))
+        hover = [f"{label}: {fx:g}<br>perplexity {fmt(v)}" for fx, v in zip(x, y, strict=True)]
+        data.append(curve(x, y, None, label, hover, xaxis="x3", yaxis="y3"))
     layout = {
         "barmode": "overlay",
         "height": 400,
@@ -840,20 +842,6 @@ def positional_plot(result: Positional) -> str:
         "legend": {"orientation": "h", "y": -0.22},
     }
     return plot_html(data, layout)
-
-
-def curve_trace(curve: dict[str, float | None], label: str) -> dict[str, Any]:
-    """Perplexity against the fraction swapped, on the third panel."""
-    x = [float(f) for f in curve]
-    return {
-        "type": "scatter",
-        "mode": "lines+markers",
-        "x": x,
-        "y": clean(list(curve.values())),
-        "name": label,
-        "xaxis": "x3",
-        "yaxis": "y3",
-    }
 
 
 # --- probes: what the last token holds, block by block ------------------------------------------------------------
