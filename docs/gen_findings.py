@@ -3,6 +3,7 @@
 
     python docs/gen_findings.py --extract demo results/demo   # refresh docs/data/demo_claims.json from a store
     python docs/gen_findings.py --extract full results/full   # refresh docs/data/full_demo_claims.json
+    python docs/gen_findings.py --extract groups DIR          # refresh docs/data/groups_claims.json
     python docs/gen_findings.py                               # rewrite the blocks in docs/findings.md
     python docs/gen_findings.py --stdout                      # print the blocks instead
 
@@ -28,6 +29,7 @@ TARGET = ROOT / "docs" / "findings.md"
 SOURCES = {
     "demo": (ROOT / "docs" / "data" / "demo_claims.json", "make demo"),
     "full": (ROOT / "docs" / "data" / "full_demo_claims.json", "af1 demo --full"),
+    "groups": (ROOT / "docs" / "data" / "groups_claims.json", "af1 demo --full (its search and groups units)"),
 }
 FINETUNE = ROOT / "docs" / "data" / "finetune_smollm2.json"  # one `af1 finetune` result: its table and claims
 VARIANTS = {"precise": "precise", "random_heads": "matched random heads", "full": "full fine-tuning"}
@@ -47,6 +49,14 @@ def claims_of(experiment: str, result: dict[str, Any]) -> list[dict[str, Any]]:
         return [result["claim"]] if result.get("claim") else []
     if experiment == "transfer":
         return tested(result["rows"])
+    if experiment == "groups":  # each group's own subgraph claim (named by its group), then those that they differ
+        own = [
+            {**x["claim"], "statement": f"{g['by']} = {x['name']}: {x['claim']['statement']}"}
+            for g in result["groupings"]
+            for x in g["groups"]
+            if x["claim"]
+        ]
+        return own + [c for g in result["groupings"] for c in g["claims"]]
     if experiment == "positional":
         return list((result.get("heldout") or {}).get("claims") or [])
     return list(result.get("claims") or [])

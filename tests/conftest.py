@@ -140,6 +140,7 @@ def fitted_tiny_model(
     seed: int = 0,
     plant: Callable[[Any, list[int]], None] | None = None,
     min_hidden: int = 64,
+    fit_under: tuple[tuple[int, int, Callable[[Any], bool] | None], ...] = ((0, 1, None),),
 ):
     """A tiny random model whose unembedding is fitted by least squares to answer the given tasks' problems.
 
@@ -167,7 +168,7 @@ def fitted_tiny_model(
         task = build_task(spec, tokenizer)
         dist = {part.part_key: part for part in distribution_task(spec, tokenizer, task).steps()}
         pairs += [(part, dist[part.part_key]) for part in task.steps()]
-    rows = 2 * sum(len(s) for s, _ in pairs)
+    rows = (1 + len(fit_under)) * sum(len(s) for s, _ in pairs)  # at most
     config.hidden_size = max(config.hidden_size, min_hidden, 64 * -(-rows // 64))  # room for an exact fit
     config.intermediate_size = 2 * config.hidden_size
     torch.manual_seed(seed)
@@ -184,12 +185,16 @@ def fitted_tiny_model(
     means = [compute_means(adapter, dist) for _, dist in pairs]
     captured: list[torch.Tensor] = []
     hook = adapter.final_norm.register_forward_hook(lambda _m, _a, out: captured.append(out[:, -1]))
-    answers = []
+    answers: list[torch.Tensor] = []
     try:
         for (step, _), step_means in zip(pairs, means, strict=True):
             model(input_ids=step.input_ids_PT)
-            reference_logits(adapter, step, AF1Config(wait=0, transfer=1), step_means)
-            answers += [step.answer_ids_P, step.answer_ids_P]
+            answers.append(step.answer_ids_P)
+            for wait, transfer, which in fit_under:
+                on = step if which is None else step.subset([i for i, p in enumerate(step.problems) if which(p)])
+                if len(on):
+                    reference_logits(adapter, on, AF1Config(wait=wait, transfer=transfer), step_means)
+                    answers.append(on.answer_ids_P)
     finally:
         hook.remove()
     hidden = torch.cat(captured)  # [rows, D], after the final norm

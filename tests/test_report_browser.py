@@ -201,3 +201,28 @@ def test_a_result_the_figure_cannot_read_says_why_and_the_section_stands():
     assert (
         figure_html(old_result) == "<p class='note'>No figure (KeyError: &#x27;faithfulness_wait_transfer&#x27;).</p>"
     )
+
+
+def test_the_groups_section_shows_each_grouping_s_staircases_and_claims(browser, tokenizer, tmp_path):
+    """`af1 groups` on the planted two-route model (its search first), as `af1 report` draws it: one figure per
+    grouping with a staircase and a judged cell per group, the groups' table, and the claims with their outcomes;
+    it loads offline with no console error, and a judged cell's hover gives its confirmation rate."""
+    from test_groups import ALL_SUMS, two_route_model
+
+    result = af1.api.run("groups", two_route_model(tokenizer, 0), ALL_SUMS, tmp_path, by=["size", "found"])
+    report = build_report(tmp_path)
+    text = report.read_text()
+    assert "One circuit or several" in text and "Each group's cell (grouped by size)" in text
+    assert "small,small's cell (0, 1) keeps fewer of large,large's problems" in text and "confirmed" in text
+    opened = Opened(browser, report)
+    page = opened.page
+    figures = page.locator("div.af1-plot-area")
+    figures.first.wait_for()
+    drawn = page.evaluate(
+        "() => [...document.querySelectorAll('div.af1-plot-area')].map(g => (g.data || []).map(t => t.name))"
+    )
+    size = next(names for names in drawn if "small,small: staircase" in names)
+    assert {f"{g['name']}: judged cell" for g in result.groupings[0].groups} <= set(size)
+    assert len([names for names in drawn if any(n.endswith(": staircase") for n in names)]) == 2  # size and found
+    assert opened.errors == [] and opened.outside == []
+    page.close()

@@ -25,6 +25,7 @@ BUILTIN = (
     "run",
     "components",
     "necessity",
+    "groups",
     "probes",
     "neurons",
     "alternatives",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from af1.stats import Rate, with_ci
 
 if TYPE_CHECKING:  # the parts the figures read; importing them would load torch before a figure is drawn
+    from af1.methods.allforone.groups import Grouping
     from af1.methods.allforone.necessity import Necessity
     from af1.methods.allforone.prune import Pruning
     from af1.methods.allforone.rounds import Cell
@@ -332,6 +333,63 @@ def search_plot(found: Found, n_layers: int) -> str:
         "legend": {"orientation": "h", "y": -0.2},
         "showlegend": True,
         "shapes": chosen_shape(found),
+    }
+    return plot_html(data, layout)
+
+
+def groups_plot(grouping: Grouping, n_layers: int, whole: list[int] | None) -> str:
+    """Each group's staircase on the (L_transfer, L_wait) axes (per L_wait its first cell reaching the threshold on
+    the group's selection problems) and its judged cell, hovered with its confirmation rate; the whole task's judged
+    cell beside them."""
+    data: list[dict[str, Any]] = []
+    if whole is not None:
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": "the whole task's judged cell",
+                "x": [whole[1]],
+                "y": [whole[0]],
+                "marker": {"size": 20, "symbol": "square-open", "color": "black"},
+                "hovertemplate": "the whole task's judged cell (%{y}, %{x})<extra></extra>",
+            }
+        )
+    for i, group in enumerate(grouping.groups):
+        colour = PALETTE[i % len(PALETTE)]
+        stairs = group["frontier"]
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": f"{group['name']}: staircase",
+                "legendgroup": group["name"],
+                "x": [c["transfer"] for c in stairs],
+                "y": [c["wait"] for c in stairs],
+                "line": {"shape": "hv", "color": colour},
+                "hovertemplate": f"{html.escape(group['name'])}: (%{{y}}, %{{x}})<extra></extra>",
+            }
+        )
+        judged = group["judged"]
+        if judged is not None:
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "name": f"{group['name']}: judged cell" + ("" if group["chosen"] else " (best)"),
+                    "legendgroup": group["name"],
+                    "x": [judged["transfer"]],
+                    "y": [judged["wait"]],
+                    "marker": {"size": 16, "symbol": "star" if group["chosen"] else "x", "color": colour},
+                    "customdata": [rate_hover(judged["confirmation"])],
+                    "hovertemplate": f"{html.escape(group['name'])}<br>%{{customdata}}<extra></extra>",
+                }
+            )
+    layout = {
+        "title": {"text": f"Each group's staircase and judged cell (grouped by {html.escape(grouping.by)})"},
+        "xaxis": {"title": {"text": "L_transfer"}, "range": [-0.5, n_layers + 0.5], "dtick": 1},
+        "yaxis": {"title": {"text": "L_wait"}, "range": [-1.5, n_layers - 0.5], "dtick": 1},
+        "height": min(700, 320 + 14 * n_layers),
+        "legend": {"orientation": "h", "y": -0.25},
     }
     return plot_html(data, layout)
 

@@ -27,8 +27,9 @@ OPERAND_HEADS = {"counterfactual": "a"}  # heads ranked, knocked out and set aga
 FULL_ADDS = (
     "the whole (L_wait, L_transfer) grid, CAMA and ABP alone, alternatives, head pruning, the operator's ranking "
     "beside the operand's, the heads of two other tasks, input styles, probes of the last token, the neurons of the "
-    "compute stage, attribution patching against exact activation patching (path patching by `total`) and the "
-    "position+meaning study"
+    "compute stage, attribution patching against exact activation patching (path patching by `total`), the "
+    "position+meaning study, and the search per group of sums (a carry or none, and groups found from the problems' "
+    "profiles) with claims that their cells differ"
 )
 FOCUSED = (
     "The focused demo: on each model the evaluation and the search (measuring only the cells its rule needs), and "
@@ -69,6 +70,7 @@ def demo_plan(
             neurons=dict(GATED),
             attribution=dict(OPERAND_HEADS),
             positional={},
+            groups={"by": ["carry", "found"]},  # one route or several: sums with a carry against those without
         )
     names: list[str] = []
     entries = []

@@ -27,6 +27,7 @@ class Problem:
     text: str  # few-shot prefix + prompt: what the model reads (after the prepended BOS, if any)
     answer_text: str  # what the tokenizer should emit after `text`
     spans: tuple[tuple[str, int, int], ...] = ()  # a task file's slots: (name, start, end) in the prompt
+    labels: tuple[tuple[str, str], ...] = ()  # a task file's columns: each slot's value, a rows file's group
 
 
 def problem_pool(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
@@ -94,7 +95,8 @@ def file_pool(spec: TaskSpec) -> tuple[list[Problem], list[Problem]]:
 
     def problem(item: Any, text: str) -> Problem:
         values = tuple(v for _, v in item.slots) or ((item.group,) if item.group is not None else ())
-        return Problem(values, item.answer, item.prompt, text, item.answer, item.spans)
+        labels = (*item.slots, *((("group", item.group),) if item.group is not None else ()))
+        return Problem(values, item.answer, item.prompt, text, item.answer, item.spans, labels)
 
     return [problem(e, "") for e in shots], [problem(i, prefix + i.prompt) for i in rest]
 

@@ -6,6 +6,7 @@ from af1.methods.allforone import (
     alternatives,
     components,
     faithfulness,
+    groups,
     necessity,
     prune,
     search,
@@ -14,4 +15,15 @@ from af1.methods.allforone import (
     transfer,
 )
 
-__all__ = ["alternatives", "components", "faithfulness", "necessity", "prune", "search", "styles", "sweep", "transfer"]
+__all__ = [
+    "alternatives",
+    "components",
+    "faithfulness",
+    "groups",
+    "necessity",
+    "prune",
+    "search",
+    "styles",
+    "sweep",
+    "transfer",
+]

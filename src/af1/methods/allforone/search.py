@@ -135,15 +135,18 @@ class Rule:
         threshold: float,
         selection: float,
         seed: int,
+        split: tuple[list[int], list[int]] | None = None,
     ) -> None:
+        """`split`: the (selection, confirmation) rows when not the seeded split of every row (a group's part of
+        the whole task's split)."""
         if not (0 <= threshold <= 1 and 0 < selection < 1):  # search's Options refuse these first, by name
             raise Af1Error(f"threshold {threshold} must be in [0, 1] and selection {selection} in (0, 1)")
         self.targets, self.layouts, self.L = targets, layouts or [0] * len(targets), n_layers
         self.threshold, self.selection, self.seed = threshold, selection, seed
-        self.sel, self.conf = split_indices(len(targets), selection, seed)
+        self.sel, self.conf = split or split_indices(len(targets), selection, seed)
         n = len(self.sel)
         if not n or not self.conf:
-            raise Af1Error(f"{len(targets)} solved problems split at {selection} leave a side empty")
+            raise Af1Error(f"{len(self.sel) + len(self.conf)} solved problems split at {selection} leave a side empty")
         self.baseline = self.rate([True] * n, self.sel)["baseline"]
         self.eligible_from = next((c for c in range(n + 1) if exact_interval(c, n)[0] > self.baseline), n + 1)
         reaching = next((c for c in range(n + 1) if c / n >= threshold), n + 1)
@@ -201,7 +204,7 @@ class Rule:
             claim=claim,
             judged=judged,
             stages=stages,
-            problem_cells_grid=len(self.targets) * sum(self.L - w for w in range(-1, self.L)),
+            problem_cells_grid=(len(self.sel) + len(self.conf)) * sum(self.L - w for w in range(-1, self.L)),
             **fields,  # type: ignore[arg-type]  # the measured fields, named as Found declares them
         )
 
@@ -252,10 +255,19 @@ def decide(rule: Rule, meter: Meter, base: AF1Config, frontier: bool = False) ->
     )
 
 
-def on_grid(grid: GridCells, *, n_layers: int, threshold: float, selection: float, seed: int) -> Found:
-    """The rule read off a complete grid (`af1 sweep`): every cell on every problem. The same choice, judged cell and
-    claim as `search`, which the tests check; the sweep's report shows it beside the grid."""
-    rule = Rule(grid.targets, grid.kept_layouts, n_layers, threshold, selection, seed)
+def on_grid(
+    grid: GridCells,
+    *,
+    n_layers: int,
+    threshold: float,
+    selection: float,
+    seed: int,
+    split: tuple[list[int], list[int]] | None = None,
+) -> Found:
+    """The rule read off a complete grid (`af1 sweep`): every cell on every problem (`split`: a group's rows). The
+    same choice, judged cell and claim as `search`, which the tests check; the sweep's report shows it beside the
+    grid."""
+    rule = Rule(grid.targets, grid.kept_layouts, n_layers, threshold, selection, seed, split)
     bits = {
         cell: unbits(grid.cells[f"{cell[0]},{cell[1]}"])
         for cell in rule.cells()
@@ -284,6 +296,6 @@ def on_grid(grid: GridCells, *, n_layers: int, threshold: float, selection: floa
         frontier=[Cell(wait=w, transfer=k, right=right[w, k], measured=n, stopped="all") for w, k in staircase],
         measured=summaries,
         exhaustive=True,
-        problem_cells=sum(len(b) for b in grid.cells.values()),
+        problem_cells=(len(rule.sel) + len(rule.conf)) * len(grid.cells),
         executor="grid",
     )
