@@ -4,6 +4,7 @@ figure saves as SVG from its one declaration."""
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 import sys
@@ -211,7 +212,7 @@ def test_the_groups_section_shows_each_grouping_s_staircases_and_claims(browser,
 
     result = af1.api.run("groups", two_route_model(tokenizer, 0), ALL_SUMS, tmp_path, by=["size", "found"])
     report = build_report(tmp_path)
-    text = report.read_text()
+    text = html.unescape(report.read_text())
     assert "One circuit or several" in text and "Each group's cell (grouped by size)" in text
     assert "small,small's cell (0, 1) keeps fewer of large,large's problems" in text and "confirmed" in text
     opened = Opened(browser, report)

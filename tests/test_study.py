@@ -787,8 +787,9 @@ def test_demo_is_a_builtin_plan_that_sets_two_models_side_by_side(tiny_dirs, tmp
     assert TaskSpec.model_validate(shown["tasks"][0]) == demo.DEMO_TASK  # the command's defaults are the demo's task
     assert "sweep" not in shown["experiments"] and shown["experiments"]["search"] == demo.DEMO_SEARCH
     full = demo.demo_plan(["smollm2"], TASKS[0], full=True)
-    names = ("sweep", "components", "alternatives", "prune", "styles", "positional")
+    names = ("sweep", "components", "alternatives", "prune", "styles", "positional", "groups")
     assert all(getattr(full.experiments, n) is not None for n in names)
+    assert full.experiments.groups.by == ["carry", "found"]  # sums with a carry against those without, found groups
     assert full.experiments.heads.rank_both and full.about == demo.FULL  # the operator ranked beside the operand
 
 
