@@ -137,8 +137,7 @@ class Rule:
         seed: int,
         split: tuple[list[int], list[int]] | None = None,
     ) -> None:
-        """`split`: the (selection, confirmation) rows when not the seeded split of every row (a group's part of
-        the whole task's split)."""
+        """`split`: the (selection, confirmation) rows when not the seeded split of every row (a group's rows)."""
         if not (0 <= threshold <= 1 and 0 < selection < 1):  # search's Options refuse these first, by name
             raise Af1Error(f"threshold {threshold} must be in [0, 1] and selection {selection} in (0, 1)")
         self.targets, self.layouts, self.L = targets, layouts or [0] * len(targets), n_layers
