@@ -18,7 +18,7 @@ from af1.methods.allforone.search import Rule, decide, on_grid
 from af1.methods.setup import prepare
 from af1.models import LoadedModel, ModelAdapter
 from af1.stats import split_indices
-from af1.tasks.groupings import borrows, carries, labels
+from af1.tasks.groupings import borrows, carries, labels, names
 from af1.tasks.problems import Problem
 from af1.tasks.spec import TaskSpec
 from test_calibration import PLANTED, SCORE, SPEC, plant_heads, planted_model, token_states
@@ -50,6 +50,10 @@ def test_named_groups_label_problems_from_what_they_are():
         labels(spec, problems, "borrow")
     with pytest.raises(Af1Error, match="no grouping 'carry3'"):
         labels(spec, problems, "carry3")
+    assert names(TaskSpec(operation="a-b-c"), []) == ["size", "answer_length"]  # columns neither carry nor borrow
+    assert names(TaskSpec(operation="a-b", digits=2), []) == ["borrow", "size", "answer_length", "borrow1", "borrow2"]
+    below = TaskSpec(operation="a-b", digits=2, allow_negative=True)
+    assert labels(below, [Problem((17, 52), -35, "", "", "-35")], "borrow1") == ["borrow"]  # written -(52 - 17)
 
 
 def fit_orthogonal(block, h: int, states_VD, key_V, away_DJ) -> None:

@@ -1,8 +1,8 @@
 """groups: one circuit or several: the AF1 search per group of problems (carry or none, operand size, found groups).
 
-Each group keeps the search's split and rule: its cell chosen on its selection problems, judged on its confirmation
-problems; claims that the groups' cells and staircases differ are decided on confirmation problems, Holm-corrected
-per grouping."""
+Each group keeps the search's rule: its cell chosen on its own selection half, judged on the rest; claims that the
+groups' cells and staircases differ, and that the whole task's cell keeps them at different rates, are decided on
+confirmation problems, Holm-corrected per grouping."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from af1.methods import allforone
 from af1.methods.allforone.groups import FOUND, MIN_SIDE, PROFILE, Grouping
 from af1.report import interactive
 from af1.report.markup import Tab, claims_html, claims_lines, figure_html
-from af1.stats import rate_text, split_indices
+from af1.stats import Rate, rate_text, split_indices
 from af1.tasks.evaluation import ProblemInputs
 
 # the share of the (L_wait, L_transfer) grid the groups' searches measure on the selection problems, staircases
@@ -29,6 +29,8 @@ GRID_SHARE = 0.5
 class Options(base.Options):
     selection: float = Field(
         default=0.5,
+        gt=0,
+        lt=1,
         description="share of each group's solved problems its search chooses on (split with the search's seed)",
     )
     by: list[str] = Field(
@@ -37,13 +39,6 @@ class Options(base.Options):
         "(clusters of the selection problems' profiles, carried to every problem by their tokens)",
     )
     reference: bool = Field(default=False, description="the hook-based path instead of the fast executor")
-
-    @field_validator("selection")
-    @classmethod
-    def _selection(cls, v: float) -> float:
-        if not 0 < v < 1:
-            raise ValueError(f"selection must be in (0, 1), got {v}")
-        return v
 
     @field_validator("by")
     @classmethod
@@ -147,21 +142,35 @@ def grouping_line(g: Grouping) -> str:
         f"found groups: the selection problems clustered by their profile ({PROFILE}; average linkage of the Hamming "
         f"distance cut at {g.description['cut']}: {g.description['clusters']} clusters), every solved problem then "
         "assigned by a ridge description of what it is (its tokens and named groups), which agrees with the clusters "
-        f"on {rate_text(g.description['agreement'])} of the clustered selection problems (constant guess, every "
-        f"problem in the largest cluster: {g.description['agreement']['baseline']:.3f})"
+        f"on {rate_text(g.description['agreement'])} of the clustered selection problems it was fitted to (in "
+        f"sample; constant guess, every problem in the largest cluster: {g.description['agreement']['baseline']:.3f})"
         if g.by == FOUND and g.description is not None
         else f"named groups: each problem's {g.by}"
     )
     left = "; ".join(f"{name} ({n} solved)" for name, n in g.left_out.items())
     confirmed = sum(c["outcome"] == "confirmed" for c in g.claims)
+    crossed = crossed_pairs(g)
     ends = (
-        f"{confirmed} of {len(g.claims)} claims that the groups differ confirmed"
+        f"{confirmed} of {len(g.claims)} claims that the groups differ confirmed; "
+        + (
+            f"crossed (each group's own cell keeps more of its problems than the other's, both confirmed): {crossed}"
+            if crossed
+            else "no pair is crossed (a one-way claim can mean one cell is weaker for every group)"
+        )
         if g.claims
         else "fewer than two groups were searched: nothing to compare"
         if len(g.groups) < 2
         else "the searched groups judged the same cell: nothing to claim"
     )
     return f"{made}. {len(g.groups)} groups searched{f'; too small to search: {left}' if left else ''}. {ends}."
+
+
+def crossed_pairs(g: Grouping) -> str:
+    """The pairs of groups whose cell claims are confirmed both ways: each group is kept better by its own cell."""
+    done = {c["subject"] for c in g.claims if c["kind"] == "group_cell" and c["outcome"] == "confirmed"}
+    names = [x["name"] for x in g.groups]
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :] if {f"{a} on {b}", f"{b} on {a}"} <= done]
+    return "; ".join(f"{a} and {b}" for a, b in pairs)
 
 
 def grouping_tables(g: Grouping, whole: list[int] | None) -> list[Tab]:
@@ -177,7 +186,7 @@ def grouping_tables(g: Grouping, whole: list[int] | None) -> list[Tab]:
                 cell + ("" if group["chosen"] else " best"),
                 rate_text(judged["confirmation"]) if judged else "-",
                 outcome_text(group["claim"]) if group["claim"] else "-",
-                rate_text(group["whole"]) if group["whole"] else "-",
+                whole_text(group["whole"]),
             ]
         )
     at = "the whole task's cell" if whole is None else f"the whole task's cell ({whole[0]}, {whole[1]})"
@@ -191,6 +200,10 @@ def grouping_tables(g: Grouping, whole: list[int] | None) -> list[Tab]:
             title=f"The confirmation problems {at} gets wrong, by group",
         ),
     ]
+
+
+def whole_text(r: Rate | None) -> str:
+    return "-" if r is None else f"{rate_text(r)}, n {r['n']} (constant guess {r['baseline']:.3f})"
 
 
 def last_lines(inputs: list[str]) -> str:

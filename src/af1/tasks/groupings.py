@@ -48,13 +48,14 @@ def _arithmetic(spec: TaskSpec, by: str) -> Label:
     places, middle = spec.digits, (spec.operand_range.start + spec.operand_range.stop) / 2
     column = by.removeprefix("carry").removeprefix("borrow")
     place = int(column) - 1 if column.isdigit() and 1 <= int(column) <= places else None
-    if by.startswith("carry") and (place is not None or by == "carry") and set(operators) == {"+"}:
+    if by.startswith("carry") and (place is not None or by == "carry") and column_kind(operators) == "carry":
         return lambda p: yes_no(
             "carry", carries(p.operands, places)[slice(place, None if place is None else place + 1)]
         )
-    if by.startswith("borrow") and (place is not None or by == "borrow") and operators == ("-",):
-        return lambda p: yes_no(
-            "borrow", borrows(p.operands[0], p.operands[1], places)[slice(place, None if place is None else place + 1)]
+    if by.startswith("borrow") and (place is not None or by == "borrow") and column_kind(operators) == "borrow":
+        return lambda p: yes_no(  # a - b below zero is written as -(b - a): its columns borrow as b - a does
+            "borrow",
+            borrows(max(p.operands), min(p.operands), places)[slice(place, None if place is None else place + 1)],
         )
     if by == "size":
         return lambda p: ",".join("small" if x < middle else "large" for x in p.operands)
@@ -70,13 +71,14 @@ def names(spec: TaskSpec, problems: list[Problem]) -> list[str]:
     that applies to its operation."""
     if spec.file is not None:
         return [name for name, _ in problems[0].labels] if problems else []
-    every = [*ARITHMETIC, *(f"{n}{i}" for n in ("carry", "borrow") for i in range(1, spec.digits + 1))]
-    operators = set(OPERATIONS[spec.operation].operators)
-    return [
-        n
-        for n in every
-        if not (n.startswith("carry") and operators != {"+"}) and not (n.startswith("borrow") and operators != {"-"})
-    ]
+    kind = column_kind(OPERATIONS[spec.operation].operators)
+    columns = [f"{kind}{i}" for i in range(1, spec.digits + 1)] if kind else []
+    return [n for n in ARITHMETIC if n not in ("carry", "borrow") or n == kind] + columns
+
+
+def column_kind(operators: tuple[str, ...]) -> str | None:
+    """What a column of the operation does: carry (sums alone), borrow (one subtraction), else neither."""
+    return "carry" if set(operators) == {"+"} else "borrow" if operators == ("-",) else None
 
 
 def labeler(spec: TaskSpec, by: str) -> Label:

@@ -7,8 +7,10 @@ label from what each problem is, `af1.tasks.groupings`) or found: the selection 
 (right or wrong at the cells PROFILE reads), then every problem assigned to a cluster by a description of what it is
 (ridge on its one-hot tokens and named groups, fitted on the clustered selection problems), so no confirmation
 problem is grouped by its own outcome. Claims, decided on confirmation problems and corrected together per grouping
-(Holm): "group A's cell keeps fewer of group B's problems than B's own cell", and where the staircases part at a
-wait, "the group that needs more transfer blocks there loses problems at the other's cell"."""
+(Holm): "group A's cell keeps fewer of group B's problems than B's own cell" (both ways confirmed, a crossed pair:
+each group is served by its own cell), where the staircases part at a wait "the group that needs more transfer
+blocks there loses problems at the other's cell", and "the whole task's cell keeps the two groups at different
+rates"."""
 
 from __future__ import annotations
 
@@ -210,8 +212,9 @@ def cell_asks(groups: list[Group], rows: dict[str, list[int]]) -> list[Ask]:
 
 
 def frontier_asks(groups: list[Group], rows: dict[str, list[int]]) -> list[Ask]:
-    """Per wait where two staircases both have a cell and their transfers differ: the group that needs more
-    transfer blocks there loses problems at the other's cell (on its own confirmation problems)."""
+    """Per wait where two staircases both have a cell and their transfers differ: the group whose staircase needs
+    more transfer blocks there loses problems at the other's staircase cell (on its own confirmation problems; that
+    the other group needs no more is what its selection half chose, not tested here)."""
     asks: list[Ask] = []
     for i, a in enumerate(groups):
         for b in groups[i + 1 :]:
@@ -223,7 +226,8 @@ def frontier_asks(groups: list[Group], rows: dict[str, list[int]]) -> list[Ask]:
                 low, high = (a, b) if stairs_a[w] < kb else (b, a)
                 k_low, k_high = sorted((stairs_a[w], kb))
                 statement = (
-                    f"at L_wait {w} {high['name']} needs more transfer blocks than {low['name']} ({k_high} > {k_low})"
+                    f"at L_wait {w} {high['name']}'s problems need more transfer blocks than {low['name']}'s staircase "
+                    f"gives ({k_high}, not {k_low})"
                 )
                 subject = f"L_wait {w}: {high['name']} over {low['name']}"
                 about = About("group_frontier", statement, f"{high['name']}'s confirmation problems", subject)
@@ -255,8 +259,11 @@ def differ_claims(
     groups: list[Group], rows: dict[str, list[int]], meter: Memo, by: str, searched: Searched
 ) -> list[Claim]:
     """The claims that the groups differ (`cell_asks`, `frontier_asks`, `whole_claims`), one Holm family."""
-    claims = []
+    claims, seen = [], set()
     for about, mine, other, conf in [*cell_asks(groups, rows), *frontier_asks(groups, rows)]:
+        if (mine, other, tuple(conf)) in seen:  # a staircase cell that is also a judged cell: tested once
+            continue
+        seen.add((mine, other, tuple(conf)))
         own, theirs = meter.right([(*mine, conf), (*other, conf)])
         claims.append(paired_more(about, own, theirs))
     return adjust([*claims, *whole_claims(groups, rows, meter, searched)], f"groups by {by}")
