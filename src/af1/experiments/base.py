@@ -8,7 +8,7 @@ import html
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.table import Table
@@ -122,6 +122,9 @@ class Inputs:
 def written_by(deps: dict[str, list[Any]], kind: type[R]) -> list[R]:
     """The results among `deps` (by experiment name) of the experiment that writes `kind`."""
     return list(deps.get(EXPERIMENT_OF_RESULT[kind].name) or [])
+
+
+Share = Annotated[float, Field(gt=0, lt=1)]  # a share of the solved problems that chooses (a selection half)
 
 
 class GatedOptions(Options):

@@ -27,16 +27,13 @@ GRID_SHARE = 0.5
 
 
 class Options(base.Options):
-    selection: float = Field(
-        default=0.5,
-        gt=0,
-        lt=1,
-        description="share of each group's solved problems its search chooses on (split with the search's seed)",
+    selection: base.Share = Field(
+        default=0.5, description="share of each group's solved problems its search chooses on (with the search's seed)"
     )
     by: list[str] = Field(
         default_factory=lambda: ["carry", FOUND],
         description="groupings: carry, carryN, borrow, borrowN, size, answer_length, a task file's column, or found "
-        "(clusters of the selection problems' profiles, carried to every problem by their tokens)",
+        "(clusters of the selection problems' profiles, carried to every problem by what it is)",
     )
     reference: bool = Field(default=False, description="the hook-based path instead of the fast executor")
 

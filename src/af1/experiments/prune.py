@@ -21,11 +21,8 @@ from af1.stats import rate_text
 
 
 class Options(base.ConfigOptions):
-    selection: float = Field(
-        default=0.5,
-        gt=0,
-        lt=1,
-        description="share of solved problems pruning ranks on (with --wait; else the search's)",
+    selection: base.Share = Field(
+        default=0.5, description="share of solved problems pruning ranks on (with --wait; else the search's)"
     )
     split_seed: int = Field(default=0, description="seed of the split (with --wait; else the search's)")
     whole_curve: bool = Field(

@@ -30,7 +30,7 @@ SEARCH_SHARE = 0.5
 
 class Options(base.Options):
     threshold: float = Field(default=0.9, description="faithfulness the subgraph must keep")
-    selection: float = Field(default=0.5, description="share of solved problems the search chooses on")
+    selection: base.Share = Field(default=0.5, description="share of solved problems the search chooses on")
     split_seed: int = Field(default=0, description="seed of the selection/confirmation split")
     frontier: bool = Field(
         default=False,
@@ -46,13 +46,6 @@ class Options(base.Options):
     def _threshold(cls, v: float) -> float:
         if not 0 <= v <= 1:
             raise ValueError(f"threshold must be in [0, 1], got {v}")
-        return v
-
-    @field_validator("selection")
-    @classmethod
-    def _selection(cls, v: float) -> float:
-        if not 0 < v < 1:
-            raise ValueError(f"selection must be in (0, 1), got {v}")
         return v
 
 
