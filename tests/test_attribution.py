@@ -115,24 +115,27 @@ def held(tmp_path_factory, tokenizer):
 SPEC = TaskSpec(operation="a+b", shots=1, n=30)
 
 
-def test_the_attribution_experiment_compares_both_rankings_on_the_same_problems(held):
+def test_the_heads_study_checks_attribution_against_exact_patching_on_the_same_problems(held):
     import json
 
     import af1.api
-    from af1.experiments.attribution import Result
+    from af1.experiments.heads import Result
 
     session, root = held
-    result = af1.api.run(Result, session, SPEC, out_dir=root / "out", k=5)
-    a = result.agreement
-    assert a["n"] == result.n_patched == result.n_solved and a["n_ranked"] == 12 and a["k"] == 5
+    result = af1.api.run(Result, session, SPEC, out_dir=root / "out", k=5, draws=2, check_attribution=True)
+    checked = result.attribution
+    assert checked is not None
+    a = checked.agreement
+    assert a["n"] == checked.n_patched == result.n_solved and a["n_ranked"] == 12 and a["k"] == 5
     assert -1 <= a["spearman_ci"][0] <= a["spearman"] <= a["spearman_ci"][1] <= 1
     assert a["spearman"] > 0.5  # a small random model is nearly linear in one head's output
-    assert result.estimate_seconds > 0 and result.exact_seconds > 0
-    written = json.loads((root / "out" / "attribution.json").read_text())
+    assert checked.estimate_seconds > 0 and checked.exact_seconds > 0
+    written = json.loads((root / "out" / "heads.json").read_text())["attribution"]
     from af1.experiments import REGISTRY
 
-    assert 'class="af1-plot"' in "".join(REGISTRY["attribution"].section(result))  # its figure, drawn from the result
-    assert written["exact_layer_head"] == result.exact_layer_head and written["exact_path"] == "total"
+    section = "".join(REGISTRY["heads"].section(result))
+    assert "Attribution patching against exact" in section and section.count('class="af1-plot"') >= 4  # its figure
+    assert written["exact_layer_head"] == checked.exact_layer_head and written["exact_path"] == "total"
 
 
 def test_heads_ranked_by_attribution_are_judged_exactly_on_the_confirmation_part(held):
@@ -163,11 +166,11 @@ def test_heads_ranked_by_attribution_are_judged_exactly_on_the_confirmation_part
 def test_attribution_on_a_family_without_the_attention_interface_is_a_one_line_error(tmp_path, tokenizer):
     import af1.api
     from af1 import Af1Error
-    from af1.experiments.attribution import Result
+    from af1.experiments.heads import Result
 
     tiny_model("gptj").save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")
     held = af1.api.session(af1.api.load_model(str(tmp_path / "m")))
     with pytest.raises(Af1Error, match="path 'total', needs transformers' attention interface"):
-        af1.api.run(Result, held, SPEC, out_dir=tmp_path / "out")
-    assert not (tmp_path / "out" / "attribution.json").exists()  # nothing half-written
+        af1.api.run(Result, held, SPEC, out_dir=tmp_path / "out", check_attribution=True)
+    assert not (tmp_path / "out" / "heads.json").exists()  # nothing half-written

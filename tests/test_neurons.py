@@ -144,12 +144,13 @@ def test_the_neurons_experiment_writes_what_it_measured(planted):
 
 
 def test_attribution_runs_on_a_task_file_with_words_for_answers(planted):
-    from af1.experiments.attribution import Result as Attributed
+    """The heads study's --check-attribution on a task file: its slot is the counterfactual."""
+    from af1.methods.heads.compared import estimate_against_exact
 
-    held, spec, root = planted
-    result = af1.api.run(Attributed, held, spec, out_dir=root / "attribution", k=3)
-    assert result.counterfactual_kind == "slot n" and result.n_patched == 50 == result.agreement["n"]
-    assert result.agreement["n_ranked"] == 12  # 3 layers x 4 heads
+    held, spec, _ = planted
+    checked = estimate_against_exact(held.lm(), held.setup(spec).kept, None, 3, spec.seed)
+    assert checked.counterfactual_kind == "slot n" and checked.n_patched == 50 == checked.agreement["n"]
+    assert checked.agreement["n_ranked"] == 12  # 3 layers x 4 heads
 
 
 def test_eta_squared_is_the_share_the_groups_explain_and_a_pattern_of_the_units_digit_is_tagged_with_it():

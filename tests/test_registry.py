@@ -264,4 +264,4 @@ def test_every_experiment_declares_a_small_run_its_options_accept():
     """The small run each experiment declares (what the tests run it with on a tiny model) is valid options."""
     for name, experiment in REGISTRY.items():
         assert experiment.Options.model_validate(experiment.small).model_dump() is not None, name
-    assert REGISTRY["heads"].small and REGISTRY["neurons"].small and REGISTRY["attribution"].small
+    assert REGISTRY["heads"].small and REGISTRY["neurons"].small and REGISTRY["prune"].small

@@ -32,7 +32,6 @@ BUILTIN = (
     "prune",
     "styles",
     "heads",
-    "attribution",
     "finetune",
     "positional",
     "transfer",

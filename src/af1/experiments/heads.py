@@ -18,7 +18,7 @@ from af1.experiments.search import searched, searched_config
 from af1.methods import allforone, heads
 from af1.report import interactive
 from af1.report.markup import Tab, figure_html, table_html
-from af1.stats import rate_text
+from af1.stats import rate_text, with_ci
 from af1.tasks.builtin import FILE_STYLE
 from af1.tasks.evaluation import ProblemInputs, solved
 from af1.tasks.spec import TaskSpec
@@ -35,7 +35,7 @@ class Options(base.GatedOptions):
         description="how heads are chosen on the selection part: exact path patching by `path`, or attribution "
         "patching (its first-order estimate of 'total': one forward and backward, cheaper the larger the model); "
         "the confirmation part's knock-outs and key-head claims stay exact. An estimate can miss a saturating head "
-        "(SmolLM2's strongest ranks last): `af1 attribution` compares both",
+        "(SmolLM2's strongest ranks last): --check-attribution compares both",
     )
     metric: Literal["share", "relative", "logit_diff"] = Field(
         default="share",
@@ -77,6 +77,12 @@ class Options(base.GatedOptions):
     )
     split_seed: int = Field(default=0, description="seed of that split (without a search; else the search's)")
     compare: list[str] = Field(default_factory=list, description="other TASK or TASK:STYLE to compare key heads with")
+    check_attribution: bool = Field(
+        default=False,
+        description="also rank every head by attribution patching and by exact activation patching (path 'total', "
+        "which it approximates) on every solved problem, and compare: Spearman's rho with its interval, the top-k "
+        "overlap, the time each took",
+    )
 
 
 class Placement(TypedDict):
@@ -93,6 +99,7 @@ class Result(base.Result, heads.study.HeadsStudy):
 
     placement: list[Placement] | None = None
     af1_consistency: heads.consistency.Consistency | None = None
+    attribution: heads.compared.Ranked | None = None  # --check-attribution
     inputs: ProblemInputs | None = None  # clean; sets: solved, confirmation (AF1 rows)
 
 
@@ -126,7 +133,12 @@ class Heads(base.Experiment):
         consistency = 14 * half * t.steps * (L - 1 - max(s.found.wait, 0)) if s.found.transfer else 0
         means = t.n * t.step_tokens() * L
         rows = t.n * t.steps + (draws + 2) * half * t.steps + sum(o.n * o.steps for o in s.others)
-        return patch + compared + knockouts + consistency + means, rows, 0.0
+        checked = 0.0
+        if options.check_attribution:  # the estimate (clean forward and backward, counterfactual forward), then exact
+            solved = s.found.solved
+            checked = 4 * solved * t.step_tokens() * L + costs.patching(s.model, t, solved)
+            rows += solved * t.steps * (2 + s.model.heads)
+        return patch + compared + knockouts + consistency + means + checked, rows, 0.0
 
     def run(self, inputs: base.Inputs, options: Options) -> Result:
         spec = inputs.spec
@@ -135,6 +147,9 @@ class Heads(base.Experiment):
         k = options.k or min(10, n_heads // 4)
         if not 1 <= k <= n_heads // 2:
             raise Af1Error(f"k {k} is out of range: the model has {n_heads} heads, and random-k draws need k others")
+        if options.check_attribution and (reason := lm.adapter.no_attention_interface()) is not None:
+            exact = heads.compared.EXACT
+            raise Af1Error(f"the exact counterpart, path '{exact}', needs transformers' attention interface ({reason})")
         others = compare_specs(spec, options.compare)
         kind = options.counterfactual or (None if spec.file is not None else "a")
         if spec.file is not None and kind not in (None, "operator"):
@@ -166,6 +181,8 @@ class Heads(base.Experiment):
         sel, conf = heads.ranking.problem_split(len(kept), split)  # heads chosen on the first, tested on the second
         sets = {"solved": kept, "selection": kept.subset(sel), "confirmation": kept.subset(conf)}
         result = Result.of(study, inputs=ProblemInputs.of(done.task, done.base, **sets))
+        if options.check_attribution:
+            result.attribution = heads.compared.estimate_against_exact(lm, kept, kind, k, spec.seed)
         if search is not None and config is not None:  # where the top heads sit among the AF1 stages
             stages = config.stages(lm.adapter.n_layers)
             result.placement = [
@@ -319,10 +336,53 @@ class Heads(base.Experiment):
             return interactive.heads_map(result) + interactive.mlp_plot(result) + looks
 
         parts.append(figure_html(figures))
-        return parts
+        return parts + (attribution_section(result.attribution) if result.attribution else [])
 
     def show(self, result: Result) -> list[Table | str]:
-        return [*reading(result), *super().show(result)]
+        checked = [attribution_tab(result.attribution).rich()] if result.attribution else []
+        return [*reading(result), *super().show(result), *checked]
+
+
+def attribution_section(ranked: heads.compared.Ranked) -> list[str]:
+    """--check-attribution: how well the first-order estimate ranks every head against exact activation patching,
+    with the time each took, the heads it misses and both maps."""
+    speed = ranked.exact_seconds / max(ranked.estimate_seconds, 1e-9)
+    return [
+        "<h2>Attribution patching against exact activation patching (path patching by `total`)</h2>",
+        f"<p>Every head's relative change of the correct logit when its output at the last position takes the "
+        f"counterfactual's ({html.escape(ranked.counterfactual_kind)}: {html.escape(ranked.counterfactual)}), "
+        f"on the same {ranked.n_patched} solved problems: estimated to first order (one forward and backward) and "
+        f"measured exactly (path '{ranked.exact_path}': everything downstream recomputes). The estimate took "
+        f"{ranked.estimate_seconds:.1f} s, the exact one {ranked.exact_seconds:.1f} s ({speed:.1f} times as long). "
+        "The interval of rho resamples the problems.</p>",
+        f"<p>{html.escape(strongest(ranked))}</p>",
+        figure_html(lambda: interactive.attribution_plot(ranked)),
+        attribution_tab(ranked).html(),
+    ]
+
+
+def attribution_tab(ranked: heads.compared.Ranked) -> Tab:
+    """The estimate's ranking against the exact one: rho with its interval, the top k shared, the time each took."""
+    a = ranked.agreement
+    rho = with_ci(a["spearman"], a["spearman_ci"])
+    header = ["heads", "problems", "Spearman's rho [95 % CI]", f"top {a['k']} shared", "estimate (s)", "exact (s)"]
+    return Tab(header, [[a["n_ranked"], a["n"], rho, a["top_k_shared"], ranked.estimate_seconds, ranked.exact_seconds]])
+
+
+def strongest(ranked: heads.compared.Ranked, k: int = 3) -> str:
+    """The exact ranking's top k heads with their estimates and ranks by the estimate: where a first-order estimate
+    misses a strong (saturating) head, it shows here."""
+    exact, estimate = (
+        {(layer, h): v for layer, row in enumerate(m) for h, v in enumerate(row) if v is not None}
+        for m in (ranked.exact_layer_head, ranked.estimate_layer_head)
+    )
+    by_estimate = {head: i + 1 for i, head in enumerate(sorted(estimate, key=lambda head: estimate[head]))}
+    parts = [
+        f"{layer}.{h} ({exact[layer, h]:+.4f}; estimated {estimate[layer, h]:+.4f}, rank {by_estimate[layer, h]} of "
+        f"{len(estimate)} by the estimate)"
+        for layer, h in sorted(exact, key=lambda head: exact[head])[:k]
+    ]
+    return f"The {k} heads with the strongest exact effect: " + ", ".join(parts) + "."
 
 
 def heads_text(named: list[list[int]]) -> str:

@@ -65,10 +65,10 @@ def demo_plan(
             alternatives=dict(GATED),
             prune=dict(GATED),
             styles={**GATED, "operations": ["a+b", "a-b"]},
-            heads={**GATED, **OPERAND_HEADS, "compare": ["a-b", "a+b+c"]},  # the operator ranked beside it
+            # the operator ranked beside the operand; the attribution estimate checked against exact patching
+            heads={**GATED, **OPERAND_HEADS, "compare": ["a-b", "a+b+c"], "check_attribution": True},
             probes={},
             neurons=dict(GATED),
-            attribution=dict(OPERAND_HEADS),
             positional={},
             groups={"by": ["carry", "found"]},  # one route or several: sums with a carry against those without
         )
