@@ -30,7 +30,7 @@ def quickstart(lm: af1.LoadedModel, n: int = 40) -> dict[str, Any]:
         "base_accuracy_baseline": base.base_accuracy["baseline"],
         "n": base.n,
         "n_solved": base.n_solved,
-        "config": [run.wait, run.transfer],
+        "config": [run.config.wait, run.config.transfer],
         "stages": run.stages,
         "faithfulness": [run.faithfulness["value"], run.faithfulness["ci"]],
         "faithfulness_baseline": run.faithfulness["baseline"],

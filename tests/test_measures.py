@@ -512,8 +512,9 @@ def test_cli_run_json_and_errors(capsys, cli_on_smollm2, tmp_path):
     )
     assert code == 0
     result = json.loads(out)
-    for key in ("faithfulness", "n_solved", "base_accuracy", "wait", "transfer", "mean_p_correct", "problems"):
+    for key in ("faithfulness", "n_solved", "base_accuracy", "config", "mean_p_correct", "problems"):
         assert key in result
+    assert (result["config"]["wait"], result["config"]["transfer"]) == (15, 6)
     assert result["executor"] == "fast" and result["fallback_reason"] is None
     assert result["stages"]["transfer"] == list(range(16, 22)) and result["scoring"] == "full"
     faith = result["faithfulness"]

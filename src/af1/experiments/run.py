@@ -68,8 +68,8 @@ class Run(base.Experiment):
                 ],
                 [
                     [
-                        r.wait,
-                        r.transfer,
+                        r.config.wait,
+                        r.config.transfer,
                         r.config.ablation,
                         r.config.abp,
                         r.n_solved,
@@ -85,7 +85,7 @@ class Run(base.Experiment):
 
     def section(self, result: Result) -> list[str]:
         return [
-            f"<h2>AF1 at L_wait = {result.wait}, L_transfer = {result.transfer}</h2><p>On {result.n_solved} "
+            f"<h2>AF1 at L_wait = {result.config.wait}, L_transfer = {result.config.transfer}</h2><p>On {result.n_solved} "
             f"problems ({result.measured_on}).</p>",
             *super().section(result),
         ]

@@ -23,11 +23,6 @@ def _label(unit: Unit) -> str:
     return task_label(unit.task) if unit.task is not None else "model"
 
 
-def _typed(unit_id: str, result: dict[str, Any]) -> Any:
-    """A stored result as its experiment's typed result (`Store.done` gives only results that fit)."""
-    return REGISTRY[unit_id.rsplit("/", 1)[1]].Result.model_validate(result)
-
-
 def _state(unit: Unit, record: dict[str, Any], done: bool) -> tuple[str, str | None]:
     """A unit's state in the report, and why where it did not finish: a record of other inputs, or a result this
     af1 cannot read, is stale (the next run of the study runs it again), never shown as done."""
@@ -55,7 +50,7 @@ def collect(store: Store, units: list[Unit]) -> tuple[dict[str, Any], list[str]]
     """The report's data (units, their states and times, each experiment's overview) and its cross-model HTML."""
     records = {u.id: store.record(u) or {} for u in units}
     expected = _estimates(store)
-    done = {u.id: r["result"] for u in units if (r := store.done(u)) is not None and "result" in r}
+    done = {u.id: t for u in units if (t := store.typed(u)) is not None}
     rows = []
     finished: dict[str, list[Finished]] = {}
     for unit in units:
@@ -75,11 +70,11 @@ def collect(store: Store, units: list[Unit]) -> tuple[dict[str, Any], list[str]]
         )
         if unit.id not in done:
             continue
-        result = _typed(unit.id, done[unit.id])
+        result = done[unit.id]
         deps: dict[str, list[Any]] = {}
         for dep in unit.deps:
             if dep in done:
-                deps.setdefault(dep.rsplit("/", 1)[1], []).append(_typed(dep, done[dep]))
+                deps.setdefault(dep.rsplit("/", 1)[1], []).append(done[dep])
         model = (rec.get("provenance") or {}).get("model") or {}
         finished.setdefault(unit.experiment, []).append(
             Finished(unit.model.name or "", _label(unit), result, deps, model.get("description"))
@@ -108,12 +103,11 @@ def unit_sections(store: Store, units: list[Unit]) -> list[str]:
     by_place: dict[str, list[str]] = {}
     warned: dict[str, set[str]] = {}  # a warning a unit inherits is shown once per place, where it first arises
     for unit in units:
-        record = store.done(unit)
-        if record is None or "result" not in record:
+        result = store.typed(unit)
+        if result is None:
             continue
         where = f"{unit.model.name} on {_label(unit) if unit.task is not None else 'its own'}"
         parts = by_place.setdefault(where, [f"<h2>{html.escape(where)}</h2>"])
-        result = _typed(unit.id, record["result"])
         try:
             seen = warned.setdefault(where, set())
             new = [w for w in result.warnings if w not in seen]

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from af1.experiments import REGISTRY
+from af1.experiments.base import Result
 from af1.results import read_json, write_json
 from af1.study.plan import Unit
 
@@ -28,6 +29,7 @@ def now() -> str:
 class Store:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        self._typed: dict[tuple[str, str | None], Result | None] = {}  # (unit, when it finished): read once
 
     def unit_dir(self, unit: Unit) -> Path:
         return self.root / "units" / unit.id
@@ -46,9 +48,23 @@ class Store:
         record = self.record(unit)
         if record is None or record.get("key") != unit.key or record.get("state") not in FINISHED:
             return None
-        if record.get("state") == "done" and not fits(unit.experiment, record.get("result")):
+        if record.get("state") == "done" and self.typed(unit, record) is None:
             return None  # written by an af1 whose result had other fields: run again rather than misread
         return record
+
+    def typed(self, unit: Unit, record: dict[str, Any] | None = None) -> Result | None:
+        """A done unit's result as its experiment's typed result, validated once per record; None where it has none
+        or it does not fit this af1's result (every field declared, each of its type)."""
+        record = self.record(unit) if record is None else record
+        if record is None or record.get("key") != unit.key or record.get("state") != "done":
+            return None
+        at = (unit.id, record.get("finished"))
+        if at not in self._typed:
+            try:
+                self._typed[at] = REGISTRY[unit.experiment].Result.model_validate(record.get("result"))
+            except (ValidationError, KeyError):
+                self._typed[at] = None
+        return self._typed[at]
 
     def ended_since(self, unit: Unit, since: str) -> dict[str, Any] | None:
         """The unit's record if it finished with its current inputs, or failed after `since` (in another runner of
@@ -81,12 +97,3 @@ class Store:
         }
         write_json(self.unit_dir(unit) / "unit.json", record)
         return record
-
-
-def fits(experiment: str, result: Any) -> bool:
-    """Whether a stored result is one this af1's experiment writes (every field declared, each of its type)."""
-    try:
-        REGISTRY[experiment].Result.model_validate(result)
-    except (ValidationError, KeyError):
-        return False
-    return True

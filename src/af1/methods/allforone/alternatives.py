@@ -47,8 +47,7 @@ class Configured(Faithfulness):
 class Alternatives(Part):
     """Every ablation and every ABP variant at one config (`alternatives`), each paired against the configured one."""
 
-    wait: int
-    transfer: int
+    config: AF1Config
     configured: Configured
     ablations: dict[str, Alternative | Resampled]
     abp_variants: dict[str, Alternative]
@@ -112,8 +111,7 @@ def alternatives(
         if v != config.abp:
             differs(f"ABP {v}", scores)
     return Alternatives(
-        wait=config.wait,
-        transfer=config.transfer,
+        config=config,
         configured=Configured(ablation=config.ablation, abp=config.abp, **faith_fields(setup, reference_scores)),
         ablations=ablations,
         abp_variants=variants,

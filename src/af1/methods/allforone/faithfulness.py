@@ -78,8 +78,6 @@ class AtConfig(Part):
     fields these are) with the executor that ran it, the mean probability of the correct answer, and every problem
     with its prediction under AF1."""
 
-    wait: int
-    transfer: int
     config: AF1Config
     stages: dict[str, list[int]]
     faithfulness: Rate
@@ -93,8 +91,6 @@ def run_result(setup: Setup, config: AF1Config, reference: bool = False) -> AtCo
     """One AF1 evaluation with every problem listed."""
     scores = faithfulness(setup, config, reference)
     return AtConfig(
-        wait=config.wait,
-        transfer=config.transfer,
         config=config,
         stages=config.stages(setup.adapter.n_layers),
         **faith_fields(setup, scores),  # with the executor that ran it

@@ -43,8 +43,7 @@ class Pruning(Part):
     """Transfer-layer heads kept from peeking one at a time (`prune_heads`): the order, the curves on the selection
     split (faithfulness a rate, the unpruned config first), the set before the first drop, and its confirmation."""
 
-    wait: int
-    transfer: int
+    config: AF1Config
     n_transfer_heads: int
     measure: str
     curve: str
@@ -95,8 +94,7 @@ def prune_heads(
     pruned = config.model_copy(update={"pruned_heads": order[:n_pruned]})
     conf_full, conf_pruned = faithfulness(on_conf, config), faithfulness(on_conf, pruned)
     return Pruning(
-        wait=config.wait,
-        transfer=config.transfer,
+        config=config,
         n_transfer_heads=len(heads),
         measure="mean log-probability of the correct answer, summed over its steps, float64 (selection split), "
         "re-ranked after every removal",

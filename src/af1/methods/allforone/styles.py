@@ -41,8 +41,7 @@ class StyleRow(TypedDict):
 class StylesTable(Part):
     """The Table-4 analogue (`styles_table`): one row per style and operation at one config."""
 
-    wait: int
-    transfer: int
+    config: AF1Config
     scoring: str
     rows: list[StyleRow]
     threshold: float
@@ -114,8 +113,7 @@ def styles_table(
                 )
             )
     return StylesTable(
-        wait=config.wait,
-        transfer=config.transfer,
+        config=config,
         scoring=base_spec.scoring,
         rows=rows,
         threshold=threshold,
