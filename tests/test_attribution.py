@@ -122,7 +122,7 @@ def test_the_heads_study_checks_attribution_against_exact_patching_on_the_same_p
     from af1.experiments.heads import Result
 
     session, root = held
-    result = af1.api.run(Result, session, SPEC, out_dir=root / "out", k=5, draws=2, check_attribution=True)
+    result = af1.api.run(Result, session, SPEC, out_dir=root / "out", k=5, draws=2, attribution=True)
     checked = result.attribution
     assert checked is not None
     a = checked.agreement
@@ -172,5 +172,5 @@ def test_attribution_on_a_family_without_the_attention_interface_is_a_one_line_e
     tokenizer.save_pretrained(tmp_path / "m")
     held = af1.api.session(af1.api.load_model(str(tmp_path / "m")))
     with pytest.raises(Af1Error, match="path 'total', needs transformers' attention interface"):
-        af1.api.run(Result, held, SPEC, out_dir=tmp_path / "out", check_attribution=True)
+        af1.api.run(Result, held, SPEC, out_dir=tmp_path / "out", attribution=True)
     assert not (tmp_path / "out" / "heads.json").exists()  # nothing half-written

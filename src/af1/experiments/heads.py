@@ -35,7 +35,7 @@ class Options(base.GatedOptions):
         description="how heads are chosen on the selection part: exact path patching by `path`, or attribution "
         "patching (its first-order estimate of 'total': one forward and backward, cheaper the larger the model); "
         "the confirmation part's knock-outs and key-head claims stay exact. An estimate can miss a saturating head "
-        "(SmolLM2's strongest ranks last): --check-attribution compares both",
+        "(SmolLM2's strongest ranks last): --attribution compares both",
     )
     metric: Literal["share", "relative", "logit_diff"] = Field(
         default="share",
@@ -77,7 +77,7 @@ class Options(base.GatedOptions):
     )
     split_seed: int = Field(default=0, description="seed of that split (without a search; else the search's)")
     compare: list[str] = Field(default_factory=list, description="other TASK or TASK:STYLE to compare key heads with")
-    check_attribution: bool = Field(
+    attribution: bool = Field(
         default=False,
         description="also rank every head by attribution patching and by exact activation patching (path 'total', "
         "which it approximates) on every solved problem, and compare: Spearman's rho with its interval, the top-k "
@@ -99,7 +99,7 @@ class Result(base.Result, heads.study.HeadsStudy):
 
     placement: list[Placement] | None = None
     af1_consistency: heads.consistency.Consistency | None = None
-    attribution: heads.compared.Ranked | None = None  # --check-attribution
+    attribution: heads.compared.Ranked | None = None  # --attribution
     inputs: ProblemInputs | None = None  # clean; sets: solved, confirmation (AF1 rows)
 
 
@@ -134,7 +134,7 @@ class Heads(base.Experiment):
         means = t.n * t.step_tokens() * L
         rows = t.n * t.steps + (draws + 2) * half * t.steps + sum(o.n * o.steps for o in s.others)
         checked = 0.0
-        if options.check_attribution:  # the estimate (clean forward and backward, counterfactual forward), then exact
+        if options.attribution:  # the estimate (clean forward and backward, counterfactual forward), then exact
             solved = s.found.solved
             checked = 4 * solved * t.step_tokens() * L + costs.patching(s.model, t, solved)
             rows += solved * t.steps * (2 + s.model.heads)
@@ -147,7 +147,7 @@ class Heads(base.Experiment):
         k = options.k or min(10, n_heads // 4)
         if not 1 <= k <= n_heads // 2:
             raise Af1Error(f"k {k} is out of range: the model has {n_heads} heads, and random-k draws need k others")
-        if options.check_attribution and (reason := lm.adapter.no_attention_interface()) is not None:
+        if options.attribution and (reason := lm.adapter.no_attention_interface()) is not None:
             exact = heads.compared.EXACT
             raise Af1Error(f"the exact counterpart, path '{exact}', needs transformers' attention interface ({reason})")
         others = compare_specs(spec, options.compare)
@@ -181,7 +181,7 @@ class Heads(base.Experiment):
         sel, conf = heads.ranking.problem_split(len(kept), split)  # heads chosen on the first, tested on the second
         sets = {"solved": kept, "selection": kept.subset(sel), "confirmation": kept.subset(conf)}
         result = Result.of(study, inputs=ProblemInputs.of(done.task, done.base, **sets))
-        if options.check_attribution:
+        if options.attribution:
             result.attribution = heads.compared.estimate_against_exact(lm, kept, kind, k, spec.seed)
         if search is not None and config is not None:  # where the top heads sit among the AF1 stages
             stages = config.stages(lm.adapter.n_layers)
@@ -344,7 +344,7 @@ class Heads(base.Experiment):
 
 
 def attribution_section(ranked: heads.compared.Ranked) -> list[str]:
-    """--check-attribution: how well the first-order estimate ranks every head against exact activation patching,
+    """--attribution: how well the first-order estimate ranks every head against exact activation patching,
     with the time each took, the heads it misses and both maps."""
     speed = ranked.exact_seconds / max(ranked.estimate_seconds, 1e-9)
     return [

@@ -66,7 +66,7 @@ def demo_plan(
             prune=dict(GATED),
             styles={**GATED, "operations": ["a+b", "a-b"]},
             # the operator ranked beside the operand; the attribution estimate checked against exact patching
-            heads={**GATED, **OPERAND_HEADS, "compare": ["a-b", "a+b+c"], "check_attribution": True},
+            heads={**GATED, **OPERAND_HEADS, "compare": ["a-b", "a+b+c"], "attribution": True},
             probes={},
             neurons=dict(GATED),
             positional={},
