@@ -2,7 +2,7 @@
 value at the last position times the gradient of what is scored there, from one forward and backward of the clean
 prompts and one forward of the counterfactual ones (Nanda 2023; Syed et al. 2023). Its exact counterpart is path
 patching's 'total' (activation patching at the last position: everything downstream recomputes, as the gradient
-sees it); `af1 attribution` measures both on the same problems and `agreement` says how well the estimate ranks.
+sees it); `af1 heads --attribution` measures both on the same problems and `agreement` says how well it ranks.
 
 Shapes (af1.shapes): P problems, B a batch, L layers, H heads, d head dimension, E heads x d, D width."""
 
