@@ -857,8 +857,7 @@ def test_the_af1_consistency_rows_survive_a_json_round_trip():
         "mcnemar_vs_all": None,
     }
     c = {
-        "wait": 3,
-        "transfer": 1,
+        "config": {"wait": 3, "transfer": 1},
         "transfer_layers": [3],
         "n_transfer_heads": 4,
         "key_heads_in_transfer_layers": [],

@@ -87,7 +87,8 @@ class Probes(base.Experiment):
         return [Tab([*headers, "under AF1", "with no transfer layers (control)", "most common label"], rows)]
 
     def section(self, result: Result) -> list[str]:
-        config = f"L_wait {result.wait}, L_transfer {result.transfer}" if result.wait is not None else None
+        c = result.config
+        config = f"L_wait {c.wait}, L_transfer {c.transfer}" if c is not None else None
         return [
             "<h2>What the last token holds, block by block</h2>",
             f"<p>Ridge probes of the last prompt token's state after every block, on {result.n_probed} problems "
@@ -122,10 +123,10 @@ def reading(result: Result) -> list[str]:
     """Each operand after the last transfer block and the computed target (`probes.computed_target`) after the last
     block, under AF1 beside its control with no transfer layers (Fourier probe); and what the CAMA block holds.
     Numbers only: the claims decide."""
-    if result.wait is None or result.transfer is None:
+    if result.config is None:
         return []
     last = len(result.unmodified[0]["accuracy"]) - 1 if result.unmodified else 0
-    after = min(result.wait + result.transfer, last)
+    after = min(result.config.wait + result.config.transfer, last)
     computed = probes.computed_target(result.targets)
     fourier = probes.KINDS[0]
     under = {c["target"]: c for c in result.under_af1 if c["kind"] == fourier}
@@ -147,7 +148,7 @@ def reading(result: Result) -> list[str]:
     if result.means_from["leave_one_out"].startswith("each"):  # the probed problems are inside the means
         n = result.means_from["n_problems"]
         lines.append(
-            f"At the CAMA block ({result.wait}) each probed problem's state is the mean of the other {n - 1} problems' "
+            f"At the CAMA block ({result.config.wait}) each probed problem's state is the mean of the other {n - 1} problems' "
             f"there, (sum - own) / {n - 1}: an affine function of its own, so a standardizing probe reads what the "
             "unmodified block holds. That trace stays in the residual stream; the control keeps it and drops the "
             "transfer layers."

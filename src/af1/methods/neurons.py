@@ -59,8 +59,7 @@ class Neurons(Part):
     alone and with the top k neurons mean-ablated beside `draws` random sets of k from the same layers (k in
     `sizes`), how many it takes to lose half of the faithfulness, and the claims."""
 
-    wait: int
-    transfer: int
+    config: AF1Config
     compute_layers: list[int]
     neurons_per_layer: int
     attribution: str
@@ -268,8 +267,7 @@ def study(
     missing = sum(len(s.kept) for s in confirmation.steps if s.kept.part_key not in means)
     full_and_guess = (full["value"], full["baseline"])
     return Neurons(
-        wait=config.wait,
-        transfer=config.transfer,
+        config=config,
         compute_layers=layers,
         neurons_per_layer=width,
         attribution=ATTRIBUTION,

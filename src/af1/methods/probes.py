@@ -56,8 +56,7 @@ class Probes(Part):
     unmodified: list[Curve]
     under_af1: list[Curve] = []
     no_transfer: list[Curve] = []  # the same CAMA with no transfer layers: what its leave-one-out trace alone holds
-    wait: int | None = None
-    transfer: int | None = None
+    config: AF1Config | None = None
     claims: list[Claim] = []
 
 
@@ -316,5 +315,5 @@ def probes(setup: Setup, config: AF1Config | None, *, folds: int, seed: int, mea
         alone = config.model_copy(update={"transfer": 0})
         control, control_right = curves(last_token_states(setup, alone), targets, folds, seed, PERIODS, clean_PLD)
     claims = stage_claims(list(targets), right, control_right, config, measured_on)
-    update = {"under_af1": under, "no_transfer": control, "wait": config.wait, "transfer": config.transfer}
+    update = {"under_af1": under, "no_transfer": control, "config": config}
     return found.model_copy(update={**update, "claims": claims})

@@ -966,8 +966,8 @@ def probes_plot(result: Probes) -> str:
         "shapes": shapes,
         "height": 420,
     }
-    if two:
-        af1 = f"after block (under AF1: L_wait {result.wait}, L_transfer {result.transfer})"
+    if two and result.config is not None:
+        af1 = f"after block (under AF1: L_wait {result.config.wait}, L_transfer {result.config.transfer})"
         layout["xaxis2"] = {"title": {"text": af1}, "domain": [0.53, 1], "anchor": "y2"}
         layout["yaxis2"] = {"range": [-0.02, 1.02], "anchor": "x2"}
     return plot_html(data, layout)
@@ -975,10 +975,10 @@ def probes_plot(result: Probes) -> str:
 
 def stage_shapes(result: Probes, x_axes: list[str]) -> list[dict[str, Any]]:
     """AF1's wait, transfer and compute blocks shaded on each of the panels' x axes (none without a config)."""
-    if result.wait is None or result.transfer is None:
+    if result.config is None:
         return []
     n_layers = len(result.unmodified[0]["accuracy"]) if result.unmodified else 0
-    w, t = result.wait, result.transfer
+    w, t = result.config.wait, result.config.transfer
     spans = {"wait": (-0.5, w + 0.5), "transfer": (w + 0.5, w + t + 0.5), "compute": (w + t + 0.5, n_layers - 0.5)}
     return [
         {

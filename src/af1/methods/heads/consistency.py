@@ -45,8 +45,7 @@ class Consistency(TypedDict):
     """The key heads against AF1 (`consistency`): the search's config, its transfer layers' heads and the
     faithfulness of each way of letting only some of them peek."""
 
-    wait: int
-    transfer: int
+    config: AF1Config
     transfer_layers: list[int]
     n_transfer_heads: int
     key_heads_in_transfer_layers: list[list[int]]
@@ -121,8 +120,7 @@ def consistency(on: Setup, config: AF1Config, chosen: Chosen) -> Consistency:
         rows.insert(3, random_row)
         claims.append(claim)
     return Consistency(
-        wait=config.wait,
-        transfer=config.transfer,
+        config=config,
         transfer_layers=config.peek_layers(),
         n_transfer_heads=len(transfer_heads),
         key_heads_in_transfer_layers=sorted([list(h) for h in keys if h in set(transfer_heads)]),
