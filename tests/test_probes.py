@@ -112,7 +112,7 @@ def test_under_af1_the_cama_block_keeps_only_the_leave_one_out_trace_of_each_pro
     ratio = float(under.std(0).norm() / plain.std(0).norm())
     assert abs(ratio - 1 / (n_means - 1)) < 0.2 / (n_means - 1)
     assert torch.equal(probes.last_token_states(setup, None), probes.last_token_states(setup, None))  # no state kept
-    assert result.n_probed == 40 and result.config is not None and (result.config.wait, result.config.transfer) == (1, 1)
+    assert result.n_probed == 40 and result.config is not None and result.config.cell == "L_wait 1, L_transfer 1"
     kinds = [c["kind"] for c in result.claims]
     assert kinds == 2 * ["probe_transferred", "probe_transferred", "probe_transferred", "probe_computed"]  # each probe
     assert [c["target"] for c in result.no_transfer] == [c["target"] for c in result.under_af1]  # the control

@@ -80,7 +80,7 @@ class Alternatives(base.Experiment):
     def section(self, result: Result) -> list[str]:
         family = result.claims[0]["family"] if result.claims else ""
         return [
-            f"<h2>Alternatives at L_wait = {result.config.wait}, L_transfer = {result.config.transfer}</h2>"
+            f"<h2>Alternatives at {result.config.cell}</h2>"
             f"<p>On {result.n_solved} problems ({result.measured_on}); each alternative is paired against the "
             f"configured intervention on the same problems, the tests adjusted together ({html.escape(str(family))})."
             "</p>",

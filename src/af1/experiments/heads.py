@@ -401,7 +401,7 @@ def consistency_tab(c: heads.consistency.Consistency, confirmed: list[list[int]]
     """Faithfulness with the transfer layers' heads peeking or not: the key heads, all, none, random matched sets."""
     chosen = c["key_heads_in_transfer_layers"]
     title = (
-        f"Against AF1 (L_wait {c['config'].wait}, L_transfer {c['config'].transfer}; transfer layers {c['transfer_layers']}, "
+        f"Against AF1 ({c['config'].cell}; transfer layers {c['transfer_layers']}, "
         f"{c['n_transfer_heads']} heads, of which {len(chosen)} chosen as key heads on the selection half, "
         f"{sum(h in confirmed for h in chosen)} of them confirmed on the other): faithfulness on {c['n']} problems "
         f"({c['measured_on']}) when in the transfer layers"

@@ -90,7 +90,7 @@ class Neurons(base.Experiment):
     def section(self, result: Result) -> list[str]:
         return [
             "<h2>Neurons of the compute stage</h2>",
-            f"<p>Under AF1 at L_wait {result.config.wait}, L_transfer {result.config.transfer}, the last token computes alone in "
+            f"<p>Under AF1 at {result.config.cell}, the last token computes alone in "
             f"layers {', '.join(map(str, result.compute_layers))} ({result.neurons_per_layer} neurons each). Ranked "
             f"on {result.n_selection} problems of the selection part by attribution: {html.escape(result.attribution)}"
             f". Knocked out on {result.n_confirmation} problems ({html.escape(result.measured_on)}) with means "

@@ -87,8 +87,7 @@ class Probes(base.Experiment):
         return [Tab([*headers, "under AF1", "with no transfer layers (control)", "most common label"], rows)]
 
     def section(self, result: Result) -> list[str]:
-        c = result.config
-        config = f"L_wait {c.wait}, L_transfer {c.transfer}" if c is not None else None
+        config = result.config.cell if result.config is not None else None
         return [
             "<h2>What the last token holds, block by block</h2>",
             f"<p>Ridge probes of the last prompt token's state after every block, on {result.n_probed} problems "
@@ -148,9 +147,9 @@ def reading(result: Result) -> list[str]:
     if result.means_from["leave_one_out"].startswith("each"):  # the probed problems are inside the means
         n = result.means_from["n_problems"]
         lines.append(
-            f"At the CAMA block ({result.config.wait}) each probed problem's state is the mean of the other {n - 1} problems' "
-            f"there, (sum - own) / {n - 1}: an affine function of its own, so a standardizing probe reads what the "
-            "unmodified block holds. That trace stays in the residual stream; the control keeps it and drops the "
-            "transfer layers."
+            f"At the CAMA block ({result.config.wait}) each probed problem's state is the mean of the other {n - 1} "
+            f"problems' there, (sum - own) / {n - 1}: an affine function of its own, so a standardizing probe reads "
+            "what the unmodified block holds. That trace stays in the residual stream; the control keeps it and drops "
+            "the transfer layers."
         )
     return lines

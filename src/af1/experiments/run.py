@@ -85,7 +85,6 @@ class Run(base.Experiment):
 
     def section(self, result: Result) -> list[str]:
         return [
-            f"<h2>AF1 at L_wait = {result.config.wait}, L_transfer = {result.config.transfer}</h2><p>On {result.n_solved} "
-            f"problems ({result.measured_on}).</p>",
+            f"<h2>AF1 at {result.config.cell}</h2><p>On {result.n_solved} problems ({result.measured_on}).</p>",
             *super().section(result),
         ]

@@ -79,7 +79,7 @@ class Styles(base.Experiment):
 
     def section(self, result: Result) -> list[str]:
         return [
-            f"<h2>Input styles (Table 4) at L_wait = {result.config.wait}, L_transfer = {result.config.transfer}</h2>",
+            f"<h2>Input styles (Table 4) at {result.config.cell}</h2>",
             *super().section(result),
         ]
 

@@ -47,6 +47,11 @@ class AF1Config(BaseModel):
         return self.wait >= 0 and self.ablation in ("cama", "mean")
 
     @property
+    def cell(self) -> str:
+        """Its place in the grid, as every text names it."""
+        return f"L_wait {self.wait}, L_transfer {self.transfer}"
+
+    @property
     def first_peek(self) -> int:
         return self.wait + 1 if self.transfer_start is None else self.transfer_start
 

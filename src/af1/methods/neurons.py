@@ -231,7 +231,7 @@ def study(
     adapter = selection.adapter
     layers = compute_layers(config, adapter.n_layers)
     if not layers:
-        raise Af1Error(f"AF1 at L_wait {config.wait}, L_transfer {config.transfer} leaves no compute layer")
+        raise Af1Error(f"AF1 at {config.cell} leaves no compute layer")
     width = adapter.n_neurons
     sizes = [k for k in SIZES if k <= min(largest, len(layers) * width // 2)]
     estimate_PLI, means = attribution_and_means(selection, config, layers)

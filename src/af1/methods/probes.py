@@ -265,7 +265,7 @@ def stage_claims(
     share a training fold share its probe, so their outcomes are not independent: the p-values are approximate."""
     last = next(iter(right.values())).shape[1] - 1
     after = max(config.peek_layers(), default=config.wait)
-    where = f"under AF1 (L_wait {config.wait}, L_transfer {config.transfer}), {measured_on}"
+    where = f"under AF1 ({config.cell}), {measured_on}"
     result = computed_target(targets)
     claims = []
     for kind in KINDS:

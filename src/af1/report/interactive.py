@@ -967,7 +967,7 @@ def probes_plot(result: Probes) -> str:
         "height": 420,
     }
     if two and result.config is not None:
-        af1 = f"after block (under AF1: L_wait {result.config.wait}, L_transfer {result.config.transfer})"
+        af1 = f"after block (under AF1: {result.config.cell})"
         layout["xaxis2"] = {"title": {"text": af1}, "domain": [0.53, 1], "anchor": "y2"}
         layout["yaxis2"] = {"range": [-0.02, 1.02], "anchor": "x2"}
     return plot_html(data, layout)

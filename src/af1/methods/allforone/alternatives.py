@@ -115,5 +115,5 @@ def alternatives(
         configured=Configured(ablation=config.ablation, abp=config.abp, **faith_fields(setup, reference_scores)),
         ablations=ablations,
         abp_variants=variants,
-        claims=adjust(claims, f"alternatives at L_wait {config.wait}, L_transfer {config.transfer}"),
+        claims=adjust(claims, f"alternatives at {config.cell}"),
     )

@@ -90,8 +90,7 @@ def styles_table(
                     rate_above(
                         About(
                             "style_keeps",
-                            f"at L_wait {config.wait}, L_transfer {config.transfer} the last token still answers at "
-                            f"least {threshold} of {style} {op}",
+                            f"at {config.cell} the last token still answers at least {threshold} of {style} {op}",
                             f"{where} ({len(on.kept)})",
                             f"{style} {op}",
                             constant_baseline(on.kept.targets(), on.kept.layout_P.tolist()),
@@ -117,7 +116,7 @@ def styles_table(
         scoring=base_spec.scoring,
         rows=rows,
         threshold=threshold,
-        claims=adjust(claims, f"styles at L_wait {config.wait}, L_transfer {config.transfer}"),
+        claims=adjust(claims, f"styles at {config.cell}"),
     )
 
 

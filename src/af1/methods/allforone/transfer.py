@@ -94,8 +94,7 @@ def transfer_config(
             out["vs_own"] = paired_differs(
                 About(
                     "transfer",
-                    f"the config mapped here (L_wait {to.wait}, L_transfer {to.transfer}) differs in faithfulness "
-                    f"from this model's own (L_wait {own.wait}, L_transfer {own.transfer})",
+                    f"the config mapped here ({to.cell}) differs in faithfulness from this model's own ({own.cell})",
                     f"{len(setup.kept)} solved problems",
                 ),
                 scores.correct_P.tolist(),
