@@ -564,14 +564,17 @@ def test_cli_refuses_a_model_that_solves_nothing(capsys, tmp_path, tokenizer):
     assert not (tmp_path / "o").exists()
 
 
-def test_a_means_file_holds_every_answer_step_and_is_refused_where_it_does_not_fit(tiny_setup, tmp_path):
-    """--means FILE with full scoring: written once with every step and layout, read back to the same means, the
-    same faithfulness; another model's file is one line naming what it lacks."""
+def test_the_means_store_holds_every_answer_step_and_each_model_apart(tiny_setup, tmp_path, monkeypatch):
+    """--means DIR with full scoring: every step written once, read back to the same means and the same
+    faithfulness without computing again; another model's means go beside them under their own keys."""
+    import af1.interventions.means as means_module
+
     lm, spec, task = tiny_setup.lm, tiny_setup.spec, tiny_setup.task
-    path = tmp_path / "means.safetensors"
-    written = make_setup(lm, spec, task, tiny_setup.base, task, means_path=path, cache_means=False)
-    assert path.is_file() and len(written.steps) == 3
-    read = make_setup(lm, spec, task, tiny_setup.base, task, means_path=path, cache_means=False)
+    written = make_setup(lm, spec, task, tiny_setup.base, task, means_dir=tmp_path)
+    assert len(written.steps) == 3 and len(list(tmp_path.glob("*.safetensors"))) == 3
+    computed = lambda adapter, steps, *a: steps and pytest.fail("computed again")  # noqa: E731
+    monkeypatch.setattr(means_module, "compute_step_means", computed)
+    read = make_setup(lm, spec, task, tiny_setup.base, task, means_dir=tmp_path)
     for a, b, c in zip(tiny_setup.steps, written.steps, read.steps, strict=True):
         assert torch.equal(a.means.sums_LTSD, b.means.sums_LTSD) and torch.equal(b.means.sums_LTSD, c.means.sums_LTSD)
         assert torch.equal(a.means.member_hashes, c.means.member_hashes)
@@ -580,10 +583,12 @@ def test_a_means_file_holds_every_answer_step_and_is_refused_where_it_does_not_f
         allforone.faithfulness.faithfulness(read, config).correct_P,
         allforone.faithfulness.faithfulness(tiny_setup, config).correct_P,
     )
+    monkeypatch.undo()
     model = tiny_model("llama", seed=1)
     other = LoadedModel(model, lm.tokenizer, ModelAdapter(model), {})
-    with pytest.raises(Af1Error, match="another model or task layout: of its 3 answer step"):
-        make_setup(other, spec, task, tiny_setup.base, task, means_path=path, cache_means=False)
+    theirs = make_setup(other, spec, task, tiny_setup.base, task, means_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.safetensors"))) == 6
+    assert not torch.equal(theirs.steps[0].means.sums_LTSD, read.steps[0].means.sums_LTSD)
 
 
 def test_run_options_are_validated_once_on_each_path_and_reach_the_unit_as_that_object(

@@ -237,8 +237,8 @@ MeansOpt = Annotated[
     Path | None,
     typer.Option(
         "--means",
-        help="position means file (safetensors): read from it, or, when it does not exist, computed for every "
-        "answer step the task scores and every token layout, and written there",
+        help="folder of CAMA's position means (a safetensors file per model, task layout and answer step): read "
+        "where it holds them, else computed and written there (default: af1's cache); copy it to reuse them elsewhere",
     ),
 ]
 OutDir = Annotated[Path | None, typer.Option("--out", help="directory for results and figures", callback=out_directory)]

@@ -158,7 +158,13 @@ class PositionMeans:
         )
 
     def save(self, path: str | Path) -> Path:
-        return _save_atomic(self.tensors(), {"key": self.key, "format": FORMAT, "meta": json.dumps(self.meta)}, path)
+        """One safetensors file, whole or not at all, whoever else writes there."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(
+            path, save(self.tensors(), metadata={"key": self.key, "format": FORMAT, "meta": json.dumps(self.meta)})
+        )
+        return path
 
     @classmethod
     def load(cls, path: str | Path, expected_key: str | None = None) -> PositionMeans:
@@ -181,45 +187,6 @@ class PositionMeans:
 
 
 TENSORS = ("sums_LTSD", "slot_tokens_TS", "counts_TS", "member_hashes")
-FILE_FORMAT = "steps-v1"  # a means file of several answer steps and layouts (`save_means_file`)
-
-
-def _save_atomic(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, save(tensors, metadata=metadata))  # whole or not at all, whoever else writes there
-    return path
-
-
-def save_means_file(parts: list[PositionMeans], path: str | Path) -> Path:
-    """Several steps' means in one safetensors file (`--means FILE`), each under its key: every answer step and
-    token layout of a task, so that full scoring reads them all from it."""
-    tensors = {f"{i}.{name}": t for i, part in enumerate(parts) for name, t in part.tensors().items()}
-    index = json.dumps([{"key": part.key, "meta": part.meta} for part in parts])
-    return _save_atomic(tensors, {"format": FILE_FORMAT, "parts": index}, path)
-
-
-def load_means_file(path: str | Path) -> dict[str, PositionMeans]:
-    """The means a file holds, by key: a file of several steps (`save_means_file`) or of one (`PositionMeans.save`)."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), "pt") as f:
-            metadata = f.metadata() or {}
-    except Exception as exc:
-        raise Af1Error(f"cannot read means file {path}: {exc}") from exc
-    if metadata.get("format") != FILE_FORMAT:
-        one = PositionMeans.load(path)
-        return {one.key: one}
-    try:
-        tensors = load_file(str(path))
-        parts = json.loads(metadata["parts"])
-        return {
-            part["key"]: PositionMeans.of({n: tensors[f"{i}.{n}"] for n in TENSORS}, part["key"], part["meta"])
-            for i, part in enumerate(parts)
-        }
-    except (KeyError, ValueError, TypeError) as exc:
-        raise Af1Error(f"means file {path} is incomplete or damaged ({type(exc).__name__}: {exc})") from exc
 
 
 def slot_table(input_ids_PT: torch.Tensor) -> torch.Tensor:

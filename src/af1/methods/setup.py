@@ -19,13 +19,8 @@ from af1.interventions.means import (
     PositionMeans,
     cached_step_means,
     compute_step_means,
-    load_means_file,
-    means_key,
-    model_fingerprint,
-    save_means_file,
 )
 from af1.models import LoadedModel, ModelAdapter
-from af1.progress import note
 from af1.stats import (
     baseline_warning,
     constant_baseline,
@@ -212,16 +207,14 @@ def low_count_positions(means: PositionMeans, task: Task) -> ThinMeans:
     )
 
 
-def prepare(
-    lm: LoadedModel, spec: TaskSpec, means_path: str | Path | None = None, done: Evaluated | None = None
-) -> Setup:
+def prepare(lm: LoadedModel, spec: TaskSpec, means_dir: Path | None = None, done: Evaluated | None = None) -> Setup:
     """Build the task, keep the solved problems, and get each step's position means over the task distribution;
     `done` is an evaluation of the same spec already made. Refuses kernels that cannot take masks first."""
     check_maskable(lm.adapter)
     done = evaluated(lm.model, lm.tokenizer, spec, done)
     task, base = done.task, done.base
     require_solved(int(base.correct_P.sum()), spec)
-    return make_setup(lm, spec, task, base, distribution_task(spec, lm.tokenizer, task), means_path)
+    return make_setup(lm, spec, task, base, distribution_task(spec, lm.tokenizer, task), means_dir)
 
 
 def make_setup(
@@ -230,7 +223,7 @@ def make_setup(
     task: Task,
     base: Scores,
     distribution: Task,
-    means_path: str | Path | None = None,
+    means_dir: Path | None = None,
     cache_means: bool = True,
 ) -> Setup:
     """A setup from a task, its base scores and the distribution CAMA averages over: one StepSetup per answer step."""
@@ -244,7 +237,7 @@ def make_setup(
         warning = baseline_warning(what, constant_baseline(on.targets(), on.layout_P.tolist()), len(on))
         if warning:
             warnings.append(warning)
-    all_means = step_means(lm.adapter, distribution, [k.part_key for k in kept_steps], means_path, cache_means)
+    all_means = step_means(lm.adapter, distribution, [k.part_key for k in kept_steps], means_dir, cache_means)
     steps = [StepSetup(lm.adapter, k, all_means[k.part_key], dist_steps[k.part_key]) for k in kept_steps]
     return Setup(lm, spec, task, base, kept, distribution, steps, warnings)
 
@@ -253,43 +246,17 @@ def step_means(
     adapter: ModelAdapter,
     distribution: Task,
     wanted: list[Any],
-    means_path: str | Path | None = None,
+    means_dir: Path | None = None,
     cache: bool = True,
 ) -> dict[Any, PositionMeans]:
     """The position means of the answer steps `wanted` (by `part_key`) over the distribution: each token layout's
-    steps in one pass (`compute_step_means`), from the cache or `means_path` when given."""
-    if means_path is not None:
-        return means_from_file(adapter, distribution, wanted, Path(means_path))
+    steps in one pass (`compute_step_means`), read from the store (`means_dir`, else af1's cache) where it holds
+    them and written there where it does not; `cache` False computes them without the store."""
     out: dict[Any, PositionMeans] = {}
     for group in distribution.groups or [distribution]:
         steps = [s for s in group.steps() if s.part_key in wanted]
-        means = cached_step_means(adapter, steps) if cache else compute_step_means(adapter, steps)
+        means = cached_step_means(adapter, steps, means_dir) if cache else compute_step_means(adapter, steps)
         out.update({s.part_key: m for s, m in zip(steps, means, strict=True)})
-    return out
-
-
-def means_from_file(
-    adapter: ModelAdapter, distribution: Task, wanted: list[Any], path: Path
-) -> dict[Any, PositionMeans]:
-    """`--means FILE`: the wanted steps' means read from FILE, which must hold them for this model and task; a FILE
-    that does not exist yet gets every answer step and layout of the distribution, computed once and written."""
-    groups = distribution.groups or [distribution]
-    if not path.exists():
-        parts = [m for group in groups for m in compute_step_means(adapter, group.steps())]
-        save_means_file(parts, path)
-        note(f"wrote the position means of {len(parts)} answer step(s) and layout(s) to {path}")
-    held = load_means_file(path)
-    fingerprint = model_fingerprint(adapter)
-    out: dict[Any, PositionMeans] = {}
-    for step in (s for group in groups for s in group.steps() if s.part_key in wanted):
-        found = held.get(means_key(adapter, step, fingerprint))
-        if found is None:
-            raise Af1Error(
-                f"means file {path} was computed for another model or task layout: of its {len(held)} answer "
-                f"step(s) none is step {step.step or 0} of this task's {len(step)}-problem layout (give a new path "
-                "to compute them)"
-            )
-        out[step.part_key] = found
     return out
 
 
