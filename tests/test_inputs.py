@@ -122,7 +122,10 @@ def test_styles_own_row_is_on_the_searchs_confirmation_problems(written):
     search, styles = read(out, "search"), read(out, "styles")
     own = next(r for r in styles["rows"] if r["style"] == SPEC.style and r["operation"] == SPEC.operation)
     judged = search["judged"]
-    assert search["chosen"] and (styles["wait"], styles["transfer"]) == (judged["wait"], judged["transfer"])
+    assert search["chosen"] and (styles["config"]["wait"], styles["config"]["transfer"]) == (
+        judged["wait"],
+        judged["transfer"],
+    )
     assert own["faithfulness"]["n"] == search["n_confirmation"] < own["n_solved"]
     assert own["measured_on"] == "the search's confirmation split"
     assert own["faithfulness"]["value"] == pytest.approx(judged["confirmation"]["value"])

@@ -72,7 +72,7 @@ def run(
     its figures), and a sweep resumes from there. Returns the result, typed where `name` is the experiment's Result
     class."""
     from af1.study.plan import ModelEntry, expand
-    from af1.study.units import run_unit
+    from af1.study.units import run_typed
 
     experiment = get(name if isinstance(name, str) else EXPERIMENT_OF_RESULT[name].name)
     name = experiment.name
@@ -89,17 +89,15 @@ def run(
     entry = ModelEntry(spec=str(lm.info.get("spec") or "model"))
     plan = StudyPlan.model_validate({"models": [entry], "tasks": [task], "experiments": validated})
     out = Path(out_dir) if out_dir is not None else None
-    results: dict[str, dict[str, Any]] = {}
-    last = None
+    results: dict[str, Result] = {}
     for unit in expand(plan):
         deps = {d: results[d] for d in unit.deps if d in results}
-        results[unit.id] = run_unit(held, unit, deps, str(out) if out is not None else None)
-        exp = REGISTRY[unit.experiment]
-        last = exp.Result.model_validate(results[unit.id])
+        results[unit.id] = last = run_typed(held, unit, deps, str(out) if out is not None else None)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             task_info = unit.task.described() if unit.task is not None else None
-            write_json(out / exp.file, {**results[unit.id], "provenance": provenance(lm.info, task=task_info)})
+            written = {**last.data(), "provenance": provenance(lm.info, task=task_info)}
+            write_json(out / REGISTRY[unit.experiment].file, written)
         if unit.experiment == name:
             return cast(R, last)
     raise Af1Error(f"{name} did not run")  # expand always yields the asked experiment

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from af1.experiments import REGISTRY, Inputs, NotApplicable
-from af1.experiments.base import Resources
+from af1.experiments.base import Resources, Result
 from af1.experiments.search import NO_CELL, check_found
 from af1.experiments.session import Session, one_line
 from af1.models import load_model
@@ -99,24 +99,24 @@ def described(entry: ModelEntry, deps: tuple[dict[str, Any], ...]) -> dict[str, 
     return {"spec": entry.spec}
 
 
-def unit_inputs(worker: Resources, unit: Unit, deps: dict[str, dict[str, Any]], state_dir: str | None) -> Inputs:
-    """A unit's inputs: its dependencies' results, typed by their experiments, grouped by experiment name."""
-    by_name: dict[str, list[Any]] = {}
+def run_typed(worker: Resources, unit: Unit, deps: dict[str, Result], state_dir: str | None) -> Result:
+    """The body of one unit: its experiment run on the typed results of the units it reads (by unit id), with their
+    warnings (its own model's) before its own."""
+    by_name: dict[str, list[Result]] = {}
     for dep_id, result in deps.items():
-        name = dep_id.rsplit("/", 1)[1]
-        by_name.setdefault(name, []).append(REGISTRY[name].Result.model_validate(result))
-    return Inputs(
-        worker, unit.task, unit.model.name or unit.model.spec, by_name, Path(state_dir) if state_dir else None
-    )
+        by_name.setdefault(dep_id.rsplit("/", 1)[1], []).append(result)
+    name = unit.model.name or unit.model.spec
+    inputs = Inputs(worker, unit.task, name, by_name, Path(state_dir) if state_dir else None)
+    check_found(inputs, unit.options)  # every gated experiment: not applicable where the search found no subgraph
+    result = REGISTRY[unit.experiment].run(inputs, unit.options)
+    own_model = f"{unit.id.split('/', 1)[0]}/"  # a cross-model unit reads other models' results: not their warnings
+    inherited = [w for d, r in deps.items() if d.startswith(own_model) for w in r.warnings]
+    result.warnings = list(dict.fromkeys([*inherited, *result.warnings]))
+    return result
 
 
 def run_unit(worker: Session, unit: Unit, deps: dict[str, dict[str, Any]], state_dir: str | None) -> dict[str, Any]:
-    """The body of one unit: its experiment run on the results of the units it reads; a JSON-ready dict."""
-    experiment = REGISTRY[unit.experiment]
-    inputs = unit_inputs(worker, unit, deps, state_dir)
-    check_found(inputs, unit.options)  # every gated experiment: not applicable where the search found no subgraph
-    result = experiment.run(inputs, unit.options).data()
-    own_model = f"{unit.id.split('/', 1)[0]}/"  # a cross-model unit reads other models' results: not their warnings
-    inherited = [w for d, r in deps.items() if d.startswith(own_model) for w in r.get("warnings") or []]
-    result["warnings"] = list(dict.fromkeys([*inherited, *result.get("warnings", [])]))
-    return result
+    """One unit on its dependencies' JSON (as a store or another process holds them), each typed once here; a
+    JSON-ready dict."""
+    typed = {d: REGISTRY[d.rsplit("/", 1)[1]].Result.model_validate(r) for d, r in deps.items()}
+    return run_typed(worker, unit, typed, state_dir).data()
