@@ -486,7 +486,7 @@ def necessity_plot(result: Necessity, n: int) -> str:
                 [s["start"] for s in by],
                 [s["faithfulness"]["value"] for s in by],
                 [s["faithfulness"]["ci"] for s in by],
-                f"AF1 (wait {shifted['wait']}, transfer {shifted['transfer']}), window moved",
+                f"AF1 ({shifted['config'].cell}), window moved",
                 hover,
                 xaxis="x2",
                 yaxis="y2",

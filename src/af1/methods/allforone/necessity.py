@@ -29,8 +29,7 @@ class ShiftedStart(Faithfulness):
 class ShiftedTransfer(TypedDict):
     """The search's chosen cell's transfer window moved to every later start, on n problems."""
 
-    wait: int
-    transfer: int
+    config: AF1Config
     n: int
     by_start: list[ShiftedStart]
 
@@ -93,9 +92,7 @@ def necessity(
         for start in range(found.wait + 1, L - found.transfer + 1):
             config = found.model_copy(update={"transfer_start": start})
             shifted.append(ShiftedStart(start=start, **faith_fields(on, faithfulness(on, config))))
-        result.shifted_transfer = ShiftedTransfer(
-            wait=found.wait, transfer=found.transfer, n=len(on.kept), by_start=shifted
-        )
+        result.shifted_transfer = ShiftedTransfer(config=found, n=len(on.kept), by_start=shifted)
     return result
 
 
