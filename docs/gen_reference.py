@@ -34,7 +34,7 @@ OTHER_KEYS = {
     "as_json": "none (a study writes JSON to its store)",
     "out_dir": "`af1 study PLAN --out DIR`",
 }
-TASK_NOTES = {  # TaskSpec fields that have no flag of their own (so no help text to borrow)
+TASK_NOTES = {  # TaskSpec fields that are not command-line options (so have no description)
     "n_max": "like n, but takes all problems when there are fewer",
     "file_sha256": "filled in from the task file: a changed file is another task",
 }
@@ -109,7 +109,7 @@ def plan_key(name: str, param: Any) -> str:
     if param.name in REGISTRY[name].Options.model_fields:
         return f"`experiments.{name}.{param.name}`"
     if param.name in TASK_FIELDS:
-        return f"`tasks[].{TASK_FIELDS[param.name]}`"
+        return f"`tasks[].{param.name}`"
     if param.name in MODEL_KEYS:
         return f"`models[].{MODEL_KEYS[param.name]}`"
     return OTHER_KEYS.get(param.name, "—")
@@ -122,6 +122,10 @@ def option_row(name: str, param: Any) -> str:
         info = fields[param.name]
         annotation, description = info.annotation, info.description or ""
         default = info.get_default(call_default_factory=True)
+    elif param.name in TASK_FIELDS:
+        info = TaskSpec.model_fields[param.name]
+        annotation, description = info.annotation, info.description or ""
+        default = REGISTRY[name].task_defaults.get(param.name, info.default)
     else:
         annotation = getattr(getattr(param, "type_descriptor", None), "annotation", str)
         default, description = param.default, param.help or ""
@@ -156,11 +160,10 @@ def experiment_rows(name: str, command: Any) -> list[str]:
     return [option_row(name, p) for p in command.params if p.name in fields]
 
 
-def differing_defaults(name: str, command: Any, shared: dict[str, Any]) -> list[str]:
-    """Shared flags whose default on this command is not the one `af1 eval` has."""
-    own = REGISTRY[name].Options.model_fields
-    changed = [p for p in command.params if p.name in shared and p.name not in own]
-    return [f"`{p.opts[0]} {p.default}`" for p in changed if p.default != shared[p.name].default]
+def differing_defaults(name: str, command: Any) -> list[str]:
+    """Task flags whose default on this command is not TaskSpec's (the experiment's `task_defaults`)."""
+    changed = REGISTRY[name].task_defaults
+    return [f"`{p.opts[0]} {changed[p.name]}`" for p in command.params if p.name in changed]
 
 
 def plain_rows(command: Any) -> list[str]:
@@ -185,12 +188,6 @@ def model_table(model: type[BaseModel], notes: dict[str, str]) -> list[str]:
         description = info.description or notes.get(key, "")
         rows.append(f"| `{key}` | {cell(plan_type_text(info.annotation))} | {default} | {cell(description)} |")
     return rows
-
-
-def task_notes(commands: dict[str, Any]) -> dict[str, str]:
-    """A task key's description: the help of the flag that sets it (on `af1 eval`), else a note."""
-    by_field = {TASK_FIELDS[p.name]: p.help or "" for p in commands["eval"].params if p.name in TASK_FIELDS}
-    return {**TASK_NOTES, **by_field}
 
 
 def plan_section(commands: dict[str, Any]) -> list[str]:
@@ -226,7 +223,7 @@ def plan_section(commands: dict[str, Any]) -> list[str]:
         "",
         "A task entry takes every field of `TaskSpec`; `file:` names a task file, found beside the plan.",
         "",
-        *model_table(TaskSpec, task_notes(commands)),
+        *model_table(TaskSpec, TASK_NOTES),
         "",
     ]
     return lines
@@ -249,7 +246,7 @@ def experiment_section(name: str, command: Any, shared: dict[str, Any]) -> list[
     groups = [title.lower() for title, keys in GROUPS.values() if set(keys) <= names]
     takes = "Takes the " + " and the ".join([", the ".join(groups[:-1]), groups[-1]] if len(groups) > 2 else groups)
     takes += " (above)"
-    changed = differing_defaults(name, command, shared)
+    changed = differing_defaults(name, command)
     takes += f", with task defaults {', '.join(changed)}." if changed else "."
     lines += [" ".join(facts), "", takes, ""]
     own = experiment_rows(name, command)

@@ -20,6 +20,8 @@ from af1.errors import Af1Error
 from af1.tasks.spec import TaskSpec
 
 if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
+
     from af1.study.plan import StudyPlan
 
 
@@ -76,12 +78,6 @@ out = Console()
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="smollm2, qwen0.5b, a model directory, a .gguf file or a hub id")
 ]
-TaskOpt = Annotated[str, typer.Option("--task", "-t", help="a+b, a-b, a+b+c, a+b-c, a-b+c, a-b-c, a*b")]
-StyleOpt = Annotated[str, typer.Option(help="original, calculate, verbal, question, instruction, word, code")]
-ShotsOpt = Annotated[int, typer.Option(help="worked examples in the constant prefix")]
-DigitsOpt = Annotated[int, typer.Option(help="digits per operand")]
-NOpt = Annotated[int | None, typer.Option("--n", help="problems to sample (default: all, at most a seeded 1000)")]
-SeedOpt = Annotated[int, typer.Option(help="sampling seed")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object")]
 DtypeOpt = Annotated[str, typer.Option(help="float32, bfloat16 or float16")]
 AttnOpt = Annotated[
@@ -90,34 +86,6 @@ AttnOpt = Annotated[
 DeviceMapOpt = Annotated[
     str | None,
     typer.Option("--device-map", help="auto: shard the model over the available GPUs and CPU (accelerate)"),
-]
-LayoutOpt = Annotated[bool, typer.Option("--largest-layout", help="keep the largest group of same-layout prompts")]
-AnswersOpt = Annotated[
-    str,
-    typer.Option(
-        "--answer-digits",
-        help="auto (any with full scoring, constant with first), constant (the most common digit count) or any",
-    ),
-]
-ScoringOpt = Annotated[
-    str, typer.Option("--scoring", help="full: every answer token (teacher forced); first: the first token only")
-]
-CheckEndOpt = Annotated[
-    bool,
-    typer.Option(
-        "--check-end/--no-check-end",
-        help="full scoring also checks that the model stops after the answer, where the worked examples show what "
-        "follows it (their separator)",
-    ),
-]
-NegativeOpt = Annotated[bool, typer.Option("--allow-negative", help="keep problems with negative results")]
-TaskFileOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--task-file",
-        help="a task file (YAML or TOML: rows or a template), or a .jsonl/.csv of prompt and answer rows; "
-        "replaces --task and --style",
-    ),
 ]
 
 
@@ -128,20 +96,18 @@ def out_directory(path: Path | None) -> Path | None:
     return path
 
 
-def task_spec(typed: set[str] | None = None, **given: Any) -> TaskSpec:
-    """A task from command-line task options (named as on the command line); the rest are TaskSpec's defaults.
-    With a task file, only the options `typed` on the command line are passed: the file's own shots and scoring
-    stand unless an option says otherwise."""
-    if given.get("shots", 0) < 0:
-        raise Af1Error(f"--shots must be >= 0, got {given['shots']}")
-    if given.get("task_file") is not None and typed is not None:
-        given = {key: value for key, value in given.items() if key in typed}
-    return TaskSpec.model_validate({TASK_FIELDS[key]: value for key, value in given.items()})
-
-
-def typed_options(ctx: typer.Context) -> set[str]:
-    """The running command's options given on the command line (not left at their defaults)."""
-    return {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}
+def task_spec(given: dict[str, Any], defaults: dict[str, Any]) -> TaskSpec:
+    """A task from the command line's task options (those given; the rest are `defaults`, TaskSpec's unless the
+    experiment says otherwise). A task file's own shots and scoring stand unless an option says otherwise. An
+    invalid value is one line naming its flag."""
+    given = {key: value for key, value in given.items() if value is not None}
+    try:
+        return TaskSpec.model_validate(given if given.get("file") is not None else {**defaults, **given})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else None
+        where = f"{flag_of(TaskSpec.model_fields[field], field)}: " if field in TaskSpec.model_fields else ""
+        raise Af1Error(where + first["msg"].removeprefix("Value error, ")) from None
 
 
 def read_task_first(model: str, spec: TaskSpec) -> None:
@@ -154,23 +120,7 @@ def read_task_first(model: str, spec: TaskSpec) -> None:
         print(f"af1: {summary}", file=sys.stderr)
 
 
-TASK_OPTIONS: dict[str, Any] = {
-    "task": TaskOpt,
-    "style": StyleOpt,
-    "shots": ShotsOpt,
-    "digits": DigitsOpt,
-    "n": NOpt,
-    "seed": SeedOpt,
-    "largest_layout": LayoutOpt,
-    "answers": AnswersOpt,
-    "allow_negative": NegativeOpt,
-    "scoring": ScoringOpt,
-    "check_end": CheckEndOpt,
-    "task_file": TaskFileOpt,
-}
-TASK_FIELDS = {
-    key: {"task": "operation", "answers": "answer_digits", "task_file": "file"}.get(key, key) for key in TASK_OPTIONS
-}
+TASK_FIELDS = tuple(name for name, info in TaskSpec.model_fields.items() if info.description)  # on the command line
 
 
 def emit(data: dict[str, Any], as_json: bool, shown: list[Table | str]) -> None:
@@ -260,22 +210,29 @@ def _option_type(annotation: Any) -> Any:
     return annotation
 
 
-def _experiment_params(experiment: Any) -> list[inspect.Parameter]:
-    """One command-line option per field of the experiment's options, help and default from the field."""
+def flag_of(info: FieldInfo, name: str) -> str:
+    """An option field's flag: its own (`json_schema_extra`), else its name."""
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    return str(extra.get("flag") or "--" + name.replace("_", "-"))
+
+
+def option_params(fields: dict[str, FieldInfo], defaults: dict[str, Any]) -> list[inspect.Parameter]:
+    """One command-line option per field, its help from the field's description and the default it stands for
+    (`defaults`); left out, an option is None and the model the values go to fills in its default."""
     params = []
-    for name, info in experiment.Options.model_fields.items():
-        kind = _option_type(info.annotation)
+    for name, info in fields.items():
+        kind, flag, default = _option_type(info.annotation), flag_of(info, name), defaults[name]
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        flag = str(extra.get("flag") or "--" + name.replace("_", "-"))
-        default = info.get_default(call_default_factory=True)
         shown = ", ".join(map(str, default)) if isinstance(default, list) else default
         help_text = (info.description or "") + ("" if default in (None, []) else f" (default: {shown})")
-        if kind is bool:
-            option = typer.Option(f"{flag}/--no-{flag[2:]}", help=help_text)
-            params.append(_param(name, Annotated[bool, option], bool(default)))
-        else:
-            params.append(_param(name, Annotated[kind | None, typer.Option(flag, help=help_text)], None))
+        flags = [f"{flag}/--no-{flag[2:]}"] if kind is bool else [flag, *([extra["short"]] if "short" in extra else [])]
+        params.append(_param(name, Annotated[kind | None, typer.Option(*flags, help=help_text)], None))
     return params
+
+
+def task_params(defaults: dict[str, Any]) -> list[inspect.Parameter]:
+    """The task options, derived from TaskSpec's fields that have a description."""
+    return option_params({name: TaskSpec.model_fields[name] for name in TASK_FIELDS}, defaults)
 
 
 WithOpt = Annotated[
@@ -315,20 +272,18 @@ def experiment_command(name: str) -> Callable[..., None]:
     from af1.experiments import REGISTRY
 
     experiment = REGISTRY[name]
-    own = _experiment_params(experiment)
+    fields = experiment.Options.model_fields
+    own = option_params(fields, {k: info.get_default(call_default_factory=True) for k, info in fields.items()})
     shared = [
         _param("model", ModelOpt, "smollm2"),
         _param("dtype", DtypeOpt, "float32"),
         _param("attn", AttnOpt, None),
         _param("device_map", DeviceMapOpt, None),
     ]
-    task_names: list[str] = []
-    if experiment.scope != "model":
-        defaults = {**TaskSpec().model_dump(), **experiment.task_defaults}  # TaskSpec's, unless it says otherwise
-        for key, annotation in TASK_OPTIONS.items():
-            shared.append(_param(key, annotation, defaults[TASK_FIELDS[key]]))
-            task_names.append(key)
-        shared.append(_param("means", MeansOpt, None))
+    task_defaults = {**TaskSpec().model_dump(), **experiment.task_defaults}  # TaskSpec's, unless it says otherwise
+    task_names = list(TASK_FIELDS) if experiment.scope != "model" else []
+    if task_names:
+        shared += [*task_params(task_defaults), _param("means", MeansOpt, None)]
     shared += [_param("upstream", WithOpt, None), _param("as_json", JsonOpt, False), _param("out_dir", OutDir, None)]
     clash = {p.name for p in own} & {p.name for p in shared}
     assert not clash, f"{name}: options {clash} collide with the shared ones"
@@ -339,8 +294,7 @@ def experiment_command(name: str) -> Callable[..., None]:
         from af1.results import provenance
 
         model, dtype, attn, device_map = (kwargs.pop(k) for k in ("model", "dtype", "attn", "device_map"))
-        typed = typed_options(kwargs.pop("ctx"))
-        spec = task_spec(typed, **{k: kwargs.pop(k) for k in task_names}) if task_names else None
+        spec = task_spec({k: kwargs.pop(k) for k in task_names}, task_defaults) if task_names else None
         means, as_json, out_dir = kwargs.pop("means", None), kwargs.pop("as_json"), kwargs.pop("out_dir")
         upstream = parse_upstream(kwargs.pop("upstream") or [])
         given = {k: v for k, v in kwargs.items() if v is not None}
@@ -365,9 +319,8 @@ def experiment_command(name: str) -> Callable[..., None]:
 
     command.__name__ = name
     command.__doc__ = experiment.help
-    context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
-    command.__signature__ = inspect.Signature([context, *shared, *own])  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in [context, *shared, *own]}
+    command.__signature__ = inspect.Signature([*shared, *own])  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in [*shared, *own]}
     return command
 
 
@@ -479,8 +432,8 @@ def demo(
     out_dir: Annotated[Path, typer.Option("--out", help="where to write results", callback=out_directory)] = Path(
         "results/demo"
     ),
-    shots: ShotsOpt = 1,
-    style: StyleOpt = "calculate",
+    shots: Annotated[int, typer.Option(help=TaskSpec.model_fields["shots"].description)] = 1,
+    style: Annotated[str, typer.Option(help=TaskSpec.model_fields["style"].description)] = "calculate",
     threshold: ThresholdOpt = None,
     full: Annotated[
         bool,

@@ -16,21 +16,38 @@ DEFAULT_N = 1_000  # without --n, a task of more distinct problems is sampled to
 
 
 class TaskSpec(BaseModel):
-    """Which problems to build and how to score them: operation, style, operands, few-shot prefix, sample."""
+    """Which problems to build and how to score them: operation, style, operands, few-shot prefix, sample. A field
+    with a description is a command-line option of every task experiment (`af1.cli` derives it, flag and help)."""
 
-    operation: str = "a+b"
-    style: str = "original"
-    digits: int = Field(default=1, ge=1, le=3)
-    shots: int = Field(default=0, ge=0)
-    n: int | None = Field(default=None, ge=1)
+    operation: str = Field(
+        default="a+b", description=f"{', '.join(OPERATIONS)}", json_schema_extra={"flag": "--task", "short": "-t"}
+    )
+    style: str = Field(default="original", description=", ".join(STYLES))
+    digits: int = Field(default=1, ge=1, le=3, description="digits per operand")
+    shots: int = Field(default=0, ge=0, description="worked examples in the constant prefix")
+    n: int | None = Field(default=None, ge=1, description="problems to sample (default: all, at most a seeded 1000)")
     n_max: int | None = Field(default=None, ge=1)  # like n, but takes all problems when there are fewer
-    seed: int = 0
-    allow_negative: bool = False
-    answer_digits: Literal["auto", "constant", "any"] = "auto"  # auto: any for full scoring, constant for first
-    scoring: Scoring = "full"
-    check_end: bool = True  # full scoring also checks that the model stops after the answer (see `answer_end`)
-    largest_layout: bool = False
-    file: str | None = None  # a task file (`af1.tasks.files`): its rows or template replace operation and style
+    seed: int = Field(default=0, description="sampling seed")
+    allow_negative: bool = Field(default=False, description="keep problems with negative results")
+    answer_digits: Literal["auto", "constant", "any"] = Field(
+        default="auto",
+        description="auto (any with full scoring, constant with first), constant (the most common digit count) or any",
+    )
+    scoring: Scoring = Field(
+        default="full", description="full: every answer token (teacher forced); first: the first token only"
+    )
+    check_end: bool = Field(
+        default=True,
+        description="full scoring also checks that the model stops after the answer, where the worked examples show "
+        "what follows it (their separator)",
+    )
+    largest_layout: bool = Field(default=False, description="keep the largest group of same-layout prompts")
+    file: str | None = Field(
+        default=None,
+        description="a task file (YAML or TOML: rows or a template), or a .jsonl/.csv of prompt and answer rows; "
+        "replaces --task and --style",
+        json_schema_extra={"flag": "--task-file"},
+    )
     file_sha256: str | None = None  # of the file and what it reads, filled in: a changed file is another task
     _file_name: str | None = PrivateAttr(default=None)  # the task file's name, read with it
 
