@@ -4,6 +4,7 @@ another value, or a task file's slot by another of its values, drawn per problem
 from __future__ import annotations
 
 import dataclasses
+import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -111,9 +112,7 @@ class Counterfactual:
         ]
 
 
-def _spans(
-    prompt: str, style: str, operation: str, operands: tuple[int, ...], operand: str | None
-) -> list[tuple[int, int]]:
+def _spans(style: str, operation: str, operands: tuple[int, ...], operand: str | None) -> list[tuple[int, int]]:
     """Character spans inside the problem's own prompt (not the few-shot prefix) of the operator text, or with
     `operand` of that operand's digits."""
     op = OPERATIONS[operation]
@@ -121,11 +120,8 @@ def _spans(
     spans, rendered = [], ""
     for literal, name, _, _ in string.Formatter().parse(template):
         for o in set(op.operators) if operand is None else ():
-            word = OPERATOR_TEXT[style][o]
-            start = 0
-            while (k := literal.find(word, start)) >= 0:
-                spans.append((len(rendered) + k, len(rendered) + k + len(word)))
-                start = k + len(word)
+            found = re.finditer(re.escape(OPERATOR_TEXT[style][o]), literal)
+            spans += [(len(rendered) + m.start(), len(rendered) + m.end()) for m in found]
         rendered += literal
         if name:
             value = str(operands[NAMES.index(name)])
@@ -135,10 +131,16 @@ def _spans(
     return spans
 
 
-def _splice(task: Task, tokenizer: Tokenizer, i: int, spans: list[tuple[int, int]], value: str) -> list[int]:
-    """Problem i's whole input (few-shot prefix and the BOS af1 prepends included) with `value` in every span of
-    its own prompt."""
-    return splice(task, tokenizer, i, [(a, b, value) for a, b in spans])
+def _changed(ids: list[int], row: torch.Tensor) -> list[int]:
+    """The positions where a counterfactual row's ids differ from the clean row's."""
+    return (torch.tensor(ids) != row).nonzero().flatten().tolist()
+
+
+def _null(task: Task, rows: list[list[int]], null: str, kind: str) -> Counterfactual:
+    """The same null text put in every problem: no answer defined, no answer-keeping control."""
+    cf = torch.tensor(rows)
+    positions = (cf != task.input_ids_PT).any(0).nonzero().flatten().tolist()
+    return Counterfactual(cf, null, positions, [null] * len(rows), kind, [None] * len(rows), [])
 
 
 def _drawn(task: Task, tokenizer: Tokenizer, slots_of: Callable[[int], Slots], name: str, kind: str) -> Counterfactual:
@@ -152,7 +154,7 @@ def _drawn(task: Task, tokenizer: Tokenizer, slots_of: Callable[[int], Slots], n
         drawn.append(", ".join(f"{n}={v}" for n, v in found.values.items()))
         answers.append(answer_ids(task, tokenizer, i, found.answer))
         controls.append(found.control)
-        positions |= set((torch.tensor(found.ids) != task.input_ids_PT[i]).nonzero().flatten().tolist())
+        positions |= set(_changed(found.ids, task.input_ids_PT[i]))
     what = f"another value of {name}, with its answer-keeping control where one keeps the layout"
     return Counterfactual(torch.tensor(rows), what, sorted(positions), drawn, kind, answers, controls)
 
@@ -161,7 +163,6 @@ def slot_counterfactual(task: Task, tokenizer: Tokenizer) -> Counterfactual:
     """A task file's prompts with the slot it names replaced, everywhere it stands: by its null value (which defines
     no answer), or by another of the slot's values drawn per problem (`draw_pair`: with the answer it then has and
     an answer-keeping control); in a `distinct` task by none of the problem's other slot values."""
-
     assert task.spec.file is not None
     described = read_task_file(task.spec.file)
     named = described.counterfactual
@@ -199,21 +200,17 @@ def _null_slot(task: Task, tokenizer: Tokenizer, slot: str, null: str) -> Counte
     """The slot replaced by its null value in every problem (no answer defined)."""
     rows = []
     for i, p in enumerate(task.problems):
-        spans = [(a, b) for n, a, b in p.spans if n == slot]
+        spans = [(a, b, null) for n, a, b in p.spans if n == slot]
         if not spans:
             raise Af1Error(f"problem {p.prompt!r} has no slot '{slot}'")
-        ids = _splice(task, tokenizer, i, spans, null)
-        same_length = len(ids) == task.n_positions
-        changed = (torch.tensor(ids) != task.input_ids_PT[i]).nonzero().flatten().tolist() if same_length else []
-        if not same_length or not all(task.layout[t] == slot for t in changed):
+        ids = splice(task, tokenizer, i, spans)
+        if len(ids) != task.n_positions or any(task.layout[t] != slot for t in _changed(ids, task.input_ids_PT[i])):
             raise Af1Error(
                 f"no value of slot '{slot}' keeps the token layout of {p.prompt!r} "
                 "(its null value has another token length)"
             )
         rows.append(ids)
-    cf = torch.tensor(rows)
-    positions = (cf != task.input_ids_PT).any(0).nonzero().flatten().tolist()
-    return Counterfactual(cf, null, positions, [null] * len(rows), f"slot {slot}", [None] * len(rows), [])
+    return _null(task, rows, null, f"slot {slot}")
 
 
 def operand_counterfactual(task: Task, tokenizer: Tokenizer, operand: str) -> Counterfactual:
@@ -232,7 +229,7 @@ def operand_counterfactual(task: Task, tokenizer: Tokenizer, operand: str) -> Co
     def slots_of(i: int) -> Slots:
         p = task.problems[i]
         own = {n: str(v) for n, v in zip(names, p.operands, strict=True)}
-        spans = {n: _spans(p.prompt, spec.style, spec.operation, p.operands, n) for n in names}
+        spans = {n: _spans(spec.style, spec.operation, p.operands, n) for n in names}
         candidates = {n: [str(v) for v in spec.operand_range if len(str(v)) == len(own[n])] for n in names}
 
         def answer_of(new: dict[str, str]) -> str | None:
@@ -262,20 +259,16 @@ def counterfactual(task: Task, tokenizer: Tokenizer, kind: str | None = None) ->
         raise Af1Error(f"no counterfactual is defined for style '{style}'")
     symbol = all(len(w) == 1 for w in OPERATOR_TEXT[style].values())
     for null in NULL_SYMBOLS if symbol else NULL_WORDS:
-        rows, ok = [], True
+        rows = []
         for i, p in enumerate(task.problems):
-            ids = _splice(task, tokenizer, i, _spans(p.prompt, style, operation, p.operands, None), null)
-            if len(ids) != task.n_positions:
-                ok = False
+            spans = _spans(style, operation, p.operands, None)
+            rows.append(splice(task, tokenizer, i, [(a, b, null) for a, b in spans]))
+            if len(rows[-1]) != task.n_positions:
                 break
-            rows.append(ids)
-            if i == 0:
-                changed = (torch.tensor(ids) != task.input_ids_PT[0]).nonzero().flatten().tolist()
-        if ok:
-            cf = torch.tensor(rows)
-            diff = (cf != task.input_ids_PT).any(0).nonzero().flatten().tolist()
-            if diff == changed and len(diff) > 0:
-                return Counterfactual(cf, null, diff, [null] * len(rows), "operator", [None] * len(rows), [])
+        else:  # every problem kept its length: the null is used where every problem changes where the first does
+            found = _null(task, rows, null, "operator")
+            if found.changed_positions and found.changed_positions == _changed(rows[0], task.input_ids_PT[0]):
+                return found
     raise Af1Error(f"no null replacement of the operator keeps the token layout of {operation} ({style})")
 
 

@@ -17,7 +17,7 @@ from typing_extensions import TypedDict  # pydantic reads TypedDicts from here b
 from af1.claims import About, Claim, adjust, over_problems_and_draws
 from af1.errors import Af1Error
 from af1.interventions.af1 import AF1Config, af1_intervention
-from af1.interventions.sites import edit_sites, neurons
+from af1.interventions.sites import Edit, edit_sites, neurons
 from af1.methods.allforone.faithfulness import faithfulness
 from af1.methods.heads.attribution import RankAgreement, agreement, last_position_leaves
 from af1.methods.heuristics import Pattern
@@ -30,16 +30,6 @@ from af1.tasks.evaluation import Scores, batches
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # knocked-out set sizes, each tested against random sets
 FAMILY = "neurons of the compute stage"
-ATTRIBUTION = (
-    "per neuron, the first-order estimate of mean-ablating it at the last token under AF1: (its mean on the selection "
-    "part - its activation) x the gradient of the log-probability of the correct token, summed over every answer "
-    "step (the whole answer's log-probability), then averaged over the selection part's problems; most negative "
-    "first (removing it costs the answer most)"
-)
-MEANS = (
-    "each neuron's mean activation at the last token under AF1 over the selection part's problems, per answer step "
-    "and token layout: no knocked-out problem (confirmation part) is inside the mean it takes"
-)
 
 
 Means = dict[Any, dict[int, torch.Tensor]]  # per answer step and layout (part_key), per layer: the mean activations [I]
@@ -91,8 +81,8 @@ def attribution_and_means(
     setup: Setup, config: AF1Config, layers: Sequence[int], batch_size: int = 8
 ) -> tuple[torch.Tensor, Means]:
     """On the setup's problems under AF1 (the reference executor's hooks, with each step's CAMA means): every
-    problem's attribution of every neuron [P, L, I] (`ATTRIBUTION`, before the mean over problems; float32) and each
-    step's mean activations (float64)."""
+    problem's attribution of every neuron [P, L, I] (`Neurons.attribution`, before the mean over problems; float32)
+    and each step's mean activations (float64)."""
     if config.ablation == "resample":
         raise Af1Error("the neurons study runs under the cama, mean or zero ablation (resample draws donors per run)")
     adapter = setup.adapter
@@ -101,10 +91,8 @@ def attribution_and_means(
     means: Means = {}
     for step in progress(setup.steps, desc="neuron attribution"):
         ids, answer = step.kept.input_ids_PT, step.kept.answer_ids_P
-        act_PLI, grad_PLI = (
-            torch.zeros(len(ids), *estimate_PLI.shape[1:]),
-            torch.zeros(len(ids), *estimate_PLI.shape[1:]),
-        )
+        act_PLI = torch.zeros(len(ids), *estimate_PLI.shape[1:])
+        grad_PLI = torch.zeros_like(act_PLI)
         for sl in batches(len(ids), batch_size):
             batch = ids[sl].to(adapter.device)
             with (
@@ -153,22 +141,20 @@ def knocked_out(
     the executor AF1 picks (or the reference one): the edit is the neurons' value, the input of the MLP's output
     projection, at the last position, which every executor runs through."""
     layers = sorted({layer for layer, _ in chosen})
-    rows = {layer: [j for m, j in chosen if m == layer] for layer in layers}
+    rows = {layer: torch.tensor([j for m, j in chosen if m == layer]) for layer in layers}
     picked = executors(setup, config, reference)
     logits = []
     for step, (executor, _) in zip(setup.steps, picked, strict=True):
         mean = means.get(step.kept.part_key)  # a step the selection part lacks keeps its own (counted)
-        edits = {}
-        if mean is not None:
-            for layer in layers:
-                index = torch.tensor(rows[layer])
-                edits[neurons(layer)] = _set_last(index, mean[layer][index])
+        edits = {neurons(m): _set_last(rows[m], mean[m][rows[m]]) for m in layers} if mean is not None else {}
         with edit_sites(setup.adapter, edits):
             logits.append(executor.logits(step, config))
     return Scores.from_steps(setup.kept, logits)
 
 
-def _set_last(index: torch.Tensor, value: torch.Tensor):
+def _set_last(index: torch.Tensor, value: torch.Tensor) -> Edit:
+    """The edit that sets the neurons `index` at the last position to `value`."""
+
     def fn(x: torch.Tensor) -> torch.Tensor:
         x = x.clone()
         x[:, -1, index.to(x.device)] = value.to(x.device, x.dtype)
@@ -198,13 +184,8 @@ def verified(
     row = {layer: i for i, layer in enumerate(layers)}
     estimate_PZ = torch.stack([estimate_PLI[:, row[layer], j] for layer, j in chosen], 1)
     base_P = _log_p(faithfulness(selection, config))
-    exact_PZ = torch.stack(
-        [
-            _log_p(knocked_out(selection, config, [neuron], means)) - base_P
-            for neuron in progress(chosen, desc="neurons knocked out one by one (the estimate checked)")
-        ],
-        1,
-    )
+    singles = progress(chosen, desc="neurons knocked out one by one (the estimate checked)")
+    exact_PZ = torch.stack([_log_p(knocked_out(selection, config, [neuron], means)) - base_P for neuron in singles], 1)
     return agreement(estimate_PZ, exact_PZ, k=10)
 
 
@@ -270,8 +251,12 @@ def study(
         config=config,
         compute_layers=layers,
         neurons_per_layer=width,
-        attribution=ATTRIBUTION,
-        means=MEANS,
+        attribution="per neuron, the first-order estimate of mean-ablating it at the last token under AF1: (its mean "
+        "on the selection part - its activation) x the gradient of the log-probability of the correct token, summed "
+        "over every answer step (the whole answer's log-probability), then averaged over the selection part's "
+        "problems; most negative first (removing it costs the answer most)",
+        means="each neuron's mean activation at the last token under AF1 over the selection part's problems, per "
+        "answer step and token layout: no knocked-out problem (confirmation part) is inside the mean it takes",
         n_selection=len(selection.kept),
         n_confirmation=len(kept),
         top=order[:64],

@@ -66,21 +66,20 @@ def labels(task: Task) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     problems = task.problems
     for i, name in enumerate("abcdefg"[: len(problems[0].operands)] if problems else ""):
-        values = [_integer(p.operands[i]) for p in problems]
-        if all(v is not None for v in values):
-            out[name] = [int(v) for v in values if v is not None]
-    answers = [_integer(p.answer) for p in problems]
-    if problems and all(a is not None for a in answers):
-        out["answer"] = [int(a) for a in answers if a is not None]
+        if (values := _integers([p.operands[i] for p in problems])) is not None:
+            out[name] = values
+    if problems and (answers := _integers([p.answer for p in problems])) is not None:
+        out["answer"] = answers
         places = len(str(max(abs(a) for a in out["answer"])))
         for place in range(places if places > 1 else 0):
             out[f"answer digit {place + 1}"] = [abs(a) // 10**place % 10 for a in out["answer"]]
     return {name: values for name, values in out.items() if len(set(values)) > 1}  # a constant says nothing
 
 
-def _integer(value: object) -> int | None:
+def _integers(values: list[object]) -> list[int] | None:
+    """The values as integers, None where one is not an integer."""
     try:
-        return int(str(value).strip())
+        return [int(str(v).strip()) for v in values]
     except ValueError:
         return None
 
@@ -124,19 +123,16 @@ def last_token_states(setup: Setup, config: AF1Config | None) -> torch.Tensor:
     return torch.stack([values[s] for s in sites], 1)
 
 
-def fourier_features(values: torch.Tensor, periods: Sequence[int]) -> torch.Tensor:
-    """Each value on a circle per period: cos and sin of 2 pi v / T in a last axis of outputs (sin left out for
-    T = 2, where it is 0)."""
+def features(labels: torch.Tensor, kind: str, periods: Sequence[int]) -> torch.Tensor:
+    """What a probe regresses for labels [...]: the value itself (linear) or, Fourier, each value on a circle per
+    period T, cos and sin of 2 pi v / T (sin left out for T = 2, where it is 0) [..., O]."""
+    if kind == "linear":
+        return labels.double()[..., None]
     out = []
     for t in periods:
-        angle = 2 * math.pi * values.double() / t
+        angle = 2 * math.pi * labels.double() / t
         out += [torch.cos(angle)] + ([torch.sin(angle)] if t != 2 else [])
     return torch.stack(out, -1)
-
-
-def features(labels: torch.Tensor, kind: str, periods: Sequence[int]) -> torch.Tensor:
-    """What a probe regresses for labels [...]: the value itself (linear) or its circles (Fourier) [..., O]."""
-    return labels.double()[..., None] if kind == "linear" else fourier_features(labels, periods)
 
 
 def held_out(
@@ -172,19 +168,6 @@ def held_out(
     return decoded
 
 
-def split_folds(n: int, folds: int, seed: int) -> list[torch.Tensor]:
-    """A seeded partition of n problems into `folds` parts of nearly equal size."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return [part for part in order.chunk(folds) if len(part)]
-
-
-def with_shuffle(label_P: torch.Tensor, seed: int) -> torch.Tensor:
-    """The labels beside a seeded shuffle of them across the problems [P, 2]: the shuffled probe's labels."""
-    return torch.stack(
-        [label_P, label_P[torch.randperm(len(label_P), generator=torch.Generator().manual_seed(seed))]], 1
-    )
-
-
 def first_above_chance(curve: Curve, start: int = 0) -> int | None:
     """The first block from `start` whose state the probe reads above chance (descriptive), None where none is."""
     return next((i for i, above in enumerate(curve["above_chance"]) if above and i >= start), None)
@@ -200,10 +183,12 @@ def curves(
 ) -> tuple[list[Curve], dict[tuple[str, str], torch.Tensor]]:
     """Every target's probes block by block, and each probe's right/wrong per problem and block [P, L]; `fit_PLD`:
     the states the probes are fitted on (default: the states they read)."""
-    parts = split_folds(len(states_PLD), folds, seed)
+    order = torch.randperm(len(states_PLD), generator=torch.Generator().manual_seed(seed))
+    parts = [part for part in order.chunk(folds) if len(part)]  # a seeded partition into folds of nearly equal size
     labels = {name: torch.tensor(values) for name, values in targets.items()}
     probed = [(name, kind) for name in targets for kind in KINDS]
-    columns = [(with_shuffle(labels[name], seed), kind) for name, kind in probed]  # true labels, one shuffle
+    permuted = {n: v[torch.randperm(len(v), generator=torch.Generator().manual_seed(seed))] for n, v in labels.items()}
+    columns = [(torch.stack([labels[n], permuted[n]], 1), kind) for n, kind in probed]  # true labels, one shuffle
     fit = states_PLD if fit_PLD is None else fit_PLD
     by_layer = [
         held_out(states_PLD[:, layer], columns, parts, periods, fit[:, layer]) for layer in range(states_PLD.shape[1])
@@ -237,9 +222,8 @@ def spoken(target: str) -> str:
     if len(target) == 1:
         return f"operand {target}"
     place = int(target.removeprefix("answer digit ") or 0) if target != "answer" else 0
-    return (
-        "the answer" if not place else f"the answer's {({1: 'units', 2: 'tens'}).get(place, f'10^{place - 1}')} digit"
-    )
+    digit = {1: "units", 2: "tens"}.get(place, f"10^{place - 1}")
+    return f"the answer's {digit} digit" if place else "the answer"
 
 
 def computed_target(targets: Sequence[str]) -> str | None:
@@ -259,10 +243,10 @@ def stage_claims(
     """What AF1's stages say the probes should find, per probe (a number may sit on a line or on circles), each a
     paired permutation test over problems. Against the matched control, the same CAMA with no transfer layers
     (whose last token keeps only the leave-one-out trace of its own state; the probes are fitted on unmodified
-    states, so they cannot learn that trace): every operand read better after the
-    last transfer block, the computed target (`computed_target`) read better after the last block. And the computed
-    target read better after the last block than after the last transfer block. One family, Holm. Problems that
-    share a training fold share its probe, so their outcomes are not independent: the p-values are approximate."""
+    states, so they cannot learn that trace): every operand read better after the last transfer block, the computed
+    target (`computed_target`) read better after the last block. And the computed target read better after the last
+    block than after the last transfer block. One family, Holm. Problems that share a training fold share its probe,
+    so their outcomes are not independent: the p-values are approximate."""
     last = next(iter(right.values())).shape[1] - 1
     after = max(config.peek_layers(), default=config.wait)
     where = f"under AF1 ({config.cell}), {measured_on}"
@@ -275,21 +259,17 @@ def stage_claims(
                     f"{spoken(name)} is read better after block {block} under AF1 than with no transfer layers (the "
                     f"same CAMA, its trace alone; {kind} probe fitted on the unmodified model's states)"
                 )
+                about = About("probe_transferred", statement, where, name)
                 a, b = right[name, kind][:, block].double(), control[name, kind][:, block].double()
-                claims.append(
-                    paired_greater(About("probe_transferred", statement, where, name), a.tolist(), b.tolist())
-                )
+                claims.append(paired_greater(about, a.tolist(), b.tolist()))
         if result is not None and after < last:
             read = right[result, kind].double()
             statement = (
                 f"{spoken(result)} is read better after block {last} than after block {after}, the last transfer "
                 f"block ({kind} probe)"
             )
-            claims.append(
-                paired_greater(
-                    About("probe_computed", statement, where, result), read[:, last].tolist(), read[:, after].tolist()
-                )
-            )
+            about = About("probe_computed", statement, where, result)
+            claims.append(paired_greater(about, read[:, last].tolist(), read[:, after].tolist()))
     return adjust(claims, "probes under AF1")
 
 
@@ -315,5 +295,4 @@ def probes(setup: Setup, config: AF1Config | None, *, folds: int, seed: int, mea
         alone = config.model_copy(update={"transfer": 0})
         control, control_right = curves(last_token_states(setup, alone), targets, folds, seed, PERIODS, clean_PLD)
     claims = stage_claims(list(targets), right, control_right, config, measured_on)
-    update = {"under_af1": under, "no_transfer": control, "config": config}
-    return found.model_copy(update={**update, "claims": claims})
+    return found.model_copy(update={"under_af1": under, "no_transfer": control, "config": config, "claims": claims})

@@ -15,24 +15,10 @@ from af1.executors.protocol import Executor, pick
 from af1.executors.step import StepSetup
 from af1.interventions.af1 import AF1Config
 from af1.interventions.attention import check_maskable
-from af1.interventions.means import (
-    PositionMeans,
-    cached_step_means,
-    compute_step_means,
-)
+from af1.interventions.means import PositionMeans, cached_step_means, compute_step_means
 from af1.models import LoadedModel, ModelAdapter
-from af1.stats import (
-    baseline_warning,
-    constant_baseline,
-)
-from af1.tasks.evaluation import (
-    Evaluated,
-    Scores,
-    TaskDescription,
-    evaluated,
-    require_solved,
-    solved,
-)
+from af1.stats import baseline_warning, constant_baseline
+from af1.tasks.evaluation import Evaluated, Scores, TaskDescription, evaluated, require_solved, solved
 from af1.tasks.means_sample import distribution_task
 from af1.tasks.spec import TaskSpec
 from af1.tasks.task import AnswerEnd, BosToken, LayoutRow, Task
@@ -101,6 +87,7 @@ class Setup:
 
     @property
     def adapter(self) -> ModelAdapter:
+        """The model's adapter."""
         return self.lm.adapter
 
     @property
@@ -152,7 +139,6 @@ class Setup:
         layouts, whether the end of the answer is checked, and where CAMA's means come from."""
         if self.task.end is None:
             raise Af1Error("a setup's task is built by af1.tasks.task.build_task, which settles the end of its answers")
-        base = self.base.rate(self.task)
         notes = self.means_notes
         solved_P = self.kept.layout_P.tolist()
         layouts = self.task.layouts()
@@ -166,7 +152,7 @@ class Setup:
             scoring=self.spec.scoring,
             n=len(self.task),
             n_solved=len(self.kept),
-            base_accuracy=base,
+            base_accuracy=self.base.rate(self.task),
             layouts=layouts,
             n_layers=self.adapter.n_layers,
             n_heads=self.adapter.n_heads,
@@ -212,9 +198,8 @@ def prepare(lm: LoadedModel, spec: TaskSpec, means_dir: Path | None = None, done
     `done` is an evaluation of the same spec already made. Refuses kernels that cannot take masks first."""
     check_maskable(lm.adapter)
     done = evaluated(lm.model, lm.tokenizer, spec, done)
-    task, base = done.task, done.base
-    require_solved(int(base.correct_P.sum()), spec)
-    return make_setup(lm, spec, task, base, distribution_task(spec, lm.tokenizer, task), means_dir)
+    require_solved(int(done.base.correct_P.sum()), spec)
+    return make_setup(lm, spec, done.task, done.base, distribution_task(spec, lm.tokenizer, done.task), means_dir)
 
 
 def make_setup(
@@ -232,11 +217,11 @@ def make_setup(
     kept_steps = kept.steps()
     if any(k.part_key not in dist_steps for k in kept_steps):
         raise Af1Error("the means sample has no answer as long as some solved problems' answers")
-    warnings: list[str] = [w for w in (task.sampling_note, task.exclusion_note, task.end_note) if w]
-    for what, on in ((f"base accuracy ({spec.scoring} scoring)", task), ("faithfulness on the solved problems", kept)):
-        warning = baseline_warning(what, constant_baseline(on.targets(), on.layout_P.tolist()), len(on))
-        if warning:
-            warnings.append(warning)
+    checked = ((f"base accuracy ({spec.scoring} scoring)", task), ("faithfulness on the solved problems", kept))
+    constant = [
+        baseline_warning(w, constant_baseline(on.targets(), on.layout_P.tolist()), len(on)) for w, on in checked
+    ]
+    warnings = [w for w in (task.sampling_note, task.exclusion_note, task.end_note, *constant) if w]
     all_means = step_means(lm.adapter, distribution, [k.part_key for k in kept_steps], means_dir, cache_means)
     steps = [StepSetup(lm.adapter, k, all_means[k.part_key], dist_steps[k.part_key]) for k in kept_steps]
     return Setup(lm, spec, task, base, kept, distribution, steps, warnings)

@@ -78,17 +78,6 @@ def load_json(d: Path, name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def result_beside(out_dir: Path, experiment: str) -> dict[str, Any] | None:
-    """Another experiment's result fields (its provenance left out) where it lies beside a unit's files: the same
-    results directory (af1 report), or the sibling unit of a study's store (units/<model>/<task>/<experiment>/unit.json,
-    done); None elsewhere."""
-    found = load_json(out_dir, f"{experiment}.json")
-    if found is None:
-        record = load_json(out_dir.parent / experiment, "unit.json") or {}
-        found = record.get("result") if record.get("state") == "done" else None
-    return None if found is None else {k: v for k, v in found.items() if k != "provenance"}
-
-
 def page(title: str, parts: list[str]) -> str:
     """A self-contained HTML page of the given sections: plotly.js embedded once (when a figure needs it) with the
     script that draws the figures and sorts tables; nothing is fetched from elsewhere."""

@@ -115,9 +115,9 @@ class Problems:
     held_out: Task
 
     def __post_init__(self) -> None:
-        check_disjoint(self.train, self.held_out)
-        check_disjoint(self.train, self.val)
-        check_disjoint(self.val, self.held_out)
+        """Refuses sets that share a problem."""
+        for trained, evaluated in ((self.train, self.held_out), (self.train, self.val), (self.val, self.held_out)):
+            check_disjoint(trained, evaluated)
 
 
 @dataclass(frozen=True)
@@ -288,12 +288,6 @@ def variant_of(
     )
 
 
-def share_right(variant: Variant) -> list[float]:
-    """Each held-out problem's share of the variant's runs that get it right."""
-    bits = torch.tensor([[c == "1" for c in run["correct"]] for run in variant["runs"]], dtype=torch.float)
-    return bits.mean(0).tolist()
-
-
 def run_accuracies(variant: Variant) -> list[float]:
     """Each run's held-out accuracy: the unit the claims generalise over (a run is a seed, or a draw of heads)."""
     return [run["arithmetic_accuracy"] for run in variant["runs"]]
@@ -304,27 +298,20 @@ def compared_claims(done: dict[str, Variant], draws: int, n_held_out: int) -> li
     unit (each variant's runs' held-out accuracies, an exact permutation test), adjusted together (Holm)."""
     on = f"the {n_held_out} held-out problems, each run's accuracy one unit"
     precise = run_accuracies(done["precise"])
+    against_random = About(
+        "precise_vs_random",
+        f"tuning the chosen heads leaves more held-out problems right than tuning matched random heads (over "
+        f"training runs: {len(precise)} seeds against {draws} draws of random heads, each its own run)",
+        on,
+    )
+    against_full = About(
+        "precise_vs_full",
+        "tuning the chosen heads and tuning the whole model differ on the held-out problems (over training "
+        "runs: the seeds of each)",
+        on,
+    )
     claims = [
-        groups_greater(
-            About(
-                "precise_vs_random",
-                f"tuning the chosen heads leaves more held-out problems right than tuning matched random heads (over "
-                f"training runs: {len(precise)} seeds against {draws} draws of random heads, each its own run)",
-                on,
-            ),
-            precise,
-            run_accuracies(done["random_heads"]),
-        ),
-        groups_greater(
-            About(
-                "precise_vs_full",
-                "tuning the chosen heads and tuning the whole model differ on the held-out problems (over training "
-                "runs: the seeds of each)",
-                on,
-            ),
-            precise,
-            run_accuracies(done["full"]),
-            alternative="two-sided",
-        ),
+        groups_greater(against_random, precise, run_accuracies(done["random_heads"])),
+        groups_greater(against_full, precise, run_accuracies(done["full"]), alternative="two-sided"),
     ]
     return adjust(claims, "fine-tuning")

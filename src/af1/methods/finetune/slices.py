@@ -3,6 +3,7 @@ and the check that nothing outside them moved."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,6 @@ from af1.errors import Af1Error
 from af1.models.adapter import ModelAdapter, weight_of
 
 GQA_CHOICE = "the key/value rows of each chosen query head's KV group are trained (shared with its sibling heads)"
-
-
-PROJECTIONS = {"q": ("q_proj",), "k": ("k_proj",), "v": ("v_proj",)}
 
 
 def head_slices(adapter: ModelAdapter, heads: list[tuple[int, int]]) -> dict[str, torch.Tensor]:
@@ -33,8 +31,7 @@ def head_slices(adapter: ModelAdapter, heads: list[tuple[int, int]]) -> dict[str
             for p in getattr(attn, proj).parameters():
                 m = masks.setdefault(names[id(p)], torch.zeros_like(p, dtype=torch.bool))
                 m[rows * d : (rows + 1) * d] = True
-        o = adapter.o_proj(layer)
-        w = weight_of(o)
+        w = weight_of(adapter.o_proj(layer))
         m = masks.setdefault(names[id(w)], torch.zeros_like(w, dtype=torch.bool))
         m[:, h * d : (h + 1) * d] = True
     return masks
@@ -47,8 +44,6 @@ def save_slices(adapter: ModelAdapter, masks: dict[str, torch.Tensor], path: Pat
     for n, m in masks.items():
         tensors[f"{n}::values"] = named[n].detach()[m].cpu().contiguous()
         tensors[f"{n}::mask"] = m.cpu().contiguous()
-    import json
-
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata={"af1": json.dumps(meta)})
     return path
@@ -56,6 +51,7 @@ def save_slices(adapter: ModelAdapter, masks: dict[str, torch.Tensor], path: Pat
 
 @torch.no_grad()
 def load_slices(adapter: ModelAdapter, path: Path) -> None:
+    """Put the trained entries `save_slices` wrote back into the model, in place."""
     named = dict(adapter.model.named_parameters())
     tensors = load_file(str(path))
     for key, values in tensors.items():

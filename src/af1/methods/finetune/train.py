@@ -42,6 +42,7 @@ def answer_batch(task: Task, index: list[int]) -> tuple[torch.Tensor, torch.Tens
 
 
 def check_disjoint(train: Task, evaluation: Task) -> None:
+    """Refuses training problems that are also evaluation problems (by prompt)."""
     overlap = {p.prompt for p in train.problems} & {p.prompt for p in evaluation.problems}
     if overlap:
         raise Af1Error(f"{len(overlap)} training problems are also evaluation problems (e.g. {sorted(overlap)[0]!r})")
@@ -62,12 +63,9 @@ def train(
     model = adapter.model
     named = dict(model.named_parameters())
     params = [named[n] for n in masks] if masks is not None else list(named.values())
-    hooks = []
     for p in params:
         p.requires_grad_(True)
-    if masks is not None:
-        for n, m in masks.items():
-            hooks.append(named[n].register_hook(lambda g, m=m: g * m.to(g.dtype)))
+    hooks = [named[n].register_hook(lambda g, m=m: g * m.to(g.dtype)) for n, m in (masks or {}).items()]
     optimiser = torch.optim.Adam(params, lr=config.lr, weight_decay=0.0)
     rng = random.Random(config.seed)
     losses = []

@@ -17,11 +17,7 @@ if TYPE_CHECKING:
 
 
 CORPUS_NAME = "austen_pride_and_prejudice_ch1.txt"
-
-
 CORPUS_SOURCE = "Jane Austen, Pride and Prejudice (1813), chapter 1; public domain"
-
-
 MIN_CI_WINDOWS = 10  # fewer windows than this: the bootstrap interval over windows is flagged
 
 

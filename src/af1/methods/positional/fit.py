@@ -3,7 +3,7 @@ on held-out windows."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import cast
 
 import torch
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
@@ -11,9 +11,6 @@ from typing_extensions import TypedDict  # pydantic reads TypedDicts from here b
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.models.adapter import ModelAdapter
 from af1.tasks.evaluation import batches
-
-if TYPE_CHECKING:
-    pass
 
 
 @torch.no_grad()
@@ -42,12 +39,11 @@ def capture_logits(adapter: ModelAdapter, ids_NT: torch.Tensor, batch_size: int 
     return out
 
 
-def _group_mean(values_FTT: torch.Tensor, index_TT: torch.Tensor, mask_TT: torch.Tensor, size: int) -> torch.Tensor:
-    """Mean of values over the masked entries sharing an index: [N, size]."""
-    idx = index_TT[mask_TT]
-    sums = torch.zeros(values_FTT.shape[0], size).index_add_(1, idx, values_FTT[:, mask_TT])
-    counts = torch.zeros(size).index_add_(0, idx, torch.ones(len(idx))).clamp(min=1)
-    return sums / counts
+def _group_mean(values_FE: torch.Tensor, index_E: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the mean of the entries sharing an index [F, size] (0 where none does), and each index's count."""
+    sums = torch.zeros(values_FE.shape[0], size).index_add_(1, index_E, values_FE)
+    counts = torch.zeros(size).index_add_(0, index_E, torch.ones(len(index_E)))
+    return sums / counts.clamp(min=1), counts
 
 
 def additive_fit(
@@ -59,8 +55,7 @@ def additive_fit(
     """Backfitting of W[i, j] ~ a[i-j] + b[i] + c[j] over the causal triangle (or the entries of `mask_TT`);
     returns the fit [N, T, T], zero outside the fitted entries."""
     N, T, _ = W_NTT.shape
-    i = torch.arange(T)[:, None].expand(T, T)
-    j = torch.arange(T)[None].expand(T, T)
+    i, j = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
     mask = j <= i if mask_TT is None else mask_TT
     index = {"distance": i - j, "query": i, "key": j}
     parts = {t: torch.zeros(N, T) for t in terms}
@@ -68,7 +63,7 @@ def additive_fit(
     for _ in range(iters):
         for t in terms:
             others = sum((parts[o][:, index[o]] for o in terms if o != t), torch.zeros_like(W))
-            parts[t] = _group_mean(W - others, index[t], mask, T)
+            parts[t], _ = _group_mean((W - others)[:, mask], index[t][mask], T)
     return sum(parts[t][:, index[t]] for t in terms) * mask
 
 
@@ -91,15 +86,9 @@ def token_fit_heldout(
     mask_TT = torch.ones(T, T, dtype=torch.bool).tril()
     mask_TT[0] = False  # the first query's single logit says nothing once its row is centred
     M = int(mask_TT.sum())
-    i = torch.arange(T)[:, None].expand(T, T)[mask_TT]
-    j = torch.arange(T)[None].expand(T, T)[mask_TT]
+    i, j = mask_TT.nonzero().T  # each masked entry's query and key, row by row
     _, token_NT = ids_NT.unique(return_inverse=True)
     V = int(token_NT.max()) + 1
-
-    def group_mean(values_FE: torch.Tensor, index_E: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        sums = torch.zeros(F, size).index_add_(1, index_E, values_FE)
-        counts = torch.zeros(size).index_add_(0, index_E, torch.ones(len(index_E)))
-        return sums / counts.clamp(min=1), counts
 
     y = logits_FNTT[:, train_N][:, :, mask_TT].reshape(F, -1).float()
     dist, token = (i - j).repeat(len(train_N)), token_NT[train_N][:, j].flatten()
@@ -109,12 +98,12 @@ def token_fit_heldout(
     s0 = torch.zeros(F, 2)  # the first key's own positional term (column 0 held at 0)
     seen = torch.zeros(V)
     for _ in range(iters):
-        a, _ = group_mean(y - b[:, row] - c[:, token] - s0[:, first], dist, T)
-        s0, _ = group_mean(y - a[:, dist] - b[:, row] - c[:, token], first, 2)
+        a, _ = _group_mean(y - b[:, row] - c[:, token] - s0[:, first], dist, T)
+        s0, _ = _group_mean(y - a[:, dist] - b[:, row] - c[:, token], first, 2)
         s0[:, 0] = 0
-        b, _ = group_mean(y - a[:, dist] - c[:, token] - s0[:, first], row, len(train_N) * T)
+        b, _ = _group_mean(y - a[:, dist] - c[:, token] - s0[:, first], row, len(train_N) * T)
         if with_token:
-            c, seen = group_mean(y - a[:, dist] - b[:, row] - s0[:, first], token, V)
+            c, seen = _group_mean(y - a[:, dist] - b[:, row] - s0[:, first], token, V)
     unseen = seen == 0
     c[:, unseen] = ((c * seen).sum(1, keepdim=True) / seen.sum().clamp(min=1)).expand(F, int(unseen.sum()))
     if permuted is not None:  # each token reads another token's meaning
@@ -122,8 +111,7 @@ def token_fit_heldout(
     test_N = torch.tensor([n for n in range(N) if n not in set(train_N.tolist())], dtype=torch.long)
     y_held = logits_FNTT[:, test_N][:, :, mask_TT].float().transpose(1, 2)  # [F, masked entry, held-out window]
     sink = s0[:, 1:] * (j == 0).float()[None]  # [F, masked entry]
-    fit_held = (a[:, i - j] + sink)[:, :, None] + c[:, token_NT[test_N][:, j].T]
-    fit_held = fit_held.expand_as(y_held)
+    fit_held = ((a[:, i - j] + sink)[:, :, None] + c[:, token_NT[test_N][:, j].T]).expand_as(y_held)
     query_row = i - 1  # rows 1..T-1 of each window
 
     def row_centred(values: torch.Tensor) -> torch.Tensor:
@@ -155,10 +143,9 @@ def fit_quality(W_NTT: torch.Tensor) -> FitQuality:
     and of distance + key."""
     T = W_NTT.shape[-1]
     mask = torch.ones(T, T, dtype=torch.bool).tril()
-    no_sink = mask.clone()
-    no_sink[:, 0] = False
-    past_first = mask.clone()
-    past_first[0] = False  # row-centred, the first query's single logit is 0: left out
+    later = torch.arange(T) > 0
+    no_sink = mask & later  # the sink column (key 0) left out
+    past_first = mask & later[:, None]  # row-centred, the first query's single logit is 0: left out
     fit = additive_fit(W_NTT)
     fit_no_sink = additive_fit(W_NTT, mask_TT=no_sink)
     two = additive_fit(W_NTT, ("distance", "key"))
@@ -176,32 +163,17 @@ def fit_quality(W_NTT: torch.Tensor) -> FitQuality:
     )
 
 
-def window_fit(logits_LHNTT: torch.Tensor) -> FitQuality:
-    """fit_quality per (layer, head, window): tensors [layer, head, window]."""
+def window_fit(logits_LHNTT: torch.Tensor) -> dict[str, torch.Tensor]:
+    """fit_quality per (layer, head, window), each fit by its name (r, r_row_centred, ...): [layer, head, window]."""
     L, H, N, T, _ = logits_LHNTT.shape
-    q = fit_quality(logits_LHNTT.reshape(L * H * N, T, T))
-    return FitQuality(
-        r=q["r"].view(L, H, N),
-        r_row_centred=q["r_row_centred"].view(L, H, N),
-        r_no_sink=q["r_no_sink"].view(L, H, N),
-        r_two_term=q["r_two_term"].view(L, H, N),
-    )
-
-
-def by_name(q: FitQuality) -> dict[str, torch.Tensor]:
-    """The four fits by name, for what runs over all of them."""
-    return {
-        "r": q["r"],
-        "r_row_centred": q["r_row_centred"],
-        "r_no_sink": q["r_no_sink"],
-        "r_two_term": q["r_two_term"],
-    }
+    q = cast("dict[str, torch.Tensor]", fit_quality(logits_LHNTT.reshape(L * H * N, T, T)))  # a FitQuality's tensors
+    return {name: r.view(L, H, N) for name, r in q.items()}
 
 
 def median(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """The median as the spread reports it (`summary`): the mean of the two middle values of an even count (torch's
     `median` takes the lower one), so an estimate and its bootstrap interval are of one statistic."""
-    return torch.quantile(x.float(), 0.5, dim=dim) if dim is not None else torch.quantile(x.flatten().float(), 0.5)
+    return torch.quantile(x.float(), 0.5, dim=dim)
 
 
 def median_ci(r_LHN: torch.Tensor, draws: int = 1000, seed: int = 0) -> list[float | None]:

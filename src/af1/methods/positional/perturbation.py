@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
 
 import torch
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from af1.models.adapter import ModelAdapter
-
-if TYPE_CHECKING:
-    pass
-
 
 SWAP_FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)
 
@@ -21,27 +16,23 @@ def swap_adjacent(n: int, swaps: int, rng: random.Random) -> list[int]:
     """A permutation of range(n) with `swaps` disjoint adjacent swaps, 2 * swaps tokens displaced (position 0,
     the document start, stays)."""
     order = list(range(n))
-    want = swaps
     starts = list(range(1, n - 1))
     rng.shuffle(starts)
-    used: set[int] = set()
     for s in starts:
-        if want == 0:
+        if swaps == 0:
             break
-        if s in used or s + 1 in used:
-            continue
-        order[s], order[s + 1] = order[s + 1], order[s]
-        used.update((s, s + 1))
-        want -= 1
+        if order[s] == s and order[s + 1] == s + 1:  # neither displaced yet: the swaps stay disjoint
+            order[s], order[s + 1] = s + 1, s
+            swaps -= 1
     return order
 
 
 @torch.no_grad()
 def perplexity(adapter: ModelAdapter, ids_NT: torch.Tensor, position_ids_NT: torch.Tensor | None = None) -> float:
-    model = adapter.model
+    """Perplexity of the windows' next tokens, at the given position ids (default: in order)."""
     ids = ids_NT.to(adapter.device)
     kwargs = {"position_ids": position_ids_NT.to(adapter.device)} if position_ids_NT is not None else {}
-    logits = model(input_ids=ids, use_cache=False, **kwargs).logits.float()
+    logits = adapter.model(input_ids=ids, use_cache=False, **kwargs).logits.float()
     nll = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
     return float(nll.exp())
 

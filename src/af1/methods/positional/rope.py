@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
@@ -11,9 +9,6 @@ from af1.errors import Af1Error
 from af1.interventions.attention import LayerPlan, attention_plans
 from af1.models.adapter import ModelAdapter
 from af1.results import Part
-
-if TYPE_CHECKING:
-    pass
 
 
 def rope_tables(adapter: ModelAdapter, T: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,6 +23,7 @@ def rope_tables(adapter: ModelAdapter, T: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """The vector's halves swapped, the new first half negated: what RoPE's sine multiplies."""
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], -1)
 
@@ -126,17 +122,13 @@ def rope_parts(adapter: ModelAdapter, ids_NT: torch.Tensor, n_queries: int) -> R
     except Af1Error as exc:
         return RopeParts(rope_analyses_skipped=str(exc))
     qk = capture_qk(adapter, ids_NT[:1])
+    layers = [qk[layer] for layer in range(adapter.n_layers)]
     queries = sorted({int(x) for x in torch.linspace(T // 4, T - 1, n_queries)})
-    distances = list(range(0, T))
+    pre = [(unrotate(q, cos[:T], sin[:T]), unrotate(k, cos[:T], sin[:T])) for q, k in layers]
     r2 = torch.stack(
-        [
-            dummy_distance_r2(
-                unrotate(q, cos[:T], sin[:T]), unrotate(k, cos[:T], sin[:T]), cos, sin, queries, distances
-            )
-            for q, k in (qk[layer] for layer in range(adapter.n_layers))
-        ]
+        [dummy_distance_r2(q, k, cos, sin, queries, list(range(T))) for q, k in pre]
     )  # [layer, head, query]
-    bands = [band_analysis(q, k, cos, sin) for q, k in (qk[layer] for layer in range(adapter.n_layers))]
+    bands = [band_analysis(q, k, cos, sin) for q, k in layers]
     return RopeParts(
         dummy_distance_r2_layer_head=r2.median(-1).values.tolist(),
         dummy_distance_r2_median=float(r2.median()),

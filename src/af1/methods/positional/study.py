@@ -29,16 +29,7 @@ from typing_extensions import TypedDict  # pydantic reads TypedDicts from here b
 
 from af1.claims import About, Claim, adjust, interval_above, prediction_interval
 from af1.methods.positional.corpus import CORPUS_SOURCE, corpus_windows, load_corpus, shuffled, window_warnings
-from af1.methods.positional.fit import (
-    Spread,
-    by_name,
-    capture_logits,
-    median,
-    median_ci,
-    summary,
-    token_fit_heldout,
-    window_fit,
-)
+from af1.methods.positional.fit import Spread, capture_logits, median, median_ci, summary, token_fit_heldout, window_fit
 from af1.methods.positional.perturbation import perturbation_curve
 from af1.methods.positional.rope import RopeParts, rope_parts
 from af1.methods.positional.windows import window_claims
@@ -174,6 +165,7 @@ def heldout_study(
     def heldout(
         logits_LHNTT: torch.Tensor, ids: torch.Tensor, with_token: bool = True, permuted: int | None = None
     ) -> torch.Tensor:
+        """The held-out row-centred r [layer, head, held-out window] (`token_fit_heldout`)."""
         L, H = logits_LHNTT.shape[:2]
         fitted = token_fit_heldout(logits_LHNTT.flatten(0, 1), ids, train, with_token, permuted=permuted)
         return fitted.view(L, H, len(test))
@@ -194,14 +186,9 @@ def heldout_study(
     r_median, ci = float(median(r_LHN.mean(-1))), median_ci(r_LHN, seed=seed)
     where = f"{len(test)} held-out windows (fitted on the other {len(train)})"
     meaning, word_order = window_claims(r_LHN, pos_LHN, permuted_LHN, shuffled_LHN, where, seed)
+    over = f"(a 95 % prediction interval over {len(seeds)} seeds)"
     learned = [
-        interval_above(
-            About(kind, f"{said} (a 95 % prediction interval over {len(seeds)} seeds)", where),
-            r_median,
-            ci,
-            *falls[scaled],
-            len(test),
-        )
+        interval_above(About(kind, f"{said} {over}", where), r_median, ci, *falls[scaled], len(test))
         for scaled, (kind, said) in LEARNED.items()
     ]
     claims = [meaning, *learned, word_order]
@@ -235,31 +222,24 @@ def study(
     corpus: str | Path | None = None,
 ) -> Positional:
     """The whole positional study on one model: fits, controls, dummy distance, bands, perturbation."""
-
     start = document_start(tokenizer)
     ids = corpus_windows(
         adapter, tokenizer, load_corpus(corpus), config.window, config.n_windows, start[0] if start else None
     )
     logits = capture_logits(adapter, ids)
+    shuffled_ids = shuffled(ids, 1 if start else 0, config.seed)
     fits = {
         "": window_fit(logits),
         "random_init": window_fit(capture_logits(random_init_like(adapter, config.seed), ids)),
         "norm_matched": window_fit(capture_logits(random_init_like(adapter, config.seed, norm_matched=True), ids)),
+        "shuffled": window_fit(capture_logits(adapter, shuffled_ids)),
     }
-    shuffled_ids = shuffled(ids, 1 if start else 0, config.seed)
-    fits["shuffled"] = window_fit(capture_logits(adapter, shuffled_ids))
     heldout = heldout_study(adapter, ids, shuffled_ids, logits, config.seed) if len(ids) >= 2 else None
     one_window = ["one window: nothing to hold out, so the decomposition is not tested out of sample"]
-    trained = {k: v.mean(-1) for k, v in by_name(fits[""]).items()}
-    per_head: dict[str, torch.Tensor] = dict(trained)
-    for control in ("random_init", "norm_matched", "shuffled"):
-        per_head[control] = fits[control]["r"].mean(-1)
-        per_head[f"{control}_row_centred"] = fits[control]["r_row_centred"].mean(-1)
-    windows = by_name(fits[""]) | {
-        f"{c}{suffix}": fits[c]["r"] if suffix == "" else fits[c]["r_row_centred"]
-        for c in ("random_init", "norm_matched", "shuffled")
-        for suffix in ("", "_row_centred")
-    }
+    # per window: the trained model's four fits, then each control's plain and row-centred r
+    controls = ("random_init", "norm_matched", "shuffled")
+    windows = fits[""] | {f"{c}{suffix}": fits[c][f"r{suffix}"] for c in controls for suffix in ("", "_row_centred")}
+    per_head = {name: r.mean(-1) for name, r in windows.items()}
     d = {name: summary(v) for name, v in per_head.items()}
     rope = rope_parts(adapter, ids, config.n_queries)
     curve = perturbation_curve(adapter, ids, config.seed)
@@ -272,13 +252,9 @@ def study(
         n_layers=adapter.n_layers,
         n_heads=adapter.n_heads,
         attention_softcapping=getattr(adapter.config, "attn_logit_softcapping", None),
-        r_layer_head=trained["r"].tolist(),
-        r_row_centred_layer_head=trained["r_row_centred"].tolist(),
-        r_no_sink_layer_head=trained["r_no_sink"].tolist(),
-        r_two_term_layer_head=trained["r_two_term"].tolist(),
-        r_random_init_layer_head=per_head["random_init"].tolist(),
-        r_norm_matched_layer_head=per_head["norm_matched"].tolist(),
-        r_shuffled_layer_head=per_head["shuffled"].tolist(),
+        # [layer, head] grids: r_layer_head, r_row_centred_layer_head, ...; r_random_init_layer_head, ...
+        **{f"{fit}_layer_head": per_head[fit].tolist() for fit in fits[""]},
+        **{f"r_{control}_layer_head": per_head[control].tolist() for control in controls},
         distribution=d,
         median_ci={name: median_ci(v, seed=config.seed) for name, v in windows.items()},
         median_ci_n_windows=ids.shape[0],
@@ -287,15 +263,9 @@ def study(
         warnings=window_warnings(ids.shape[0], config.n_windows, ids.shape[1])
         + (one_window if heldout is None else []),
         r_mean=d["r"]["mean"],
-        r_median=d["r"]["median"],
-        r_median_row_centred=d["r_row_centred"]["median"],
-        r_median_no_sink=d["r_no_sink"]["median"],
-        r_median_random_init=d["random_init"]["median"],
-        r_median_random_init_row_centred=d["random_init_row_centred"]["median"],
-        r_median_norm_matched=d["norm_matched"]["median"],
-        r_median_norm_matched_row_centred=d["norm_matched_row_centred"]["median"],
-        r_median_shuffled=d["shuffled"]["median"],
-        r_median_shuffled_row_centred=d["shuffled_row_centred"]["median"],
+        # medians: r_median, r_median_row_centred, r_median_no_sink; r_median_random_init(_row_centred), ...
+        **{f"r_median{fit.removeprefix('r')}": d[fit]["median"] for fit in ("r", "r_row_centred", "r_no_sink")},
+        **{f"r_median_{c}{s}": d[f"{c}{s}"]["median"] for c in controls for s in ("", "_row_centred")},
         perplexity_vs_swap=curve["tokens"],
         perplexity_vs_position_swap=curve["position_ids"],
         swap_fraction="share of tokens displaced by disjoint adjacent swaps (the document start stays)",

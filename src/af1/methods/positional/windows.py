@@ -24,32 +24,27 @@ def window_claims(
     the decomposition (the median head's r per window against the same tokens shuffled); paired permutation tests."""
 
     def gain(fit_LHN: torch.Tensor) -> list[float]:
+        """Per held-out window, the median head's r gain over position alone."""
         gain_N = median((fit_LHN - pos_LHN).flatten(0, 1), dim=0)  # per held-out window, the median head's gain
         return torch.where(gain_N.abs() > ROUNDING, gain_N, 0.0).tolist()  # within float rounding: no gain
 
-    meaning = paired_greater(
-        About(
-            "meaning_term",
-            "a meaning term that is a function of the key's token, fitted on other windows, adds to position alone "
-            "(the first key, a sink's place, its own positional term) on held-out windows more than the same term "
-            "read with the token identities permuted across the split (row-centred r)",
-            where,
-        ),
+    def claim(kind: str, statement: str, a: list[float], b: list[float]) -> Claim:
+        """That `a` is above `b`: a paired permutation test over the held-out windows."""
+        return paired_greater(About(kind, statement, where), a, b, seed=seed, unit="held-out windows")
+
+    meaning = claim(
+        "meaning_term",
+        "a meaning term that is a function of the key's token, fitted on other windows, adds to position alone "
+        "(the first key, a sink's place, its own positional term) on held-out windows more than the same term "
+        "read with the token identities permuted across the split (row-centred r)",
         gain(r_LHN),
         gain(permuted_LHN),
-        seed=seed,
-        unit="held-out windows",
     )
-    word_order = paired_greater(
-        About(
-            "word_order",
-            "the text's word order makes it fit better: on each held-out window, the median head's r on the text is "
-            "above that on the same tokens shuffled",
-            where,
-        ),
+    word_order = claim(
+        "word_order",
+        "the text's word order makes it fit better: on each held-out window, the median head's r on the text is "
+        "above that on the same tokens shuffled",
         median(r_LHN.flatten(0, 1), dim=0).tolist(),
         median(shuffled_LHN.flatten(0, 1), dim=0).tolist(),
-        seed=seed,
-        unit="held-out windows",
     )
     return meaning, word_order
