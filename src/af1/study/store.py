@@ -48,22 +48,19 @@ class Store:
         record = self.record(unit)
         if record is None or record.get("key") != unit.key or record.get("state") not in FINISHED:
             return None
-        if record.get("state") == "done" and self.typed(unit, record) is None:
+        if record.get("state") == "done" and read_result(unit, record) is None:
             return None  # written by an af1 whose result had other fields: run again rather than misread
         return record
 
-    def typed(self, unit: Unit, record: dict[str, Any] | None = None) -> Result | None:
-        """A done unit's result as its experiment's typed result, validated once per record; None where it has none
-        or it does not fit this af1's result (every field declared, each of its type)."""
-        record = self.record(unit) if record is None else record
+    def typed(self, unit: Unit) -> Result | None:
+        """A done unit's result as its experiment's typed result, validated once per record (a report reads each
+        several times; a runner, which only asks `done`, holds none); None where there is none that fits."""
+        record = self.record(unit)
         if record is None or record.get("key") != unit.key or record.get("state") != "done":
             return None
         at = (unit.id, record.get("finished"))
         if at not in self._typed:
-            try:
-                self._typed[at] = REGISTRY[unit.experiment].Result.model_validate(record.get("result"))
-            except (ValidationError, KeyError):
-                self._typed[at] = None
+            self._typed[at] = read_result(unit, record)
         return self._typed[at]
 
     def ended_since(self, unit: Unit, since: str) -> dict[str, Any] | None:
@@ -97,3 +94,11 @@ class Store:
         }
         write_json(self.unit_dir(unit) / "unit.json", record)
         return record
+
+
+def read_result(unit: Unit, record: dict[str, Any]) -> Result | None:
+    """A stored result as this af1's experiment types it (every field declared, each of its type), or None."""
+    try:
+        return REGISTRY[unit.experiment].Result.model_validate(record.get("result"))
+    except (ValidationError, KeyError):
+        return None
