@@ -36,19 +36,11 @@ class Resampled(TypedDict):
     seeds: int
 
 
-@with_config(ConfigDict(extra="forbid"))
-class Configured(Faithfulness):
-    """The configured intervention every alternative is paired against."""
-
-    ablation: str
-    abp: str
-
-
 class Alternatives(Part):
     """Every ablation and every ABP variant at one config (`alternatives`), each paired against the configured one."""
 
     config: AF1Config
-    configured: Configured
+    configured: Faithfulness  # of `config`, which every alternative is paired against
     ablations: dict[str, Alternative | Resampled]
     abp_variants: dict[str, Alternative]
     claims: list[Claim]  # each alternative against the configured intervention: one family (Holm)
@@ -112,7 +104,7 @@ def alternatives(
             differs(f"ABP {v}", scores)
     return Alternatives(
         config=config,
-        configured=Configured(ablation=config.ablation, abp=config.abp, **faith_fields(setup, reference_scores)),
+        configured=faith_fields(setup, reference_scores),
         ablations=ablations,
         abp_variants=variants,
         claims=adjust(claims, f"alternatives at {config.cell}"),
