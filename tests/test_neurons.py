@@ -144,7 +144,8 @@ def test_the_neurons_experiment_writes_what_it_measured(planted):
 
 
 def test_attribution_runs_on_a_task_file_with_words_for_answers(planted):
-    """The heads study's --attribution on a task file: its slot is the counterfactual."""
+    """What the heads study's --attribution runs, on a task file (its slot is the counterfactual); the planted model
+    has too few other heads for the study's matched random knock-outs."""
     from af1.methods.heads.compared import estimate_against_exact
 
     held, spec, _ = planted
