@@ -34,6 +34,10 @@ if TYPE_CHECKING:  # the parts the figures read; importing them would load torch
 
 PLOT_CLASS = "af1-plot"
 SORTABLE_CLASS = "sortable"
+HOVER = "%{text}<extra></extra>"  # a trace's hover: each point's own text
+UNIT = (-0.02, 1.02)  # an axis of rates, 0 and 1 just inside it
+STAGE_COLOURS = {"wait": "#bbbbbb", "transfer": "#f0a030", "compute": "#50a050"}
+PALETTE = ("#1f77b4", "#d62728", "#9467bd", "#e377c2", "#8c564b", "#17becf", "#bcbd22")
 
 
 @cache
@@ -80,6 +84,7 @@ def ci_of(ci: Any) -> list[float | None]:
 
 
 def fmt(value: Any, digits: int = 3) -> str:
+    """A number for a hover text: a float to `digits` places, "-" where there is none."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
@@ -98,7 +103,97 @@ def rate_hover(r: Rate) -> str:
     return hover_of(r["value"], r["ci"], r["n"], r["baseline"])
 
 
+# --- the traces and axes every figure is built from ----------------------------------------------------------------
+
+
+def axis(title: str, **extra: Any) -> dict[str, Any]:
+    """An axis titled `title`, with its other settings."""
+    return {"title": {"text": title}, **extra}
+
+
+def heading(text: str, size: int = 13) -> dict[str, Any]:
+    """A figure's title in a small font (the titles are long)."""
+    return {"text": text, "font": {"size": size}}
+
+
+def scatter(name: str, x: list[Any], y: list[Any], hover: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+    """A scatter trace, markers unless `mode` says otherwise; with `hover`, each point shows its own text."""
+    trace: dict[str, Any] = {"type": "scatter", "mode": "markers", "name": name, "x": x, "y": y, **extra}
+    return trace | ({"text": hover, "hovertemplate": HOVER} if hover is not None else {})
+
+
+def heatmap(z: Any, hover: list[list[str]] | None = None, **extra: Any) -> dict[str, Any]:
+    """A heatmap trace; with `hover`, each cell shows its own text."""
+    trace: dict[str, Any] = {"type": "heatmap", "z": z, **extra}
+    return trace | ({"text": hover, "hovertemplate": HOVER} if hover is not None else {})
+
+
+def curve(
+    x: list[Any], values: list[Any], cis: list[Any] | None, name: str, hover: list[str], **extra: Any
+) -> dict[str, Any]:
+    """A line with its 95 % intervals as asymmetric error bars (none where they are not stored)."""
+    trace = scatter(name, x, values, hover, mode="lines+markers", **extra)
+    if cis:
+        bounds = [ci_of(ci) for ci in cis]
+        up = [None if h is None or v is None else h - v for v, (_, h) in zip(values, bounds, strict=False)]
+        down = [None if lo is None or v is None else v - lo for v, (lo, _) in zip(values, bounds, strict=False)]
+        bars = {"type": "data", "symmetric": False, "array": up, "arrayminus": down, "thickness": 1, "width": 3}
+        trace["error_y"] = bars
+    return trace
+
+
+def rate_curve(x: list[Any], rates: list[Rate], name: str, labels: list[str], **extra: Any) -> dict[str, Any]:
+    """A line of rates with their intervals, each point hovered with its label over the rate's parts."""
+    hover = [f"{label}<br>{rate_hover(r)}" for label, r in zip(labels, rates, strict=True)]
+    return curve(x, [r["value"] for r in rates], [r["ci"] for r in rates], name, hover, **extra)
+
+
+GUESS = "constant guess"
+
+
+def levels(*marks: tuple[Any, str, str, str], xref: str = "x", yref: str = "y") -> dict[str, list[dict[str, Any]]]:
+    """Horizontal lines across the plot, each (y, label, dash, colour), labelled at its right end; the constant
+    guess (`guess`) at its left. A y that is not stored draws nothing. Spread into a layout (shapes, annotations)."""
+    shown = [m for m in marks if m[0] is not None]
+    domain = f"{xref} domain"
+    line = {"type": "line", "xref": domain, "x0": 0, "x1": 1, "yref": yref}
+    shapes = [line | {"y0": y, "y1": y, "line": {"dash": d, "color": c}} for y, _, d, c in shown]
+    notes = [
+        {"xref": domain, "x": 0 if text == GUESS else 1, "yref": yref, "y": y, "text": text, "showarrow": False}
+        | {"xanchor": "left" if text == GUESS else "right", "yanchor": "bottom", "font": {"size": 10, "color": c}}
+        for y, text, _, c in shown
+    ]
+    return {"shapes": shapes, "annotations": notes}
+
+
+def guess(value: Any) -> tuple[Any, str, str, str]:
+    """The constant guess as a dotted grey level."""
+    return (value, GUESS, "dot", "grey")
+
+
 # --- the (L_wait, L_transfer) grid, the search's frontier and choice -----------------------------------------------
+
+
+def cells_heatmap(name: str, x: list[int], y: list[int], z: Any, bar: str, **extra: Any) -> dict[str, Any]:
+    """A rate on 0..1 per (L_wait row, L_transfer column) cell, the cells a pixel apart, an empty one not hovered."""
+    scale = {"zmin": 0, "zmax": 1, "colorscale": "Viridis", "colorbar": {"title": {"text": bar}}}
+    return heatmap(z, name=name, x=x, y=y, **scale, hoverongaps=False, xgap=1, ygap=1, **extra)
+
+
+def cells_layout(
+    title: dict[str, Any], xaxis: dict[str, Any], yaxis: dict[str, Any], n_layers: int, found: Found | None
+) -> dict[str, Any]:
+    """The layout of a figure over the (L_wait, L_transfer) cells: a tick a layer, the legend below, the search's
+    judged cell outlined."""
+    return {
+        "title": title,
+        "xaxis": {**xaxis, "dtick": 1, "zeroline": False},
+        "yaxis": {**yaxis, "dtick": 1, "zeroline": False},
+        "height": min(900, 340 + 22 * n_layers),
+        "legend": {"orientation": "h", "y": -0.2},
+        "showlegend": True,  # a lone marker (a best cell, no frontier) is named too
+        "shapes": chosen_shape(found),
+    }
 
 
 def sweep_grid(grid: Grid, setup: SetupDescription, found: Found | None = None) -> str:
@@ -125,61 +220,21 @@ def sweep_grid(grid: Grid, setup: SetupDescription, found: Found | None = None) 
         ]
         for r, w in enumerate(waits)
     ]
-    data: list[dict[str, Any]] = [
-        {
-            "type": "heatmap",
-            "name": "faithfulness",
-            "x": transfers,
-            "y": waits,
-            "z": faith,
-            "zmin": 0,
-            "zmax": 1,
-            "colorscale": "Viridis",
-            "colorbar": {"title": {"text": "faithfulness"}},
-            "text": text,
-            "hovertemplate": "%{text}<extra></extra>",
-            "hoverongaps": False,
-            "xgap": 1,
-            "ygap": 1,
-        }
-    ]
+    data = [cells_heatmap("faithfulness", transfers, waits, faith, "faithfulness", text=text, hovertemplate=HOVER)]
     threshold = found.threshold if found else 0.9
-    marked = confident_cells(low, threshold)
-    if marked:
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "name": f"95 % interval at or above {threshold} (in-sample, uncorrected across cells: descriptive)",
-                "x": [k for _, k in marked],
-                "y": [w + 0.3 for w, _ in marked],
-                "marker": {"symbol": "triangle-up", "color": "red", "size": 6},
-                "hoverinfo": "skip",
-            }
-        )
+    if marked := confident_cells(low, threshold):
+        name = f"95 % interval at or above {threshold} (in-sample, uncorrected across cells: descriptive)"
+        x, y = [k for _, k in marked], [w + 0.3 for w, _ in marked]
+        data.append(scatter(name, x, y, marker={"symbol": "triangle-up", "color": "red", "size": 6}, hoverinfo="skip"))
     if found:
         data += search_traces(found)
     title = (
         f"AF1 faithfulness: {setup.model} {setup.task} ({setup.style}, {setup.scoring} answer), n={n}, "
         f"constant guess {fmt(baseline)}"
     )
-    layout = {
-        "title": {"text": html.escape(title), "font": {"size": 13}},
-        "xaxis": {
-            "title": {"text": "L_transfer (layers in which the last token peeks)"},
-            "dtick": 1,
-            "zeroline": False,
-        },
-        "yaxis": {
-            "title": {"text": "L_wait (CAMA at the output of this block; -1 = none)"},
-            "dtick": 1,
-            "zeroline": False,
-        },
-        "height": min(900, 340 + 22 * L),
-        "legend": {"orientation": "h", "y": -0.2},
-        "showlegend": True,  # a lone marker (a best cell, no frontier) is named too
-        "shapes": chosen_shape(found) if found else [],
-    }
+    xaxis = axis("L_transfer (layers in which the last token peeks)")
+    yaxis = axis("L_wait (CAMA at the output of this block; -1 = none)")
+    layout = cells_layout(heading(html.escape(title)), xaxis, yaxis, L, found)
     return plot_html(data, layout, sweep_detail(grid, faith, low, high))
 
 
@@ -227,9 +282,8 @@ def cell_hover(cell: Cell, found: Found) -> str:
     )
     judged = found.judged
     if judged is not None and (judged["wait"], judged["transfer"]) == (cell["wait"], cell["transfer"]):
-        sel, conf = judged["selection"], judged["confirmation"]
-        text += "<br>selection split: " + rate_hover(sel)
-        text += "<br>confirmation split: " + rate_hover(conf)
+        text += "<br>selection split: " + rate_hover(judged["selection"])
+        text += "<br>confirmation split: " + rate_hover(judged["confirmation"])
     return text
 
 
@@ -237,20 +291,11 @@ def search_traces(found: Found) -> list[dict[str, Any]]:
     """The search's frontier (per L_wait measured, the smallest L_transfer reaching the threshold on the selection
     split) and its judged cell, with both splits' rates in the hover."""
     traces: list[dict[str, Any]] = []
-    if found.frontier:
-        traces.append(
-            {
-                "type": "scatter",
-                "mode": "lines+markers",
-                "name": f"frontier: smallest L_transfer reaching {found.threshold} (selection split)",
-                "x": [f["transfer"] for f in found.frontier],
-                "y": [f["wait"] for f in found.frontier],
-                "line": {"color": "orange", "width": 2},
-                "marker": {"size": 7},
-                "text": [cell_hover(f, found) for f in found.frontier],
-                "hovertemplate": "%{text}<extra></extra>",
-            }
-        )
+    if frontier := found.frontier:
+        name = f"frontier: smallest L_transfer reaching {found.threshold} (selection split)"
+        x, y = [f["transfer"] for f in frontier], [f["wait"] for f in frontier]
+        style = {"mode": "lines+markers", "line": {"color": "orange", "width": 2}, "marker": {"size": 7}}
+        traces.append(scatter(name, x, y, [cell_hover(f, found) for f in frontier], **style))
     if (judged := found.judged) is not None:
         what = "chosen cell" if found.chosen else f"best cell (none reaches {found.threshold})"
         sel = judged["selection"]
@@ -261,24 +306,14 @@ def search_traces(found: Found) -> list[dict[str, Any]]:
             "measured": sel["n"],
             "stopped": "all",
         }
-        traces.append(
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "name": what,
-                "x": [judged["transfer"]],
-                "y": [judged["wait"]],
-                "marker": {"symbol": "x", "color": "red", "size": 9},
-                "text": [cell_hover(cell, found)],
-                "hovertemplate": "%{text}<extra></extra>",
-            }
-        )
+        marker = {"symbol": "x", "color": "red", "size": 9}
+        traces.append(scatter(what, [judged["transfer"]], [judged["wait"]], [cell_hover(cell, found)], marker=marker))
     return traces
 
 
-def chosen_shape(found: Found) -> list[dict[str, Any]]:
-    """The search's judged cell outlined in red (dashed where none reached the threshold)."""
-    if (cell := found.judged) is None:
+def chosen_shape(found: Found | None) -> list[dict[str, Any]]:
+    """The search's judged cell outlined in red (dashed where none reached the threshold); none without a search."""
+    if found is None or (cell := found.judged) is None:
         return []
     w, k = cell["wait"], cell["transfer"]
     line = {"color": "red", "width": 3, **({} if found.chosen else {"dash": "dash"})}
@@ -298,43 +333,17 @@ def search_plot(found: Found, n_layers: int) -> str:
         r, c = cell["wait"] + 1, cell["transfer"]
         z[r][c] = cell["right"] / cell["measured"]
         text[r][c], hover[r][c] = cell_text(cell, n), cell_hover(cell, found)
-    data: list[dict[str, Any]] = [
-        {
-            "type": "heatmap",
-            "name": "selection rate on the problems measured",
-            "x": transfers,
-            "y": waits,
-            "z": z,
-            "zmin": 0,
-            "zmax": 1,
-            "colorscale": "Viridis",
-            "colorbar": {"title": {"text": "right / measured"}},
-            "text": text,
-            "texttemplate": "%{text}",
-            "textfont": {"size": 8},
-            "customdata": hover,
-            "hovertemplate": "%{customdata}<extra></extra>",
-            "hoverongaps": False,
-            "xgap": 1,
-            "ygap": 1,
-        },
-        *search_traces(found),
-    ]
+    shown = {"text": text, "texttemplate": "%{text}", "textfont": {"size": 8}}  # each cell's rate or misses
+    hovered = {"customdata": hover, "hovertemplate": "%{customdata}<extra></extra>"}
+    name = "selection rate on the problems measured"
+    data = [cells_heatmap(name, transfers, waits, z, "right / measured", **shown, **hovered), *search_traces(found)]
     stopped = sum(c["measured"] < n for c in found.measured)
     title = (
         f"The cells the search measured: {len(found.measured)}, {stopped} stopped once decided<br>(shown as ✗ misses /"
         f" problems measured), the rest measured on all {n} selection problems (their rate)"
     )  # numbers and fixed words only: nothing to escape
-    layout = {
-        "title": {"text": title, "font": {"size": 12}},
-        "xaxis": {"title": {"text": "L_transfer"}, "range": [-0.5, L + 0.5], "dtick": 1, "zeroline": False},
-        "yaxis": {"title": {"text": "L_wait"}, "range": [-1.5, L - 0.5], "dtick": 1, "zeroline": False},
-        "height": min(900, 340 + 22 * L),
-        "legend": {"orientation": "h", "y": -0.2},
-        "showlegend": True,
-        "shapes": chosen_shape(found),
-    }
-    return plot_html(data, layout)
+    xaxis, yaxis = axis("L_transfer", range=[-0.5, L + 0.5]), axis("L_wait", range=[-1.5, L - 0.5])
+    return plot_html(data, cells_layout(heading(title, 12), xaxis, yaxis, L, found))
 
 
 def groups_plot(grouping: Grouping, n_layers: int, whole: list[int] | None) -> str:
@@ -343,51 +352,26 @@ def groups_plot(grouping: Grouping, n_layers: int, whole: list[int] | None) -> s
     cell beside them."""
     data: list[dict[str, Any]] = []
     if whole is not None:
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "name": "the whole task's judged cell",
-                "x": [whole[1]],
-                "y": [whole[0]],
-                "marker": {"size": 20, "symbol": "square-open", "color": "black"},
-                "hovertemplate": "the whole task's judged cell (%{y}, %{x})<extra></extra>",
-            }
-        )
+        marker = {"size": 20, "symbol": "square-open", "color": "black"}
+        hover = "the whole task's judged cell (%{y}, %{x})<extra></extra>"
+        data.append(scatter("the whole task's judged cell", [whole[1]], [whole[0]], marker=marker, hovertemplate=hover))
     for i, group in enumerate(grouping.groups):
-        colour = PALETTE[i % len(PALETTE)]
-        stairs = group["frontier"]
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "lines+markers",
-                "name": f"{group['name']}: staircase",
-                "legendgroup": group["name"],
-                "x": [c["transfer"] for c in stairs],
-                "y": [c["wait"] for c in stairs],
-                "line": {"shape": "hv", "color": colour},
-                "hovertemplate": f"{html.escape(group['name'])}: (%{{y}}, %{{x}})<extra></extra>",
-            }
-        )
-        judged = group["judged"]
-        if judged is not None:
-            data.append(
-                {
-                    "type": "scatter",
-                    "mode": "markers",
-                    "name": f"{group['name']}: judged cell" + ("" if group["chosen"] else " (best)"),
-                    "legendgroup": group["name"],
-                    "x": [judged["transfer"]],
-                    "y": [judged["wait"]],
-                    "marker": {"size": 16, "symbol": "star" if group["chosen"] else "x", "color": colour},
-                    "customdata": [rate_hover(judged["confirmation"])],
-                    "hovertemplate": f"{html.escape(group['name'])}<br>%{{customdata}}<extra></extra>",
-                }
-            )
+        colour, name, stairs = PALETTE[i % len(PALETTE)], group["name"], group["frontier"]
+        x, y = [c["transfer"] for c in stairs], [c["wait"] for c in stairs]
+        style = {"mode": "lines+markers", "legendgroup": name, "line": {"shape": "hv", "color": colour}}
+        hover = f"{html.escape(name)}: (%{{y}}, %{{x}})<extra></extra>"
+        data.append(scatter(f"{name}: staircase", x, y, **style, hovertemplate=hover))
+        if (judged := group["judged"]) is not None:
+            what = f"{name}: judged cell" + ("" if group["chosen"] else " (best)")
+            marker = {"size": 16, "symbol": "star" if group["chosen"] else "x", "color": colour}
+            rate = [rate_hover(judged["confirmation"])]
+            hover = f"{html.escape(name)}<br>%{{customdata}}<extra></extra>"
+            x, y = [judged["transfer"]], [judged["wait"]]
+            data.append(scatter(what, x, y, legendgroup=name, marker=marker, customdata=rate, hovertemplate=hover))
     layout = {
         "title": {"text": f"Each group's staircase and judged cell (grouped by {html.escape(grouping.by)})"},
-        "xaxis": {"title": {"text": "L_transfer"}, "range": [-0.5, n_layers + 0.5], "dtick": 1},
-        "yaxis": {"title": {"text": "L_wait"}, "range": [-1.5, n_layers - 0.5], "dtick": 1},
+        "xaxis": axis("L_transfer", range=[-0.5, n_layers + 0.5], dtick=1),
+        "yaxis": axis("L_wait", range=[-1.5, n_layers - 0.5], dtick=1),
         "height": min(700, 320 + 14 * n_layers),
         "legend": {"orientation": "h", "y": -0.25},
     }
@@ -397,69 +381,6 @@ def groups_plot(grouping: Grouping, n_layers: int, whole: list[int] | None) -> s
 # --- curves with their intervals -----------------------------------------------------------------------------------
 
 
-def curve(
-    x: list[Any], values: list[Any], cis: list[Any] | None, name: str, hover: list[str], **extra: Any
-) -> dict[str, Any]:
-    """A line with its 95 % intervals as asymmetric error bars (none where they are not stored)."""
-    trace: dict[str, Any] = {
-        "type": "scatter",
-        "mode": "lines+markers",
-        "name": name,
-        "x": x,
-        "y": values,
-        "text": hover,
-        "hovertemplate": "%{text}<extra></extra>",
-        **extra,
-    }
-    if cis:
-        bounds = [ci_of(ci) for ci in cis]
-        trace["error_y"] = {
-            "type": "data",
-            "symmetric": False,
-            "array": [None if h is None or v is None else h - v for v, (_, h) in zip(values, bounds, strict=False)],
-            "arrayminus": [
-                None if lo is None or v is None else v - lo for v, (lo, _) in zip(values, bounds, strict=False)
-            ],
-            "thickness": 1,
-            "width": 3,
-        }
-    return trace
-
-
-GUESS = "constant guess"
-
-
-def levels(*marks: tuple[Any, str, str, str], xref: str = "x", yref: str = "y") -> dict[str, list[dict[str, Any]]]:
-    """Horizontal lines across the plot, each (y, label, dash, colour), labelled at its right end; the constant
-    guess (`guess`) at its left. A y that is not stored draws nothing. Spread into a layout (shapes, annotations)."""
-    shown = [m for m in marks if m[0] is not None]
-    domain = f"{xref} domain"
-    shapes = [
-        {
-            "type": "line",
-            "xref": domain,
-            "x0": 0,
-            "x1": 1,
-            "yref": yref,
-            "y0": y,
-            "y1": y,
-            "line": {"dash": d, "color": c},
-        }
-        for y, _, d, c in shown
-    ]
-    notes = [
-        {"xref": domain, "x": 0 if text == GUESS else 1, "yref": yref, "y": y, "text": text, "showarrow": False}
-        | {"xanchor": "left" if text == GUESS else "right", "yanchor": "bottom", "font": {"size": 10, "color": c}}
-        for y, text, _, c in shown
-    ]
-    return {"shapes": shapes, "annotations": notes}
-
-
-def guess(value: Any) -> tuple[Any, str, str, str]:
-    """The constant guess as a dotted grey level."""
-    return (value, GUESS, "dot", "grey")
-
-
 def necessity_plot(result: Necessity, n: int) -> str:
     """Faithfulness with the last token kept from reading the problem, per first blocked layer and window width; and,
     inside the search's chosen cell, with the transfer window moved later. Every point: its interval, n and constant
@@ -467,37 +388,26 @@ def necessity_plot(result: Necessity, n: int) -> str:
     baseline = next((rates[0]["baseline"] for rates in result.windows.values() if rates), None)
     data = []
     for width, rates in result.windows.items():
-        hover = [f"blocked layers {i}..{i + int(width) - 1}<br>" + rate_hover(r) for i, r in enumerate(rates)]
-        values, cis = [r["value"] for r in rates], [r["ci"] for r in rates]
-        data.append(curve(list(range(len(rates))), values, cis, f"{width} layer(s) from here", hover))
+        labels = [f"blocked layers {i}..{i + int(width) - 1}" for i in range(len(rates))]
+        data.append(rate_curve(list(range(len(rates))), rates, f"{width} layer(s) from here", labels))
     layout: dict[str, Any] = {
-        "xaxis": {"title": {"text": "first blocked layer"}, "dtick": 1},
-        "yaxis": {"title": {"text": "faithfulness"}, "range": [-0.02, 1.02]},
-        "title": {"text": "the last token cannot read the problem (operands, slots)", "font": {"size": 13}},
+        "xaxis": axis("first blocked layer", dtick=1),
+        "yaxis": axis("faithfulness", range=UNIT),
+        "title": heading("the last token cannot read the problem (operands, slots)"),
         **levels(guess(baseline)),
         "height": 380,
     }
-    shifted = result.shifted_transfer
-    if shifted:
+    if shifted := result.shifted_transfer:
         by = shifted["by_start"]
-        hover = [f"transfer layers from {s['start']}<br>" + rate_hover(s["faithfulness"]) for s in by]
-        data.append(
-            curve(
-                [s["start"] for s in by],
-                [s["faithfulness"]["value"] for s in by],
-                [s["faithfulness"]["ci"] for s in by],
-                f"AF1 ({shifted['config'].cell}), window moved",
-                hover,
-                xaxis="x2",
-                yaxis="y2",
-            )
-        )
+        rates, labels = [s["faithfulness"] for s in by], [f"transfer layers from {s['start']}" for s in by]
+        name = f"AF1 ({shifted['config'].cell}), window moved"
+        data.append(rate_curve([s["start"] for s in by], rates, name, labels, xaxis="x2", yaxis="y2"))
         layout.update(
             xaxis={**layout["xaxis"], "domain": [0, 0.55]},
-            xaxis2={"title": {"text": "first transfer layer"}, "domain": [0.65, 1], "dtick": 1, "anchor": "y2"},
-            yaxis2={"range": [-0.02, 1.02], "anchor": "x2"},
+            xaxis2=axis("first transfer layer", domain=[0.65, 1], dtick=1, anchor="y2"),
+            yaxis2={"range": UNIT, "anchor": "x2"},
         )
-        moved = levels(guess(by[0]["faithfulness"]["baseline"] if by else None), xref="x2", yref="y2")
+        moved = levels(guess(rates[0]["baseline"] if rates else None), xref="x2", yref="y2")
         layout.update({k: layout[k] + v for k, v in moved.items()})
     return plot_html(data, layout)
 
@@ -506,63 +416,49 @@ def pruning_plot(result: Pruning) -> str:
     """Faithfulness on the selection split as transfer heads stop peeking one by one, with intervals, n and the
     constant guess; the line at `keep` (95 %) of the unpruned."""
     rates, order = result.faithfulness_vs_pruned, result.prune_order
-    values, cis, baseline = [r["value"] for r in rates], [r["ci"] for r in rates], rates[0]["baseline"]
-    hover = [
-        (f"{i} heads pruned" + (f" (last: {order[i - 1][0]}.{order[i - 1][1]})" if 0 < i <= len(order) else ""))
-        + "<br>"
-        + rate_hover(r)
-        for i, r in enumerate(rates)
+    labels = [
+        f"{i} heads pruned" + (f" (last: {order[i - 1][0]}.{order[i - 1][1]})" if 0 < i <= len(order) else "")
+        for i in range(len(rates))
     ]
-    keep = result.keep * values[0]
+    keep = (result.keep * rates[0]["value"], f"{result.keep * 100:.0f} % of unpruned", "dash", "orange")
     layout = {
-        "xaxis": {
-            "title": {"text": f"transfer heads that no longer peek (of {result.n_transfer_heads})"},
-            "dtick": max(1, len(values) // 20),
-        },
-        "yaxis": {"title": {"text": "faithfulness (selection split)"}, "range": [-0.02, 1.02]},
-        **levels(guess(baseline), (keep, f"{result.keep * 100:.0f} % of unpruned", "dash", "orange")),
+        "xaxis": axis(
+            f"transfer heads that no longer peek (of {result.n_transfer_heads})", dtick=max(1, len(rates) // 20)
+        ),
+        "yaxis": axis("faithfulness (selection split)", range=UNIT),
+        **levels(guess(rates[0]["baseline"]), keep),
         "height": 360,
     }
-    return plot_html([curve(list(range(len(values))), values, cis, "faithfulness", hover)], layout)
+    return plot_html([rate_curve(list(range(len(rates))), rates, "faithfulness", labels)], layout)
 
 
 def neurons_plot(result: Neurons) -> str:
     """Faithfulness under AF1 on the confirmation part as the top k neurons of the compute layers are mean-ablated
     (with intervals), beside each random set of k from the same layers (points) and their mean; k on a log axis;
     AF1's own faithfulness and half of it as lines, the constant guess dotted."""
-    sizes, baseline, tops = result.sizes, result.faithfulness["baseline"], result.top_faithfulness
-    hover = [f"top {k}<br>" + rate_hover(r) for k, r in zip(sizes, tops, strict=True)]
-    randoms = result.random_faithfulness
+    sizes, randoms = result.sizes, result.random_faithfulness
     mean = [sum(r) / len(r) for r in randoms]
-    points = {
-        "type": "scatter",
-        "mode": "markers",
-        "name": "random sets of k (same layers)",
-        "x": [k for k, r in zip(sizes, randoms, strict=True) for _ in r],
-        "y": [v for r in randoms for v in r],
-        "marker": {"color": "grey", "size": 5, "opacity": 0.5},
-        "hovertemplate": "random set of %{x}: %{y:.3f}<extra></extra>",
-    }
-    random_mean = curve(
-        sizes,
-        mean,
-        None,
-        "random sets, mean",
-        [f"{k} random: mean {fmt(m)}" for k, m in zip(sizes, mean, strict=True)],
-        line={"color": "grey", "dash": "dash"},
+    points = scatter(
+        "random sets of k (same layers)",
+        [k for k, r in zip(sizes, randoms, strict=True) for _ in r],
+        [v for r in randoms for v in r],
+        marker={"color": "grey", "size": 5, "opacity": 0.5},
+        hovertemplate="random set of %{x}: %{y:.3f}<extra></extra>",
     )
+    hover = [f"{k} random: mean {fmt(m)}" for k, m in zip(sizes, mean, strict=True)]
+    random_mean = curve(sizes, mean, None, "random sets, mean", hover, line={"color": "grey", "dash": "dash"})
     full = result.faithfulness["value"]
     layout = {
-        "xaxis": {"title": {"text": "neurons mean-ablated at the last token (k)"}, "type": "log"},
-        "yaxis": {"title": {"text": "faithfulness under AF1 (confirmation part)"}, "range": [-0.02, 1.02]},
+        "xaxis": axis("neurons mean-ablated at the last token (k)", type="log"),
+        "yaxis": axis("faithfulness under AF1 (confirmation part)", range=UNIT),
         **levels(
-            guess(baseline),
+            guess(result.faithfulness["baseline"]),
             (full, "AF1, nothing ablated", "solid", "green"),
             (full / 2, "half of it", "dash", "orange"),
         ),
         "height": 380,
     }
-    top = curve(sizes, [r["value"] for r in tops], [r["ci"] for r in tops], "top k by attribution", hover)
+    top = rate_curve(sizes, result.top_faithfulness, "top k by attribution", [f"top {k}" for k in sizes])
     return plot_html([top, random_mean, points], layout)
 
 
@@ -578,24 +474,13 @@ def attribution_plot(result: Ranked) -> str:
     ]
     values = [v for x, y, _ in pairs for v in (x, y)] or [0.0]
     low, high = min(values), max(values)
-    points = {
-        "type": "scatter",
-        "mode": "markers",
-        "name": "heads",
-        "x": [x for x, _, _ in pairs],
-        "y": [y for _, y, _ in pairs],
-        "text": [t for _, _, t in pairs],
-        "hovertemplate": "%{text}<extra></extra>",
-        "marker": {"size": 5, "opacity": 0.6},
-    }
+    x, y, hover = [p[0] for p in pairs], [p[1] for p in pairs], [p[2] for p in pairs]
+    points = scatter("heads", x, y, hover, marker={"size": 5, "opacity": 0.6})
+    rho = with_ci(agreement["spearman"], agreement["spearman_ci"])
     layout = {
-        "xaxis": {"title": {"text": f"exact effect (path '{result.exact_path}'), relative change of the logit"}},
-        "yaxis": {"title": {"text": "attribution estimate"}},
-        "title": {
-            "text": f"Spearman's rho {with_ci(agreement['spearman'], agreement['spearman_ci'])}, "
-            f"{agreement['n_ranked']} heads, n {agreement['n']}",
-            "font": {"size": 13},
-        },
+        "xaxis": axis(f"exact effect (path '{result.exact_path}'), relative change of the logit"),
+        "yaxis": axis("attribution estimate"),
+        "title": heading(f"Spearman's rho {rho}, {agreement['n_ranked']} heads, n {agreement['n']}"),
         "shapes": [
             {"type": "line", "x0": low, "y0": low, "x1": high, "y1": high, "line": {"dash": "dot", "color": "grey"}}
         ],
@@ -618,34 +503,14 @@ def neuron_patterns_plot(patterns: list[Pattern]) -> str:
         k = "" if i == 0 else str(i + 1)
         r, c = divmod(i, cols)
         x0, top = c / cols + 0.02, 1 - (r + 0.1) / rows  # each row: its title, the map, then room for "a"
-        layout[f"xaxis{k}"] = {"domain": [x0, x0 + 1 / cols - 0.06], "anchor": f"y{k}", "title": {"text": "a"}}
-        layout[f"yaxis{k}"] = {"domain": [top - 0.62 / rows, top], "anchor": f"x{k}", "title": {"text": "b"}}
+        layout[f"xaxis{k}"] = axis("a", domain=[x0, x0 + 1 / cols - 0.06], anchor=f"y{k}")
+        layout[f"yaxis{k}"] = axis("b", domain=[top - 0.62 / rows, top], anchor=f"x{k}")
+        where = {"xref": f"x{k} domain", "yref": f"y{k} domain", "x": 0.5, "y": 1.12, "showarrow": False}
         tags = ", ".join(p["tags"]) or "no grouping above chance"
-        layout["annotations"].append(
-            {
-                "text": f"{p['layer']}.{p['neuron']}: {tags}",
-                "xref": f"x{k} domain",
-                "yref": f"y{k} domain",
-                "x": 0.5,
-                "y": 1.12,
-                "showarrow": False,
-                "font": {"size": 11},
-            }
-        )
-        data.append(
-            {
-                "type": "heatmap",
-                "x": a_values,
-                "y": b_values,
-                "z": z,
-                "xaxis": f"x{k}",
-                "yaxis": f"y{k}",
-                "colorscale": "RdBu",
-                "zmid": 0,
-                "showscale": False,
-                "hovertemplate": f"neuron {p['layer']}.{p['neuron']}<br>a %{{x}}, b %{{y}}: %{{z:.3f}}<extra></extra>",
-            }
-        )
+        layout["annotations"].append({"text": f"{p['layer']}.{p['neuron']}: {tags}", **where, "font": {"size": 11}})
+        hover = f"neuron {p['layer']}.{p['neuron']}<br>a %{{x}}, b %{{y}}: %{{z:.3f}}<extra></extra>"
+        scale = {"colorscale": "RdBu", "zmid": 0, "showscale": False}
+        data.append(heatmap(z, x=a_values, y=b_values, xaxis=f"x{k}", yaxis=f"y{k}", **scale, hovertemplate=hover))
     return plot_html(data, layout)
 
 
@@ -673,42 +538,19 @@ def heads_map(result: HeadsStudy) -> str:
         ]
         for layer in range(L)
     ]
-    data: list[dict[str, Any]] = [
-        {
-            "type": "heatmap",
-            "x": list(range(H)),
-            "y": list(range(L)),
-            "z": effect,
-            "zmin": -lim,
-            "zmax": lim,
-            "colorscale": "RdBu",
-            "reversescale": not key_high,  # a key head red either way
-            "colorbar": {"title": {"text": "share" if key_high else "relative change"}},
-            "text": text,
-            "hovertemplate": "%{text}<extra></extra>",
-            "xgap": 1,
-            "ygap": 1,
-        }
-    ]
+    scale = {"zmin": -lim, "zmax": lim, "colorscale": "RdBu", "reversescale": not key_high}  # a key head red either way
+    bar = {"title": {"text": "share" if key_high else "relative change"}}
+    data = [heatmap(effect, text, x=list(range(H)), y=list(range(L)), **scale, colorbar=bar, xgap=1, ygap=1)]
     if top:
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "markers+text",
-                "name": "top heads (rank)",
-                "x": [h for _, h in top],
-                "y": [layer for layer, _ in top],
-                "text": [str(i + 1) for i in range(len(top))],
-                "textposition": "middle center",
-                "marker": {"symbol": "circle", "size": 17, "color": "white", "line": {"color": "black", "width": 1}},
-                "textfont": {"size": 10, "color": "black"},
-                "hoverinfo": "skip",
-            }
-        )
+        ranks = {"text": [str(i + 1) for i in range(len(top))], "textposition": "middle center"}
+        marker = {"symbol": "circle", "size": 17, "color": "white", "line": {"color": "black", "width": 1}}
+        style = {"mode": "markers+text", "marker": marker, "textfont": {"size": 10, "color": "black"}}
+        x, y = [h for _, h in top], [layer for layer, _ in top]
+        data.append(scatter("top heads (rank)", x, y, **ranks, **style, hoverinfo="skip"))
     layout = {
-        "title": {"text": f"{name} ({html.escape(where)})", "font": {"size": 13}},
-        "xaxis": {"title": {"text": "head"}, "dtick": 1},
-        "yaxis": {"title": {"text": "layer"}, "dtick": 1},
+        "title": heading(f"{name} ({html.escape(where)})"),
+        "xaxis": axis("head", dtick=1),
+        "yaxis": axis("layer", dtick=1),
         "height": min(900, 300 + 18 * L),
     }
     return plot_html(data, layout)
@@ -718,39 +560,24 @@ def mlp_plot(result: HeadsStudy) -> str:
     """The path-patching effect of each MLP layer and, where measured, its logit lens (layer on the y-axis)."""
     mlp = clean(result.relative_logit_change_mlp_layer)
     lens = clean(result.mlp_logit_lens_layer)
-    data: list[dict[str, Any]] = [
-        {
-            "type": "bar",
-            "orientation": "h",
-            "name": f"path patching ({result.path}), {result.split['n_selection']} selection problems",
-            "x": mlp,
-            "y": list(range(len(mlp))),
-            "hovertemplate": "MLP of layer %{y}: relative change of the correct logit %{x:.3f}<extra></extra>",
-        }
-    ]
+    bar = {"type": "bar", "orientation": "h"}
+    name = f"path patching ({result.path}), {result.split['n_selection']} selection problems"
+    hover = "MLP of layer %{y}: relative change of the correct logit %{x:.3f}<extra></extra>"
+    data = [{**bar, "name": name, "x": mlp, "y": list(range(len(mlp))), "hovertemplate": hover}]
     layout: dict[str, Any] = {
-        "title": {"text": "MLP layers", "font": {"size": 13}},
-        "xaxis": {"title": {"text": "relative change of the correct logit"}, "domain": [0, 0.45]},
-        "yaxis": {"title": {"text": "layer"}, "dtick": 1},
+        "title": heading("MLP layers"),
+        "xaxis": axis("relative change of the correct logit", domain=[0, 0.45]),
+        "yaxis": axis("layer", dtick=1),
         "height": min(700, 290 + 16 * len(mlp)),
         "legend": {"orientation": "h", "y": -0.4},
         "margin": {"t": 40, "b": 110},
     }
     if lens is not None:
-        data.append(
-            {
-                "type": "bar",
-                "orientation": "h",
-                "name": f"logit lens ({result.mlp_logit_lens_measured_on})",
-                "x": lens,
-                "y": list(range(len(lens))),
-                "xaxis": "x2",
-                "yaxis": "y2",
-                "hovertemplate": "MLP of layer %{y}: output through the final norm . answer unembedding %{x:.3f}"
-                "<extra></extra>",
-            }
-        )
-        layout["xaxis2"] = {"title": {"text": "MLP output . answer unembedding"}, "domain": [0.55, 1], "anchor": "y2"}
+        name = f"logit lens ({result.mlp_logit_lens_measured_on})"
+        hover = "MLP of layer %{y}: output through the final norm . answer unembedding %{x:.3f}<extra></extra>"
+        lensed = {"name": name, "x": lens, "y": list(range(len(lens))), "xaxis": "x2", "yaxis": "y2"}
+        data.append({**bar, **lensed, "hovertemplate": hover})
+        layout["xaxis2"] = axis("MLP output . answer unembedding", domain=[0.55, 1], anchor="y2")
         layout["yaxis2"] = {"anchor": "x2", "dtick": 1}
     return plot_html(data, layout)
 
@@ -768,39 +595,22 @@ def attention_plot(looks: TokenAttention) -> str:
         ]
         for h in heads
     ]
-    data = [
-        {
-            "type": "heatmap",
-            "x": list(range(len(tokens))),
-            "y": list(range(len(heads))),
-            "z": [looks["heads"][h] for h in heads],
-            "zmin": 0,
-            "colorscale": [[0, "#f7fbff"], [1, "#08306b"]],  # more attention, darker
-            "colorbar": {"title": {"text": "attention"}},
-            "text": text,
-            "hovertemplate": "%{text}<extra></extra>",
-        }
-    ]
+    scale = {"zmin": 0, "colorscale": [[0, "#f7fbff"], [1, "#08306b"]]}  # more attention, darker
+    x, y, z = list(range(len(tokens))), list(range(len(heads))), [looks["heads"][h] for h in heads]
+    data = [heatmap(z, text, x=x, y=y, **scale, colorbar={"title": {"text": "attention"}})]
+    short = len(tokens) <= 30
+    prompt = html.escape(looks["prompt"])
+    title = f"where the heads look from the last position: {prompt} (answer step {looks['answer_step']})"
     layout = {
-        "title": {
-            "text": f"where the heads look from the last position: {html.escape(looks['prompt'])} "
-            f"(answer step {looks['answer_step']})",
-            "font": {"size": 13},
-        },
+        "title": heading(title),
         "xaxis": {
             "tickmode": "array",
-            "tickvals": list(range(len(tokens))),
+            "tickvals": x,
             "ticktext": [html.escape(s) for s in shown],
-            "tickangle": 0 if len(tokens) <= 30 else -60,
-            "tickfont": {"size": 11 if len(tokens) <= 30 else 9},
+            "tickangle": 0 if short else -60,
+            "tickfont": {"size": 11 if short else 9},
         },
-        "yaxis": {
-            "title": {"text": "head (layer.head)"},
-            "tickmode": "array",
-            "tickvals": list(range(len(heads))),
-            "ticktext": heads,
-            "autorange": "reversed",
-        },
+        "yaxis": axis("head (layer.head)", tickmode="array", tickvals=y, ticktext=heads, autorange="reversed"),
         "height": 260 + 22 * len(heads),
         "margin": {"t": 40, "b": 90},
     }
@@ -817,23 +627,14 @@ table.sortable th:after{content:" \\21C5";color:#aaa;font-size:.8em}
 """
 
 
-@cache
-def boot_js() -> str:
-    """The page's script (report.js beside this module): draws each figure, lists a clicked cell's problems, sorts
-    tables."""
-    return (Path(__file__).parent / "report.js").read_text()
-
-
 def page_head(body: str) -> str:
-    """What a page's <head> needs for its body: the style, and plotly.js once when it has a figure."""
+    """What a page's <head> needs for its body: the style, and plotly.js once when it has a figure (packed: the
+    page's script unpacks it from this element with a DecompressionStream before drawing)."""
     plots = f'class="{PLOT_CLASS}"' in body
     if not plots and f'class="{SORTABLE_CLASS}"' not in body:
         return ""
-    library = f'<script id="{PACKED_ID}" type="application/gzip;base64">{packed_plotly_js()}</script>' if plots else ""
+    library = f'<script id="af1-plotly" type="application/gzip;base64">{packed_plotly_js()}</script>' if plots else ""
     return f"<style>{STYLE}</style>{library}"
-
-
-PACKED_ID = "af1-plotly"  # report.js unpacks the library from this element (DecompressionStream) before drawing
 
 
 @cache
@@ -842,9 +643,11 @@ def packed_plotly_js() -> str:
     return base64.b64encode(gzip.compress(plotly_js().encode(), 9, mtime=0)).decode()
 
 
+@cache
 def page_script() -> str:
-    """The script that draws the figures and sorts the tables, once at the end of the page."""
-    return f"<script>{boot_js()}</script>"
+    """The script that draws the figures, lists a clicked cell's problems and sorts the tables (report.js beside
+    this module), once at the end of the page."""
+    return f"<script>{(Path(__file__).parent / 'report.js').read_text()}</script>"
 
 
 def sortable(fragment: str) -> str:
@@ -858,25 +661,17 @@ def sortable(fragment: str) -> str:
 def positional_plot(result: Positional) -> str:
     """Pearson r of a[i-j] + b[i] + c[j] per (layer, head) on the trained model (in sample), the heads' r beside
     random init's, and perplexity as adjacent tokens or position ids are swapped."""
-    data: list[dict[str, Any]] = [
-        {
-            "type": "heatmap",
-            "z": clean(result.r_layer_head),
-            "zmin": 0,
-            "zmax": 1,
-            "colorscale": "Viridis",
-            "colorbar": {"x": 0.265, "len": 0.9, "thickness": 12, "title": {"text": "r"}},
-            "hovertemplate": "layer %{y}, head %{x}<br>r %{z:.3f}<extra></extra>",
-            "showlegend": False,
-        }
-    ]
+    bar = {"x": 0.265, "len": 0.9, "thickness": 12, "title": {"text": "r"}}
+    hover = "layer %{y}, head %{x}<br>r %{z:.3f}<extra></extra>"
+    r_map = heatmap(clean(result.r_layer_head), zmin=0, zmax=1, colorscale="Viridis", colorbar=bar, hovertemplate=hover)
+    data: list[dict[str, Any]] = [r_map | {"showlegend": False}]
+    bins = {"start": -0.2, "end": 1.0, "size": 0.03}
     for r_LH, label in (
         (result.r_layer_head, "trained"),
         (result.r_row_centred_layer_head, "trained, row-centred"),
         (result.r_random_init_layer_head, "random init"),
     ):
         r = [v for row in clean(r_LH) for v in row if v is not None]
-        bins = {"start": -0.2, "end": 1.0, "size": 0.03}
         data.append(
             {"type": "histogram", "x": r, "name": label, "opacity": 0.5, "xbins": bins, "xaxis": "x2", "yaxis": "y2"}
         )
@@ -891,12 +686,12 @@ def positional_plot(result: Positional) -> str:
         "barmode": "overlay",
         "height": 400,
         "title": {"text": "position + meaning: r per head (trained, in sample), against random init, and swaps"},
-        "xaxis": {"domain": [0, 0.25], "title": {"text": "head"}, "dtick": 1},
-        "yaxis": {"title": {"text": "layer"}, "dtick": 1},
-        "xaxis2": {"domain": [0.38, 0.64], "anchor": "y2", "title": {"text": "Pearson r per head"}},
-        "yaxis2": {"anchor": "x2", "title": {"text": "heads"}},
-        "xaxis3": {"domain": [0.74, 1.0], "anchor": "y3", "title": {"text": "fraction swapped"}},
-        "yaxis3": {"anchor": "x3", "title": {"text": "perplexity"}},
+        "xaxis": axis("head", domain=[0, 0.25], dtick=1),
+        "yaxis": axis("layer", dtick=1),
+        "xaxis2": axis("Pearson r per head", domain=[0.38, 0.64], anchor="y2"),
+        "yaxis2": axis("heads", anchor="x2"),
+        "xaxis3": axis("fraction swapped", domain=[0.74, 1.0], anchor="y3"),
+        "yaxis3": axis("perplexity", anchor="x3"),
         "legend": {"orientation": "h", "y": -0.22},
     }
     return plot_html(data, layout)
@@ -904,21 +699,17 @@ def positional_plot(result: Positional) -> str:
 
 # --- probes: what the last token holds, block by block ------------------------------------------------------------
 
-STAGE_COLOURS = {"wait": "#bbbbbb", "transfer": "#f0a030", "compute": "#50a050"}
-PALETTE = ("#1f77b4", "#d62728", "#9467bd", "#e377c2", "#8c564b", "#17becf", "#bcbd22")
-
 
 def probes_plot(result: Probes) -> str:
     """Held-out probe accuracy after every block, per target, on the unmodified model (left) and under AF1 (right,
     beside it thin: the control with no transfer layers), AF1's stages shaded on both; the Fourier probe drawn, the
     linear one a click away in the legend."""
-    panels = [(result.unmodified, "x", "y", "")]
+    panels = [(result.unmodified, "x", "")]
     if result.under_af1:
-        panels += [(result.under_af1, "x2", "y2", ""), (result.no_transfer, "x2", "y2", ", no transfer")]
+        panels += [(result.under_af1, "x2", ""), (result.no_transfer, "x2", ", no transfer")]
     data = []
-    for curves, xaxis, yaxis, control in panels:
+    for curves, xaxis, control in panels:
         for c in curves:
-            blocks = list(range(len(c["accuracy"])))
             hover = [
                 f"{c['target']} ({c['kind']} probe{control}) after block {i}<br>accuracy {with_ci(a, ci)}, "
                 f"n {c['n']}<br>most common label {fmt(c['majority'])}, shuffled labels {fmt(s)}<br>"
@@ -929,47 +720,32 @@ def probes_plot(result: Probes) -> str:
             ]
             group = f"{c['target']}, {c['kind']}"  # one legend entry toggles the probe in both panels
             colour = PALETTE[result.targets.index(c["target"]) % len(PALETTE)]
+            fourier = c["kind"] == "fourier"
             style = {
                 "legendgroup": group,
                 "showlegend": xaxis == "x",
-                "line": {
-                    "color": colour,
-                    "dash": "solid" if c["kind"] == "fourier" else "dot",
-                    "width": 1 if control else 2,
-                },
+                "line": {"color": colour, "dash": "solid" if fourier else "dot", "width": 1 if control else 2},
                 "marker": {"color": colour, "size": 3 if control else 6},
                 "opacity": 0.5 if control else 1,
-                **({} if c["kind"] == "fourier" else {"visible": "legendonly"}),
+                **({} if fourier else {"visible": "legendonly"}),
             }
-            data.append(
-                curve(
-                    blocks,
-                    c["accuracy"],
-                    None if control else c["accuracy_ci"],
-                    group + control,
-                    hover,
-                    xaxis=xaxis,
-                    yaxis=yaxis,
-                    **style,
-                )
-            )
-    shapes = stage_shapes(result, list(dict.fromkeys(p[1] for p in panels)))
+            blocks, cis = list(range(len(c["accuracy"]))), None if control else c["accuracy_ci"]
+            yaxis = xaxis.replace("x", "y")
+            data.append(curve(blocks, c["accuracy"], cis, group + control, hover, xaxis=xaxis, yaxis=yaxis, **style))
     two = len(panels) > 1
     layout: dict[str, Any] = {
-        "xaxis": {"title": {"text": "after block (unmodified)"}, "domain": [0, 0.47] if two else [0, 1]},
-        "yaxis": {"title": {"text": "held-out accuracy"}, "range": [-0.02, 1.02]},
-        "title": {
-            "text": "what the last token holds (shaded: AF1's wait, transfer and compute blocks; right, thin: the same "
-            "CAMA with no transfer layers)",
-            "font": {"size": 13},
-        },
-        "shapes": shapes,
+        "xaxis": axis("after block (unmodified)", domain=[0, 0.47] if two else [0, 1]),
+        "yaxis": axis("held-out accuracy", range=UNIT),
+        "title": heading(
+            "what the last token holds (shaded: AF1's wait, transfer and compute blocks; right, thin: the same "
+            "CAMA with no transfer layers)"
+        ),
+        "shapes": stage_shapes(result, list(dict.fromkeys(p[1] for p in panels))),
         "height": 420,
     }
     if two and result.config is not None:
-        af1 = f"after block (under AF1: {result.config.cell})"
-        layout["xaxis2"] = {"title": {"text": af1}, "domain": [0.53, 1], "anchor": "y2"}
-        layout["yaxis2"] = {"range": [-0.02, 1.02], "anchor": "x2"}
+        layout["xaxis2"] = axis(f"after block (under AF1: {result.config.cell})", domain=[0.53, 1], anchor="y2")
+        layout["yaxis2"] = {"range": UNIT, "anchor": "x2"}
     return plot_html(data, layout)
 
 
@@ -981,19 +757,8 @@ def stage_shapes(result: Probes, x_axes: list[str]) -> list[dict[str, Any]]:
     w, t = result.config.wait, result.config.transfer
     spans = {"wait": (-0.5, w + 0.5), "transfer": (w + 0.5, w + t + 0.5), "compute": (w + t + 0.5, n_layers - 0.5)}
     return [
-        {
-            "type": "rect",
-            "xref": xaxis,
-            "yref": f"{xaxis.replace('x', 'y')} domain",
-            "x0": x0,
-            "x1": x1,
-            "y0": 0,
-            "y1": 1,
-            "fillcolor": STAGE_COLOURS[stage],
-            "opacity": 0.12,
-            "line": {"width": 0},
-            "layer": "below",
-        }
+        {"type": "rect", "xref": xaxis, "yref": f"{xaxis.replace('x', 'y')} domain", "x0": x0, "x1": x1, "y0": 0}
+        | {"y1": 1, "fillcolor": STAGE_COLOURS[stage], "opacity": 0.12, "line": {"width": 0}, "layer": "below"}
         for xaxis in x_axes
         for stage, (x0, x1) in spans.items()
         if x1 > x0

@@ -38,6 +38,7 @@ def cell_text(v: Any) -> str:
 
 
 def table_html(headers: list[str], rows: list[list[Any]]) -> str:
+    """A plain HTML table, every cell escaped (`cell_text`)."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(cell_text(c))}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
@@ -53,11 +54,13 @@ class Tab:
     title: str = ""
 
     def html(self) -> str:
+        """The table as HTML under its title; nothing without rows."""
         if not self.rows:
             return ""
         return (f"<p>{html.escape(self.title)}:</p>" if self.title else "") + table_html(self.headers, self.rows)
 
     def rich(self) -> Table:
+        """The table for a terminal."""
         table = Table(*self.headers, title=self.title or None)
         for row in self.rows:
             table.add_row(*map(cell_text, row))
@@ -66,14 +69,12 @@ class Tab:
 
 def stages_tab(stages: dict[str, list[int]] | None) -> Tab:
     """AF1's stages: which layers wait, transfer and compute."""
-
-    def span(layers: list[int]) -> str:
-        return f"{layers[0]}..{layers[-1]}" if layers else "none"
-
-    return Tab(["stage", "layers"], [[k, span(v)] for k, v in (stages or {}).items()])
+    rows = [[stage, f"{layers[0]}..{layers[-1]}" if layers else "none"] for stage, layers in (stages or {}).items()]
+    return Tab(["stage", "layers"], rows)
 
 
 def load_json(d: Path, name: str) -> dict[str, Any] | None:
+    """A result file of a folder, None where it is not there."""
     path = d / name
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -97,11 +98,9 @@ def figure_html(figure: Callable[[], str]) -> str:
         return f"<p class='note'>No figure ({html.escape(type(exc).__name__)}: {html.escape(str(exc))}).</p>"
 
 
-LAYOUT_HEADERS = ["layout", "positions", "example input (its end)", "n", "rate [95 % CI]", "constant guess"]
-
-
-def layout_rows(by_layout: Rows | None, layouts: Rows | None) -> list[list[Any]]:
-    """A pooled rate's parts, one row per token layout (empty for a task of one layout)."""
+def layout_tab(what: str, by_layout: Rows | None, layouts: Rows | None) -> Tab:
+    """The per-layout table under a pooled rate, titled with what is pooled: a row per token layout with its part
+    of the rate; no rows for a task of one layout."""
     shape = {row["layout"]: row for row in layouts or []}
     rows = []
     for r in by_layout or []:
@@ -110,15 +109,9 @@ def layout_rows(by_layout: Rows | None, layouts: Rows | None) -> list[list[Any]]
         guess = "" if r.get("baseline") is None else f"{r['baseline']:.3f}"
         rate = with_ci(r["value"], r["ci"])
         rows.append([r["layout"], found.get("n_positions", ""), example[-40:], r["n"], rate, guess])
-    return rows
-
-
-def layout_tab(what: str, by_layout: Rows | None, layouts: Rows | None) -> Tab:
-    """The per-layout table under a pooled rate, titled with what is pooled; no rows for a task of one layout."""
-    rows = layout_rows(by_layout, layouts)
+    headers = ["layout", "positions", "example input (its end)", "n", "rate [95 % CI]", "constant guess"]
     each = f"{len(rows)} layouts, each with its own CAMA means and interventions"
-    title = f"{what} per token layout, pooled above ({each})"
-    return Tab(LAYOUT_HEADERS, rows, title)
+    return Tab(headers, rows, f"{what} per token layout, pooled above ({each})")
 
 
 def layouts_text(by_layout: Rows | None) -> str:
@@ -135,8 +128,9 @@ CLAIM_HEADERS = ["outcome", "claim", "estimate [95 % CI]", "n", "baseline", "p",
 CLAIM_HEADERS += ["p against (adjusted)", "n to decide"]
 
 
-def claim_rows(claims: Rows | None) -> list[list[str]]:
-    """Claims as table rows, one per claim (`af1.claims.Claim`): the outcome first, then its numbers."""
+def claims_html(claims: Rows | None, family: str = "") -> str:
+    """The claims of a result with their rule: a row per claim (`af1.claims.Claim`), its outcome first, then its
+    numbers; under them how each was decided."""
     rows = []
     for c in claims or []:
         p, adj, q, q_adj = (c.get(key) for key in ("p_value", "p_adjusted", "p_against", "p_against_adjusted"))
@@ -153,12 +147,6 @@ def claim_rows(claims: Rows | None) -> list[list[str]]:
                 n_to_decide_text(c),
             ]
         )
-    return rows
-
-
-def claims_html(claims: Rows | None, family: str = "") -> str:
-    """The claims of a result with their rule: how each was decided, its numbers and its outcome."""
-    rows = claim_rows(claims)
     if not rows:
         return ""
     families = sorted({str(c["family"]) for c in claims or [] if c.get("family")})
