@@ -144,7 +144,7 @@ def test_plan_files_validate_and_expand(tmp_path, tiny_dirs, monkeypatch):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("models: [{spec: x}]\nexperiments: {nope: {}}", "experiments.nope: Extra inputs are not permitted"),
+        ("models: [{spec: x}]\nexperiments: {nope: {}}", "experiments.nope: unknown key"),
         ("models: [{spec: a/x}, {spec: b/x}]\nexperiments: {eval: {}}", "model names must differ"),
         ("models: [{spec: x}]\nstyles: [shouting]\nexperiments: {eval: {}}", "unknown styles"),
         ("models: [{spec: x}]\nexperiments: {}", "name at least one of"),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from af1.errors import Af1Error
-from af1.experiments import REGISTRY, NotApplicable, get
+from af1.experiments import REGISTRY, Inputs, NotApplicable, chain, get, run_on
 from af1.experiments.base import EXPERIMENT_OF_RESULT, Options, Result
 from af1.experiments.session import Session
 from af1.models import LoadedModel, load_model
@@ -71,15 +71,14 @@ def run(
     options: Options | None = None,
     **given: Any,
 ) -> R:
-    """Run experiment `name` on a model (or a `session`) and task, and before it what it needs: its units are those
-    of a one-model, one-task plan, so dependencies resolve as in a study. Its options are `options` (validated) or
+    """Run experiment `name` on a model (or a `session`) and task, and before it what it needs, resolved as in a
+    study (`af1.experiments.chain`). Its options are `options` (validated) or
     the `given` keywords, validated here once, before any work; they travel as that object to the unit that runs.
     `upstream` gives options of the experiments run first (and adds the ones it reads when present, e.g.
     {"search": {}} for heads). With out_dir, each one's JSON (with provenance) is written there (`af1 report` draws
     its figures), and a sweep resumes from there. Returns the result, typed where `name` is the experiment's Result
     class."""
-    from af1.study.plan import expand
-    from af1.study.units import run_typed
+    from af1.study.plan import model_label
 
     experiment = get(name if isinstance(name, str) else EXPERIMENT_OF_RESULT[name].name)
     name = experiment.name
@@ -93,14 +92,15 @@ def run(
         task = TaskSpec(**experiment.task_defaults)
     held = model if isinstance(model, Session) else session(model, means)
     lm = held.lm()
-    model_entry = {"spec": str(lm.info.get("spec") or "model")}  # names the model in results, as a plan would
-    plan = StudyPlan.model_validate({"models": [model_entry], "tasks": [task], "experiments": validated})
-    state_dir = str(out_dir) if out_dir is not None else None
+    label = model_label(str(lm.info.get("spec") or "model"))  # names the model in results, as a plan would
     results: dict[str, Result] = {}
-    for unit in expand(plan):  # what the experiment reads first, in an order where each input comes before
-        results[unit.id] = result = run_typed(held, unit, {d: results[d] for d in unit.deps if d in results}, state_dir)
+    for each, (opts, reads) in chain(validated).items():  # each experiment after what it reads
+        its_task = None if REGISTRY[each].scope == "model" else task
+        read = {d: [results[d]] for d in reads if d in results}
+        inputs = Inputs(held, its_task, label, read, Path(out_dir) if out_dir is not None else None)
+        results[each] = result = run_on(inputs, each, opts, (results[d] for d in read))
         if out_dir is not None:
-            write_json(Path(out_dir) / REGISTRY[unit.experiment].file, as_written(result, lm, unit.task))
-        if unit.experiment == name:
+            write_json(Path(out_dir) / REGISTRY[each].file, as_written(result, lm, its_task))
+        if each == name:
             return cast(R, result)
-    raise Af1Error(f"{name} did not run")  # expand always yields the asked experiment
+    raise Af1Error(f"{name} did not run")  # the chain always holds the asked experiment

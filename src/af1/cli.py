@@ -16,7 +16,7 @@ from rich.table import Table
 from typer import _click as click  # the click typer is built on (it vendors its own)
 from typer.core import TyperCommand, TyperGroup
 
-from af1.errors import Af1Error
+from af1.errors import Af1Error, in_one_line
 from af1.tasks.spec import TaskSpec
 
 if TYPE_CHECKING:
@@ -108,10 +108,7 @@ def task_spec(given: dict[str, Any], defaults: Mapping[str, Any]) -> TaskSpec:
     try:
         return TaskSpec.model_validate(given if given.get("file") is not None else {**defaults, **given})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else None
-        where = f"{flag_of(TaskSpec.model_fields[field], field)}: " if field in TaskSpec.model_fields else ""
-        raise Af1Error(where + first["msg"].removeprefix("Value error, ")) from None
+        raise Af1Error(in_one_line(exc, {f: flag_of(info, f) for f, info in TaskSpec.model_fields.items()})) from None
 
 
 def read_task_first(model: str, spec: TaskSpec) -> None:
@@ -482,10 +479,7 @@ def main() -> None:
         print(f"af1: error: {exc}", file=sys.stderr)
         sys.exit(2)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(map(str, first["loc"]))
-        message = first["msg"].removeprefix("Value error, ")
-        print(f"af1: error: {where + ': ' if where else ''}{message}", file=sys.stderr)
+        print(f"af1: error: {in_one_line(exc)}", file=sys.stderr)
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         print("af1: interrupted", file=sys.stderr)

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 from af1.errors import Af1Error
 
 if TYPE_CHECKING:
-    from af1.experiments.base import Experiment, Inputs, NotApplicable
+    from collections.abc import Iterable, Mapping
+
+    from af1.experiments.base import Experiment, Inputs, NotApplicable, Options, Result
 
     REGISTRY: dict[str, Experiment]
 
@@ -84,13 +86,41 @@ def get(name: str) -> Experiment:
     return known[name]
 
 
+def chain(named: Mapping[str, Options]) -> dict[str, tuple[Options, list[str]]]:
+    """The named experiments and what they need (with default options), in the registry's order, each with its
+    options and the experiments it reads: what it needs, and what it uses where that runs too."""
+    known = registry()
+    exps, todo = dict(named), list(named)
+    while todo:
+        name = todo.pop()
+        for need in known[name].needs(exps[name]):
+            if need not in exps:
+                exps[need] = known[need].Options()
+                todo.append(need)
+    reads = {e: (*known[e].needs(o), *known[e].uses()) for e, o in exps.items()}
+    return {e: (exps[e], [d for d in known if d in reads[e] and d in exps]) for e in known if e in exps}
+
+
+def run_on(inputs: Inputs, name: str, options: Options, read: Iterable[Result] = ()) -> Result:
+    """Experiment `name` on its inputs; not applicable where it asks for a chosen cell and the search chose none. Its
+    warnings follow those of the results it read on its own model (`read`)."""
+    from af1.experiments.search import check_found
+
+    check_found(inputs, options)
+    result = registry()[name].run(inputs, options)
+    result.warnings = list(dict.fromkeys([*(w for r in read for w in r.warnings), *result.warnings]))
+    return result
+
+
 __all__ = [
     "BUILTIN",
     "REGISTRY",
     "Experiment",
     "Inputs",
     "NotApplicable",
+    "chain",
     "get",
     "register",
+    "run_on",
     "unregister",
 ]

@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from af1.config_files import read_mapping
-from af1.errors import Af1Error
-from af1.experiments import REGISTRY
+from af1.errors import Af1Error, in_one_line
+from af1.experiments import REGISTRY, chain
 from af1.experiments.base import Options
 from af1.experiments.sweep import Options as SweepOptions
 from af1.results import VERSION
@@ -48,8 +48,7 @@ class ModelEntry(_Strict):
     @model_validator(mode="after")
     def _name(self) -> ModelEntry:
         if self.name is None:
-            stem = Path(self.spec.rstrip("/")).name.removesuffix(".gguf")
-            self.name = re.sub(r"[^A-Za-z0-9._-]", "-", stem) or "model"
+            self.name = model_label(self.spec)
         if not NAME.match(self.name):
             raise ValueError(f"model name {self.name!r}: letters, digits, '.', '_' and '-' only")
         return self
@@ -57,6 +56,11 @@ class ModelEntry(_Strict):
     def load_options(self) -> dict[str, Any]:
         """What changes the model's numbers (resources do not)."""
         return self.model_dump(include={"spec", "dtype", "attn", "device_map", "trust_remote_code"})
+
+
+def model_label(spec: str) -> str:
+    """A model's name in paths and tables when none is given: its spec's last part, in the characters a name allows."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", Path(spec.rstrip("/")).name.removesuffix(".gguf")) or "model"
 
 
 def _experiments_model() -> type[BaseModel]:
@@ -187,25 +191,11 @@ def expand(plan: StudyPlan) -> list[Unit]:
     and task by task; per-model ones after a model's tasks; cross-model ones last, the last model first (it is
     still loaded when its chain ends).
     """
-    ordered = order()
-    exps: dict[str, Any] = {e: opts for e in ordered if (opts := getattr(plan.experiments, e, None)) is not None}
-    added = True
-    while added:  # what the named experiments need, and what that needs
-        added = False
-        for name, opts in list(exps.items()):
-            for need in REGISTRY[name].needs(opts):
-                if need not in exps:
-                    exps[need] = REGISTRY[need].Options()
-                    added = True
-    exps = {e: exps[e] for e in ordered if e in exps}
+    exps = chain({e: opts for e in order() if (opts := getattr(plan.experiments, e, None)) is not None})
     units: dict[str, Unit] = {}
 
-    def reads(name: str) -> list[str]:
-        exp = REGISTRY[name]
-        return [d for d in ordered if d in (*exp.needs(exps[name]), *exp.uses()) and d in exps]
-
     def add(model: ModelEntry, task: TaskSpec | None, experiment: str, deps: list[str]) -> None:
-        options = exps[experiment]
+        options = exps[experiment][0]
         key = content_key(
             {
                 "af1": VERSION,
@@ -226,14 +216,14 @@ def expand(plan: StudyPlan) -> list[Unit]:
         for spec in specs:  # task by task, so a worker holds one task's setup at a time
             label = f"{model.name}/{task_label(spec)}"
             for exp in (e for e in exps if scope[e] == "task"):
-                add(model, spec, exp, [f"{label}/{d}" for d in reads(exp)])
+                add(model, spec, exp, [f"{label}/{d}" for d in exps[exp][1]])
         for exp in (e for e in exps if scope[e] == "model"):
             add(model, None, exp, [])
     for exp in (e for e in exps if scope[e] == "models"):
         for model in reversed(plan.models):
             for spec in specs:
                 label = task_label(spec)
-                add(model, spec, exp, [f"{m.name}/{label}/{d}" for d in reads(exp) for m in plan.models])
+                add(model, spec, exp, [f"{m.name}/{label}/{d}" for d in exps[exp][1] for m in plan.models])
     return list(units.values())
 
 
@@ -247,6 +237,4 @@ def load_plan(path: str | Path) -> StudyPlan:
     try:
         return StudyPlan.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(map(str, first["loc"]))
-        raise Af1Error(f"plan {path}: {where}: {first['msg'].removeprefix('Value error, ')}") from exc
+        raise Af1Error(f"plan {path}: {in_one_line(exc)}") from exc

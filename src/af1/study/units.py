@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from af1.experiments import REGISTRY, Inputs, NotApplicable
-from af1.experiments.base import Resources, Result
-from af1.experiments.search import NO_CELL, check_found
+from af1.experiments import REGISTRY, Inputs, NotApplicable, run_on
+from af1.experiments.base import Result
+from af1.experiments.search import NO_CELL
 from af1.experiments.session import Session, one_line
 from af1.models import load_model
 from af1.progress import peak_memory
@@ -99,24 +99,13 @@ def described(entry: ModelEntry, deps: tuple[dict[str, Any], ...]) -> dict[str, 
     return {"spec": entry.spec}
 
 
-def run_typed(worker: Resources, unit: Unit, deps: dict[str, Result], state_dir: str | None) -> Result:
-    """The body of one unit: its experiment run on the typed results of the units it reads (by unit id), with their
-    warnings (its own model's) before its own."""
-    by_name: dict[str, list[Result]] = {}
-    for dep_id, result in deps.items():
-        by_name.setdefault(dep_id.rsplit("/", 1)[1], []).append(result)
-    name = unit.model.name or unit.model.spec
-    inputs = Inputs(worker, unit.task, name, by_name, Path(state_dir) if state_dir else None)
-    check_found(inputs, unit.options)  # every gated experiment: not applicable where the search found no subgraph
-    result = REGISTRY[unit.experiment].run(inputs, unit.options)
-    own_model = f"{unit.id.split('/', 1)[0]}/"  # a cross-model unit reads other models' results: not their warnings
-    inherited = [w for d, r in deps.items() if d.startswith(own_model) for w in r.warnings]
-    result.warnings = list(dict.fromkeys([*inherited, *result.warnings]))
-    return result
-
-
 def run_unit(worker: Session, unit: Unit, deps: dict[str, dict[str, Any]], state_dir: str | None) -> dict[str, Any]:
-    """One unit on its dependencies' JSON (as a store or another process holds them), each typed once here; a
-    JSON-ready dict."""
+    """One unit on its dependencies' JSON (by unit id, as a store or another process holds them), each typed once
+    here; a JSON-ready dict. It follows the warnings of what it read on its own model, not other models'."""
     typed = {d: REGISTRY[d.rsplit("/", 1)[1]].Result.model_validate(r) for d, r in deps.items()}
-    return run_typed(worker, unit, typed, state_dir).data()
+    read: dict[str, list[Result]] = {}
+    for dep_id, result in typed.items():
+        read.setdefault(dep_id.rsplit("/", 1)[1], []).append(result)
+    inputs = Inputs(worker, unit.task, unit.model.name or unit.model.spec, read, Path(state_dir) if state_dir else None)
+    own = [r for d, r in typed.items() if d.startswith(f"{unit.model.name}/")]
+    return run_on(inputs, unit.experiment, unit.options, own).data()

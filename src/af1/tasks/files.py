@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from af1.config_files import read_mapping
-from af1.errors import Af1Error
+from af1.errors import Af1Error, in_one_line
 
 
 class _Strict(BaseModel):
@@ -150,12 +150,7 @@ def _read_task_file(path: Path) -> TaskFile:
     try:
         return TaskFile.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        if first["type"] == "extra_forbidden":
-            message = "unknown key"
-        raise Af1Error(f"task file {path}: {where + ': ' if where else ''}{message}") from None
+        raise Af1Error(f"task file {path}: {in_one_line(exc)}") from None
 
 
 def file_digest(path: str | Path, task: TaskFile) -> str:
