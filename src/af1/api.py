@@ -71,13 +71,8 @@ def run(
     options: Options | None = None,
     **given: Any,
 ) -> R:
-    """Run experiment `name` on a model (or a `session`) and task, and before it what it needs, resolved as in a
-    study (`af1.experiments.chain`). Its options are `options` (validated) or
-    the `given` keywords, validated here once, before any work; they travel as that object to the unit that runs.
-    `upstream` gives options of the experiments run first (and adds the ones it reads when present, e.g.
-    {"search": {}} for heads). With out_dir, each one's JSON (with provenance) is written there (`af1 report` draws
-    its figures), and a sweep resumes from there. Returns the result, typed where `name` is the experiment's Result
-    class."""
+    """Run experiment `name` on a model (or `session`) and task after what it reads (`experiments.chain`), its options
+    validated once; with out_dir each result's JSON is written there and a sweep resumes from it."""
     from af1.study.plan import model_label
 
     experiment = get(name if isinstance(name, str) else EXPERIMENT_OF_RESULT[name].name)

@@ -1,7 +1,5 @@
-"""Claims as data: each verdict af1 prints is a `Claim`, decided by a rule stated before the data on problems that
-did not choose what it is about, with its n, estimate, 95 % interval, raw and family-adjusted p (for a one-sided
-claim also the opposite test's, which rejects it), and one of three outcomes. Every sentence that decides something
-reads its outcome from here (`outcome_text`)."""
+"""Claims as data: each verdict is a `Claim` decided by a rule stated before the data on problems that did not choose
+it, with n, estimate, 95 % interval, raw and family-adjusted p's and one of three outcomes (`outcome_text`)."""
 
 from __future__ import annotations
 
@@ -31,9 +29,8 @@ RATE_TEST = "one-sided exact binomial test of the rate against"  # how `_rate_te
 
 @dataclasses.dataclass(frozen=True)
 class About:
-    """What a claim is about, said by its caller: its kind, the statement, where it was measured, which one of its
-    kind (a head "16.11", a variant; None where a result holds one) and the constant guess it is read against (a
-    rule against a null of its own, 0 or a margin, reads it against that null)."""
+    """What a claim is about: its kind, statement, where measured, which one of its kind (`subject`, e.g. head "16.11")
+    and the constant guess it is read against."""
 
     kind: str
     statement: str
@@ -44,11 +41,8 @@ class About:
 
 @with_config(ConfigDict(extra="forbid"))
 class Claim(TypedDict):
-    """One claim and how it was decided: what it says, the rule (stated before the data), where it was measured,
-    n, the estimate with its 95 % interval and the baseline it is read against, the test's raw p and the p adjusted
-    over its family (None where no test is involved), the outcome, and for a claim not confirmed the n at which
-    the observed estimate would decide it (None where it cannot: it sits on the line, or points where no rule of
-    the claim's decides)."""
+    """One claim as decided: statement, rule, where measured, n, estimate with 95 % interval and baseline, raw and
+    family-adjusted p (None: no test), outcome, and for one not confirmed the n that would decide it (None: none)."""
 
     kind: str
     subject: str | None  # what it is about where a result holds several of a kind: a head "16.11", a variant
@@ -74,9 +68,8 @@ class Claim(TypedDict):
 
 @functools.lru_cache(maxsize=4096)  # a family's claims share rates and levels
 def n_to_decide_rate(rate: float, threshold: float, level: float = ALPHA / 2) -> int | None:
-    """The n at which the one-sided exact binomial test at `level`, on the side of `threshold` where `rate` lies,
-    decides with POWER when the true rate is `rate` (None: the rate is the threshold, or MAX_N does not reach it).
-    Exact power saw-tooths in n, so this is where bisection finds it cross POWER: reached there, not one below."""
+    """The n at which the one-sided exact binomial test at `level` decides with POWER at true rate `rate` (None: rate
+    at the threshold, or beyond MAX_N); exact power saw-tooths, so this is where bisection finds it cross POWER."""
     if not (math.isfinite(rate) and 0 <= rate <= 1) or rate == threshold or not 0 < threshold < 1:
         return None
 
@@ -111,9 +104,8 @@ def rate_below(about: About, correct: Sequence[bool], threshold: float) -> Claim
 
 
 def rate_above(about: About, correct: Sequence[bool], threshold: float) -> Claim:
-    """'The rate is at least `threshold`': one-sided exact binomial tests (scipy's binomtest), adjusted with its
-    family (`adjust`; alone, a family of one); confirmed by the test above the threshold, rejected by the test below
-    it. At a true rate of exactly the threshold each side errs in at most 2.5 % (tested exactly for n 8 to 300)."""
+    """'The rate is at least `threshold`': confirmed by the one-sided exact binomial test above, rejected by the one
+    below (each errs at most 2.5 % at a true rate of exactly the threshold), adjusted with its family (`adjust`)."""
     return _rate_tested(about, correct, threshold, "greater")
 
 
@@ -178,11 +170,8 @@ def tested(
     alternative: Alternative,
     p: tuple[float, float | None],
 ) -> Claim:
-    """A claim decided by a test against `null` with p's `(p_value, p_against)`: confirmed where its p (adjusted
-    over its family, once `adjust` has run) is below ALPHA (one-sided: ALPHA / 2, the level its 95 % interval shows);
-    a one-sided claim is rejected where its opposite test's p (`p_against`, adjusted over the same family; None: no
-    opposite test) is below that level; otherwise not confirmed, with the n at which the observed effect would
-    decide it with 80 % power."""
+    """A claim decided by a test against `null` with p's `(p_value, p_against)` (None: no opposite test), the outcome
+    from their family-adjusted values (`decided`)."""
     p_value, p_against = p
     alpha = ALPHA if alternative == "two-sided" else ALPHA / 2
     rule = f"{rule}; each p adjusted over its family, below {alpha}"
@@ -193,9 +182,8 @@ def tested(
 
 
 def decided(claim: Claim, times: float = 1.0, times_against: float = 1.0) -> Claim:
-    """The outcome of a tested claim from its adjusted p's: confirmed by its own test, rejected by the opposite one;
-    where neither decides, the n the observed effect needs at the level its family asks of the test on the effect's
-    side (ALPHA over `times` or `times_against`, the multipliers the adjustment puts on each p)."""
+    """Confirmed by its own adjusted p below the level, rejected by the opposite one; else not confirmed, with the n
+    the observed effect needs at ALPHA over `times` (or `times_against`, on the other side)."""
     level = claim["alpha"] or ALPHA
     p, q = claim["p_adjusted"], claim["p_against_adjusted"]
     outcome = CONFIRMED if p is not None and p < level else REJECTED if q is not None and q < level else NOT_CONFIRMED
@@ -216,9 +204,8 @@ def _towards(claim: Claim) -> bool:
 
 
 def n_for_effect(claim: Claim, times: float = 1.0) -> int | None:
-    """The n at which an effect of the observed size, against its null, would be decided with POWER at the level
-    ALPHA / `times` (its family's multiplier) by the test on its side: for a rate, the exact binomial test's power;
-    otherwise where the effect's interval, shrinking as 1/sqrt(n), would put it that far from its null."""
+    """The n deciding an effect of the observed size with POWER at ALPHA / `times`: a rate's by exact binomial power,
+    any other's by its interval shrinking as 1/sqrt(n)."""
     level = (claim["alpha"] or ALPHA) / times
     estimate, null = claim["estimate"], claim["null"]
     if claim["rule"].startswith(RATE_TEST) and estimate is not None and null is not None:
@@ -228,10 +215,8 @@ def n_for_effect(claim: Claim, times: float = 1.0) -> int | None:
 
 
 def n_to_part(claim: Claim, level: float = ALPHA / 2) -> int | None:
-    """About the n at which a one-sided test at `level` would decide the claim's effect with POWER, its interval's
-    half-width (its standard error) shrinking as 1/sqrt(n); None where the estimate sits on the null, or no n up to
-    MAX_N would. Values that do not spread all point one way: the sign test's p, 0.5 ** n, reaches the level at
-    n = log2(1 / level)."""
+    """About the n at which a one-sided test at `level` decides the effect with POWER, its half-width shrinking as
+    1/sqrt(n) (None: on the null, or past MAX_N); values that do not spread: the sign test's n = log2(1 / level)."""
     low, high = (math.nan if v is None else v for v in claim["ci"])
     estimate, null = claim["estimate"], claim["null"]
     distance = math.nan if estimate is None or null is None else abs(estimate - null)
@@ -292,12 +277,8 @@ def share_above(
     margin: float,
     seed: int = 0,
 ) -> Claim:
-    """'The share of the way to the counterfactual's answer moved under the answer-changing counterfactual exceeds
-    the share under the answer-keeping one by more than `margin`': per problem the changes of the logit difference
-    (`change_P`, `keep_P`) and the counterfactual run's own (`gap_P`); the estimate is sum(change - keep) / sum(gap)
-    with its bootstrap interval (problems resampled). With sum(gap) < 0 the claim is mean((change - keep) - margin *
-    gap) < 0: a one-sided t test, rejected by the test the other way; a counterfactual that does not move the
-    answer towards its own (sum(gap) >= 0) decides nothing."""
+    """'The share moved towards the counterfactual's answer exceeds the answer-keeping one's by `margin`': sum(change
+    - keep) / sum(gap), bootstrap interval; a one-sided t test where sum(gap) < 0, else nothing is decided."""
     c, k, g = (np.asarray(v, dtype=float) for v in (change_P, keep_P, gap_P))
     keep = np.isfinite(c) & np.isfinite(k) & np.isfinite(g)
     d, g = (c - k)[keep], g[keep]
@@ -322,9 +303,8 @@ def share_above(
 
 
 def mean_below(about: About, values: Sequence[float], threshold: float, seed: int = 0) -> Claim:
-    """'The mean over problems is below `threshold`', by one-sided one-sample t tests (a sign test where the values
-    do not spread), with the mean's bootstrap interval: confirmed by the test below the threshold, rejected by the
-    test above it, each p adjusted over its family (`adjust`)."""
+    """'The mean over problems is below `threshold`': one-sided t tests (a sign test where values do not spread) both
+    ways, each adjusted over its family, with the mean's bootstrap interval."""
     x = np.asarray(values, dtype=float)
     x = x[np.isfinite(x)]
 
@@ -352,9 +332,8 @@ def paired_greater(
     alternative: Literal["greater", "two-sided"] = "greater",
     unit: str = "problems",
 ) -> Claim:
-    """'On the same problems, `first` is larger than `second` on average' (or, two-sided, 'differs from'), by a
-    paired permutation test (the two values of a problem swapped at random), with the bootstrap interval of the
-    mean difference; one-sided, rejected by the permutation test the other way."""
+    """'On the same problems `first` is larger than `second` on average' (or differs), by a paired permutation test,
+    with the mean difference's bootstrap interval; one-sided, rejected by the test the other way."""
     a, b = np.asarray(first_P, dtype=float), np.asarray(second_P, dtype=float)
     d = a - b
 
@@ -397,10 +376,8 @@ def groups_greater(
     unit: str = "runs",
     seed: int = 0,
 ) -> Claim:
-    """'`first`'s units are larger than `second`'s on average' (or, two-sided, 'differ'), the units independent
-    (training runs, each with its own seed): a permutation test of the difference of means over the units' labels
-    (exact where the splits are fewer than its resamples), with the bootstrap interval of the difference; one-sided,
-    rejected by the test the other way. With n1 and n2 units the smallest p is 1 / C(n1 + n2, n1) (5 and 5: 1/252)."""
+    """'`first`'s independent units exceed `second`'s on average' (or differ): a permutation test over labels (its
+    smallest p 1 / C(n1 + n2, n1)), with the difference's bootstrap interval; one-sided, rejected the other way."""
     a, b = np.asarray(first, dtype=float), np.asarray(second, dtype=float)
 
     def p_of(side: Literal["greater", "less", "two-sided"]) -> float:
@@ -441,11 +418,8 @@ def groups_greater(
 def over_problems_and_draws(
     about: About, top_P: Sequence[float], random_DP: Sequence[Sequence[float]], top_lower: bool, seed: int = 0
 ) -> Claim:
-    """'The top set's value per problem is lower (`top_lower`; else higher) than random draws' on average', over
-    problems and over draws as random effects: a hierarchical bootstrap that resamples the draws, then the problems
-    (9,999 resamples), of the mean difference (the random draws' mean minus the top set's, or the reverse), the
-    claim confirmed where the share of resamples at or below 0 is small (p = (1 + those) / 10,000) and rejected the
-    other way; its interval the resamples' 95 % percentile interval."""
+    """'The top set's value per problem is lower (`top_lower`; else higher) than random draws'': a hierarchical
+    bootstrap over draws, then problems (p = (1 + resamples at or below 0) / 10,000), rejected the other way."""
     t = np.asarray(top_P, dtype=float)
     y = np.asarray(random_DP, dtype=float).reshape(-1, len(t))
     sign = 1.0 if top_lower else -1.0
@@ -494,9 +468,8 @@ def paired_differs(about: About, first_P: Sequence[bool], second_P: Sequence[boo
 
 
 def paired_more(about: About, first_P: Sequence[bool], second_P: Sequence[bool]) -> Claim:
-    """'On the same problems `first` is right more often than `second`', by the exact McNemar test one-sided (the
-    binomial test on the discordant pairs at 1/2), rejected by the same test the other way; the estimate is the
-    difference of the rates, with the bootstrap interval of the paired difference."""
+    """'On the same problems `first` is right more often than `second`': exact one-sided McNemar, rejected the other
+    way; the estimate the difference of rates with the paired difference's bootstrap interval."""
     only_first = sum(bool(x) and not y for x, y in zip(first_P, second_P, strict=True))
     only_second = sum(bool(y) and not x for x, y in zip(first_P, second_P, strict=True))
     m, n = only_first + only_second, len(first_P)
@@ -519,10 +492,8 @@ def paired_more(about: About, first_P: Sequence[bool], second_P: Sequence[bool])
 def interval_above(
     about: About, estimate: float, ci: Sequence[float | None], other: float, other_ci: Sequence[float | None], n: int
 ) -> Claim:
-    """'This estimate is above the other', decided by their 95 % intervals: confirmed where this one's lies wholly
-    above the other's, rejected where it lies wholly below, otherwise not confirmed, with about the n at which this
-    one's interval, shrinking as 1/sqrt(n), would clear the other's (held fixed: where one random model falls does
-    not narrow with this claim's n); none where the estimate lies inside the other interval."""
+    """'This estimate is above the other' by 95 % intervals: confirmed wholly above, rejected wholly below, else not
+    confirmed with about the n at which this interval would clear the other (held fixed)."""
     low, high = (float("nan") if v is None else float(v) for v in ci)
     other_low, other_high = (float("nan") if v is None else float(v) for v in other_ci)
     outcome = CONFIRMED if low > other_high else REJECTED if high < other_low else NOT_CONFIRMED
@@ -577,9 +548,8 @@ def _adjusted(raw: list[float], method: Literal["holm", "bh"]) -> tuple[list[flo
 
 
 def adjust(claims: list[Claim], family: str, method: Literal["holm", "bh"] = "holm") -> list[Claim]:
-    """The tested claims of one result adjusted together (Holm; Benjamini-Hochberg where `method` says so): their
-    p's, and apart from them the p's of their opposite tests (the rejections), each claim decided again by its
-    adjusted p's; claims without a test pass through unchanged."""
+    """One result's tested claims adjusted together (Holm, or Benjamini-Hochberg), opposite tests' p's apart, each
+    decided again; claims without a test pass through."""
     tested_at = [i for i, c in enumerate(claims) if c["p_value"] is not None]
     against_at = [i for i in tested_at if claims[i]["p_against"] is not None]
     adj, times = _adjusted([float(claims[i]["p_value"] or 0.0) for i in tested_at], method)

@@ -101,9 +101,8 @@ def out_directory(path: Path | None) -> Path | None:
 
 
 def task_spec(given: dict[str, Any], defaults: Mapping[str, Any]) -> TaskSpec:
-    """A task from the command line's task options (those given; the rest the experiment's `defaults`, else
-    TaskSpec's). A task file's own shots and scoring stand unless an option says otherwise. An invalid value is one
-    line naming its flag."""
+    """A task from the given task options, the rest from `defaults`, else TaskSpec's; a task file keeps its own shots
+    and scoring unless given. An invalid value is one line naming its flag."""
     given = {key: value for key, value in given.items() if value is not None}
     try:
         return TaskSpec.model_validate(given if given.get("file") is not None else {**defaults, **given})

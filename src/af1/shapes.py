@@ -1,8 +1,5 @@
-"""The one legend of shape letters in tensor names: `ids_BT` is [batch, positions], `faith_WX` [wait, transfer].
-
-A name ends in `_` and one capital per dimension, in order (a digit for a fixed size, `1` for a broadcast
-one). Each letter means one thing everywhere in af1; the test suite checks every name against this table.
-"""
+"""The one legend of shape letters in tensor names (`ids_BT` is [batch, positions]): a name ends in `_` and one capital
+per dimension (a digit: a fixed size, `1`: broadcast); each letter means one thing everywhere, checked by a test."""
 
 from __future__ import annotations
 

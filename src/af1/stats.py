@@ -1,8 +1,5 @@
-"""Numbers a reviewer accepts: exact (Clopper-Pearson) intervals, constant-guess baselines, paired exact McNemar tests.
-
-Every rate af1 reports goes through `rate`, so it carries its n, its 95 % interval and the
-score of the best constant guess on the same problems.
-"""
+"""Numbers a reviewer accepts: every rate carries its n, its exact (Clopper-Pearson) 95 % interval and the constant
+guess's score on the same problems; paired exact McNemar tests."""
 
 from __future__ import annotations
 
@@ -31,9 +28,8 @@ def exact_interval(k: int, n: int) -> tuple[float, float]:
 
 
 def constant_baseline(targets: Sequence[Hashable], layouts: Sequence[Hashable] | None = None) -> float:
-    """Share of problems whose target is the most common one: what a constant guess scores. With `layouts` (each
-    problem's token layout, which its prompt shows), one constant guess per layout: sum over layouts of n_g * b_g,
-    over n."""
+    """What a constant guess scores: the share of problems with the most common target; with `layouts`, one guess per
+    token layout (sum of n_g * b_g over n)."""
     if not targets:
         return float("nan")
     if layouts is None:

@@ -1,12 +1,5 @@
 """Right or wrong at (L_wait, L_transfer) cells, problem by problem: what the search asks of a cell.
-
-The fast executor builds a wait's token-local tables once and keeps each problem's last-token state through the
-peek layers, so the next transfer of that wait costs one more peek layer. Every cell asked at once, of any wait, runs
-as one wavefront: at each layer, one call for the rows peeking there (each reading its own wait's table) and one for
-the rows computing alone (reading the context every wait shares), so a layer's weights are read twice per step
-however many cells are asked. Rival tokens are checked before the unembedding (`rival_wins`). Any other executor
-runs the asked problems of each cell whole.
-"""
+The fast executor runs all asked cells as one wavefront (two weight reads per layer); any other runs each cell whole."""
 
 from __future__ import annotations
 
@@ -58,9 +51,8 @@ class StepCells:
         return self.picked[wait]
 
     def screen(self, asks: list[Ask]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """Per ask (wait, transfer, the step's rows): where each row may still be right, and its last state for
-        `certify` (None: decided exactly already, by an executor that gives logits). A row of the fast path is
-        wrong where a rival token surely beats its target; the others wait for the unembedding."""
+        """Per ask: where each row may still be right (a fast row is wrong where a rival surely beats its target), and
+        its last state for `certify` (None: already decided exactly, by an executor that gives logits)."""
         out: list[tuple[torch.Tensor, torch.Tensor | None]] = [(torch.zeros(0, dtype=torch.bool), None) for _ in asks]
         fast = [i for i, (w, _, rows) in enumerate(asks) if len(rows) and self.executor(w)[0].name == "fast"]
         for i, h in zip(fast, self._wave([asks[i] for i in fast]), strict=True):
@@ -83,9 +75,8 @@ class StepCells:
         return right_R
 
     def _wave(self, asks: list[Ask]) -> list[torch.Tensor]:
-        """The asked cells' last states [R, D] as one wavefront: each row of a wait peeks as deep as its deepest ask
-        (from where it last stopped, or from the start where it has peeked past an ask), and every compute tail
-        joins the wave at the layer where its transfer ends."""
+        """The asked cells' last states [R, D] as one wavefront: each row peeks as deep as its deepest ask (from the
+        start where it peeked past one), and each compute tail joins at the layer where its transfer ends."""
         if not asks:
             return []
         adapter, L = self.step.adapter, self.step.adapter.n_layers
@@ -182,9 +173,8 @@ class Cells:
             self.row_in_step.append(where)
 
     def right(self, asks: list[tuple[int, int, list[int]]]) -> list[list[bool]]:
-        """Per ask (wait, transfer, rows of `kept`), whether each of those problems is right at that cell. Every
-        step screens the problems still open (rival tokens that surely win close them); the unembedding then
-        certifies the survivors step by step, where a wrong step closes the problem for the steps after it."""
+        """Per ask (wait, transfer, rows of `kept`), whether each problem is right at that cell: rival tokens screen
+        every step, then the unembedding certifies the survivors step by step (a wrong step closes the problem)."""
         rows = [torch.tensor(r, dtype=torch.long) for _, _, r in asks]
         open_ = [torch.ones(len(r), dtype=torch.bool) for r in rows]
         held: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = [[] for _ in asks]  # (where, step, h)

@@ -1,18 +1,5 @@
-"""Fast AF1: compute only what the subgraph computes.
-
-Under AF1 every non-last position is, after block `wait`, a function of its own token and
-position (its ablated state, then attention to context and itself). So its keys and values
-in every later layer are computed once per (position, token) from a few covering prompts,
-and the only input-dependent work left is the last token's path through blocks
-`wait+1..L-1`: one query per problem that reads the precomputed keys/values of every
-position in transfer blocks and of the context in compute blocks. The HF layers do that
-work themselves: the prefix keys/values enter through the attention plan.
-
-Supported: ablations cama, mean, zero (and none with wait = -1), ABP variant af1 with any
-transfer window and pruned transfer heads, families that route attention through
-transformers' interface. Everything else it refuses (`supports` says why), and `af1.executors.protocol.pick` runs it on
-another executor.
-"""
+"""Fast AF1: after block `wait` a non-last position is a function of its position and token, so its keys/values are
+computed once and only the last token runs per problem; `supports` says why it refuses a case (`pick` reroutes)."""
 
 from __future__ import annotations
 
@@ -65,11 +52,8 @@ class ProblemKV:
 
 @dataclass
 class TokenLocalKV:
-    """Keys/values of the suffix positions c..n-2 in blocks after `wait`, per column; and the last token's start.
-
-    A column is a token slot of the means' table, or one problem's own: a problem inside the means it is ablated
-    with leaves its own state out of its mean (leave-one-out), so its positions are not a function of their token
-    alone and run as rows of their own."""
+    """Keys/values of the suffix positions c..n-2 in blocks after `wait`, per column (a slot of the means' table, or a
+    leave-one-out problem's own), and the last token's start."""
 
     wait: int
     keys: dict[int, torch.Tensor]  # layer -> [suffix position, column, kv_heads, head_dim]
@@ -185,9 +169,8 @@ def own_states(adapter: ModelAdapter, task: Task, layers: list[int], batch_size:
 def _own_columns(
     adapter: ModelAdapter, config: AF1Config, means: PositionMeans | None, task: Task, own_PUD: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The problems whose ablated states are not a function of (position, token): those the ablation leaves out of
-    their own means, and those with a token the means never saw (the token-agnostic mean there): (their rows in
-    `task`, what the ablation writes at their suffix positions [R, n-c, D]); None when there are none."""
+    """Problems whose ablated states are not a function of (position, token) (leave-one-out, or a token the means never
+    saw): (their rows in `task`, the ablated suffix states [R, n-c, D]); None when there are none."""
     if config.wait < 0 or means is None:
         return None
     ids = task.input_ids_PT
@@ -214,16 +197,8 @@ def token_local_kv(
     own_PUD: torch.Tensor | None = None,
     like: TokenLocalKV | None = None,
 ) -> TokenLocalKV:
-    """Keys/values after `wait` per (position, token), and the last token's state entering block wait+1.
-
-    After `wait` a non-last position reads only the context and itself, so each (position, token) of the slot
-    table runs once, as a one-token row on the context's cache: from block wait+1 with its ablated state (for
-    wait = -1 from its embedding). CAMA's first varying position, which the reference path leaves alone, starts
-    from its conditional mean too: it sees only the context and itself, so its state is that mean (up to the
-    rounding of the average). A problem inside the means (leave-one-out) runs its own positions instead, from its
-    own ablated states (its unablated h[wait] `own_PUD` [P, n-c, D] of `task`, computed when not given). `like`,
-    another answer step's tables at this wait: its rows are taken where a position has the same tokens, start states
-    and context (an earlier step's positions, means over the same problems), not run again."""
+    """Keys/values after `wait` per (position, token), and the last token's state entering block wait+1. `own_PUD`: the
+    unablated h[wait] [P, n-c, D] of leave-one-out rows (computed when None); `like`: another step's tables to reuse."""
     if config.wait >= 0 and config.ablation not in ("cama", "mean", "zero"):
         raise ValueError(f"the {config.ablation} ablation does not make positions token-local")
     table = means.slot_tokens_TS if means is not None and config.wait >= 0 else slot_table(task.input_ids_PT)
@@ -384,10 +359,7 @@ def fast_sweep_wait(
     kv: TokenLocalKV | None = None,
 ) -> dict[int, torch.Tensor]:
     """Logits [P, V] (with `greedy` the greedy tokens [P], `af1.executors.greedy`) per transfer length at one wait.
-
-    The peeking path is a common prefix of all lengths; the compute-only tails that branch
-    off it run as one batch per layer (a wavefront), so each layer is one call for all lengths.
-    """
+    The shared peeking prefix runs once and the compute tails as one wavefront: one call per layer for all lengths."""
     wanted = sorted(transfers)
     if (reason := supports(adapter, task, config)) is not None:
         raise ValueError(f"fast executor unsupported: {reason}")
@@ -514,11 +486,8 @@ def capture_problem_kv(
 def knockout_logits(
     adapter: ModelAdapter, task: Task, blocked: list[list[int]], batch_size: int = 128, greedy: bool = False
 ) -> list[torch.Tensor]:
-    """Unmodified model, except that in each set of layers the last token reads only context and itself.
-
-    Returns last-position logits [P, V] (with `greedy` the greedy tokens [P]) per layer set; the
-    prompt's other positions run normally and are computed once per batch.
-    """
+    """Last-position logits [P, V] (with `greedy` the greedy tokens [P]) per layer set of the unmodified model, except
+    that in those layers the last token reads only context and itself."""
     if adapter.no_attention_interface() is not None:
         out = [
             reference_logits(

@@ -1,13 +1,5 @@
 """Greedy next tokens without a full float32 unembedding: a bfloat16 screen, then float32 on the few candidates.
-
-A grid cell needs only whether each problem's greedy token is right, and the unembedding
-([V, D], V up to 152k) costs as much per row as several decoder layers. Screening all tokens
-in bfloat16 (about 4x faster on CPUs with bf16 dot products) with a bound on its rounding
-error keeps every token that could be the float32 argmax; those are scored again in float32
-and the best is the answer: the same token the float32 logits give (up to ties within float32 rounding).
-The bound assumes the bfloat16 matrix product accumulates in float32, as PyTorch's CPU kernels
-do; the tests check the tokens against the float32 argmax on every family and on SmolLM2.
-"""
+Its rounding bound assumes float32 accumulation (PyTorch's CPU kernels); the token is float32's argmax, up to ties."""
 
 from __future__ import annotations
 
@@ -27,9 +19,8 @@ SLACK = 1.25  # on top of the bound below, for what the bound's own float arithm
 
 @dataclass
 class Screen:
-    """The unembedding (bias as one more column) in bfloat16, transposed for the screen; the largest norm of its
-    rows and of their rounding errors; and the weight's version and storage (a fine-tuned or cast unembedding is
-    screened anew)."""
+    """The bfloat16 unembedding (bias as one more column) transposed for the screen, the largest norms of its rows and
+    their rounding errors, and the weight's version and storage (a fine-tuned or cast unembedding is screened anew)."""
 
     w_DV: torch.Tensor
     max_norm: float
@@ -69,9 +60,8 @@ def usable(adapter: ModelAdapter) -> bool:
 
 @functools.cache
 def bf16_pays() -> bool:
-    """Whether a bfloat16 matrix product beats the float32 one on this CPU: measured once per process on a slice of
-    an unembedding's shape (a few ms where it pays, about 0.1 s where it does not). The tokens are the same
-    either way; only the time differs."""
+    """Whether a bfloat16 matrix product beats float32 on this CPU, measured once per process on an unembedding-shaped
+    slice; only the time differs, never the tokens."""
     x_BD, w_DV = torch.randn(16, 512), torch.randn(512, 4096)
     times = {}
     for dtype in (torch.float32, torch.bfloat16):
@@ -160,10 +150,8 @@ MAX_RIVALS = 64  # rival tokens checked before the unembedding
 
 @torch.no_grad()
 def rival_wins(adapter: ModelAdapter, h_BD: torch.Tensor, target_B: torch.Tensor, rivals: list[int]) -> torch.Tensor:
-    """Where a rival token's logit beats the target's by more than float rounding of either computation can explain
-    [B] bool: there the greedy token (`greedy_tokens`) is surely not the target, and the unembedding need not run.
-    False everywhere where the bound does not hold (a soft cap can tie at saturation; low precision; offloaded).
-    `rivals`: distinct tokens, at most MAX_RIVALS (the caller keeps them so)."""
+    """[B] bool: where a rival's logit beats the target's beyond float rounding, so the greedy token is surely not the
+    target; all False where the bound fails (soft cap, low precision, offloaded). `rivals`: distinct, <= MAX_RIVALS."""
     W = weight_of(adapter.lm_head)
     out_B = torch.zeros(len(h_BD), dtype=torch.bool)
     if not rivals or adapter.soft_cap or W.dtype != torch.float32 or adapter.offloaded():

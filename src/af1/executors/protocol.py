@@ -1,10 +1,5 @@
 """How a configuration is computed: one protocol, an ordered list of executors, the first that supports a case runs it.
-
-Every executor gives the same logits within float tolerance (the equivalence tests); they differ in cost. The fast
-executor recomputes only the last token, the shared-context one only the suffix after the constant context, the
-reference one the whole prompt by hooks on the unmodified model. Each says why it cannot run a case; the reasons of
-the faster ones are recorded with the result (`fallback_reason`).
-"""
+All give the same logits within float tolerance, at different costs; faster ones' refusals go in `fallback_reason`."""
 
 from __future__ import annotations
 

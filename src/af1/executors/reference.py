@@ -24,10 +24,8 @@ def reference_logits(
     desc: str | None = None,
     donors: Task | None = None,
 ) -> torch.Tensor:
-    """Last-position logits [P, V] under AF1, by hooks on the full model.
-
-    The resample ablation takes each problem's states from a donor of `donors` (the task distribution;
-    the task itself when none is given)."""
+    """Last-position logits [P, V] under AF1, by hooks on the full model; resample donors come from `donors` (the task
+    itself when None)."""
     ids = task.input_ids_PT
     P = len(ids)
     resample = config.ablation == "resample" and config.wait >= 0

@@ -1,12 +1,5 @@
 """AF1 and its variants with the constant context run once: every problem runs only its varying suffix.
-
-No intervention of af1 touches the context (the positions before the first varying token):
-ablations overwrite later positions, masks restrict later queries. So the context's keys and
-values in every layer are the same for every problem and every configuration; computed once,
-they enter each layer through the attention plan, and the model's own decoder layers run the
-suffix (about a fifth of a few-shot prompt). This covers what the fast executor does not
-(resample and no-CAMA ablations, the ABP variants); equal to the hook path up to float rounding.
-"""
+No intervention touches the context, so its keys/values are shared; covers what the fast executor does not."""
 
 from __future__ import annotations
 
@@ -123,9 +116,7 @@ def shared_context_logits(
     clean: Clean | None = None,
 ) -> torch.Tensor:
     """Last-position logits [P, V] under AF1 (any ablation and ABP variant), equal to `reference_logits` up to
-    float rounding; the resample donors come from `donors` (the task itself when None). With `clean`
-    (`clean_suffix_states`), each problem resumes from the unmodified run at the first block the config changes
-    (a resample's donors run to `wait` per batch: only the drawn ones, never the whole distribution)."""
+    rounding. Resample donors: `donors` (None: the task). `clean`: resume at the first block the config changes."""
     reason = supports_shared(adapter, task)
     if reason is not None:
         raise ValueError(f"shared context unsupported: {reason}")

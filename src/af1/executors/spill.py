@@ -29,9 +29,8 @@ def memory_budget_bytes() -> int:
 
 
 def layer_tables(n_layers: int, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[list[torch.Tensor], str]:
-    """`n_layers` empty tensors of `shape`: in memory when they fit the budget, else each backed by a file under
-    the cache's spill folder (unlinked at once: the mapping keeps it until the tensor is freed). Returns them
-    and where they live ("memory" or "disk")."""
+    """`n_layers` empty tensors of `shape` and where they live ("memory" or "disk"): in memory within the budget, else
+    each backed by an unlinked file under the cache's spill folder."""
     numel = math.prod(shape)
     nbytes = n_layers * numel * torch.empty((), dtype=dtype).element_size()
     if nbytes <= memory_budget_bytes():

@@ -49,10 +49,8 @@ class StepSetup:
         return self.tables["context"]
 
     def clean_all(self) -> list[torch.Tensor]:
-        """The unmodified run's states at the suffix positions of every solved problem, every layer: where
-        shared-context configs resume, and what a problem inside the means leaves out of them ([P, n-c, D] per
-        layer, in the model's dtype; in files past the memory budget). Computed once; a split reads its rows
-        (`kept_rows`), never copies them all."""
+        """The unmodified suffix states [P, n-c, D] of every solved problem per layer, in the model's dtype (on disk
+        past the memory budget): where shared-context configs resume. Computed once; splits read rows (`kept_rows`)."""
         if "clean" not in self.tables:
             self.tables["clean"] = clean_suffix_states(self.adapter, self.all_solved, self.context())
         return self.tables["clean"]
@@ -62,17 +60,15 @@ class StepSetup:
         return None if self.kept is self.solved else rows_in(self.all_solved, self.kept)
 
     def build_local_kv(self, config: AF1Config, like: TokenLocalKV | None = None) -> TokenLocalKV:
-        """Token-local keys/values after `wait` for every solved problem (a problem inside the means runs its own
-        positions, from its unablated state: leave-one-out); `like`: another step's, whose rows it takes where they
-        are the same."""
+        """Token-local keys/values after `wait` for every solved problem (leave-one-out problems run their own
+        positions); `like`: another step's tables, whose matching rows are reused."""
         solved = self.all_solved
         own = self.own_states(config.wait) if config.wait >= 0 else None
         return token_local_kv(self.adapter, solved, config, self.means, self.context(), own_PUD=own, like=like)
 
     def own_states(self, layer: int) -> torch.Tensor | None:
-        """h[layer] at the suffix positions [P, n-c, D] of the solved problems that run their own positions (a token
-        the means never saw there, or inside the means), zeros for the others; None where none does. Their states
-        at every layer are recorded once (the clean states where they are at hand)."""
+        """h[layer] [P, n-c, D] at the suffix positions of the problems that run their own positions (an unseen
+        token, or leave-one-out), zeros for the others; None where none does."""
         if "clean" in self.tables:
             return self.clean_all()[layer]
         if "own" not in self.tables:

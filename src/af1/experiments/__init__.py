@@ -1,9 +1,5 @@
-"""Every experiment af1 runs, one module each, in the order a model's units run (what an experiment reads comes
-before it). The command line, plan files, the study runner, the HTML report and `af1.api` are derived from this
-registry: adding an experiment is one module and one line in BUILTIN.
-
-Importing this package is cheap (no torch): `REGISTRY` imports the modules on first use, so `af1 --help` lists the
-commands from BUILTIN and each module's docstring alone."""
+"""Every experiment, one module each, in the order a model's units run; the CLI, plans, runner, report and API derive
+from this registry. Cheap to import: `REGISTRY` imports the modules on first use (`af1 --help` reads docstrings)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""alternatives: at one config: CAMA vs zero, mean, resample and no ablation; ABP vs its variants (McNemar).
-
-Each is paired with the configured intervention on the same problems (exact McNemar)."""
+"""alternatives: at one config: CAMA vs zero, mean, resample and no ablation; ABP vs its variants, each paired with
+the configured intervention on the same problems (exact McNemar)."""
 
 from __future__ import annotations
 

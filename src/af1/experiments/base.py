@@ -1,6 +1,5 @@
-"""The shape of every experiment: its options, its typed result, what it reads, how it runs and its report section
-(its tables, figures and prose). The CLI, plan files, the study runner, the HTML report and the Python API are
-derived from it."""
+"""The shape of every experiment: its options, typed result, what it reads, how it runs and its report section; the
+CLI, plans, runner, report and API are derived from it."""
 
 from __future__ import annotations
 
@@ -34,9 +33,8 @@ class Options(BaseModel):
 
 
 class Result(Part):
-    """An experiment's result: every field it writes is declared (an undeclared one is refused), so that figures,
-    reports, other experiments and a resumed study read what they expect; its warnings are its own and those of the
-    results it was built from (`study.units.run_unit`)."""
+    """An experiment's result: every field declared (an undeclared one is refused) so readers get what they expect;
+    its warnings, its own and those of the results it was built from."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
@@ -45,9 +43,8 @@ class Result(Part):
         return self.model_dump()
 
     def _repr_html_(self) -> str:
-        """In a notebook: the experiment's report section (its numbers with n, interval and constant guess, and its
-        interactive figures, offline) in a frame of its own, so that its styles and scripts stay apart; the frame
-        takes its content's height."""
+        """In a notebook: the report section (numbers and offline figures) in a frame of its own, so its styles and
+        scripts stay apart; the frame takes its content's height."""
         kind = EXPERIMENT_OF_RESULT.get(type(self))
         if kind is None:
             return f"<pre>{html.escape(self.model_dump_json(indent=1)[:4000])}</pre>"
@@ -70,9 +67,8 @@ class TaskFields(Result, TaskDescription):
 
 
 class SetupFields(TaskFields, SetupDescription):
-    """What every result measured on a setup carries (declared in `af1.methods.setup.SetupDescription`, which
-    `Setup.describe` returns): beyond the task's, the token layouts, whether the end of the answer is checked, and
-    where CAMA's means come from."""
+    """What every result measured on a setup carries beyond the task (`methods.setup.SetupDescription`): token layouts,
+    whether the answer's end is checked, and where CAMA's means come from."""
 
 
 EXPERIMENT_OF_RESULT: dict[type[Result], type[Experiment]] = {}

@@ -1,6 +1,5 @@
-"""components: CAMA alone and ABP alone per L_wait: does either part of AF1 keep the answer by itself?
-
-CAMA alone has no attention mask, ABP alone no ablation."""
+"""components: CAMA alone (no attention mask) and ABP alone (no ablation) per L_wait: does either part of AF1 keep
+the answer by itself?"""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""What a unit costs, as each experiment declares it (`Experiment.cost` and `Experiment.work`): the shapes its work is
-counted from (the model's from its config, the task's from its tokenizer, what the search found or is assumed to),
-and its work in layer passes of one token, unembedding rows and other FLOPs. `study.cost` turns work into seconds
-and memory on this machine."""
+"""What a unit costs as each experiment declares it: the shapes its work is counted from, and its work in one-token
+layer passes, unembedding rows and other FLOPs; `study.cost` turns work into seconds and memory."""
 
 from __future__ import annotations
 
@@ -12,9 +10,8 @@ Work = tuple[float, float, float]  # (layer passes of one token, unembedding row
 
 @dataclass(frozen=True)
 class Cost:
-    """How many times slower than the measured matrix-product rate an experiment's FLOPs run (skinny last-token
-    products, Python between them; fitted by benchmarks/estimate.py on a 2-core CPU), the same where bfloat16
-    products do not pay (AVX2 only) when its fit differs there, and its peak memory as a multiple of the weights."""
+    """An experiment's FLOPs' slowdown against the measured matrix-product rate (fitted by benchmarks/estimate.py on a
+    2-core CPU; `avx2` where bfloat16 does not pay and the fit differs) and its peak memory in weights."""
 
     slowdown: float = 1.0
     slowdown_without_bf16: float | None = None

@@ -1,6 +1,5 @@
-"""eval: base accuracy of a model on a task: every answer token (or the first), with its interval and baseline.
-
-With n, 95 % interval, constant-guess baseline and every problem."""
+"""eval: base accuracy of a model on a task: every answer token (or the first), with n, its 95 % interval, the
+constant-guess baseline and every problem."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""finetune: train only the chosen heads; compare with full and random-head fine-tuning on math and on text.
-
-Arithmetic accuracy on held-out problems and the text cost (perplexity, next-token accuracy), from the same
-weights."""
+"""finetune: train only the chosen heads; compare with full and random-head fine-tuning on held-out arithmetic and on
+text (perplexity, next-token accuracy), from the same weights."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """groups: one circuit or several: the AF1 search per group of problems (carry or none, operand size, found groups).
-
-Each group keeps the search's rule: its cell chosen on its own selection half, judged on the rest; claims that the
-groups' cells and staircases differ, and that the whole task's cell keeps them at different rates, are decided on
-confirmation problems, Holm-corrected per grouping."""
+Each group's cell chosen on its selection half; the claims decided on confirmation problems, Holm per grouping."""
 
 from __future__ import annotations
 
@@ -46,9 +43,8 @@ class Options(base.Options):
 
 
 class Result(base.SetupFields):
-    """The groupings on one split of the solved problems (`selection_fraction`, the search's seed) at the search's
-    threshold; `whole` the cell the whole task's search judged. Inputs: solved, selection, confirmation (the groups'
-    halves) and whole_confirmation (the search's)."""
+    """The groupings on one split of the solved problems at the search's threshold, with `whole` the whole task's
+    judged cell; inputs: solved, selection, confirmation (the groups' halves), whole_confirmation (the search's)."""
 
     threshold: float
     selection_fraction: float
@@ -70,9 +66,8 @@ class Groups(base.Experiment):
         return (base.SEARCH,)
 
     def work(self, options: Options, s: costs.Shapes) -> costs.Work:
-        """Per grouping its groups' searches with every wait's staircase (GRID_SHARE of the grid on the selection
-        problems), three cells on the confirmation problems (each group's own, the whole task's, another group's),
-        and for found groups the profile's cells on the selection problems."""
+        """Per grouping: its groups' staircases (GRID_SHARE of the grid on selection problems), three cells each on
+        confirmation problems, and for found groups the profile's cells on selection problems."""
         t, L = s.on, s.model.layers
         sel = s.found.solved * options.selection
         searches = L * (L + 1) / 2 * sel * GRID_SHARE + 3 * (s.found.solved - sel)

@@ -1,7 +1,5 @@
 """heads: heads and MLPs that carry the arithmetic: path patching, key heads, knockout, where they look, overlap.
-
-Path patching with a counterfactual, key heads, top-k against matched random-k knockout, where the top heads
-look, the MLP logit lens, overlap with other tasks, placement against AF1's stages."""
+With a counterfactual; top-k against matched random-k knockout, the MLP logit lens, placement against AF1's stages."""
 
 from __future__ import annotations
 

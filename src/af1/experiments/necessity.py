@@ -1,6 +1,5 @@
-"""necessity: faithfulness when the last token cannot read the problem's tokens, layer by layer and in windows.
-
-Inside the search's chosen cell the transfer window is also moved later, on the search's confirmation split."""
+"""necessity: faithfulness when the last token cannot read the problem's tokens, layer by layer and in windows; and
+inside the search's chosen cell the transfer window moved later, on its confirmation split."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""neurons: which MLP neurons of the compute layers the last token computes the answer with, under AF1.
-
-Every neuron of the layers after the transfer window is attributed at the last token on the selection part (its
-mean-ablation's first-order effect on the answer's log-probability); the top k are then mean-ablated exactly on the
-confirmation part, for k from 1 up, against random neurons of the same layers. Under the search's config the parts
-are its split."""
+"""neurons: which MLP neurons of the compute layers the last token computes the answer with, under AF1: attributed on
+the selection part, the top k mean-ablated exactly on the confirmation part against random neurons of those layers."""
 
 from __future__ import annotations
 

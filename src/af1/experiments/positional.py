@@ -1,6 +1,5 @@
-"""positional: how well attention logits split into a position term plus a meaning term, per layer and head.
-
-Against a random-init and a shuffled control, with the perplexity cost of perturbing positions."""
+"""positional: how well attention logits split into a position term plus a meaning term, per layer and head, against
+random-init and shuffled controls, with the perplexity cost of perturbing positions."""
 
 from __future__ import annotations
 

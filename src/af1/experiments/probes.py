@@ -1,9 +1,5 @@
-"""probes: after which block the operands, the answer and its digits can be read off the last token (linear and
-Fourier probes), unmodified and under AF1, against AF1's stages.
-
-Cross-validated ridge probes of the last prompt token's state after every block, each problem predicted by the fold
-that did not train on it, against the constant guess and the same probe trained on shuffled labels. Under the
-search's config they are measured on its confirmation split."""
+"""probes: after which block the last token holds the operands, the answer and its digits (cross-validated linear and
+Fourier probes against shuffled labels), unmodified and under AF1 (on the search's confirmation split)."""
 
 from __future__ import annotations
 
@@ -119,9 +115,8 @@ class Probes(base.Experiment):
 
 
 def reading(result: Result) -> list[str]:
-    """Each operand after the last transfer block and the computed target (`probes.computed_target`) after the last
-    block, under AF1 beside its control with no transfer layers (Fourier probe); and what the CAMA block holds.
-    Numbers only: the claims decide."""
+    """Each operand after the last transfer block and the computed target after the last, under AF1 beside its
+    no-transfer control (Fourier probe), and what the CAMA block holds; numbers only: the claims decide."""
     if result.config is None:
         return []
     last = len(result.unmodified[0]["accuracy"]) - 1 if result.unmodified else 0

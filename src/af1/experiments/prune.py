@@ -1,8 +1,5 @@
-"""prune: rank the transfer layers' heads and stop them peeking one by one: faithfulness vs heads removed. With --wait,
-give the --selection/--split-seed of the search that chose the config, so its confirmation half stays unseen.
-
-Greedy, on a selection split; the last set before faithfulness first falls below 95 % of the unpruned is
-checked on the confirmation split."""
+"""prune: stop the transfer heads peeking one by one (greedy, selection split): faithfulness vs heads removed; the last
+set above 95 % of unpruned checked on confirmation (with --wait, pass the search's --selection and --split-seed)."""
 
 from __future__ import annotations
 

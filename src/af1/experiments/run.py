@@ -1,6 +1,5 @@
-"""run: faithfulness of one AF1(wait, transfer) configuration on the problems the model solves.
-
-Every problem listed."""
+"""run: faithfulness of one AF1(wait, transfer) configuration on the problems the model solves, every problem
+listed."""
 
 from __future__ import annotations
 

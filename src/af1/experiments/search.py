@@ -1,7 +1,5 @@
-"""search: the AF1 subgraph: the largest L_wait, then the smallest L_transfer, keeping faithfulness >= threshold.
-
-Chosen on a selection split of the solved problems, measuring only what the rule needs, and confirmed on the
-other."""
+"""search: the AF1 subgraph: the largest L_wait, then the smallest L_transfer, keeping faithfulness >= threshold,
+chosen on a selection split measuring only what the rule needs, and confirmed on the other."""
 
 from __future__ import annotations
 

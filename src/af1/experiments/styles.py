@@ -1,7 +1,5 @@
-"""styles: base accuracy and AF1 faithfulness at one config for every input style (the paper's Table 4).
-
-At the search's config the task's own row is measured on the search's confirmation half (the problems that did
-not choose it); every other row is another task, measured on all its solved problems. Each row lists its problems."""
+"""styles: base accuracy and AF1 faithfulness at one config for every input style (the paper's Table 4); the task's
+own row on the search's confirmation half, the others on all their solved problems."""
 
 from __future__ import annotations
 

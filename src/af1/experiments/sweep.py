@@ -1,6 +1,5 @@
-"""sweep: faithfulness over the whole (L_wait, L_transfer) grid, with a heatmap; resumable with --out.
-
-Per problem, on the solved problems."""
+"""sweep: faithfulness over the whole (L_wait, L_transfer) grid on the solved problems, per problem, with a heatmap;
+resumable with --out."""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ class Options(base.Options):
 
 
 class Result(base.SetupFields, allforone.sweep.Grid):
-    """The grid's part (`allforone.sweep.Grid`) on the setup it was measured on; where the plan has a search, its
-    rule read off this whole grid at the search's options (`allforone.search.on_grid`), which must choose as the
-    search did measuring only what the rule needs."""
+    """The grid on the setup it was measured on; with a search in the plan, the search's rule read off this grid
+    (`allforone.search.on_grid`), which must choose as the search did."""
 
     rule_on_grid: allforone.search.Found | None = None
     agrees_with_search: bool | None = None

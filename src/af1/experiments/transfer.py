@@ -1,6 +1,5 @@
-"""transfer: every model's AF1 config on every model of the plan, by the same layers and the same relative depth.
-
-Measured on this model's confirmation split beside its own config (paired McNemar)."""
+"""transfer: every model's AF1 config on every model of the plan, by the same layers and the same relative depth,
+on this model's confirmation split beside its own config (paired McNemar)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The AF1 intervention (docs/methods.md §1): its configuration and the edits and attention plans that realise it.
-
-AF1(wait, transfer): an ablation (CAMA by default) of every non-context position at the
-output of block `wait`, then ABP: the last token peeks at every position in the next
-`transfer` blocks and sees only context and itself afterwards; every other token sees
-only context and itself after `wait`. Faithfulness = accuracy on the problems the
-unmodified model solves.
-"""
+"""The AF1 intervention (docs/methods.md §1): non-context positions ablated after block `wait`, then the last token
+peeks for `transfer` blocks and sees only context and itself after; its config, edits and attention plans."""
 
 from __future__ import annotations
 
@@ -90,9 +84,8 @@ class AF1Config(BaseModel):
 def ablated_states(
     config: AF1Config, means: PositionMeans | None, ids_BT: torch.Tensor, own_BUD: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """What CAMA, the token-agnostic mean or the zero ablation writes into h[wait] at the last s positions of each
-    prompt ([B, s, D]; s = own's length, else every position). `own` is the prompts' unablated h[wait] there: a
-    prompt inside the means is ablated to the mean of the other problems (leave-one-out, `PositionMeans`)."""
+    """What CAMA, the token-agnostic mean or the zero ablation writes into h[wait] at the last s positions [B, s, D]
+    (s = own's length, else all); `own`, the unablated h[wait] there, is left out of its mean (leave-one-out)."""
     s = ids_BT.shape[1] if own_BUD is None else own_BUD.shape[1]
     if config.ablation == "zero":
         if means is None:
@@ -127,9 +120,8 @@ def ablation_edit(
 def overwrite_from(
     config: AF1Config, means: PositionMeans | None, ids_BT: torch.Tensor, donor_BUD: torch.Tensor | None, start: int
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The overwrite of h[wait] from position `start` (of the rows it sees): the donors' states (resample), else
-    the ablation's, from the unablated states themselves (a problem inside the means leaves its own out:
-    `PositionMeans.replacement`)."""
+    """The overwrite of h[wait] from position `start`: the donors' states (resample), else the ablation's, from the
+    unablated states (a problem inside the means leaves its own out: `PositionMeans.replacement`)."""
     if donor_BUD is not None:
         return lambda h: replace_positions(h, donor_BUD, start)
     return lambda h: replace_positions(h, ablated_states(config, means, ids_BT, h), start)

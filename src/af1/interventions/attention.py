@@ -1,12 +1,5 @@
 """Attention interventions: per-layer plans applied inside one registered attention function.
-
-A plan restricts which keys each query may attend to (a boolean mask after the causal one),
-can prepend precomputed keys/values (the fast AF1 executor), and can capture the
-pre-softmax inputs (queries, keys). Layers without a plan run the model's own kernel
-untouched, so an empty plan changes no bit of the logits. Families that do not route
-attention through transformers' AttentionInterface (GPT-J) get the same plan through a
-forward pre-hook on their attention module.
-"""
+Layers without a plan run the model's own kernel, so an empty plan changes no bit; GPT-J gets plans by a pre-hook."""
 
 from __future__ import annotations
 
@@ -28,18 +21,8 @@ BASE_KERNELS = ("sdpa", "eager")
 
 @dataclass
 class LayerPlan:
-    """What one layer's attention does differently.
-
-    allowed_BQK: True where a query may attend to a key, [1 or batch, q, k] or per head
-        [1 or batch, heads, q, k]; None: no extra mask.
-    prefix_kv: keys and values [batch, kv_heads, m, head_dim] put before the layer's own (post-RoPE).
-    replace_mask: ignore the model's mask (it was built for the unprefixed length).
-    capture: called with (module, query, key, value) before the kernel runs (post-RoPE, unrepeated).
-
-    One query per row reading its whole prefix and itself, with no mask (the last token in the fast
-    executor's blocks), is attended without copying (`one_query_attention`); a prefix of batch 1 is shared by
-    every row.
-    """
+    """What one layer's attention does differently: `allowed_BQK` (True: may attend; may be per head), `prefix_kv`
+    ([B or 1, kv_heads, m, d], post-RoPE, before its own), `replace_mask` (the model's), `capture(module, q, k, v)`."""
 
     allowed_BQK: torch.Tensor | None = None
     prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -102,9 +85,8 @@ def one_query_attention(
     scaling: float | None,
     softcap: float | None,
 ) -> tuple[torch.Tensor, None]:
-    """One query per row attending to a prefix ([B or 1, kv_heads, c, d]; batch 1: shared by every row) and to its
-    own key, without concatenating them or repeating key-value heads per query head (a shared prefix is read
-    once for the whole batch). Returns [B, 1, H, d] as the kernels do."""
+    """One query per row attending to a prefix ([B or 1, kv_heads, c, d]; batch 1: shared, read once) and its own key,
+    without concatenating them or repeating key-value heads. Returns [B, 1, H, d] as the kernels do."""
     B, H, _, d = query_BH1d.shape
     J = key_BJ1d.shape[1]  # key-value heads; each serves G = H // J query heads
     dtype = query_BH1d.dtype  # scores and sums in float32 as the kernels do (bf16 scores would round ~0.1)

@@ -74,10 +74,8 @@ def matched_heads(
     exclude: list[tuple[int, int]],
     size_LH: torch.Tensor | None = None,
 ) -> tuple[list[tuple[int, int]], dict[str, int]]:
-    """As many heads as `like`, drawn (seeded) head by head from the same layer and key/value group, else the same
-    layer, else the nearest layer with one left, never an excluded head or one drawn already; with `size_LH` (how
-    far ablating each head moves the state) from the half of those candidates nearest in size (by ratio); with how
-    many were matched at each level."""
+    """As many heads as `like`, seeded, from the same layer and key/value group, else that layer, else the nearest,
+    never excluded or drawn twice; with `size_LH`, from the half nearest in size; and how many matched at each level."""
     rng = random.Random(seed)
     taken = set(exclude) | set(like)
     group = max(1, adapter.n_heads // adapter.n_kv_heads)

@@ -1,8 +1,5 @@
 """Which query may read which key, per layer: ABP (attention-based peeking) and its variants.
-
-Every mask is boolean [1, n, n] (True: may attend), already causal, over one token layout
-whose first `context_len` positions are the constant context.
-"""
+Every mask is boolean [1, n, n] (True: may attend), already causal; positions before `context_len` are the context."""
 
 from __future__ import annotations
 
@@ -40,10 +37,8 @@ def abp_masks(
     pruned_heads: dict[int, list[int]] | None = None,
     n_heads: int = 1,
 ) -> dict[int, torch.Tensor]:
-    """ABP after block `wait`: the last query peeks in `peek_layers` and sees only context+self elsewhere.
-
-    Pruned heads of a peek layer behave as in a compute layer: their masks become per head.
-    """
+    """ABP after block `wait`: the last query peeks in `peek_layers` and sees only context+self elsewhere; pruned
+    heads of a peek layer behave as in a compute layer (their masks become per head)."""
     if variant in (
         "none",
         "zero-output",

@@ -1,13 +1,5 @@
 """Position means of the residual stream for CAMA and the token-agnostic mean ablation, leave-one-out.
-
-One streaming pass over a task accumulates fp32 sums of h[l][t] per (layer, position, token at t): memory is
-independent of the number of problems. The means keep those sums and their counts, and which prompts they
-averaged (`member_hashes`), so that a problem inside the averaged set is ablated to the mean of the *other*
-problems (leave-one-out, docs/methods.md §1: its own state, from the intervened run, is subtracted from the fp32
-sum; equal to a mean over the others up to float rounding). Where no other problem has its token at a position (or
-the sample never saw it there), the leave-one-out token-agnostic mean stands in. Saved as safetensors with a key of
-the model and the task's token layout, and reused.
-"""
+fp32 sums per (layer, position, token) from one streaming pass, saved as safetensors and reused (docs/methods.md §1)."""
 
 from __future__ import annotations
 
@@ -120,10 +112,8 @@ class PositionMeans:
     def replacement(
         self, layer: int, input_ids_BT: torch.Tensor, own_BUD: torch.Tensor | None, conditional: bool = True
     ) -> torch.Tensor:
-        """What CAMA (`conditional`) or the token-agnostic mean ablation writes into h[layer] at the last s positions
-        of each prompt (s = own's length, else every position): [B, s, D] fp32. A prompt inside the means has its
-        own state `own` (its unablated h[layer] there) left out; where no other member has its token at a position,
-        the leave-one-out token-agnostic mean stands in (`fallbacks` counts those)."""
+        """What CAMA (`conditional`) or the agnostic mean writes into h[layer] at the last s positions, [B, s, D] fp32
+        (s: own's length, else all), `own` left out; `fallbacks` counts where the agnostic mean stands in."""
         B, T = input_ids_BT.shape
         s = T if own_BUD is None else own_BUD.shape[1]
         sums_USD = self.sums_LTSD[layer][T - s :]
@@ -207,10 +197,8 @@ def compute_means(adapter: ModelAdapter, task: Task, batch_size: int = 32) -> Po
 
 @torch.no_grad()
 def compute_step_means(adapter: ModelAdapter, steps: list[Task], batch_size: int = 32) -> list[PositionMeans]:
-    """The means of several answer steps of one token layout (`Task.steps()`, rows `index_P` of one task) in one
-    pass: a causal position never reads later ones, so a problem's states at step k's positions are those of one
-    forward over its prompt and every answer token it is scored on but the last. Each problem runs once, not once
-    per step."""
+    """The means of several answer steps of one token layout (`Task.steps()`, rows `index_P` of one task) in one pass:
+    each problem runs once, since a causal position never reads later ones."""
     if not steps:
         return []
     rows = [s.rows_in_parent for s in steps]
@@ -224,9 +212,8 @@ def _pass(
     context_len: int,
     batch_size: int,
 ) -> list[PositionMeans]:
-    """Sums per (layer, position, token) of each step k's prompts `ids_per_step[k]` ([P_k, T_k]; step k+1's are
-    step k's with one more token, `rows_per_step[k]` naming each row's problem), every problem run once at its
-    deepest step."""
+    """Sums per (layer, position, token) of each step k's prompts ([P_k, T_k]; step k+1's add one token; `rows_per_step`
+    names each row's problem), every problem run once at its deepest step."""
     L, D = adapter.n_layers, adapter.hidden_size
     tables = [slot_table(ids) for ids in ids_per_step]
     flat = []  # per step: [P_k, T_k] index into its sums' (position, slot) rows

@@ -4,10 +4,8 @@
         adapter.model(ids)
     cache[residual(3)]  # [B, D]: the output of block 3 at the last position
 
-Sites: `residual(l)` the output of decoder block l ([B, T, D], h[l] in docs/methods.md); `head_inputs(l)` the
-concatenated head outputs entering o_proj ([B, T, E]); `neurons(l)` the MLP's neurons, the input of its output
-projection ([B, T, I]); `mlp_output(l)` the MLP's output ([B, T, D]); `FINAL` the input of the final norm ([B, T, D]).
-"""
+Sites: `residual(l)` block l's output h[l] [B, T, D]; `head_inputs(l)` the heads entering o_proj [B, T, E]; `neurons(l)`
+[B, T, I]; `mlp_output(l)` [B, T, D]; `FINAL` the final norm's input [B, T, D]."""
 
 from __future__ import annotations
 
@@ -110,10 +108,8 @@ Reduce = Callable[[torch.Tensor | None, torch.Tensor], torch.Tensor]  # (kept so
 def record(
     adapter: ModelAdapter, sites: Iterable[Site], last_only: bool = False, reduce: Reduce | None = None
 ) -> Iterator[dict[Site, torch.Tensor]]:
-    """Record each site during the block into the yielded cache: the last forward's value per site, or with
-    `reduce` a running reduction over every forward of the block (a sum over batches keeps memory flat).
-
-    `last_only` keeps only the last position, detached and copied ([B, ...]): what path patching needs."""
+    """Record each site during the block into the yielded cache: the last forward's value, or with `reduce` a running
+    reduction over every forward; `last_only` keeps the last position, detached and copied ([B, ...])."""
     sites = list(sites)
     for site in sites:  # every site checked before any hook is registered: a bad one leaves none behind
         _check(adapter, site)
@@ -156,9 +152,8 @@ def edit_sites(adapter: ModelAdapter, edits: dict[Site, Edit]) -> contextlib.Abs
 
 @contextlib.contextmanager
 def fixed_attention(adapter: ModelAdapter, outputs: dict[int, torch.Tensor]) -> Iterator[None]:
-    """During the block, the attention module of each given layer is not run: it returns the given output
-    ([B, T, D], with no weights), as every family's decoder layer unpacks it. For outputs set whatever the module
-    would compute (heads frozen in path patching); a forward hook on it still sees the value."""
+    """During the block, each given layer's attention module is not run but returns the given output ([B, T, D], no
+    weights), e.g. heads frozen in path patching; a forward hook on it still sees the value."""
     for layer in outputs:
         adapter.check_layer(layer)
     modules = {layer: adapter.attention(layer) for layer in outputs}

@@ -40,11 +40,8 @@ NULL_WORDS = ("nothing", "thing", "stuff", "none", "null", "blank")
 
 @dataclass
 class Counterfactual:
-    """One counterfactual prompt per problem (same length and positions as its clean prompt), what was put in:
-    `replacement` says it in one line, `replacements` per problem (drawn per problem for an operand or a slot), the
-    positions that change in some problem, each problem's answer under it (`answer_ids`, None where it defines none:
-    a null operator or value) and the matched answer-keeping counterfactual (`control`: the same positions changed,
-    the answer kept; its rows are None where a problem has none)."""
+    """One counterfactual prompt per problem, same positions: what was put in (`replacement`, per problem
+    `replacements`), the changed positions, each answer (None: none) and the answer-keeping `control`."""
 
     input_ids_PT: torch.Tensor
     replacement: str
@@ -85,9 +82,8 @@ class Counterfactual:
         return tokens, defined
 
     def controlled(self) -> Counterfactual | None:
-        """The answer-keeping counterfactual (of the prompts, before `at_step`), contrasted with this one's answers;
-        rows without a control keep this one's prompt and are left out of the paired claims. None where no problem
-        has one."""
+        """The answer-keeping counterfactual (before `at_step`) contrasted with this one's answers; rows without a
+        control keep this prompt and leave the paired claims. None where no problem has one."""
         if not any(c is not None for c in self.control):
             return None
         rows = zip(self.control, self.input_ids_PT, strict=True)
@@ -160,9 +156,8 @@ def _drawn(task: Task, tokenizer: Tokenizer, slots_of: Callable[[int], Slots], n
 
 
 def slot_counterfactual(task: Task, tokenizer: Tokenizer) -> Counterfactual:
-    """A task file's prompts with the slot it names replaced, everywhere it stands: by its null value (which defines
-    no answer), or by another of the slot's values drawn per problem (`draw_pair`: with the answer it then has and
-    an answer-keeping control); in a `distinct` task by none of the problem's other slot values."""
+    """A task file's prompts with its slot replaced everywhere: by its null value (no answer), or by another value drawn
+    per problem with an answer-keeping control (`draw_pair`; `distinct`: none reused)."""
     assert task.spec.file is not None
     described = read_task_file(task.spec.file)
     named = described.counterfactual
@@ -214,9 +209,8 @@ def _null_slot(task: Task, tokenizer: Tokenizer, slot: str, null: str) -> Counte
 
 
 def operand_counterfactual(task: Task, tokenizer: Tokenizer, operand: str) -> Counterfactual:
-    """A built-in task's prompts with one operand replaced by another value of its range with the same digits that
-    keeps the token layout, drawn per problem (`draw_pair`: another operand takes a value that changes the answer,
-    and in the answer-keeping control one that keeps it)."""
+    """A built-in task's prompts with one operand replaced per problem by another of the same digits that keeps the
+    token layout, with an answer-keeping control (`draw_pair`)."""
     spec = task.spec
     operation = OPERATIONS[spec.operation]
     names = list(NAMES[: operation.n_operands])
@@ -242,9 +236,8 @@ def operand_counterfactual(task: Task, tokenizer: Tokenizer, operand: str) -> Co
 
 
 def counterfactual(task: Task, tokenizer: Tokenizer, kind: str | None = None) -> Counterfactual:
-    """The task's prompts with the operator replaced by a null symbol or word that keeps the token layout, or
-    (kind an operand's name) that operand replaced per problem (`operand_counterfactual`); a task file replaces
-    the slot it names (`slot_counterfactual`)."""
+    """The task's prompts with the operator replaced by a null symbol or word keeping the token layout, an operand
+    replaced per problem, or a task file's slot (`slot_counterfactual`)."""
     if task.spec.file is not None:
         if kind not in (None, "operator"):
             raise Af1Error(
@@ -273,9 +266,8 @@ def counterfactual(task: Task, tokenizer: Tokenizer, kind: str | None = None) ->
 
 
 def defines_answers(task: Task, tokenizer: Tokenizer, kind: str | None) -> bool:
-    """Whether the counterfactual of `kind` gives some problem of the task (its first token layout) an answer of
-    its own: an operand, or a slot whose replacement changes the answer, does; a null operator or null value, or a
-    slot the answer does not read, does not."""
+    """Whether the counterfactual of `kind` gives some problem (first token layout) an answer of its own: an operand or
+    an answer-changing slot does; a null operator or value, or an unread slot, does not."""
     if task.spec.file is None and kind in (None, "operator"):
         return False
     try:

@@ -1,6 +1,5 @@
-"""What a neuron's activation at the last token follows over a task's problems: the result, its units digit, an
-operand (the arithmetic heuristics of Nikankin et al., ICLR 2025), each against the same activations shuffled.
-Descriptive: the neurons study shows them beside its claims (docs/methods.md §5)."""
+"""What a neuron's activation at the last token follows (result, units digit, an operand; Nikankin et al., ICLR 2025),
+against the same activations shuffled. Descriptive, shown beside the neurons study's claims."""
 
 from __future__ import annotations
 
@@ -22,10 +21,8 @@ PATTERNS = 6  # top neurons whose activation over the operands is shown
 
 @with_config(ConfigDict(extra="forbid"))
 class Pattern(TypedDict):
-    """One top neuron's activation at the last prompt token under AF1 on every solved problem, with its operands;
-    per grouping (`GROUPINGS`) the share of its variance the groups' means explain (eta squared) and the 95th
-    percentile of that share with the activations shuffled across problems; `tags`: the groupings above it, most
-    explained first (descriptive, uncorrected: a heuristic's first sketch, in the spirit of Nikankin et al.)."""
+    """One top neuron's activation at the last prompt token on every solved problem, per grouping the variance share its
+    means explain (eta squared) against its 95th percentile shuffled; `tags`: groupings above it (uncorrected)."""
 
     layer: int
     neuron: int

@@ -1,8 +1,5 @@
-"""Neurons of the compute stage (docs/methods.md §5): under an AF1 configuration, every MLP neuron of the compute
-layers at the last token, attributed on the selection part, then knocked out exactly on the confirmation part
-against random neurons of the same layers, set by set from 1 neuron up.
-
-Shapes (af1.shapes): P problems, B a batch, L layers (here the compute layers), I neurons of an MLP."""
+"""Neurons of the compute stage (docs/methods.md §5): attributed under AF1 on the selection part, knocked out on the
+confirmation part against random neurons of the same layers. Shapes: P problems, B batch, L layers, I neurons."""
 
 from __future__ import annotations
 
@@ -45,9 +42,8 @@ class Neuron(TypedDict):
 
 
 class Neurons(Part):
-    """The neurons' part: what was ranked and how, the top neurons, AF1's faithfulness on the confirmation part
-    alone and with the top k neurons mean-ablated beside `draws` random sets of k from the same layers (k in
-    `sizes`), how many it takes to lose half of the faithfulness, and the claims."""
+    """The neurons' part: the ranking, the top neurons, AF1's faithfulness alone and with the top k mean-ablated beside
+    `draws` random sets of k (k in `sizes`), the k that loses half of it, and the claims."""
 
     config: AF1Config
     compute_layers: list[int]
@@ -80,9 +76,8 @@ def compute_layers(config: AF1Config, n_layers: int) -> list[int]:
 def attribution_and_means(
     setup: Setup, config: AF1Config, layers: Sequence[int], batch_size: int = 8
 ) -> tuple[torch.Tensor, Means]:
-    """On the setup's problems under AF1 (the reference executor's hooks, with each step's CAMA means): every
-    problem's attribution of every neuron [P, L, I] (`Neurons.attribution`, before the mean over problems; float32)
-    and each step's mean activations (float64)."""
+    """Under AF1 (reference hooks, each step's CAMA means): every problem's attribution of every neuron [P, L, I]
+    (float32) and each step's mean activations (float64)."""
     if config.ablation == "resample":
         raise Af1Error("the neurons study runs under the cama, mean or zero ablation (resample draws donors per run)")
     adapter = setup.adapter
@@ -137,9 +132,8 @@ def matched_random(top: list[Neuron], width: int, seed: int) -> list[tuple[int, 
 def knocked_out(
     setup: Setup, config: AF1Config, chosen: list[tuple[int, int]], means: Means, reference: bool = False
 ) -> Scores:
-    """AF1's scores on the setup's problems with the chosen (layer, neuron)s set to their mean at the last token, by
-    the executor AF1 picks (or the reference one): the edit is the neurons' value, the input of the MLP's output
-    projection, at the last position, which every executor runs through."""
+    """AF1's scores with the chosen (layer, neuron)s set to their mean at the last position (the MLP's output projection
+    input, which every executor runs through), by the executor AF1 picks."""
     layers = sorted({layer for layer, _ in chosen})
     rows = {layer: torch.tensor([j for m, j in chosen if m == layer]) for layer in layers}
     picked = executors(setup, config, reference)
@@ -174,10 +168,8 @@ def verified(
     order: list[Neuron],
     means: Means,
 ) -> RankAgreement:
-    """The attribution's ranking checked exactly on the problems it was made on: the top VERIFIED neurons and
-    VERIFIED random others of the same layers (seeded) each mean-ablated alone under AF1, per problem the change of
-    the whole answer's log-probability (what the estimate estimates), and the rank agreement of the two over these
-    neurons (the top ones and random ones: rho is helped by how far apart the two groups sit)."""
+    """The attribution checked exactly on its own problems: the top VERIFIED and VERIFIED random neurons each
+    mean-ablated alone, per problem the answer's log-probability change, and the rank agreement over these neurons."""
     top = [(n["layer"], n["neuron"]) for n in order[:VERIFIED]]
     rest = [(n["layer"], n["neuron"]) for n in order[VERIFIED:]]
     chosen = top + random.Random(0).sample(rest, min(VERIFIED, len(rest)))
@@ -206,9 +198,8 @@ def half_size(sizes: Sequence[int], rates: Sequence[float], full: float, baselin
 def study(
     selection: Setup, confirmation: Setup, config: AF1Config, *, draws: int, largest: int, measured_on: str
 ) -> Neurons:
-    """Rank the compute layers' neurons on `selection`, knock out the top k and `draws` matched random sets of k on
-    `confirmation` for each k of SIZES up to `largest`, and claim, per k, that the top set leaves fewer problems right
-    than the random ones (paired permutation test over problems, one Holm family)."""
+    """Rank the compute neurons on `selection`; on `confirmation` knock out the top k and `draws` random sets of k per k
+    in SIZES, and claim the top set leaves fewer right (paired permutation tests, one Holm family)."""
     adapter = selection.adapter
     layers = compute_layers(config, adapter.n_layers)
     if not layers:

@@ -1,7 +1,5 @@
-"""Probes of the last token's state, block by block: after which block each operand, the answer and its digits can
-be read off it linearly, on the unmodified model and under an AF1 configuration (docs/methods.md §4).
-
-Shapes (af1.shapes): P problems, L blocks, D the model's width, O a probe's outputs, M label columns, Y values."""
+"""Probes of the last token's state after each block, unmodified and under AF1 (docs/methods.md §4). Shapes
+(af1.shapes): P problems, L blocks, D the model's width, O a probe's outputs, M label columns, Y values."""
 
 from __future__ import annotations
 
@@ -30,9 +28,8 @@ MIN_PROBLEMS = 10  # fewer problems than this cannot be cross-validated in folds
 
 
 class Curve(TypedDict):
-    """One probe of one target, block by block: held-out accuracy (every problem predicted once, by the fold that
-    did not train on it) with its 95 % interval, the same probe trained on shuffled labels, and the most common
-    label's share (the best a constant guess scores). Descriptive: the claims compare conditions problem by problem."""
+    """One probe of one target per block: held-out accuracy (each problem read by the fold that did not train on it)
+    with its 95 % interval, beside shuffled labels and the constant guess; descriptive."""
 
     target: str
     kind: str
@@ -45,9 +42,8 @@ class Curve(TypedDict):
 
 
 class Probes(Part):
-    """The probes' part: each target's curves on the unmodified model and, where a configuration is given, under
-    AF1 and under its matched control (no transfer layers); the claims about where under AF1 the operands arrive
-    and the answer is computed."""
+    """The probes' part: each target's curves unmodified and, with a configuration, under AF1 and under its no-transfer
+    control; and the claims about where under AF1 the operands arrive and the answer is computed."""
 
     n_probed: int
     folds: int
@@ -142,11 +138,8 @@ def held_out(
     periods: Sequence[int],
     fit_PD: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
-    """For each probe (labels [P, M]: the true ones, permutations of them; and its kind), every problem's decoded
-    label by the fold that did not train on it [P, M]: the label among all values whose features lie nearest the
-    prediction, each output weighted by its leave-one-out error (an output the state cannot predict counts for
-    little). One ridge fit per fold serves every probe (its outputs side by side, each with its own penalty).
-    `fit_PD`: the states the probes are fitted on (default: the states they read)."""
+    """For each probe (labels [P, M], kind), every problem's label [P, M] decoded by the fold that did not train on it:
+    the nearest value, outputs weighted by leave-one-out error; one ridge fit per fold serves every probe (`fit_PD`)."""
     fit_PD = states_PD if fit_PD is None else fit_PD
     values = [labels_PM[:, 0].unique() for labels_PM, _ in probes]
     decoded = [torch.empty_like(labels_PM) for labels_PM, _ in probes]
@@ -227,9 +220,8 @@ def spoken(target: str) -> str:
 
 
 def computed_target(targets: Sequence[str]) -> str | None:
-    """The target that shows the answer computed: its units digit where answers have several (a sum's value is a
-    linear function of its operands', so a probe reads it wherever they are; its value modulo 10 is not), else the
-    answer itself."""
+    """The target that shows the answer computed: the units digit where answers have several (a sum is linear in its
+    operands, its value modulo 10 is not), else the answer itself."""
     return next((t for t in ("answer digit 1", "answer") if t in targets), None)
 
 
@@ -240,13 +232,8 @@ def stage_claims(
     config: AF1Config,
     measured_on: str,
 ) -> list[Claim]:
-    """What AF1's stages say the probes should find, per probe (a number may sit on a line or on circles), each a
-    paired permutation test over problems. Against the matched control, the same CAMA with no transfer layers
-    (whose last token keeps only the leave-one-out trace of its own state; the probes are fitted on unmodified
-    states, so they cannot learn that trace): every operand read better after the last transfer block, the computed
-    target (`computed_target`) read better after the last block. And the computed target read better after the last
-    block than after the last transfer block. One family, Holm. Problems that share a training fold share its probe,
-    so their outcomes are not independent: the p-values are approximate."""
+    """AF1's stages as paired permutation claims (one Holm family; approximate: folds are shared), docs/methods.md §4:
+    operands and computed target beyond the no-transfer control, and the target better after the last block."""
     last = next(iter(right.values())).shape[1] - 1
     after = max(config.peek_layers(), default=config.wait)
     where = f"under AF1 ({config.cell}), {measured_on}"

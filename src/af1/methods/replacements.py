@@ -1,6 +1,5 @@
-"""Per-problem draws of replacement values for counterfactual prompts: seeded by the task's seed and the prompt,
-kept to the same tokens, each with the answer it then has and, where one exists, a matched answer-keeping control
-that changes the same positions."""
+"""Per-problem draws of replacement values for counterfactual prompts: seeded, kept to the same tokens, each with its
+answer and, where one exists, a matched answer-keeping control that changes the same positions."""
 
 from __future__ import annotations
 
@@ -85,11 +84,8 @@ class Drawn:
 
 
 def draw_pair(task: Task, tokenizer: Tokenizer, i: int, slots: Slots, name: str) -> Drawn | None:
-    """Problem i's counterfactual for replacing `name`, with the positions its answer-keeping control changes: where
-    values of `name` alone both keep and change the answer, `name` alone (a value that changes it; the control one
-    that keeps it); where every value changes it, `name` takes one value in both and another slot (the first, in a
-    seeded order, where this works) one that changes the answer and one that keeps it; otherwise `name` alone with
-    no control (and no answer of its own where no value changes it). None: no value keeps the layout."""
+    """Problem i's counterfactual for `name` and its answer-keeping control (`name` alone where its values both keep and
+    change the answer, else with another slot; else no control). None: no value keeps the token layout."""
     drawer = _Drawer(task, tokenizer, i, slots)
     keep, change = drawer.first(name, True, {}), drawer.first(name, False, {})
     if keep is not None and change is not None:

@@ -12,9 +12,8 @@ ALPHAS = tuple(10.0**k for k in range(-2, 6))  # ridge penalties: each output pi
 def ridge_predict(
     train_PD: torch.Tensor, targets_PO: torch.Tensor, test_PD: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ridge regression on standardized features, each output's penalty chosen among ALPHAS by its exact
-    leave-one-out error on the training rows: the test rows' predictions [P, O] and each output's leave-one-out mean
-    squared error at its penalty [O] (how far to trust it when decoding)."""
+    """Ridge on standardized features, each output's penalty chosen among ALPHAS by exact leave-one-out error: the test
+    rows' predictions [P, O] and each output's leave-one-out mean squared error [O] (how far to trust it)."""
     mean, std = train_PD.mean(0), train_PD.std(0).clamp_min(1e-8)
     x = (train_PD - mean) / std
     y_mean = targets_PO.mean(0)

@@ -58,9 +58,8 @@ class MeansFrom(TypedDict):
 
 
 class SetupDescription(TaskDescription):
-    """What every result measured on a setup carries (`Setup.describe`) beyond the task's: the token layouts,
-    whether the end of the answer is checked, and where CAMA's means come from. Declared here, once: each
-    experiment's result extends it (`af1.experiments.base.SetupFields`), each method returns only its own part."""
+    """What every result measured on a setup carries beyond the task (`Setup.describe`), declared once here: token
+    layouts, whether the answer's end is checked, and where CAMA's means come from."""
 
     layouts: list[LayoutRow] = Field(default_factory=list)
     n_layers: int
@@ -174,10 +173,8 @@ class Setup:
 
 
 def low_count_positions(means: PositionMeans, task: Task) -> ThinMeans:
-    """Where CAMA's means are thin for the evaluated problems (positions after the first varying one): positions
-    where some problem's conditional mean is over fewer than LOW_COUNT other problems (its own state left out when
-    it is inside the means), how many problems have one, and how many (problem, position) pairs have no other
-    problem with their token (the leave-one-out token-agnostic mean stands in there)."""
+    """Where CAMA's means are thin: positions where some problem's mean is over fewer than LOW_COUNT others, how many
+    problems have one, and how many (problem, position) pairs fall back to the token-agnostic mean."""
     ids = task.input_ids_PT
     inside_P = means.inside(ids)
     others_PT = means.counts(ids) - inside_P[:, None].float()
@@ -234,9 +231,8 @@ def step_means(
     means_dir: Path | None = None,
     cache: bool = True,
 ) -> dict[Any, PositionMeans]:
-    """The position means of the answer steps `wanted` (by `part_key`) over the distribution: each token layout's
-    steps in one pass (`compute_step_means`), read from the store (`means_dir`, else af1's cache) where it holds
-    them and written there where it does not; `cache` False computes them without the store."""
+    """The position means of the answer steps `wanted` (by `part_key`): each layout's steps in one pass, read from or
+    written to the store (`means_dir`, else af1's cache); `cache` False bypasses the store."""
     out: dict[Any, PositionMeans] = {}
     for group in distribution.groups or [distribution]:
         steps = [s for s in group.steps() if s.part_key in wanted]

@@ -1,9 +1,5 @@
 """One adapter over an unmodified HF causal LM: its parts, its sizes, and a layer loop.
-
-The layer loop lets af1 run any range of decoder layers on any hidden states. It does not
-reimplement architectures: the per-layer keyword arguments (masks, rotary tables, position
-ids) are recorded from the model's own forward pass with the layers short-circuited.
-"""
+The loop runs any range of decoder layers with per-layer arguments recorded from the model's own forward pass."""
 
 from __future__ import annotations
 

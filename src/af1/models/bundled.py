@@ -1,10 +1,5 @@
 """Bundled models as data: one row per short name, the registry packages that ship its GGUF, and its sha256.
-
-A model may ship as one file or as chunks spread over several packages; the chunks are
-concatenated once into af1's cache. Every file is checked against its pinned sha256 before
-use; a mismatch or a missing part is a one-line error and leaves nothing behind. Packages are
-found with importlib's spec lookup, never imported.
-"""
+Chunks are joined once into af1's cache; each file must match its sha256; packages are located, never imported."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
 """The constant context computed once per model: its keys/values as the model's own cache, so that a forward over
-a task runs only each problem's varying suffix.
-
-A few-shot prompt is mostly the same prefix (about 80 % of the tokens of the demo's prompts).
-Every experiment that runs the unmodified model or intervenes only after the context (base
-evaluation, position and head means, path patching, knockouts) gets its logits from
-`forward_last`, which feeds the context's cache to the model and the suffix as input. Hooks
-then see only the suffix positions: `suffix_start` tells a caller where they begin. Equal to
-the full forward up to float rounding (the attention reductions run over the same keys in
-another split); tested against it on every family.
-"""
+a task runs only each problem's varying suffix (hooks see only it: `suffix_start`), as the full one up to rounding."""
 
 from __future__ import annotations
 
@@ -94,9 +85,8 @@ def unshared_reason(model: PreTrainedModel, n_positions: int) -> str | None:
 
 
 def cache_keyword(model: PreTrainedModel) -> str:
-    """The keyword a model's forward takes its key/value cache by: `cache` from transformers 5.24 on (where
-    `past_key_values` is deprecated, with a warning per call), else `past_key_values`. Read once per model class:
-    this is on every forward's path."""
+    """The keyword a model's forward takes its key/value cache by: `cache` from transformers 5.24 on, else
+    `past_key_values`. Read once per model class: it is on every forward's path."""
     return _cache_keyword(type(model))
 
 

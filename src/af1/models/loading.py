@@ -297,13 +297,8 @@ def load_model(
     trust_remote_code: bool = False,
     device_map: str | dict[str, Any] | None = None,
 ) -> LoadedModel:
-    """Load a causal LM and its tokenizer, check its family, and describe it with an adapter.
-
-    Only safetensors weights are read (GGUF files are converted once into safetensors).
-    `attn_implementation` None lets transformers choose (sdpa where the family has it, else eager).
-    `device_map` ('auto', 'balanced', 'sequential' or a module -> device dict) lets accelerate place the
-    model's parts, offloading to CPU or disk what does not fit; every intervention follows the placement.
-    """
+    """Load a causal LM (safetensors only; GGUF converted once) and its tokenizer, check its family, give its adapter.
+    `attn_implementation` None: transformers picks; `device_map`: accelerate places (and offloads) the model's parts."""
     from transformers import AutoModelForCausalLM
 
     check_load_options(dtype, device_map)

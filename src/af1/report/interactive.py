@@ -1,7 +1,5 @@
-"""Interactive figures for the HTML report, still one offline file: plotly.js is embedded once per page (from the
-`plotly` package, never a CDN), each figure is its JSON beside a div that a small inline script draws, a sweep cell
-clicks through to its problems, tables marked sortable sort by a header click, and each figure's camera button saves
-it as SVG (a paper's static copy, from the same declaration)."""
+"""Interactive figures for the offline HTML report: plotly.js embedded once per page, each figure its JSON drawn by an
+inline script; sweep cells click through to their problems, tables sort, and each figure saves as SVG."""
 
 from __future__ import annotations
 
@@ -197,9 +195,8 @@ def cells_layout(
 
 
 def sweep_grid(grid: Grid, setup: SetupDescription, found: Found | None = None) -> str:
-    """Faithfulness over (L_wait rows, L_transfer columns), the layer on the y-axis; hover gives each
-    cell's rate, 95 % interval, n, constant guess and executor; a click lists the cell's problems and whether each is
-    right under it. With `found` (a search), its frontier and its chosen (or best) cell on top."""
+    """Faithfulness over (L_wait rows, L_transfer columns), each cell hovered with its rate, interval, n, guess and
+    executor and clicked through to its problems; with `found`, the search's frontier and cell on top."""
     faith = clean(grid.faithfulness_wait_transfer)
     low, high = clean(grid.ci_low_wait_transfer), clean(grid.ci_high_wait_transfer)
     L = setup.n_layers
@@ -321,9 +318,8 @@ def chosen_shape(found: Found | None) -> list[dict[str, Any]]:
 
 
 def search_plot(found: Found, n_layers: int) -> str:
-    """The cells the search measured on the (L_wait, L_transfer) axes: each one's selection rate where it was
-    measured whole, else its misses of the problems measured before it stopped (hover: why); the frontier and the
-    judged cell on top. Cells it never measured stay empty: the rule did not need them."""
+    """The cells the search measured: a selection rate where measured whole, else misses of the problems measured
+    before it stopped; frontier and judged cell on top. Cells the rule did not need stay empty."""
     L, n = n_layers, found.n_selection
     waits, transfers = list(range(-1, L)), list(range(L + 1))
     z: list[list[float | None]] = [[None] * len(transfers) for _ in waits]
@@ -347,9 +343,8 @@ def search_plot(found: Found, n_layers: int) -> str:
 
 
 def groups_plot(grouping: Grouping, n_layers: int, whole: list[int] | None) -> str:
-    """Each group's staircase on the (L_transfer, L_wait) axes (per L_wait its first cell reaching the threshold on
-    the group's selection problems) and its judged cell, hovered with its confirmation rate; the whole task's judged
-    cell beside them."""
+    """Each group's staircase (per L_wait the first cell reaching the threshold on its selection problems) and judged
+    cell, hovered with its confirmation rate; the whole task's judged cell beside them."""
     data: list[dict[str, Any]] = []
     if whole is not None:
         marker = {"size": 20, "symbol": "square-open", "color": "black"}
@@ -382,9 +377,8 @@ def groups_plot(grouping: Grouping, n_layers: int, whole: list[int] | None) -> s
 
 
 def necessity_plot(result: Necessity, n: int) -> str:
-    """Faithfulness with the last token kept from reading the problem, per first blocked layer and window width; and,
-    inside the search's chosen cell, with the transfer window moved later. Every point: its interval, n and constant
-    guess."""
+    """Faithfulness with the last token kept from reading the problem, per first blocked layer and window; and in the
+    chosen cell with the transfer window moved later. Each point with its interval, n and constant guess."""
     baseline = next((rates[0]["baseline"] for rates in result.windows.values() if rates), None)
     data = []
     for width, rates in result.windows.items():
@@ -433,9 +427,8 @@ def pruning_plot(result: Pruning) -> str:
 
 
 def neurons_plot(result: Neurons) -> str:
-    """Faithfulness under AF1 on the confirmation part as the top k neurons of the compute layers are mean-ablated
-    (with intervals), beside each random set of k from the same layers (points) and their mean; k on a log axis;
-    AF1's own faithfulness and half of it as lines, the constant guess dotted."""
+    """Faithfulness under AF1 as the top k compute-layer neurons are mean-ablated, beside random sets of k (points,
+    mean), k on a log axis; AF1's own faithfulness, half of it and the constant guess as lines."""
     sizes, randoms = result.sizes, result.random_faithfulness
     mean = [sum(r) / len(r) for r in randoms]
     points = scatter(
@@ -701,9 +694,8 @@ def positional_plot(result: Positional) -> str:
 
 
 def probes_plot(result: Probes) -> str:
-    """Held-out probe accuracy after every block, per target, on the unmodified model (left) and under AF1 (right,
-    beside it thin: the control with no transfer layers), AF1's stages shaded on both; the Fourier probe drawn, the
-    linear one a click away in the legend."""
+    """Held-out probe accuracy per block and target, unmodified (left) and under AF1 with its no-transfer control
+    (right, thin), AF1's stages shaded; the Fourier probe drawn, the linear one a legend click away."""
     panels = [(result.unmodified, "x", "")]
     if result.under_af1:
         panels += [(result.under_af1, "x2", ""), (result.no_transfer, "x2", ", no transfer")]

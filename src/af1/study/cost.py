@@ -1,13 +1,5 @@
-"""What a study will cost before it runs: each unit's wall time and peak memory.
-
-A unit's work is counted from the plan alone (the model's shapes from its config, the task's problems from its
-tokenizer, the experiment's options): layer passes of one token (LP) and unembedding rows (VR, one D x V product).
-Seconds = FLOPs / this machine's matrix-product rate x the experiment's slowdown, measured in a second or two on
-the device and dtype the model runs in. The slowdowns were fitted on a 2-core CPU (`benchmarks/estimate.py`
-reruns the fit and checks it); on CUDA only the rate is measured, so a GPU estimate is not calibrated. What the plan
-cannot say (how many problems the model solves, the searched cell) is read from finished units where the store
-has them, else assumed: every problem solved, the cell at the middle layer with one transfer layer.
-"""
+"""A study's wall time and peak memory per unit before it runs: work counted from the plan, FLOPs over this machine's
+measured rate times each experiment's fitted slowdown; what only a finished unit knows is read, else assumed."""
 
 from __future__ import annotations
 
@@ -174,9 +166,8 @@ def found_from(unit: Unit, finished: Callable[[str], dict[str, Any] | None], n: 
 
 
 def estimate_store(store: Store, units: list[Unit], redo_done: bool = False) -> list[Estimate]:
-    """Each unit's wall time and peak memory on this machine, with what the store holds: a unit done there costs
-    nothing (`redo_done`: estimated all the same), and what it measured (problems solved, the searched cell) replaces
-    what is assumed. A unit pays its model's load where the one before it that runs held another model."""
+    """Each unit's wall time and peak memory here: one done in the store costs nothing (unless `redo_done`), what it
+    measured replaces what is assumed, and a unit pays a model load where the one before held another model."""
     records = {u.id: record for u in units if (record := store.done(u)) is not None}  # each read once
     results = {uid: r["result"] for uid, r in records.items() if r.get("state") == "done"}
     models: dict[str, tuple[ModelShape, float] | None] = {}

@@ -1,6 +1,5 @@
-"""The main job as a built-in plan: every model's AF1 search and claim, each model's config on the others, necessity
-and the heads where a model's search chose a cell (`--full`: the whole grid and every analysis), paired base
-accuracy; run by the study runner like any plan."""
+"""The main job as a built-in plan: every model's AF1 search and claim, each config on the other models, necessity and
+heads where a cell was chosen (`--full`: the whole grid and every analysis), paired base accuracy."""
 
 from __future__ import annotations
 

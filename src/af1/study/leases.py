@@ -1,11 +1,5 @@
-"""Leases on a study's units, so that runners sharing a store compute each unit once.
-
-A runner takes a unit by creating DIR/lease.json exclusively (owner host, pid, runner id, start), renews it every
-HEARTBEAT_S by touching the file (its modification time is the heartbeat), and deletes it once the unit's record
-is written. A lease whose runner is gone (a dead pid on this host, or no heartbeat for `timeout_s`, on any host)
-is taken over, and the taker says so. Heartbeats compare clocks, so hosts sharing a store need clocks (and the
-file server's) within `timeout_s`.
-"""
+"""Leases on a study's units, so that runners sharing a store compute each unit once: DIR/lease.json created
+exclusively, touched every HEARTBEAT_S, taken over once its runner is gone (clocks must agree within timeout_s)."""
 
 from __future__ import annotations
 

@@ -184,13 +184,8 @@ def result_schema(experiment: str) -> str:
 
 
 def expand(plan: StudyPlan) -> list[Unit]:
-    """The plan's units in an order where every unit comes after the units it reads.
-
-    What an experiment needs is added with default options (search needs sweep; a config experiment without a
-    fixed config needs search); what it uses is read when the plan has it. Task experiments run model by model
-    and task by task; per-model ones after a model's tasks; cross-model ones last, the last model first (it is
-    still loaded when its chain ends).
-    """
+    """The plan's units, each after what it reads (`experiments.chain`): task units model by model and task by task,
+    per-model ones after a model's tasks, cross-model ones last (the last model first: it is still loaded)."""
     exps = chain({e: opts for e in order() if (opts := getattr(plan.experiments, e, None)) is not None})
     units: dict[str, Unit] = {}
 

@@ -1,10 +1,5 @@
-"""Run a study: expand the plan, skip finished units, run the rest here or on Ray, write the report.
-
-Both backends run the same `Worker.run` on the same units in the same order per model, so a plan
-gives the same results locally and on Ray; one scheduler hands a unit over once its inputs have ended and
-its lease is taken (runners sharing a store split the units). On Ray each model's units go to one actor
-that loads it once, one unit in flight per actor.
-"""
+"""Run a study: expand the plan, skip finished units, run the rest here or on Ray (one actor per model, the same
+`Worker.run` and order per model), write the report; runners sharing a store split the units by leases."""
 
 from __future__ import annotations
 
@@ -55,13 +50,8 @@ def run_study(
     lease_timeout_s: float = TIMEOUT_S,
     on_end: Callable[[Unit, Outcome], None] | None = None,
 ) -> StudySummary:
-    """Run every unfinished unit of the plan into out_dir and write the cross-model report, partial while units
-    remain (rewritten at most every REPORT_EVERY_S); `on_end` hears of each unit this runner ends. Runners sharing
-    out_dir split the units by leases (`study.leases`).
-
-    With ray, ray_address None lets ray.init join the cluster it finds or start a local one
-    (ray_init: more ray.init arguments); 'auto' or an address joins that cluster.
-    """
+    """Run every unfinished unit into out_dir and write the report (partial while units remain, every REPORT_EVERY_S);
+    `on_end` hears of each unit this runner ends; ray_address None joins or starts a local Ray, 'auto' joins one."""
     ray_module = _require_ray(ray_address) if ray else None
     store = Store(out_dir)
     units = expand(plan)
@@ -134,9 +124,8 @@ def _estimate(store: Store, units: list[Unit], todo: list[Unit]) -> dict[str, fl
 def _schedule(
     todo: list[Unit], outcomes: dict[str, Outcome], store: Store, leases: Leases, backend: Backend
 ) -> Iterator[tuple[Unit, Outcome, bool]]:
-    """Each unit once, as it ends: (unit, outcome, True) for those this runner computed, (unit, record, False) for
-    those another runner on the store finished. A unit starts once its inputs have ended and its lease is taken;
-    one another runner holds is passed over and looked at again every POLL_S."""
+    """Each unit once as it ends: (unit, outcome, True) computed here, (unit, record, False) finished by another
+    runner; a unit starts once its inputs ended and its lease is taken (else looked at again every POLL_S)."""
     since = now()
     waiting = list(todo)
     said: set[str] = set()

@@ -1,9 +1,5 @@
-"""The study's results store: one atomically written record per unit, keyed by the unit's inputs.
-
-DIR/units/<model>/<task>/<experiment>/unit.json holds the unit's state (running, done, not_applicable, failed),
-its content key, its result or error, and its provenance. A rerun skips a unit whose record is
-done with the same key and redoes everything else (failed, interrupted, or changed inputs).
-"""
+"""The study's store: one atomically written record per unit (DIR/units/<model>/<task>/<experiment>/unit.json: state,
+key, result or error, provenance); a rerun skips a unit done with the same key and redoes the rest."""
 
 from __future__ import annotations
 

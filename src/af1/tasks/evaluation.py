@@ -1,9 +1,5 @@
 """Scoring: does the model's greedy prediction give the whole answer (or its first token)?
-
-A task is scored in steps (see `Task.steps`); a problem is right when every step is right,
-and its probability of the answer is the product of the steps' probabilities. Where the task
-checks the answer's end, the last step is the token that ends it: "14" is not the answer "1".
-"""
+Right when every step (`Task.steps`) is, p(answer) being their product; with the end checked, "14" is not "1"."""
 
 from __future__ import annotations
 
@@ -72,9 +68,8 @@ class Scores:
         return float(self.log_p_correct_P.mean())
 
     def rate(self, task: Task) -> Rate:
-        """Accuracy with its n, 95 % interval and the constant-guess baseline on the same problems; for a task of
-        several token layouts, pooled over them (the baseline: one constant guess per layout, which the prompt
-        shows), with each layout's own (`by_layout`)."""
+        """Accuracy with its n, 95 % interval and constant-guess baseline; pooled over token layouts (one constant
+        guess per layout, which the prompt shows), with each layout's own (`by_layout`)."""
         correct, targets = self.correct_P.tolist(), task.targets()
         pooled = rate(correct, targets, task.layout_P.tolist())
         if task.groups:
@@ -150,9 +145,8 @@ class Scores:
 
 
 def answer_log_prob(logits_PV: torch.Tensor, answer_ids_P: torch.Tensor) -> torch.Tensor:
-    """log p(answer) per row [P], float64, as -log(1 + sum over other tokens of exp(z_other - z_answer)): exact where
-    p is near 1 (a float32 softmax or log_softmax rounds it to 1.0 / 0.0 once the margin passes about 17 nats; this
-    keeps telling margins apart up to about 700)."""
+    """log p(answer) per row [P], float64, as -log(1 + sum of exp(z_other - z_answer)): tells margins apart up to about
+    700 nats, where a float32 softmax rounds p to 1.0 / 0.0 past about 17."""
     out = []
     for rows in batches(len(logits_PV), 128):  # float64 rows of a large vocabulary: a few at a time
         z_BV, answer_B1 = logits_PV[rows].double(), answer_ids_P[rows, None]
@@ -181,9 +175,8 @@ def last_logits(
 
 
 def evaluate(model: PreTrainedModel, task: Task, batch_size: int = 64) -> Scores:
-    """Score the unmodified model: greedy exact match of the whole answer (or of its first token). Every answer step
-    of a problem comes from one forward over its prompt and its answer but the last token (teacher forcing); each
-    batch is scored as it comes, so memory holds one batch of logits whatever n is."""
+    """Score the unmodified model: greedy exact match of the whole answer (or its first token), teacher-forced in one
+    forward per problem; batches are scored as they come, so memory holds one batch of logits."""
     steps = task.steps()
     scores: list[Scores | None] = [None] * len(steps)
     by_layout: dict[Any, list[int]] = {}
@@ -212,9 +205,8 @@ def per_step(
     join: Callable[[list[R]], R],
     take: Callable[[R, list[int]], R],
 ) -> list[R]:
-    """`reduce(logits [B, V], answer ids [B])` of every batch of consecutive answer steps 0, 1, ... of one token
-    layout (rows `rows_in_parent` of one task), joined per step and put in its rows' order by `take(value, rows)`.
-    Each problem runs once at its deepest step: its logits at step k's last position are step k's."""
+    """`reduce(logits [B, V], answer ids [B])` per batch of answer steps 0, 1, ... of one layout, joined per step and
+    put in rows' order by `take(value, rows)`; each problem runs once, at its deepest step."""
     rows = [s.rows_in_parent for s in steps]
     where = [{int(r): i for i, r in enumerate(r_k.tolist())} for r_k in rows]
     deepest = {r: k for k, w in enumerate(where) for r in w}
@@ -293,9 +285,8 @@ def problem_rows(task: Task, scores: Scores, decode: Callable[[list[int]], str] 
 
 
 def inputs_sha256(rows: list[ProblemRow]) -> str:
-    """A fingerprint of problem rows' exact inputs (token ids, answer tokens and the end-of-answer token, in order):
-    two results, or a result and an eval unit's `problems`, with the same fingerprint were measured on the same
-    inputs and targets."""
+    """A fingerprint of problem rows' exact inputs (token ids, answer tokens, end-of-answer token, in order): equal
+    fingerprints mean the same inputs and targets."""
     fed = [[r["input_ids"], r["answer_tokens"], r.get("stop_token")] for r in rows]
     return hashlib.sha256(json.dumps(fed, separators=(",", ":")).encode()).hexdigest()
 
@@ -315,10 +306,8 @@ class TaskDescription(Part):
 
 
 class ProblemInputs(BaseModel):
-    """The exact inputs of a result: every problem of its task once, as fed to the model (`problem_rows`: text, token
-    ids, answer tokens, the unmodified model's greedy prediction), and each set of them a number was measured on
-    (the solved problems, a split's halves, training rows) as row indices, so any problem can be rerun from the JSON.
-    A result's `inputs` is None only when it was written before results listed them."""
+    """A result's exact inputs: every problem once as fed to the model (`problem_rows`), and each measured set as row
+    indices, so any problem can be rerun from the JSON. A result's `inputs` is None only in old results."""
 
     sha256: str  # inputs_sha256 of `problems`
     problems: list[ProblemRow]

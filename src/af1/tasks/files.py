@@ -1,12 +1,5 @@
 """Tasks from a file: any prompt with a short answer, as rows (JSONL or CSV) or as a template with named slots.
-
-A task file (YAML or TOML) names its rows file, or a template such as "The capital of {country} is"
-with each slot's values (inline or one per line in a file) and the answer as a lookup table or an
-arithmetic expression over the slots, or one slot's value (a copy task such as induction). Optional: a
-constant prefix, few-shot examples drawn from the other rows and what separates them (where an answer ends), the
-scoring, and the slot a counterfactual replaces (the heads study). Unknown keys are refused; every problem of a file
-is one line of error, never a traceback.
-"""
+A task file (YAML or TOML) is validated strictly: unknown keys are refused, and every problem is one line of error."""
 
 from __future__ import annotations
 
@@ -43,9 +36,8 @@ class SlotValues(_Strict):
 
 
 class Answer(_Strict):
-    """The answer of a template row: a lookup table keyed by the slot's value (the values joined by "|" when the
-    template has several slots), an arithmetic expression over integer slots such as "a + b" (other slots may be
-    words), or the value of one slot (a copy task: "{x} {y} {z} {x} {y}" answered by z)."""
+    """A template row's answer: a lookup table keyed by the slot's value ("|"-joined for several slots), an arithmetic
+    expression over integer slots such as "a + b", or one slot's value (a copy task: "{x} {y} {z} {x} {y}" → z)."""
 
     table: dict[str, str] | None = None
     expr: str | None = None
@@ -120,10 +112,8 @@ ROWS_DEFAULTS: dict[str, Any] = {"shots": 3, "scoring": "full"}  # a rows file g
 
 
 def read_task_file(path: str | Path) -> TaskFile:
-    """Parse and validate a task file; a bad one is one line. A .jsonl or .csv of prompt/answer rows is a task file
-    by itself: its rows, 3 worked examples drawn from the other rows, full scoring, named after the file. Read once
-    per process while the file is unchanged (its value is frozen): the spec's check, the task and the
-    counterfactuals share it."""
+    """Parse and validate a task file (a bad one is one line); a .jsonl or .csv of prompt/answer rows is one by itself
+    (3 examples from the other rows, full scoring). Cached per process while the file is unchanged (frozen value)."""
     path = Path(path)
     try:
         stat = path.stat()

@@ -1,8 +1,5 @@
-"""Named groups of a task's problems: a label per problem from what the problem is, never from how a model does on it.
-
-Arithmetic: `carry` (any column carries), `carryN` (the N-th digit from the right carries out), `borrow` and
-`borrowN` (a-b), `size` (each operand in the lower or upper half of its range), `answer_length`. A task file: any of
-its columns (a template's slot, a rows file's `group`)."""
+"""Named groups of a task's problems, by what a problem is, never how a model does on it: arithmetic `carry`, `carryN`
+(digit N from the right carries), `borrow`, `borrowN` (a-b), `size`, `answer_length`; a task file's columns."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The problems CAMA averages over: a seeded sample sized by what the means need (every common token at every
-position seen MEANS_MIN_COUNT times), disjoint from the evaluated problems where the distribution allows, so
-that its cost follows the sample and not the grid."""
+"""The problems CAMA averages over: a seeded sample sized by what the means need, disjoint from the evaluated
+problems where possible, so that its cost follows the sample and not the grid."""
 
 from __future__ import annotations
 
@@ -27,9 +26,8 @@ MEANS_SAMPLE_MAX = 2_000
 
 
 def means_sample_size(evaluated: Task) -> int:
-    """How many problems the CAMA means need: every (position, token) that at least MEANS_COMMON of the evaluated
-    problems hold at a varying position of their prompt or answer is expected MEANS_MIN_COUNT times in a uniform
-    sample of this size (clamped to [MEANS_SAMPLE_MIN, MEANS_SAMPLE_MAX])."""
+    """How many problems the CAMA means need: each (position, token) held by MEANS_COMMON of the evaluated is expected
+    MEANS_MIN_COUNT times in a uniform sample this size (clamped to [MEANS_SAMPLE_MIN, MEANS_SAMPLE_MAX])."""
     shares = []
     for group in evaluated.groups or [evaluated]:
         P = len(evaluated)
@@ -44,10 +42,8 @@ def means_sample_size(evaluated: Task) -> int:
 
 
 def distribution_task(spec: TaskSpec, tokenizer: Tokenizer, evaluated: Task) -> Task:
-    """The problems CAMA averages over: a seeded sample of `means_sample_size` problems disjoint from the evaluated
-    ones, topped up with MEANS_MIN_COUNT problems of each layout and answer step the sample missed (evaluated ones
-    only where no other problem has it: each is left out of its own mean), or the whole distribution where it has
-    no more than that many others; the evaluated task's layouts. Its cost follows the sample, not the grid."""
+    """The problems CAMA averages over, in `evaluated`'s layouts: a seeded `means_sample_size` sample disjoint from it,
+    topped up to MEANS_MIN_COUNT per layout and step (evaluated ones if no other), or a small distribution whole."""
     examples, pool = problem_pool(spec) if spec.file is None else file_pool(spec)
     size = means_sample_size(evaluated)
     seen = {problem_identity(spec, p) for p in evaluated.problems}

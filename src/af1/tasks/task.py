@@ -1,14 +1,5 @@
 """Tokenized tasks: prompts and answers as token ids, grouped by token layout, with each group's constant context.
-
-A task is a list of problems whose prompts share one constant prefix (the context) and, at
-each position, tokens that play the same role (the token layout). Prompts of several layouts
-make a task of several groups, one per layout, each with its own context and measured on its own.
-The answer of a problem is every token the tokenizer emits for it after the prompt; it is scored whole (teacher
-forcing) or, as an option, by its first token. Where the task shows what follows an answer (the separator of its
-worked examples), full scoring also checks that the model stops there: one more step whose target is the first token
-of the separator ("14" is not the answer "1"). Context is only ever what is constant: when
-the first token varies, the tokenizer's document-start token is prepended and recorded.
-"""
+Context is only what is constant (a document-start token is prepended where the first token varies)."""
 
 from __future__ import annotations
 
@@ -93,9 +84,8 @@ class LayoutRow(TypedDict):
 
 
 class TaskShape(TypedDict):
-    """A built task described (`Task.describe`): its spec as given, each token layout, how many problems and
-    positions (None for several layouts: see `layouts`), the roles of the positions, BOS, answer lengths (by number
-    of tokens) and the end check."""
+    """A built task described (`Task.describe`): spec, layouts, problem and position counts (None for several layouts),
+    position roles, BOS, answer lengths (by token count) and the end check."""
 
     spec: dict[str, Any]  # the TaskSpec as provenance gives it (`TaskSpec.described`)
     layouts: list[LayoutRow]
@@ -114,14 +104,8 @@ class TaskShape(TypedDict):
 
 @dataclass
 class Task:
-    """Tokenized problems of one token layout, ready for the model.
-
-    A task is scored in steps: step k reads the prompt and the first k answer tokens and must
-    predict answer token k (teacher forcing, equal to greedy exact match). Where the end is checked
-    (`stop_tokens`), a problem whose answer has k tokens must at step k predict the token that ends it.
-    First-token scoring has step 0 only. `steps()` gives each step as a task of its own (`step` set),
-    whose rows are the problems with a target at step k.
-    """
+    """Tokenized problems of one token layout, scored in steps: step k reads the prompt and k answer tokens, predicts
+    token k (with `stop_tokens`, the end after the last); first-token scoring: step 0 only; `steps()`: each a task."""
 
     spec: TaskSpec
     problems: list[Problem]
@@ -492,11 +476,8 @@ def tokenize_task(
     tokenizer: Tokenizer,
     like: Task | None = None,
 ) -> Task:
-    """Tokenize and check problems: unambiguous answers, grouped by token layout, each group's constant context.
-
-    Prompts of several layouts become one task of several groups (`Task.groups`), each measured on its own;
-    --largest-layout keeps the largest group. With `like`, the problems take that task's layouts, contexts and
-    prepended BOS (a means distribution); problems of other layouts are left out."""
+    """Tokenize and check problems: unambiguous answers, grouped by token layout, each group's constant context. With
+    `like`, take that task's layouts, contexts and BOS (a means distribution), leaving out other layouts."""
     problems, encoded, answers, moved = _encode(spec, problems, tokenizer)
     bad = [p for p, a in zip(problems, answers, strict=True) if a is None]
     if bad:

@@ -1,6 +1,5 @@
-"""The All-for-One study's analyses on a setup, one module each, named as their experiments (docs/methods.md §1).
-Every rate carries its n, an exact 95 % interval and the constant-guess baseline on the same problems; every
-measurement is scored over all answer steps of the task."""
+"""The All-for-One study's analyses on a setup, one module per experiment (docs/methods.md §1). Every rate carries its
+n, an exact 95 % interval and the constant guess on the same problems, scored over all answer steps."""
 
 from af1.methods.allforone import (
     alternatives,

@@ -49,9 +49,8 @@ class Alternatives(Part):
 def alternatives(
     setup: Setup, config: AF1Config, seeds: int = RESAMPLE_SEEDS, measured_on: str = ALL_SOLVED
 ) -> Alternatives:
-    """At one config: each ablation with ABP as configured, and each ABP variant with CAMA; every one against
-    the configured intervention on the same problems (paired exact McNemar; resample, which runs `seeds` seeds, by
-    a paired permutation test of each problem's share of seeds right), the tests adjusted as one family."""
+    """At one config, each ablation with ABP as configured and each ABP variant with CAMA against the configured
+    intervention on the same problems (paired exact McNemar; resample: permutation over `seeds` seeds), one family."""
     reference_scores = faithfulness(setup, config)
     reference_correct = reference_scores.correct_P.tolist()
     on = f"{measured_on} ({len(setup.kept)})"

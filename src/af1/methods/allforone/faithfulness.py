@@ -74,9 +74,8 @@ def setup_inputs(setup: Setup, **halves: Setup) -> ProblemInputs:
 
 
 class AtConfig(Part):
-    """One AF1 configuration measured (`run_result`): its layers and stages, faithfulness (as `Faithfulness`, whose
-    fields these are) with the executor that ran it, the mean probability of the correct answer, and every problem
-    with its prediction under AF1."""
+    """One AF1 configuration measured (`run_result`): layers and stages, faithfulness (`Faithfulness`'s fields) with its
+    executor, the mean probability of the correct answer, and every problem's prediction under AF1."""
 
     config: AF1Config
     stages: dict[str, list[int]]

@@ -1,16 +1,5 @@
-"""One circuit or several: the search per group of problems, and claims that the groups' cells differ.
-
-The solved problems are split once for every grouping (`Searched.selection`, with the search's seed), so that each
-group has its own selection half: its cell is chosen there by the search's rule and judged on its confirmation half;
-the whole task's cell is measured on each group's confirmation problems that did not choose it. Groups are named (a
-label from what each problem is, `af1.tasks.groupings`) or found: the selection problems clustered by their profile
-(right or wrong at the cells PROFILE reads), then every problem assigned to a cluster by a description of what it is
-(ridge on its one-hot tokens and named groups, fitted on the clustered selection problems), so no confirmation
-problem is grouped by its own outcome. Claims, decided on confirmation problems and corrected together per grouping
-(Holm): "group A's cell keeps fewer of group B's problems than B's own cell" (both ways confirmed, a crossed pair:
-each group is served by its own cell), where the staircases part at a wait "the group that needs more transfer
-blocks there loses problems at the other's cell", and "the whole task's cell keeps the two groups at different
-rates"."""
+"""One circuit or several (docs/methods.md §1): the search per group (named, or clustered on selection problems and
+assigned by what a problem is), and Holm claims on confirmation problems that their cells differ."""
 
 from __future__ import annotations
 
@@ -45,9 +34,8 @@ PROFILE = (
 
 @with_config(ConfigDict(extra="forbid"))
 class Group(TypedDict):
-    """One group's search on its part of the split: the judged cell with both sides' rates and its claim, the
-    staircase (per L_wait its first cell reaching the threshold), and the whole task's judged cell on the group's
-    confirmation problems that did not choose it, with the inputs it gets wrong there."""
+    """One group's search on its part of the split: the judged cell with both sides' rates and claim, the staircase (per
+    L_wait its first cell at the threshold), and the whole task's cell on its confirmation problems, with its misses."""
 
     name: str
     n_selection: int
@@ -212,9 +200,8 @@ def cell_asks(groups: list[Group], rows: dict[str, list[int]]) -> list[Ask]:
 
 
 def frontier_asks(groups: list[Group], rows: dict[str, list[int]]) -> list[Ask]:
-    """Per wait where two staircases both have a cell and their transfers differ: the group whose staircase needs
-    more transfer blocks there loses problems at the other's staircase cell (on its own confirmation problems; that
-    the other group needs no more is what its selection half chose, not tested here)."""
+    """Per wait where two staircases have cells of different transfer: the group needing more loses problems at the
+    other's cell (on its confirmation problems; that the other needs no more is its selection's choice, untested)."""
     asks: list[Ask] = []
     for i, a in enumerate(groups):
         for b in groups[i + 1 :]:

@@ -51,12 +51,8 @@ def necessity(
     found_on: Setup | None = None,
     threshold: float = 0.9,
 ) -> Necessity:
-    """Faithfulness when the last token cannot read the operands in one layer (or a window), and per window the
-    claim that blocking it leaves faithfulness below `threshold` (every window one family, Holm).
-
-    Also, inside the search's chosen cell, the transfer window moved to every later start, measured on `found_on` (the
-    search's confirmation split) when given.
-    """
+    """Faithfulness with the last token kept from reading the operands in each window, per window the claim it falls
+    below `threshold` (one Holm family), and `found`'s transfer window moved to every later start (on `found_on`)."""
     L = setup.adapter.n_layers
     per_window: dict[str, list[Rate]] = {}
     widths = [w for w in dict.fromkeys(windows) if w <= L]

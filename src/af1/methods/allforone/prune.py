@@ -18,9 +18,8 @@ from af1.tasks.evaluation import ProblemInputs, Scores
 
 
 def pruned_scores(setup: Setup, config: AF1Config, head_sets: list[list[tuple[int, int]]]) -> list[Scores]:
-    """Scores under `config` with each set of heads of its transfer layers kept from peeking; the fast path runs all
-    sets at once. The executors are picked (and `config` checked) once: which of them supports a case does not depend
-    on pruned heads, and the callers draw the sets from `config.peek_layers()`."""
+    """Scores under `config` with each set of its transfer layers' heads kept from peeking, all sets at once on the fast
+    path; executors are picked once, as pruned heads never change which supports a case."""
     chosen = executors(setup, config)
     if any(executor.name != "fast" for executor, _ in chosen):
         return [scored(setup, config.model_copy(update={"pruned_heads": hs}), chosen) for hs in head_sets]
@@ -69,19 +68,8 @@ def prune_heads(
     whole_curve: bool,
     keep: float = 0.95,
 ) -> Pruning:
-    """Stop transfer-layer heads peeking one at a time, greedily: each round removes the head whose removal keeps
-    the mean log-probability of the correct answer highest (re-ranked after every removal), on a selection split.
-    The pruned set just before faithfulness first falls below `keep` of the unpruned is then checked on the
-    confirmation split.
-
-    The log-probability (of the whole answer, summed over its steps; `Scores.log_p_correct_P`) is computed in
-    float64 from the margins, so it does not saturate: a float32 p rounds to 1.0 once the margin passes about 17
-    nats (large models), and every head then ties. Unlike the runner-up logit margin it weighs every rival token
-    and stays the probability the earlier measure averaged, on a log scale.
-
-    Each round scores every remaining head, so the whole curve costs H(H+1)/2 configurations for H heads (43,000 for
-    Qwen-0.5B's 294 heads of 21 transfer layers); by default the rounds stop at the first drop, which is all the
-    pruned set needs, and `whole_curve` goes on to the last head."""
+    """Greedy pruning of transfer heads' peeking on a selection split by the answer's float64 log-probability, to the
+    first drop below `keep` x unpruned (`whole_curve`: every head); that set confirmed on the other split."""
     if config.transfer == 0:
         raise Af1Error("head pruning needs a config with transfer layers (transfer > 0)")
     sel, conf = split_indices(len(setup.kept), selection, seed)
@@ -134,9 +122,8 @@ def greedy_order(
 
 
 def pruned_claims(n_pruned: int, margin: float, full: Scores, pruned: Scores) -> list[Claim]:
-    """'The pruned heads need not peek': on the confirmation split, fewer than `margin` of the problems are right
-    unpruned and wrong pruned; the margin is what the selection split's rule lets fall, (1 - keep) x its unpruned
-    faithfulness, fixed before the confirmation split is read."""
+    """'The pruned heads need not peek': on the confirmation split, under `margin` of problems go from right unpruned to
+    wrong pruned; `margin` ((1 - keep) x selection's unpruned faithfulness) is fixed before confirmation is read."""
     return [
         rate_below(
             About(

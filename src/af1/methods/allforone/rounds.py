@@ -85,10 +85,8 @@ class Measure:
 
 
 class Rounds:
-    """The selection split measured in rounds: each round asks the meter for the next problems of many cells at once
-    (one wavefront). A cell's next problems are those missed most often by the cells measured so far (a seeded
-    order among equals): misses come early, so a cell that cannot win stops early. The order never changes an
-    outcome, only how soon it is known."""
+    """The selection split measured in rounds, each asking the meter for many cells' next problems: those most missed so
+    far (seeded among equals), so a cell that cannot win stops early; the order changes no outcome, only its timing."""
 
     def __init__(self, rule: Rule, meter: Meter) -> None:
         self.rule, self.meter = rule, meter
@@ -130,10 +128,8 @@ FRESH_AT_ONCE = 4
 
 
 def scan(rule: Rule, rounds: Rounds, frontier: bool) -> list[Measure]:
-    """Per wait, from the largest, its smallest transfer that reaches the threshold, until the first wait that has
-    one (`frontier`: every wait). Each round measures the undecided waits from the largest: per wait its undecided
-    transfers below the smallest that has reached, up to the first that is on course to reach it; those not on course
-    get the fewest problems that could fail them, the one on course all it still needs."""
+    """Per wait from the largest, its smallest transfer reaching the threshold, until the first wait that has one
+    (`frontier`: every wait); each round gives cells not on course the fewest problems that could fail them."""
     n, need = len(rule.sel), rule.pass_from
     waits = sorted({w for w, _ in rule.cells()}, reverse=True)
     cells = {w: [rounds.of((w, k)) for k in range(rule.L - 1 - w)] for w in waits}
@@ -177,10 +173,8 @@ def scan(rule: Rule, rounds: Rounds, frontier: bool) -> list[Measure]:
 
 
 def best_cell(rule: Rule, rounds: Rounds) -> Measure | None:
-    """The cell of most right selection problems (ties: the larger wait, then the smaller transfer), by branch and
-    bound: the most promising cell measured whole first, then every other cell in rounds, each stopped once it has
-    missed more than the best so far (or as many, where it would lose the tie); a cell measured whole that beats the
-    best becomes the best."""
+    """The cell of most right selection problems (ties: larger wait, then smaller transfer) by branch and bound, each
+    cell stopped once it misses more than the best (or as many, losing the tie); None when there are no cells."""
     n = len(rule.sel)
     cells = [rounds.of(c) for c in rule.cells()]
     if not cells:

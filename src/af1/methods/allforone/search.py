@@ -1,11 +1,5 @@
-"""The search: the AF1 cell chosen on a selection split of the solved problems, its claim decided on the other.
-
-The rule: the largest L_wait, then the smallest L_transfer, whose selection faithfulness reaches the threshold,
-among cells with a compute stage whose selection interval clears the constant guess; where no cell reaches it, the
-best such cell (the highest selection faithfulness; ties: the larger wait, then the smaller transfer) is judged and
-never confirmed. `search` measures what this rule needs and stops each cell once its part in it is decided;
-`on_grid` reads the same rule off a complete grid (`af1 sweep`), and the tests hold the two equal.
-"""
+"""The search: on a selection split of the solved problems, the largest L_wait then smallest L_transfer that reaches the
+threshold (with a compute stage, clearing the constant guess; else the best, never confirmed), judged on the other."""
 
 from __future__ import annotations
 
@@ -25,9 +19,8 @@ from af1.stats import LayoutRate, Rate, exact_interval, rate, split_indices
 
 
 def confirmation(setup: Setup, selection: float, seed: int) -> Setup:
-    """The setup restricted to the problems a search did not choose on (the confirmation side of its split of
-    `selection`, `seed`): where its config's later analyses are measured, so that nothing is scored on the problems
-    that chose it."""
+    """The setup on the confirmation side of a search's split (`selection`, `seed`): where its config's later analyses
+    are measured, so nothing is scored on the problems that chose it."""
     _, conf = split_indices(len(setup.kept), selection, seed)
     return setup.on(conf)
 
@@ -50,9 +43,8 @@ class Judged(TypedDict):
 
 
 class Found(Part):
-    """The search's answer (`search`): whether a cell reached the threshold on the selection split (`chosen`, the
-    cell later analyses run at), the judged cell (the chosen one, else the best) with both splits' rates, the claim
-    'an AF1 subgraph at the threshold' decided on the confirmation split, the frontier, and every cell measured."""
+    """The search's answer: whether a cell reached the threshold on selection (`chosen`: later analyses run there), the
+    judged cell (chosen, else best) with both splits' rates, its claim on confirmation, the frontier and all cells."""
 
     threshold: float
     selection_fraction: float
@@ -90,10 +82,8 @@ class Found(Part):
 def subgraph_claim(
     correct_conf: list[bool], cell: tuple[int, int], threshold: float, chosen: bool, baseline: float
 ) -> Claim:
-    """'This model has an AF1 subgraph at faithfulness >= threshold', at the search's cell, decided on the
-    confirmation split by one-sided exact binomial tests (a family of one: confirmed by the test above the threshold,
-    rejected by the test below it); a cell that did not reach the threshold where it was chosen (the best eligible
-    one) is never confirmed, nor one whose interval does not clear the constant guess."""
+    """'An AF1 subgraph at faithfulness >= threshold' at the cell, by one-sided exact binomial tests on the confirmation
+    split; never confirmed when not `chosen` (the best eligible) or its interval does not clear the constant guess."""
     w, k = cell
     claim = rate_above(
         About(
@@ -225,11 +215,8 @@ def search(
 
 
 def decide(rule: Rule, meter: Meter, base: AF1Config, frontier: bool = False) -> Found:
-    """On the selection split, wait by wait from the largest, each transfer from 0 until the first cell that reaches
-    the threshold; every cell stops as soon as its outcome is decided (it has reached the threshold, or missed more
-    than it allows). The first wait with such a cell is the choice (`frontier`: every lower wait's first such cell
-    too). Where none reaches it, the best cell is found by branch and bound, each cell stopped once it has missed
-    more than the best so far. The confirmation split is measured at the judged cell alone."""
+    """On selection, wait by wait from the largest, the first transfer reaching the threshold, each cell stopped once
+    decided (`frontier`: every lower wait's too); else the best by branch and bound. Confirmation: judged cell only."""
     rounds = Rounds(rule, meter)
     staircase = scan(rule, rounds, frontier) if rule.pass_from <= len(rule.sel) else []
     frontier_cells = [m.summary() for m in staircase]  # as the rule left them, before the chosen one is completed
@@ -263,9 +250,8 @@ def on_grid(
     seed: int,
     split: tuple[list[int], list[int]] | None = None,
 ) -> Found:
-    """The rule read off a complete grid (`af1 sweep`): every cell on every problem (`split`: a group's rows). The
-    same choice, judged cell and claim as `search`, which the tests check; the sweep's report shows it beside the
-    grid."""
+    """The rule read off a complete grid (`af1 sweep`; `split`: a group's rows): the same choice, judged cell and claim
+    as `search`, which the tests check."""
     rule = Rule(grid.targets, grid.kept_layouts, n_layers, threshold, selection, seed, split)
     bits = {
         cell: unbits(grid.cells[f"{cell[0]},{cell[1]}"])

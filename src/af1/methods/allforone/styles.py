@@ -57,12 +57,8 @@ def styles_table(
     own: tuple[Setup, Setup, str] | None = None,
     threshold: float = 0.9,
 ) -> StylesTable:
-    """The Table-4 analogue: per style and operation, base accuracy and faithfulness at one config, each row with
-    its problems and the ones its faithfulness is measured on. `own` is the task's own cell, already prepared: its
-    setup, the problems to measure it on (the search's confirmation half, when the config is the search's, so that
-    the row stands beside the search's number on the same problems) and what they are. Each measured row claims
-    that the config keeps `threshold` there (one-sided exact binomial tests, adjusted together), but the search's
-    own row on its confirmation half: the search's claim decides that one."""
+    """The Table-4 analogue: per style and operation, base accuracy and faithfulness at one config, each row claiming it
+    keeps `threshold` (adjusted); `own`: the task's own cell, whose row on the search's half its claim decides."""
     rows = []
     claims = []
     chose: set[tuple] = set()  # the operands of the problems that chose the config (none: a fixed config)

@@ -35,9 +35,8 @@ class CellBits(ExecutorChoice):
 
 
 class GridCells(Part):
-    """What the search reads of a grid: each measured cell's bits over the solved problems ("wait,transfer" ->
-    "1"/"0" per problem, in order), the problems' targets and token layouts (None: a task of one), and the config
-    every cell shares."""
+    """What the search reads of a grid: each cell's bits over the solved problems ("wait,transfer" -> "1"/"0" per
+    problem), the problems' targets and token layouts (None: a task of one), and the config every cell shares."""
 
     cells: dict[str, str]
     targets: list[str]

@@ -72,10 +72,8 @@ def transfer_config(
     own: AF1Config | None = None,
     measured: dict[str, Scores] | None = None,
 ) -> Transferred:
-    """Faithfulness on this setup of a config found elsewhere, by absolute layers and by relative depth; with
-    `own` (this model's config) also that one and a paired McNemar test of each mapping that differs from it (raw:
-    the transfer result adjusts its tests together, `transfer_family`). `measured` holds each config's scores on
-    this setup across calls: the own config, and a mapping that lands on a config already measured, run once."""
+    """Faithfulness here of a config found elsewhere, by absolute layers and by relative depth; with `own`, that too and
+    a raw paired McNemar of each differing mapping. `measured` caches scores per config across calls."""
     measured = {} if measured is None else measured
 
     def scored(at: AF1Config) -> Scores:

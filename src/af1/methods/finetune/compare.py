@@ -1,13 +1,5 @@
-"""Precise fine-tuning (docs/methods.md §2): train only chosen heads' slices of W_Q, W_K, W_V, W_O.
-
-Gradients outside the slices are zeroed by hooks and the optimiser is Adam without weight
-decay, so every frozen entry keeps its exact value (checked after every run, with NaNs).
-With grouped-query attention a query head shares its key/value head with its siblings: the
-shared K/V rows of every chosen head's group are trained (stated in every result). Baselines:
-full fine-tuning and as many random heads, with the same data and steps. Every answer token
-is trained and scored; each variant's learning rate is chosen on a validation split and the
-chosen one is run with several seeds, reported on held-out problems with their spread.
-"""
+"""Precise fine-tuning (docs/methods.md §2): train only chosen heads' slices of W_Q, W_K, W_V, W_O (frozen entries
+checked exact), against full and random-head tuning, on held-out problems and text."""
 
 from __future__ import annotations
 
@@ -142,11 +134,8 @@ def compare(
     grid: Grid,
     out_dir: Path | None = None,
 ) -> Compared:
-    """Precise vs random heads vs full fine-tuning from the same base weights: each variant's learning rate chosen
-    on the validation problems, then one run per seed; full-answer accuracy on held-out problems and the text
-    measures, mean and spread over seeds. Random heads: `grid.random_draws` seeded sets of as many heads, none of
-    the chosen ones, the learning rate chosen on the first, draw i run with seed i (cycling through the seeds): mean
-    and spread over draws, at the cost of as many runs as seeds when draws = seeds."""
+    """Precise vs random heads (`grid.random_draws` seeded sets, draw i with seed i) vs full tuning from the same
+    weights: learning rate chosen on validation, then runs per seed, held-out and text measures."""
     base_state = {k: v.detach().clone() for k, v in adapter.model.state_dict().items()}
     base, baseline, base_correct = measure(adapter, problems.held_out, text_NT)
     chosen = [list(h) for h in heads]

@@ -25,10 +25,8 @@ class FinetuneConfig(BaseModel):
 
 
 def answer_batch(task: Task, index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts followed by what scores them [B, L] (the whole answer, then the token that ends it where the task
-    checks the end, so training sees where an answer stops as evaluation does) and, aligned with the logits, the
-    label each position must predict [B, L] (-100 where none: the prompt, padding). Padding comes after each row, so
-    causality ignores it; rows of a task of several token layouts keep their own lengths."""
+    """Prompts followed by the answer (and its end where checked) [B, L], and the label each position must predict [B,
+    L] (-100: prompt, padding); padding after each row, so causality ignores it."""
     targets = task.scored_tokens
     rows = [[t for t in task.input_ids_PT[i].tolist() if t != PAD] + list(targets[i]) for i in index]
     L = max(map(len, rows))

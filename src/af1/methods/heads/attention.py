@@ -23,10 +23,8 @@ if TYPE_CHECKING:
 def last_query_attention(
     adapter: ModelAdapter, task: Task, heads: list[tuple[int, int]], scoring: str | None = None
 ) -> dict[str, dict[str, float]]:
-    """Share of each head's attention from the last position to operands, the token after an operand (the operator,
-    "=", " and": whatever the style puts there; a task file: slots, the token after a slot), context, the earlier
-    answer tokens, the last position itself and the rest, at every scored answer step (`scored_steps`: per problem
-    the mean over its steps, then over problems)."""
+    """Share of each head's attention from the last position to operands, the token after each (operator, '='), context,
+    earlier answer tokens, itself and the rest, averaged over scored steps, then problems."""
     if task.groups:
         return pooled([(w, last_query_attention(adapter, group, heads, scoring)) for w, group in per_layout(task)])
     scored, steps = scored_steps(task, scoring)

@@ -1,10 +1,5 @@
-"""Attribution patching (docs/methods.md §2): each component's effect estimated to first order, the change of its
-value at the last position times the gradient of what is scored there, from one forward and backward of the clean
-prompts and one forward of the counterfactual ones (Nanda 2023; Syed et al. 2023). Its exact counterpart is path
-patching's 'total' (activation patching at the last position: everything downstream recomputes, as the gradient
-sees it); `af1 heads --attribution` measures both on the same problems and `agreement` says how well it ranks.
-
-Shapes (af1.shapes): P problems, B a batch, L layers, H heads, d head dimension, E heads x d, D width."""
+"""Attribution patching (docs/methods.md §2): each component's effect to first order, its last-position change times the
+gradient, estimating path patching's 'total'. Shapes: P, B, L, H, d, E = H x d, D."""
 
 from __future__ import annotations
 
@@ -33,10 +28,8 @@ ESTIMATE = "attribution"  # the path name path patching's results carry when the
 def last_position_leaves(
     adapter: ModelAdapter, sites: Sequence[Site]
 ) -> Iterator[tuple[dict[Site, torch.Tensor], dict[Site, torch.Tensor]]]:
-    """Gradients enabled, and each site's value at the last position given an added zero that requires grad: yields
-    (each site's last-position value [B, ...], detached; its zero). The gradient with respect to the zero is the
-    gradient with respect to the site there, through every later path (detaching the site would cut the paths
-    through later attention)."""
+    """Gradients on, each site's last-position value given an added zero that requires grad: yields (value [B, ...]
+    detached, zero); the zero's gradient runs through every later path, attention included."""
     values: dict[Site, torch.Tensor] = {}
     zeros: dict[Site, torch.Tensor] = {}
 
@@ -61,11 +54,8 @@ def attribution_step(
     layers: Sequence[int] | None = None,
     contrast_P: torch.Tensor | None = None,
 ) -> EffectSums:
-    """Attribution patching of every head and MLP (of `layers`, else every layer) on one answer step, as
-    `downstream_path_patching` measures them exactly: per problem (rows weighted by weight_P) the estimated relative
-    change of the correct logit, (gradient of the correct logit) . (counterfactual - clean value) / |clean logit|,
-    and the estimated change of (correct - clean top wrong, or `contrast_P` where given); the counterfactual run's
-    change of that difference is measured, not estimated."""
+    """Attribution patching of every head and MLP (of `layers`) on one answer step, as `downstream_path_patching`
+    measures them exactly: the estimated relative change of the correct logit and of the logit difference."""
     L, H, d = adapter.n_layers, adapter.n_heads, adapter.head_dim
     P = len(task)
     sums = EffectSums.zeros(P, L, H, layers)
@@ -107,9 +97,8 @@ def attribution_step(
 
 
 class RankAgreement(TypedDict):
-    """How well one ranking of components (heads, neurons: the estimate) agrees with another (the exact effects) on
-    the same problems: Spearman's rho over the components with its 95 % bootstrap interval over problems, and the
-    share of the exact top k among the estimate's top k."""
+    """How well an estimated ranking of components agrees with the exact one on the same problems: Spearman's rho with
+    its bootstrap interval over problems, and the top-k overlap."""
 
     n: int
     n_ranked: int
@@ -124,9 +113,8 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def agreement(estimate_PZ: torch.Tensor, exact_PZ: torch.Tensor, k: int, seed: int = 0) -> RankAgreement:
-    """Spearman's rho between the two rankings of Z components (their means over P problems; NaN columns, layers
-    not measured, left out), its percentile bootstrap interval resampling problems, and the top-k overlap (most
-    negative first: the components that support the answer)."""
+    """Spearman's rho between two rankings of Z components (means over P problems; NaN columns left out), its percentile
+    bootstrap interval over problems, and the top-k overlap (most negative first)."""
     keep = ~(estimate_PZ.isnan().any(0) | exact_PZ.isnan().any(0))
     a, b = estimate_PZ[:, keep].double().numpy(), exact_PZ[:, keep].double().numpy()
     rho = _spearman(a.mean(0), b.mean(0))

@@ -23,9 +23,8 @@ if TYPE_CHECKING:
 def run_last(
     adapter: ModelAdapter, ids_BT: torch.Tensor, context_len: int = 0
 ) -> tuple[dict[Site, torch.Tensor], torch.Tensor]:
-    """One forward (the shared context once); at the last position every layer's head inputs [B, E] and MLP
-    output [B, D], the final norm's
-    input [B, D]; and the last logits [B, V]."""
+    """One forward (the shared context once): at the last position every layer's head inputs [B, E] and MLP output [B,
+    D], the final norm's input [B, D], and the last logits [B, V]."""
     sites = [FINAL, *(s for layer in range(adapter.n_layers) for s in (head_inputs(layer), mlp_output(layer)))]
     with record(adapter, sites, last_only=True) as cache:
         logits = forward_last(adapter.model, ids_BT, context_len).to(adapter.device)
@@ -95,9 +94,8 @@ def counterfactual_gap(
 def logit_change_rows(
     logits_ZBR: torch.Tensor, weight_B: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row 0 the clean reference, rows 1.. patched ([Z, B, correct/wrong]): per patched row and problem ([Z-1, B],
-    each weighted when weights are given), the relative change of the correct logit and the change of
-    (correct - clean top wrong)."""
+    """Row 0 clean, rows 1.. patched ([Z, B, correct/wrong]): per patched row and problem [Z-1, B] (weighted where
+    given) the relative change of the correct logit and the change of (correct - clean top wrong)."""
     (c0, w0), (c1, w1) = logits_ZBR[0].unbind(-1), logits_ZBR[1:].unbind(-1)
     w = torch.ones_like(c0) if weight_B is None else weight_B.to(c0.device, c0.dtype)
     rel = (c1 - c0) / c0.abs().clamp(min=1e-6) * w
@@ -105,9 +103,8 @@ def logit_change_rows(
 
 
 class Effects(TypedDict):
-    """Per sender the mean path-patching effects ([layer, head]; [layer] for the MLPs), the clean logit difference
-    they are measured against, and the counterfactual run's change of it (`counterfactual_gap`: the whole way to
-    the counterfactual's answer, where the logit difference is against that answer; `CONTRASTS`)."""
+    """Per sender the mean path-patching effects ([layer, head]; [layer] for MLPs), the clean logit difference, and the
+    counterfactual run's change of it (`counterfactual_gap`, where it contrasts that answer)."""
 
     relative_logit_change_layer_head: torch.Tensor
     logit_diff_change_layer_head: torch.Tensor
@@ -187,10 +184,8 @@ SCORED = {
 
 
 def scored_steps(task: Task, scoring: str | None = None) -> tuple[str, list[tuple[Task, torch.Tensor]]]:
-    """What path patching, attention shares and the logit lens score (the task's own scoring unless `scoring` says
-    first): the answer's steps (`Task.steps()` without the end-of-answer step: heads are ranked by the arithmetic,
-    not by the separator after it), each with its rows' weights, 1 / (the problem's number of scored steps), so that
-    summed over steps and divided by the problems each problem counts once."""
+    """The answer steps path patching, attention and the lens score (not the end-of-answer step), each row weighted 1 /
+    its problem's scored steps so that each problem counts once."""
     first = scoring == "first" or task.spec.scoring == "first"
     steps = [s for s in task.answer_only().steps() if not first or not s.step]
     count = torch.zeros(len(task))

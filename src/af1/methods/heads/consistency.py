@@ -1,6 +1,5 @@
-"""The key heads against AF1 (docs/methods.md §2 beside §1): on the search's confirmation split, the AF1
-configuration's faithfulness when in its transfer layers all heads peek, only the key heads, only the top heads, as
-many random heads of those layers, or none."""
+"""The key heads against AF1 (docs/methods.md §2 beside §1): on the search's confirmation split, faithfulness when in
+its transfer layers all, key, top, random or no heads peek."""
 
 from __future__ import annotations
 
@@ -27,9 +26,8 @@ class PeekRow(Faithfulness):
 
 
 class RandomPeekRow(TypedDict):
-    """As many random heads of the transfer layers as top heads there, matched by layer and key/value group, none of
-    the top or key ones, peek: faithfulness as mean ± std over draws (no interval: the draws are not problems), the
-    constant guess on the same problems, and the heads each draw let peek."""
+    """As many random heads of the transfer layers as top heads there (matched by layer and key/value group, never top
+    or key) peek: faithfulness mean ± std over draws, the guess, each draw's heads."""
 
     variant: str
     peeking: int
@@ -74,10 +72,8 @@ class Chosen:
 
 
 def consistency(on: Setup, config: AF1Config, chosen: Chosen) -> Consistency:
-    """The paper's claim beside AF1's, on the search's confirmation split `on`: faithfulness of the AF1 config when
-    in its transfer layers all heads peek, only the key heads, only the top-k heads, as many random heads of those
-    layers (mean ± std over draws), or none; each variant tested against all heads peeking (raw p: the study
-    adjusts them with its own claims)."""
+    """The AF1 config's faithfulness on `on` when all, key, top-k, random (mean ± std over draws) or no heads of its
+    transfer layers peek, each tested against all peeking (raw p: the study adjusts)."""
     transfer_heads = [(layer, h) for layer in config.peek_layers() for h in range(on.adapter.n_heads)]
     keys = {(h[0], h[1]) for h in chosen.key}
     top = {(h[0], h[1]) for h in chosen.top}
@@ -144,9 +140,8 @@ def random_peek(
     full: Scores,
     n_draws: int = RANDOM_DRAWS,
 ) -> tuple[RandomPeekRow, Claim]:
-    """As many random heads as the top heads of the transfer layers, each of a top head's layer and key/value group
-    where one is left (`matched_heads`; never a top or key head, never outside the transfer layers), let peek in
-    `n_draws` seeded draws (recorded), and the paired claim that the top heads alone keep more problems right."""
+    """As many random matched heads as the top heads of the transfer layers (`matched_heads`) let peek in `n_draws`
+    seeded draws, and the paired claim that the top heads alone keep more right."""
     k_top = len(top_here)
     every = [(m, j) for m in range(on.adapter.n_layers) for j in range(on.adapter.n_heads)]
     draws, matched = matched_draws(on.adapter, top_here, range(n_draws), [h for h in every if h not in others])

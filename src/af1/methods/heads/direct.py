@@ -33,9 +33,8 @@ def direct_path_patching(
     layers: Sequence[int] | None = None,
     contrast_P: torch.Tensor | None = None,
 ) -> EffectSums:
-    """Direct-path effect of every head and MLP (of `layers`, else every layer) on the last-position logits of the
-    correct answer, on one answer step (its rows weighted by weight_P): relative changes of the correct logit and
-    changes of (correct - clean top wrong, or `contrast_P` where given)."""
+    """Direct-path effect of every head and MLP (of `layers`) on the last-position logits on one answer step (rows
+    weighted by weight_P): relative change of the correct logit and of the logit difference."""
     check_direct_paths(adapter)
     L, H = adapter.n_layers, adapter.n_heads
     P = len(task)

@@ -32,11 +32,8 @@ def knocked_step(
     sums: HeadSums,
     batch_size: int = 32,
 ) -> list[Scores]:
-    """One answer step's next-token scores with each set of heads mean-ablated at every position, a `Scores` per set.
-    The mean leaves the problem's own state out where the problem is inside it (`HeadSums.loo`: its clean,
-    unablated head input, recorded in one clean forward per batch for the knocked layers only). Several sets share
-    a forward (rows set x problem). At the shared context's positions a head's mean is its own output (the same in
-    every problem): only the suffix is rewritten, and it runs on the context's cache."""
+    """One step's scores with each set of heads mean-ablated everywhere (leave-one-out, `HeadSums.loo`), a `Scores` per
+    set; sets share a forward and only the suffix runs, on the context's cache."""
     c = suffix_start(adapter.model, step.input_ids_PT, step.context_len)
     layers = sorted({layer for heads in head_sets for layer, _ in heads})
     member_P = sums.member_B(step.input_ids_PT)
@@ -131,9 +128,8 @@ CONFIRMATION = "the confirmation part of the solved problems"
 
 @torch.no_grad()
 def ablation_sizes(adapter: ModelAdapter, tested_on: Task, means: dict[Any, HeadSums], batch_size: int = 32):
-    """[L, H]: per head, the mean over problems of the norm of what mean-ablating it adds to the residual stream at
-    the last position of the prompt (its output's change through o_proj): how far its knock-out moves the state,
-    what random heads are matched on beside their place."""
+    """[L, H]: per head the mean norm of what mean-ablating it adds to the residual at the last position (through
+    o_proj): how far its knock-out moves the state, which random heads are matched on."""
     L, H = adapter.n_layers, adapter.n_heads
     total, n = torch.zeros(L, H), 0
     for step in tested_on.steps():
@@ -159,9 +155,8 @@ def knocked_out(
     keys: list[tuple[int, int]],
     s: Settings,
 ) -> tuple[Knockout, Claim]:
-    """The top k heads mean-ablated on the confirmation part against `s.draws` random sets of k from the same layers
-    and key/value groups, never a top or key head (leave-one-out means, every answer token scored), and the
-    paired claim that the top set leaves fewer problems right."""
+    """The top k heads mean-ablated on the confirmation part against `s.draws` matched random sets (never top or key),
+    and the paired claim that the top set leaves fewer problems right."""
     chosen = list(dict.fromkeys(top + keys))
     means = head_sums_by_step(adapter, task)
     size_LH = ablation_sizes(adapter, tested_on, means)

@@ -16,9 +16,8 @@ if TYPE_CHECKING:
 
 
 def norm_read(norm: torch.nn.Module, x_BD: torch.Tensor, m_BD: torch.Tensor) -> torch.Tensor:
-    """What a residual component m contributes to norm(x) when the norm's scale is frozen at x's: g * c(m) / s(x)
-    (c: centring for LayerNorm, s: its std or RMS). Summed over the components of x it gives norm(x) minus its
-    bias, so the reads of all components add up to the logits. Uses the module itself: norm(m) = g * c(m) / s(m)."""
+    """What component m contributes to norm(x) with the scale frozen at x's: g * c(m) / s(x); summed over x's components
+    it is norm(x) minus its bias, so the reads add up to the logits."""
     eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
     layer_norm = isinstance(norm, torch.nn.LayerNorm)
 
@@ -33,10 +32,8 @@ def norm_read(norm: torch.nn.Module, x_BD: torch.Tensor, m_BD: torch.Tensor) -> 
 
 @torch.no_grad()
 def mlp_logit_lens(adapter: ModelAdapter, task: Task, scoring: str | None = None) -> torch.Tensor | None:
-    """Per layer: what the MLP's output at the last position adds to the correct token's logit, read through the
-    final norm with its scale frozen at the final residual (`norm_read`) and the unembedding, at every scored answer
-    step (`scored_steps`: per problem the mean over its steps, then over problems). None for families whose MLP
-    output is normalised again before the residual sum (post-norms)."""
+    """Per layer what the MLP's last-position output adds to the correct logit through the frozen final norm
+    (`norm_read`) and the unembedding, averaged over scored steps; None for post-norm families."""
     if adapter.nonlinear_outputs() is not None:
         return None
     if task.groups:

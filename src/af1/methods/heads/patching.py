@@ -1,34 +1,5 @@
-"""Path patching of heads and MLPs (docs/methods.md §2, Zhang et al. 2024).
-
-Each sender (a head or an MLP) has its output at the last position taken from the counterfactual
-run (the operator replaced by a null word or symbol, or an operand by another value drawn per problem);
-the receiver is the last position's logits. Every teacher-forced step of the answer's tokens is scored
-(`SCORED`; not the end-of-answer step AF1 also scores: heads are ranked by the arithmetic, not the newline):
-at step k the clean run reads the prompt and the first k answer tokens, the counterfactual run
-the counterfactual prompt and the same k tokens; per problem the SPEC's effect (the relative change of the
-correct token's logit, and the change of the logit difference) is averaged over its steps, then over
-problems, so that each problem counts once and the threshold of -5 % keeps its meaning per token. (The
-change of the whole answer's log-probability would need the full softmax of every patched row; the
-relative logit change is what Zhang et al. threshold.) First-token scoring is the task's `--scoring first`,
-reported with its first-token constant guess. Where the counterfactual gives each problem an answer r' of its
-own, the logit difference is logit(r) - logit(r') at the steps where r' has a token other than r's, and the
-counterfactual run's own change of it is kept per problem: a head's share of the way is then its mean change
-over that mean change (`ranking.effect_of`), which a shift common to every logit cannot move.
-Three definitions of what else changes (`PATHS`):
-
-- wang (Wang et al. 2023, which Zhang et al. use): every other head's output stays at its clean
-  value, MLPs recompute. Only the last position changes downstream of the sender, and with every
-  head frozen the last token needs no attention: the senders of a layer run as rows of one
-  last-token pass through the later blocks, with each attention module's output set to its clean
-  value;
-- direct: only the sender's direct path into the final residual stream changes (later MLPs frozen
-  too); one clean and one counterfactual forward serve every sender;
-- total (activation patching): everything downstream recomputes, attention included; the last token
-  attends to the clean keys/values of the earlier positions, so again one last-token pass per layer.
-
-Path `attribution` is not exact: it estimates 'total' to first order (`attribution`), from one forward
-and backward of the clean prompts and one forward of the counterfactual ones, whatever the number of layers.
-"""
+"""Path patching of heads and MLPs (docs/methods.md §2, Zhang et al. 2024): each sender's last-position output from the
+counterfactual run, scored per answer step by one of `PATHS` (wang, direct, total)."""
 
 from __future__ import annotations
 
@@ -126,13 +97,8 @@ def path_patching(
     layers: Sequence[int] | None = None,
     contrast: bool = False,
 ) -> PathPatching:
-    """The effect of every head and MLP (of `layers`, else every layer) on the last-position logits, by one of
-    `PATHS` (or estimated: `ESTIMATE`), over every teacher-forced answer step (first-token scoring: the first;
-    `SCORED` says how they are averaged): per sender the mean relative change of the correct logit and the mean
-    change of (correct - clean top wrong), each problem's too, with the clean logit difference they are measured
-    against. With `contrast`, the logit difference is against each step's counterfactual answer token (steps
-    where it defines none, or the same token, weigh nothing), with the counterfactual run's change of it per
-    problem (`counterfactual_gap_problem`). `task` is of one token layout."""
+    """Every head's and MLP's effect on the last-position logits by one of `PATHS` (or `ESTIMATE`) over the scored
+    answer steps, per sender and problem; with `contrast`, against the counterfactual's answer."""
     if path not in (*PATHS, ESTIMATE):
         raise Af1Error(f"unknown path '{path}': one of {', '.join((*PATHS, ESTIMATE))}")
     if path == "direct":
@@ -190,10 +156,8 @@ def downstream_path_patching(
     layers: Sequence[int] | None = None,
     contrast_P: torch.Tensor | None = None,
 ) -> EffectSums:
-    """Wang's path patching (heads frozen, MLPs recompute) or, with recompute_attention, activation patching
-    at the last position, on one answer step (its rows weighted by weight_P), the senders of `layers` (else every
-    layer), the logit difference against `contrast_P` where given. Per layer one last-token pass with rows
-    [clean, H heads, the MLP] x problems."""
+    """Wang's path patching (heads frozen, MLPs recompute) or, with recompute_attention, activation patching on one
+    answer step: per layer one last-token pass of rows [clean, H heads, MLP] x problems."""
 
     L, H = adapter.n_layers, adapter.n_heads
     P = len(task)
@@ -273,13 +237,8 @@ def layout_path_patching(
     layers: Sequence[int] | None = None,
     contrast: Contrast = "top wrong",
 ) -> tuple[PooledPathPatching, Counterfactual]:
-    """Path patching per token layout (each with its own counterfactual of `kind`), pooled over layouts by their n;
-    a layout where no replacement keeps its token layout is left out and said so; the first layout's
-    counterfactual describes them. `counterfactual_rows`: per problem of `kept`, its counterfactual (None where its
-    layout was left out); each problem's effects in `kept`'s order (NaN where its layout was left out). `contrast`:
-    the logit difference against the clean top wrong token, against the counterfactual's answer (`path_patching`),
-    or against that answer with the senders patched from the matched answer-keeping control instead (a layout with
-    no control is then an error)."""
+    """Path patching per token layout, each with its own counterfactual, pooled by n (a layout no replacement keeps is
+    left out and said so); effects in `kept`'s order, NaN where left out."""
     runs: list[tuple[Task, Counterfactual]] = []
     skipped: list[LayoutNotPatched] = []
     for _, group in per_layout(kept):

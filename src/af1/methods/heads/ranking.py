@@ -37,10 +37,8 @@ OWN_SPLIT = "the heads study's own seeded split"  # where the heads are chosen w
 
 
 def effect_of(pp: Effects, metric: str) -> torch.Tensor:
-    """[layer, head] by one metric: the share of the way the head moves the logit difference (correct - the
-    counterfactual's answer) towards the counterfactual run's, mean change over mean change (positive: it carries
-    the answer); the relative change of the correct logit; or the change of (correct - clean top wrong) as a share
-    of the clean logit difference (negative: the head supports the answer)."""
+    """[layer, head] by one metric: the share of the way towards the counterfactual's answer (positive: carries it), the
+    relative change of the correct logit, or the logit difference's change (negative: supports)."""
     if metric == "share":
         gap = pp["counterfactual_gap"]
         return pp["logit_diff_change_layer_head"] / (gap if gap != 0 else float("nan"))
@@ -62,9 +60,8 @@ def key_heads(effect_LH: torch.Tensor, threshold: float, metric: str) -> list[tu
 
 @with_config(ConfigDict(extra="forbid"))
 class Overlap(TypedDict):
-    """Two head sets compared: Jaccard (None when both are empty), the share of their top k in common, what the
-    first top k would share on average with random heads drawn in the second's layers (as many per layer: high
-    effects cluster in a few layers), and the chance of sharing as many or more under that draw."""
+    """Two head sets compared: Jaccard (None when both are empty), the top k's share in common, what random heads in the
+    second's layers would share, and the chance of as many or more."""
 
     jaccard: float | None
     top_k_overlap: float
@@ -124,9 +121,8 @@ class ScoringNote(TypedDict):
 
 
 def scoring_note(on: Task, scored: str) -> ScoringNote:
-    """What path patching scored on these problems (those it patched), with the constant guess of what it scored
-    (one guess per token layout, which the prompt shows): the whole answer and each answer step's token (full), or
-    the first token (first, with a warning when it is near constant)."""
+    """What path patching scored on these problems, with the constant guess of it (one per token layout): the whole
+    answer and each step (full), or the first token (warned when near constant)."""
     answers, layouts = on.answer_tokens, on.layout_P.tolist()
     first = constant_baseline([a[0] for a in answers], layouts)
     by_step = {}
@@ -146,9 +142,8 @@ def scoring_note(on: Task, scored: str) -> ScoringNote:
 
 
 class Ranked(TypedDict):
-    """Heads ranked by path patching with one counterfactual (`ranked`): the patching, the metric it ranks by (the
-    share where the counterfactual defines an answer, else `DESCRIPTIVE`) and its threshold, the effect by it, the
-    top k, what was scored, and the counterfactual."""
+    """Heads ranked by path patching with one counterfactual: the patching, the metric (the share where the
+    counterfactual defines an answer, else `DESCRIPTIVE`), threshold, effect, top k, what was scored."""
 
     pp: PooledPathPatching
     metric: str
@@ -170,9 +165,8 @@ def ranked(
     kind: str | None = None,
     threshold: float | None = None,
 ) -> Ranked:
-    """Path patching on these problems with one counterfactual and the heads it ranks: the effects, the top k
-    (by `metric`; the share falls back to `DESCRIPTIVE` where the counterfactual defines no answer), what was
-    scored, the counterfactual and each problem's counterfactual input."""
+    """Path patching on these problems with one counterfactual and the heads it ranks by `metric` (the share falls back
+    to `DESCRIPTIVE` without an answer), with each problem's counterfactual input."""
     if metric == "share" and not defines_answers(on, tokenizer, kind):
         metric, threshold = DESCRIPTIVE, None
     pp, cf = layout_path_patching(
@@ -245,12 +239,8 @@ def choose_heads(lm: LoadedModel, done: Evaluated, k: int, path: str = "wang", m
 
 @dataclass(frozen=True)
 class Settings:
-    """How the study ranks and tests heads: path patching by `path` with the counterfactual `kind` (None: the
-    task's default), key heads by `metric` past `threshold`, the top `k` knocked out against `draws` matched
-    random sets, all chosen on the selection part of `split` (fraction, seed; `split_from` says whose split). With
-    `ranked_by` "attribution" the heads are chosen by the first-order estimate of path patching ('total'); the
-    claims on the confirmation part stay exact (knock-outs, and path patching by `path` of the key heads).
-    `threshold` None: the metric's own (`THRESHOLDS`)."""
+    """How the study ranks and tests heads (`threshold` None: the metric's own), chosen on the selection part of
+    `split`; `ranked_by` attribution chooses by the estimate, the claims stay exact."""
 
     threshold: float | None
     k: int

@@ -41,9 +41,8 @@ if TYPE_CHECKING:
 
 
 class HeadsStudy(Part):
-    """The arithmetic-heads study (`study`): path patching's effects and what it scored, the key and top heads
-    chosen on the selection part, their knock-out and attention on the confirmation part, the MLP logit lens, a
-    second counterfactual's ranking and other tasks' heads."""
+    """The arithmetic-heads study: path patching's effects, key and top heads chosen on the selection part, their
+    knock-out and attention on the confirmation part, the MLP lens, a second counterfactual, other tasks."""
 
     model: str | None
     task: str
@@ -98,10 +97,8 @@ class HeadsStudy(Part):
 def key_head_claims(
     adapter: ModelAdapter, tested_on: Task, tokenizer: Tokenizer, main: Ranked, keys: list[tuple[int, int]], s: Settings
 ) -> list[Claim]:
-    """Each key head chosen on the selection part, judged on the confirmation part where the counterfactual defines
-    an answer (the share metric): path patching of its layers there from the answer-changing counterfactual and
-    from its matched answer-keeping control, the share difference against the threshold (`share_above`), on the
-    problems that have a control. A counterfactual without an answer ranks heads but claims none."""
+    """Each key head judged on the confirmation part where the counterfactual defines an answer: its share under the
+    changing counterfactual against its keeping control's (`share_above`); otherwise none."""
     if not keys or main["metric"] != "share":
         return []
     layers = sorted({layer for layer, _ in keys})
@@ -156,12 +153,8 @@ def study(
     compare_specs: list[TaskSpec],
     done: Evaluated | None = None,
 ) -> HeadsStudy:
-    """Path patching (every answer step unless the task scores the first token) and key and top-k heads (both
-    metrics kept), chosen on the selection part of the solved problems (the search's split where there is one); on
-    the confirmation part, the knock-out of the top k against matched random sets, each key head's claim and where
-    the top heads look; the MLP logit lens on all solved problems; the ranking of a second counterfactual
-    (`second_kind`, path patching only); overlap with other tasks (each chosen on its own selection part); `done`
-    is an evaluation of the same spec already made."""
+    """Path patching and key and top-k heads chosen on the selection part (the search's split where there is one),
+    judged on the confirmation part; the lens, a second counterfactual and overlap with other tasks."""
     s, adapter = settings, lm.adapter
     done = evaluated(lm.model, lm.tokenizer, spec, done)
     require_solved(int(done.base.correct_P.sum()), spec)

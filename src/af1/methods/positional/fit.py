@@ -75,13 +75,8 @@ def token_fit_heldout(
     iters: int = 30,
     permuted: int | None = None,
 ) -> torch.Tensor:
-    """The falsifiable decomposition: W[n, i, j] ~ a[i-j] + s[j = 0] + b[n, i] + c[token of key j], the meaning term
-    a function of the key's token shared across windows and positions (position alone without `with_token`; the
-    first key, where a sink sits, has its own positional term s, so that no token term is needed to absorb it),
-    fitted by backfitting on the `train_N` windows only. Per matrix family F (a layer and head) and held-out window,
-    the row-centred Pearson r there, a, s and c carried over (an unseen token takes the mean meaning; the query term
-    drops out, as a constant per row changes no softmax): [F, held-out window]. `permuted` (a seed): the held-out
-    windows read the meaning of another token, the identities permuted across the split (the chance null)."""
+    """The falsifiable decomposition W[n, i, j] ~ a[i-j] + s[j = 0] + b[n, i] + c[key token] fitted on `train_N`: per
+    (layer, head) and held-out window the row-centred r [F, held-out]; `permuted`: meanings permuted (the null)."""
     F, N, T, _ = logits_FNTT.shape
     mask_TT = torch.ones(T, T, dtype=torch.bool).tril()
     mask_TT[0] = False  # the first query's single logit says nothing once its row is centred

@@ -1,22 +1,5 @@
-"""Attention logits as position + meaning (docs/methods.md §3, Han & Ji 2025).
-
-Per layer and head, the pre-softmax logits W[i, j] (j <= i) of natural text are fitted by
-a[i-j] + b[i] + c[j] (distance, query, key) with backfitting; the fit's Pearson r says how
-additive attention is. Controls: the same architecture with random weights, and shuffled
-tokens. The dummy-distance test, the RoPE band energies and the word-order perturbation
-complete the study.
-
-Each window starts the way the model's documents start (its BOS, else `<|endoftext|>`, else its
-EOS; see `tasks.document_start`), so the first key is the sink a trained model expects. Logits
-are taken where softmax sees them (after the family's attention soft-capping, Gemma-2). Three
-controls: the architecture with random weights, random weights rescaled to the trained model's
-norm of every weight tensor (is additivity learned, or a property of the architecture at the
-trained scale?), and shuffled tokens; each reports the plain and the row-centred r, the measure
-softmax sees (a constant per query row does not change attention). Medians come with a
-bootstrap interval over windows: the default is many short windows (16 of 64 tokens, about all the
-shipped chapter holds) rather than a few long ones, and fewer than MIN_CI_WINDOWS windows are warned
-about (an interval over 4 windows has 35 distinct resamples and says almost nothing).
-"""
+"""Attention logits as position + meaning (docs/methods.md §3, Han & Ji 2025): per head, logits fitted
+by a[i-j] + b[i] + c[j], its r against random-weight (initialised, rescaled) and shuffled-token controls."""
 
 from __future__ import annotations
 
@@ -68,10 +51,8 @@ def random_init_like(adapter: ModelAdapter, seed: int, norm_matched: bool = Fals
 
 
 class HeldOut(TypedDict):
-    """The decomposition tested out of sample (`token_fit_heldout`): fitted on half the windows, its row-centred r
-    measured on the other half; the meaning term a function of the key's token; beside position alone, the same
-    tokens shuffled, and the architecture with random weights over several seeds (as initialised, and rescaled to the
-    trained norms); and the claims these decide."""
+    """The decomposition tested out of sample (`token_fit_heldout`): fitted on half the windows, row-centred r on the
+    other, beside position alone, shuffled tokens and random weights over several seeds; and the claims these decide."""
 
     train_windows: list[int]
     test_windows: list[int]
@@ -95,9 +76,8 @@ class HeldOut(TypedDict):
 
 
 class Positional(RopeParts):
-    """The positional study's part of its result: [layer, head] grids as lists (NaN where no r), spreads, intervals
-    and the controls; the RoPE analyses are None where the family has no plain rotary embedding
-    (rope_analyses_skipped says why)."""
+    """The positional study's part: [layer, head] grids (NaN where no r), spreads, intervals and controls; the RoPE
+    analyses None where the family has no plain rotary embedding (`rope_analyses_skipped` says why)."""
 
     corpus: str
     window: int
@@ -154,9 +134,8 @@ LEARNED = {  # the learned claims, by whether the random weights are rescaled to
 def heldout_study(
     adapter: ModelAdapter, ids_NT: torch.Tensor, shuffled_NT: torch.Tensor, logits: torch.Tensor, seed: int
 ) -> HeldOut:
-    """The held-out test of the decomposition and its claims (a meaning term that adds to position out of sample;
-    learned, against random weights over RANDOM_SEEDS seeds, as initialised and rescaled to the trained norms;
-    shaped by word order, against shuffled tokens)."""
+    """The held-out test of the decomposition and its claims: a meaning term adds to position out of sample, is learned
+    (against random weights over RANDOM_SEEDS seeds) and is shaped by word order (against shuffled tokens)."""
     N = ids_NT.shape[0]
     order = torch.randperm(N, generator=torch.Generator().manual_seed(seed))
     train = order[: N // 2].sort().values

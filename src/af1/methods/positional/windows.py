@@ -19,9 +19,8 @@ def window_claims(
     where: str,
     seed: int,
 ) -> tuple[Claim, Claim]:
-    """The held-out window-by-window claims: the meaning term adds to position alone (the first key's own term
-    included) more than the same term read with token identities permuted across the split, and word order shapes
-    the decomposition (the median head's r per window against the same tokens shuffled); paired permutation tests."""
+    """The held-out window-by-window claims (paired permutation tests): the meaning term adds to position beyond the
+    same term with token identities permuted, and word order shapes the decomposition (against shuffled tokens)."""
 
     def gain(fit_LHN: torch.Tensor) -> list[float]:
         """Per held-out window, the median head's r gain over position alone."""
