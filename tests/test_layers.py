@@ -185,3 +185,22 @@ def test_every_function_is_small():
                 if n_lines > 80 or (n_params > 8 and not is_command(node)):
                     too_big.append(f"{name}::{node.name}: {n_lines} lines, {n_params} parameters")
     assert not too_big, too_big
+
+
+def test_every_docstring_says_what_and_why_in_two_lines():
+    """No docstring of the package runs past two lines (a module's usage example, indented, aside): what and why, the
+    rest is docs/methods.md's and the code's."""
+    long = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+                first = node.body[0]
+                if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)):
+                    continue
+                text = first.value.value
+                if not isinstance(text, str) or first.end_lineno is None:
+                    continue
+                example = isinstance(node, ast.Module) and "\n    " in text
+                if first.end_lineno - first.lineno > 1 and not example:
+                    long.append(f"{path.relative_to(SRC).as_posix()}:{first.lineno}")
+    assert not long, long

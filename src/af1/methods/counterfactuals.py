@@ -40,8 +40,8 @@ NULL_WORDS = ("nothing", "thing", "stuff", "none", "null", "blank")
 
 @dataclass
 class Counterfactual:
-    """One counterfactual prompt per problem, same positions: what was put in (`replacement`, per problem
-    `replacements`), the changed positions, each answer (None: none) and the answer-keeping `control`."""
+    """One counterfactual prompt per problem, same positions: what was put in (`replacements`), what changed, each
+    answer (None: a null operator or value defines none) and the answer-keeping `control`."""
 
     input_ids_PT: torch.Tensor
     replacement: str
