@@ -88,14 +88,15 @@ def run(
     held = model if isinstance(model, Session) else session(model, means)
     lm = held.lm()
     label = model_label(str(lm.info.get("spec") or "model"))  # names the model in results, as a plan would
+    state_dir = Path(out_dir) if out_dir is not None else None
     results: dict[str, Result] = {}
     for each, (opts, reads) in chain(validated).items():  # each experiment after what it reads
         its_task = None if REGISTRY[each].scope == "model" else task
         read = {d: [results[d]] for d in reads if d in results}
-        inputs = Inputs(held, its_task, label, read, Path(out_dir) if out_dir is not None else None)
+        inputs = Inputs(held, its_task, label, read, state_dir)
         results[each] = result = run_on(inputs, each, opts, (results[d] for d in read))
-        if out_dir is not None:
-            write_json(Path(out_dir) / REGISTRY[each].file, as_written(result, lm, its_task))
+        if state_dir is not None:
+            write_json(state_dir / REGISTRY[each].file, as_written(result, lm, its_task))
         if each == name:
             return cast(R, result)
     raise Af1Error(f"{name} did not run")  # the chain always holds the asked experiment

@@ -10,7 +10,7 @@ from typing import Any
 
 from af1.experiments.search import Result as SearchResult
 from af1.experiments.search import claim_line
-from af1.study.plan import StudyPlan, Unit, order
+from af1.study.plan import StudyPlan, Unit, model_label, order
 from af1.study.runner import StudySummary, run_study
 from af1.tasks.spec import TaskSpec
 
@@ -74,7 +74,7 @@ def demo_plan(
     names: list[str] = []
     entries = []
     for m in models:  # folder names from short names or paths, made unique
-        name = Path(m.rstrip("/")).name.removesuffix(".gguf") or "model"
+        name = model_label(m)
         name = name if name not in names else f"{name}-{len(names)}"
         names.append(name)
         entries.append({"spec": m, "name": name, "dtype": dtype, "attn": attn, "device_map": device_map})
